@@ -1,0 +1,155 @@
+"""The one interface every drafter implements, and the draft-tree format the verifier consumes.
+
+Words used throughout draftsman:
+  committed  tokens whose KV entries are in the target's cache (prompt and emitted tokens, except
+             the newest emitted one).
+  root       the newest emitted token: not yet in any cache. Every draft tree hangs below it.
+  node       one drafted token. Its parent is another node or the root (parent index -1).
+  kind       how a node was produced, which decides how the verifier tests it:
+               DETERMINISTIC         chosen by a rule (argmax, lookup): q is one-hot on the token;
+               IID                   sampled from `draft_probs[node]`, independently of its siblings;
+               WITHOUT_REPLACEMENT   sampled from `draft_probs[node]` with earlier siblings'
+                                     tokens removed (and the rest renormalised).
+             Siblings drawn from one distribution must carry the same `draft_probs` row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # imported for annotations only; drafters never import the engine at runtime
+    from ..verifier.sampling import SamplingParams
+
+DETERMINISTIC, IID, WITHOUT_REPLACEMENT = 0, 1, 2
+KIND_NAMES = {DETERMINISTIC: "deterministic", IID: "iid", WITHOUT_REPLACEMENT: "without_replacement"}
+
+
+@dataclass
+class DraftTree:
+    """One row's proposal. Nodes are in topological order: a parent comes before its children,
+    and siblings appear in the order they were produced (the verifier tests them in that order).
+
+    tokens       (n,) long
+    parents      (n,) long, -1 for children of the root, else an index < own index
+    kinds        (n,) long, one of DETERMINISTIC / IID / WITHOUT_REPLACEMENT
+    draft_probs  (n, V) float, the distribution each node was drawn from; None if all nodes are
+                 deterministic.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    kinds: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self):
+        n = self.tokens.shape[0]
+        if self.parents.shape != (n,) or self.kinds.shape != (n,):
+            raise ValueError(f"DraftTree: tokens {tuple(self.tokens.shape)}, parents "
+                             f"{tuple(self.parents.shape)} and kinds {tuple(self.kinds.shape)} must all be (n,)")
+        if n and bool((self.parents >= torch.arange(n, device=self.parents.device)).any()):
+            raise ValueError("DraftTree: every parent index must be -1 or smaller than the node's own index")
+        if self.draft_probs is None and n and bool((self.kinds != DETERMINISTIC).any()):
+            raise ValueError("DraftTree: sampled nodes (IID / WITHOUT_REPLACEMENT) need draft_probs")
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        parents = self.parents.tolist()
+        depth: list[int] = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
+
+    @staticmethod
+    def empty(device: torch.device | str = "cpu") -> "DraftTree":
+        z = torch.zeros(0, dtype=torch.long, device=device)
+        return DraftTree(z, z.clone(), z.clone())
+
+    @staticmethod
+    def chain(tokens: Sequence[int] | torch.Tensor, kind: int = DETERMINISTIC,
+              draft_probs: torch.Tensor | None = None, device: torch.device | str = "cpu") -> "DraftTree":
+        """A chain is a tree where node i's parent is node i-1."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
+        n = tokens.shape[0]
+        parents = torch.arange(-1, n - 1, dtype=torch.long, device=device)
+        kinds = torch.full((n,), kind, dtype=torch.long, device=device)
+        return DraftTree(tokens, parents, kinds, draft_probs)
+
+    def truncated_to_depth(self, max_depth: int) -> "DraftTree":
+        """Drop nodes deeper than max_depth (used when a row nears the context limit)."""
+        keep = [i for i, d in enumerate(self.depths()) if d <= max_depth]
+        if len(keep) == self.size:
+            return self
+        # Surviving nodes keep their order, so a parent's new index is its rank among survivors.
+        remap = {old: new for new, old in enumerate(keep)}
+        idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        parents = [remap[p] if p >= 0 else -1 for p in self.parents[idx].tolist()]
+        return DraftTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),
+                         self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
+
+
+@dataclass
+class TargetNeeds:
+    """What a drafter asks of each target pass, so the verifier computes only that.
+    hidden_state_layers: indices into HF `hidden_states` (0 = embeddings, -1 = last layer output)."""
+
+    hidden_state_layers: tuple[int, ...] = ()
+
+
+@dataclass
+class RoundFeedback:
+    """What the engine tells a drafter after each verification round, per active row.
+
+    accepted_nodes   node indices (into this round's tree) on the accepted path, root to leaf
+    emitted          tokens appended to the row this round (accepted drafts + bonus/recovered;
+                     EOS/length truncation already applied)
+    target_hidden    for each requested layer, (n_kept, d) hidden states of the root and accepted
+                     nodes in order, if the drafter asked for any; else empty
+    """
+
+    accepted_nodes: list[list[int]]
+    emitted: list[list[int]]
+    target_hidden: list[dict[int, torch.Tensor]] = field(default_factory=list)
+
+
+class Drafter:
+    """Base class: subclass, set `name`, implement `propose`, register it (drafters/registry.py).
+
+    Lifecycle for one `generate` call over a batch:
+        begin(prompts, sampling, generator)       once; prompts are the full token lists per row
+        repeat:
+            propose(contexts) -> list[DraftTree]  contexts[i] = all tokens of active row i so far
+            observe(feedback)                     what was accepted, to roll back own state
+            keep_rows(indices)                    rows that finished are dropped (indices into
+                                                  the current active rows, ascending)
+    Subclasses that hold no state need only `propose`.
+    """
+
+    name: ClassVar[str] = ""
+    needs: TargetNeeds = TargetNeeds()
+
+    def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
+        self.sampling = sampling
+        self.generator = generator
+
+    def propose(self, contexts: list[list[int]]) -> list[DraftTree]:
+        raise NotImplementedError
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        pass
+
+    def keep_rows(self, indices: list[int]) -> None:
+        pass
+
+    def max_depth(self) -> int:
+        """Deepest tree this drafter may propose (the engine reserves context room for it)."""
+        return 0
+
+    def extra_parameters(self) -> int:
+        """Parameters the drafter adds on top of the target (for reports)."""
+        return 0

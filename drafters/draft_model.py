@@ -1,0 +1,103 @@
+"""`draft_model`: a separate small causal LM that shares the target's tokenizer. It drafts a chain
+of k tokens autoregressively with the same sampling processing as the target, so each token's
+distribution q is known exactly (greedy drafts are deterministic), and keeps its own KV cache,
+rolled back to the accepted tokens after each round."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models import context_length, load_causal_lm, load_tokenizer, vocab_mismatch
+from ..verifier.cached_model import CachedLM
+from ..verifier.sampling import draw, processed_probs
+from ..verifier.tree import TreeBlock
+from .base import DETERMINISTIC, IID, Drafter, DraftTree
+from .registry import register
+
+
+@register
+class DraftModelDrafter(Drafter):
+    name = "draft_model"
+
+    @dataclass
+    class Options:
+        path: str | None = None  # local Hugging Face folder of the draft model
+        k: int = 4  # tokens drafted per round
+        dtype: str | None = None  # default: the target's dtype
+
+        def __post_init__(self):
+            if not self.path:
+                raise ValueError("draft_model: set drafter.path to the draft model's local folder")
+            if self.k < 1:
+                raise ValueError(f"draft_model: k must be >= 1, got {self.k}")
+
+    def __init__(self, options: "DraftModelDrafter.Options", target):
+        self.options = options
+        self.k = options.k
+        dtype = options.dtype or str(target.dtype).replace("torch.", "")
+        model = load_causal_lm(options.path, dtype, target.device, what="drafter.path")
+        problem = vocab_mismatch(target.tokenizer, load_tokenizer(options.path), target.vocab_size,
+                                 model.get_output_embeddings().weight.shape[0])
+        if problem:
+            raise ValueError(f"draft model '{options.path}' cannot draft for target '{target.path}': {problem}. "
+                             "A draft model must use the target's tokenizer (same vocabulary and special tokens).")
+        self.lm = CachedLM(model)
+        self.vocab_size = target.vocab_size
+        self.context = context_length(model.config)
+        self._parameters = sum(p.numel() for p in model.parameters())
+
+    def max_depth(self) -> int:
+        return self.k
+
+    def extra_parameters(self) -> int:
+        return self._parameters
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.lm.reset(len(prompts))
+
+    def keep_rows(self, indices):
+        self.lm.select_rows(indices)
+
+    def _next_distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        return processed_probs(logits[..., : self.vocab_size], self.sampling)
+
+    def propose(self, contexts):
+        B = len(contexts)
+        k = min(self.k, self.context - max(len(c) for c in contexts))
+        self.round_start, self.round_k = None, k
+        if k <= 0:  # the draft model's own context is full: let the target go alone
+            return [DraftTree.empty(self.lm.device) for _ in contexts]
+        # 1. Feed every row's tokens that the draft cache has not seen (the root at least).
+        cached = self.lm.lengths.tolist()
+        unseen = [ctx[n:] for ctx, n in zip(contexts, cached)]
+        self.round_start = torch.tensor([len(c) for c in contexts])
+        logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device))
+        self.lm.accept([list(range(len(u))) for u in unseen])
+        last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
+        logits = logits[torch.arange(B, device=self.lm.device), last]  # (B, V)
+        # 2. Draft k tokens one at a time.
+        tokens, probs = [], []
+        for step in range(k):
+            p = self._next_distribution(logits)
+            tok = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            tokens.append(tok)
+            probs.append(p)
+            if step < k - 1:
+                logits, _ = self.lm.forward(TreeBlock.chains([[t] for t in tok.tolist()], self.lm.device))
+                self.lm.accept([[0]] * B)
+                logits = logits[:, 0]
+        tokens_bk = torch.stack(tokens, 1)  # (B, k)
+        if self.sampling.greedy:
+            return [DraftTree.chain(tokens_bk[b], DETERMINISTIC, device=self.lm.device) for b in range(B)]
+        probs_bkv = torch.stack(probs, 1)  # (B, k, V)
+        return [DraftTree.chain(tokens_bk[b], IID, probs_bkv[b], device=self.lm.device) for b in range(B)]
+
+    def observe(self, feedback):
+        # Keep the drafts that were accepted (those the draft model was fed); forget the rest.
+        if self.round_start is None:
+            return
+        accepted = torch.tensor([len(p) for p in feedback.accepted_nodes])
+        keep = self.round_start + torch.clamp(accepted, max=self.round_k - 1)
+        self.lm.rollback(keep)

@@ -1,0 +1,106 @@
+"""`ngram`: prompt lookup. Find earlier places where the context's last n tokens occurred (longest
+n first) and propose the tokens that followed them. Several matches that continue differently
+become branches of one tree. Proposals are deterministic, so verification is exact at any
+temperature."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import DETERMINISTIC, Drafter, DraftTree
+from .registry import register
+
+
+@dataclass
+class _Trie:
+    tokens: list[int]
+    parents: list[int]
+
+    def insert(self, continuation: list[int]) -> None:
+        parent = -1
+        for tok in continuation:
+            found = next((i for i, (t, p) in enumerate(zip(self.tokens, self.parents))
+                          if t == tok and p == parent), None)
+            if found is None:
+                self.tokens.append(tok)
+                self.parents.append(parent)
+                found = len(self.tokens) - 1
+            parent = found
+
+
+class _NgramIndex:
+    """For one row: n-gram -> end positions (most recent last) where at least one token follows."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.sizes = range(min_n, max_n + 1)
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.indexed = 0  # end positions < indexed are in the table
+
+    def update(self, ctx: list[int]) -> None:
+        for end in range(max(self.indexed, 1), len(ctx)):  # an end needs a following token
+            for n in self.sizes:
+                if end - n >= 0:
+                    self.ends.setdefault(tuple(ctx[end - n: end]), []).append(end)
+        self.indexed = max(self.indexed, len(ctx))
+
+    def continuations(self, ctx: list[int], k: int, branches: int) -> list[list[int]]:
+        found: list[list[int]] = []
+        for n in reversed(self.sizes):  # longest match first: it predicts best
+            if n > len(ctx):
+                continue
+            for end in reversed(self.ends.get(tuple(ctx[-n:]), [])):  # most recent first
+                cont = ctx[end: end + k]
+                if cont and cont not in found:
+                    found.append(cont)
+                    if len(found) == branches:
+                        return found
+        return found
+
+
+@register
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    @dataclass
+    class Options:
+        k: int = 4  # tokens proposed per branch
+        min_ngram: int = 1  # shortest suffix worth matching
+        max_ngram: int = 3  # longest suffix tried first
+        branches: int = 1  # distinct continuations merged into one tree
+
+        def __post_init__(self):
+            if self.k < 1 or self.branches < 1:
+                raise ValueError(f"ngram: k and branches must be >= 1 (got k={self.k}, branches={self.branches})")
+            if not 1 <= self.min_ngram <= self.max_ngram:
+                raise ValueError(f"ngram: need 1 <= min_ngram <= max_ngram (got {self.min_ngram}, {self.max_ngram})")
+
+    def __init__(self, options: "NgramDrafter.Options", target=None):
+        self.options = options or NgramDrafter.Options()
+        self.device = target.device if target is not None else "cpu"
+        self.indexes: list[_NgramIndex] = []
+
+    def max_depth(self) -> int:
+        return self.options.k
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        o = self.options
+        self.indexes = [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
+
+    def keep_rows(self, indices):
+        self.indexes = [self.indexes[i] for i in indices]
+
+    def propose(self, contexts):
+        o = self.options
+        trees = []
+        for index, ctx in zip(self.indexes, contexts):
+            index.update(ctx)
+            trie = _Trie([], [])
+            for cont in index.continuations(ctx, o.k, o.branches):
+                trie.insert(cont)
+            n = len(trie.tokens)
+            trees.append(DraftTree(torch.tensor(trie.tokens, dtype=torch.long, device=self.device),
+                                   torch.tensor(trie.parents, dtype=torch.long, device=self.device),
+                                   torch.full((n,), DETERMINISTIC, dtype=torch.long, device=self.device)))
+        return trees

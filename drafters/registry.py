@@ -1,0 +1,59 @@
+"""Config name -> drafter class. Adding a drafter is one class plus one `@register` line.
+
+Each drafter class carries an `Options` dataclass: its fields are the drafter's config keys (with
+defaults), and `build_drafter` rejects keys that are not among them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import Drafter
+
+_REGISTRY: dict[str, type[Drafter]] = {}
+
+
+def register(cls: type[Drafter]) -> type[Drafter]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a `name` to be registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@dataclass
+class TargetInfo:
+    """What a drafter may know about the target it drafts for."""
+
+    model: torch.nn.Module
+    path: str
+    tokenizer: Any  # a transformers tokenizer, or None when the target folder has none
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def drafter_options(cls: type[Drafter], options: dict):
+    """Build the drafter's Options from a config dict, naming unknown keys and listing valid ones."""
+    opts_cls = getattr(cls, "Options", None)
+    fields = {f.name for f in dataclasses.fields(opts_cls)} if opts_cls else set()
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for drafter '{cls.name}'; valid options: "
+                         f"{sorted(fields) or 'none'}")
+    return opts_cls(**options) if opts_cls else None
+
+
+def build_drafter(config: dict, target: TargetInfo) -> Drafter:
+    config = dict(config)
+    name = config.pop("name", "none")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown drafter '{name}'; available drafters: {available()}")
+    cls = _REGISTRY[name]
+    return cls(drafter_options(cls, config), target)

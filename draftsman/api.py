@@ -1,0 +1,72 @@
+"""The public entry points: `draftsman.load(config)` -> Decoder, `Decoder.generate(...)`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import load_config
+from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
+from .drafters import TargetInfo, build_drafter
+from .verifier.engine import GenerationStats, SpeculativeEngine
+from .verifier.sampling import SamplingParams
+
+
+@dataclass
+class GenerationOutput:
+    texts: list[str]  # new text only ("" when the target folder has no tokenizer)
+    token_ids: list[list[int]]  # new tokens only, EOS included when it ended the row
+    stats: GenerationStats
+
+
+class Decoder:
+    """A target model, a drafter and the shared verifier, ready to generate."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        t = config["target"]
+        if not t.get("path"):
+            raise ValueError("target.path is required: the local folder of the target model")
+        check_model_folder(t["path"], "target.path")
+        self.device = resolve_device(t["device"])
+        self.target = load_causal_lm(t["path"], t["dtype"], self.device, what="target.path")
+        if t.get("attn_implementation"):
+            self.target.set_attn_implementation(t["attn_implementation"])
+        self.tokenizer = load_tokenizer(t["path"])
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        info = TargetInfo(self.target, str(t["path"]), self.tokenizer, vocab, self.device, self.target.dtype)
+        self.drafter = build_drafter(config["drafter"], info)
+        self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer),
+                                        context_length(self.target.config))
+
+    def encode(self, prompts: list[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "
+                             "pass input_ids=[[...], ...] instead of text prompts")
+        return [self.tokenizer(p)["input_ids"] for p in prompts]
+
+    def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
+                 max_new_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationOutput:
+        """Generate for a batch of text prompts or token-id lists (ragged allowed). Sampling
+        arguments left as None take the config's values."""
+        if (prompts is None) == (input_ids is None):
+            raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
+        s, g = self.config["sampling"], self.config["generation"]
+        sampling = SamplingParams(
+            temperature=s["temperature"] if temperature is None else temperature,
+            top_k=s["top_k"] if top_k is None else top_k,
+            top_p=s["top_p"] if top_p is None else top_p)
+        tokens, stats = self.engine.generate(
+            ids, max_new_tokens=g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
+            sampling=sampling, seed=g["seed"] if seed is None else seed)
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) if self.tokenizer else "" for t in tokens]
+        return GenerationOutput(texts, tokens, stats)
+
+
+def load(config: dict | str) -> Decoder:
+    """Build a Decoder from a config dict or a YAML/JSON file path."""
+    return Decoder(load_config(config))

@@ -1,0 +1,102 @@
+"""The run configuration: every default in one place, unknown keys rejected with the valid ones.
+
+    target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
+    drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
+    sampling: {temperature: 0.0, top_k: null, top_p: null}
+    generation: {max_new_tokens: 64, seed: 0}
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "target": {
+        "path": None,  # local Hugging Face model folder (required)
+        "dtype": "float32",  # float32 | bfloat16 | float16 | float64; verification math is float32+ anyway
+        "device": "auto",  # auto | cpu | cuda | cuda:N
+        "attn_implementation": None,  # None = the model's default (sdpa where available)
+    },
+    "drafter": {
+        "name": "none",  # none | ngram | draft_model | ...; other keys are the drafter's own options
+    },
+    "sampling": {
+        "temperature": 0.0,  # 0 = greedy
+        "top_k": None,
+        "top_p": None,
+    },
+    "generation": {
+        "max_new_tokens": 64,
+        "seed": 0,
+    },
+}
+
+
+def load_config(config: dict | str | os.PathLike) -> dict:
+    """A dict, or the path of a YAML / JSON file -> a complete, validated config."""
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file '{path}' does not exist")
+        text = path.read_text()
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = raw or {}
+        # Relative model paths in a config file are relative to that file, so configs travel.
+        for section in ("target", "drafter"):
+            p = (raw.get(section) or {}).get("path")
+            if isinstance(p, str) and not os.path.isabs(p) and not Path(p).exists():
+                candidate = path.parent / p
+                if candidate.exists():
+                    raw[section]["path"] = str(candidate)
+    elif isinstance(config, dict):
+        raw = config
+    else:
+        raise TypeError(f"config must be a dict or a file path, not {type(config).__name__}")
+    return merge(raw)
+
+
+def merge(raw: dict) -> dict:
+    if not isinstance(raw, dict):
+        raise ValueError(f"a config must be a mapping of sections {sorted(DEFAULTS)}, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; valid top-level keys: {sorted(DEFAULTS)}")
+    cfg = copy.deepcopy(DEFAULTS)
+    for section, values in raw.items():
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ValueError(f"config section '{section}' must be a mapping, got {values!r}")
+        if section != "drafter":  # drafter keys are checked by the drafter's own Options
+            bad = sorted(set(values) - set(DEFAULTS[section]))
+            if bad:
+                raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in bad]}; valid keys in "
+                                 f"'{section}': {sorted(DEFAULTS[section])}")
+        if section == "drafter" and "name" in values and values["name"] != cfg["drafter"]["name"]:
+            cfg["drafter"] = {}
+        cfg[section].update(values)
+    return cfg
+
+
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    """`section.key=value` strings (value parsed as YAML) -> a new validated config."""
+    raw = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ValueError(f"override '{item}' must look like section.key=value, e.g. drafter.k=6")
+        dotted, value = item.split("=", 1)
+        section, key = dotted.split(".", 1)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ValueError(f"override '{item}': '{section}' is not a config section")
+        raw[section][key] = yaml.safe_load(value)
+    return merge(raw)
+
+
+def dump(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False)

@@ -1,0 +1,89 @@
+"""Loading targets and draft models from local folders with the real Hugging Face loaders, with
+errors that say what is wrong and how to fix it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'; valid dtypes: {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def check_model_folder(path: str | os.PathLike, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"{what}: model folder '{p}' does not exist; point the config at a local "
+                                "Hugging Face model folder (with config.json and weights)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{what}: '{p}' has no config.json; it is not a Hugging Face model folder")
+    return p
+
+
+def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
+    p = check_model_folder(path, what)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype))
+    return model.to(resolve_device(device)).eval()
+
+
+def load_tokenizer(path):
+    """The folder's tokenizer, or None when it has none (token ids still work)."""
+    p = Path(path)
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return None
+    return AutoTokenizer.from_pretrained(p)
+
+
+def context_length(config) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot tell the context length of model type '{config.model_type}': its config "
+                     "has none of max_position_embeddings / n_positions")
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def vocab_mismatch(target_tok, draft_tok, target_vocab: int, draft_vocab: int) -> str | None:
+    """Why a drafter's vocabulary can't be verified against the target's, or None if it can."""
+    if draft_vocab < target_vocab:
+        return (f"the drafter's output layer has {draft_vocab} tokens, the target's {target_vocab}")
+    if target_tok is None or draft_tok is None:
+        return None
+    if len(target_tok) != len(draft_tok):
+        return f"the tokenizers have {len(target_tok)} (target) and {len(draft_tok)} (drafter) tokens"
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        a, b = getattr(target_tok, name, None), getattr(draft_tok, name, None)
+        if a != b:
+            return f"{name} is {a} in the target's tokenizer and {b} in the drafter's"
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        diff = next(t for t, i in target_tok.get_vocab().items() if draft_tok.get_vocab().get(t) != i)
+        return f"token {diff!r} has id {target_tok.get_vocab()[diff]} in the target but " \
+               f"{draft_tok.get_vocab().get(diff)} in the drafter"
+    return None

@@ -1,0 +1,63 @@
+"""Tiny random models of real architectures, saved to and loaded from folders like real ones."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, AutoModelForCausalLM
+
+EOT = "<|endoftext|>"
+CORPUS = [
+    "def parse(text):\n    return [line.split() for line in text.splitlines()]\n",
+    "class Foo:\n    def __init__(self, x):\n        self.x = x\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n",
+] * 4
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, bos_token=EOT, pad_token=EOT)
+    fast.save_pretrained(folder)
+    return fast
+
+
+def model_config(arch: str, vocab_size: int, eos_id: int, size: str = "target"):
+    hidden, layers = (64, 2) if size == "target" else (32, 1)
+    common = dict(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    if arch == "llama":
+        return LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           initializer_range=0.2, **common)
+    if arch == "qwen2":
+        return Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           initializer_range=0.2, use_sliding_window=False, **common)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256,
+                          initializer_range=0.2, **common)
+    raise ValueError(arch)
+
+
+def build_model_folder(folder: Path, arch: str, seed: int, size: str = "target", vocab_size: int | None = None,
+                       tokenizer: PreTrainedTokenizerFast | None = None) -> Path:
+    """A random model of `arch`, saved with the given tokenizer (or a fresh one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer if tokenizer is not None else build_tokenizer(folder)
+    tok.save_pretrained(folder)
+    cfg = model_config(arch, vocab_size or len(tok), tok.eos_token_id, size)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    return folder
+
+
+def load_for_reference(folder: Path):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

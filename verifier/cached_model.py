@@ -1,0 +1,138 @@
+"""A Hugging Face causal LM with a KV cache for a ragged batch of tree-shaped inputs.
+
+The cache holds S slots per row. `slot_pos` (B, S) gives each slot's position in its row, or -1
+for a hole (padding, a rejected draft, a rolled-back token); holes are masked out of attention, so
+rows of different lengths share one cache tensor. Positions are passed explicitly, which is what
+lets a slot's place in the tensor differ from its position in the text.
+
+    forward(block)  run a TreeBlock on top of the cache; its slots are pending
+    accept(keep)    keep these block nodes (a root-first path per row), drop the rest
+    rollback(lens)  forget every slot at position >= lens[b]
+    select_rows(ix) drop finished rows
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .tree import TreeBlock
+
+
+class CachedLM:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.reset(0)
+
+    def reset(self, batch_size: int) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
+        self._pending: TreeBlock | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_pos.shape[1]
+
+    def _layers(self):
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise NotImplementedError(
+                    f"cache layer {type(layer).__name__} (sliding window or hybrid attention) is not "
+                    "supported yet: draftsman needs plain full-attention layers to drop tree slots")
+            if layer.is_initialized and layer.keys.numel():
+                yield layer
+
+    @torch.no_grad()
+    def forward(self, block: TreeBlock, hidden_layers: tuple[int, ...] = ()):
+        """Returns logits (B, T, V) and, if asked, {layer: hidden (B, T, d)}."""
+        B, T = block.tokens.shape
+        S = self.num_slots
+        min_value = torch.finfo(self.model.dtype).min
+        prefix_ok = (self.slot_pos >= 0)[:, None, :].expand(B, T, S)
+        allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
+        mask = torch.zeros(B, 1, T, S + T, dtype=self.model.dtype, device=self.device)
+        mask.masked_fill_(~allowed[:, None], min_value)
+        position_ids = self.lengths[:, None] + block.depth  # (B, T)
+        out = self.model(input_ids=block.tokens, attention_mask=mask, position_ids=position_ids,
+                         cache=self.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+        pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
+        self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
+        self._pending = block
+        hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
+        return out.logits, hidden
+
+    def accept(self, keep: list[list[int]]) -> None:
+        """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""
+        block = self._pending
+        assert block is not None, "accept() without a pending forward()"
+        B, T = block.tokens.shape
+        start = self.num_slots - T
+        K = max((len(k) for k in keep), default=0)
+        index = torch.zeros(B, K, dtype=torch.long)
+        kept = torch.zeros(B, K, dtype=torch.bool)
+        for b, nodes in enumerate(keep):
+            index[b, : len(nodes)] = torch.as_tensor(nodes, dtype=torch.long)
+            kept[b, : len(nodes)] = True
+        index, kept = index.to(self.device), kept.to(self.device)
+        counts = kept.sum(1)
+        is_prefix = bool((index == torch.arange(K, device=self.device)).logical_or(~kept).all())
+        if not is_prefix:  # move kept slots to the front of the block (a chain needs no move)
+            for layer in self._layers():
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)  # (B, H, S, hd)
+                    gather = index[:, None, :, None].expand(t.shape[0], t.shape[1], K, t.shape[3])
+                    moved = t[:, :, start:].gather(2, gather)
+                    t[:, :, start : start + K] = moved
+        self._crop_to(start + K)
+        self.slot_pos[:, start:] = torch.where(
+            kept, self.lengths[:, None] + torch.arange(K, device=self.device), torch.full_like(index, -1))
+        self.lengths += counts
+        self._pending = None
+        self._maybe_compact()
+
+    def rollback(self, new_lengths: torch.Tensor) -> None:
+        """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
+        new_lengths = new_lengths.to(self.device)
+        self.slot_pos = torch.where(self.slot_pos >= new_lengths[:, None], -1, self.slot_pos)
+        self.lengths = torch.minimum(self.lengths, new_lengths)
+        live = (self.slot_pos >= 0).any(0).nonzero()
+        self._crop_to(int(live.max()) + 1 if live.numel() else 0)
+        self._maybe_compact()
+
+    def select_rows(self, indices: list[int]) -> None:
+        ix = torch.as_tensor(indices, dtype=torch.long, device=self.device)
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys[ix], layer.values[ix]
+        self.slot_pos, self.lengths = self.slot_pos[ix], self.lengths[ix]
+        self._maybe_compact()
+
+    def _crop_to(self, num_slots: int) -> None:
+        for layer in self._layers():
+            layer.keys = layer.keys[:, :, :num_slots]
+            layer.values = layer.values[:, :, :num_slots]
+        self.slot_pos = self.slot_pos[:, :num_slots]
+
+    def _maybe_compact(self, slack: float = 0.25) -> None:
+        """Holes cost attention time; squeeze them out once they are a quarter of the cache."""
+        S = self.num_slots
+        longest = int(self.lengths.max()) if self.lengths.numel() else 0
+        if S - longest <= max(16, int(slack * S)):
+            return
+        # Sort each row's slots by position (holes last): the cache becomes left-aligned again.
+        key = torch.where(self.slot_pos >= 0, self.slot_pos, S + torch.arange(S, device=self.device))
+        order = key.argsort(dim=1)[:, :longest]  # (B, longest)
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                gather = order[:, None, :, None].expand(t.shape[0], t.shape[1], longest, t.shape[3])
+                setattr(layer, name, t.gather(2, gather))
+        self.slot_pos = self.slot_pos.gather(1, order)
+
+    def committed_kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H, L, hd) keys and values of a row's committed slots in position order (for tests)."""
+        lay = self.cache.layers[layer]
+        pos = self.slot_pos[row]
+        order = pos.argsort()[(pos < 0).sum():]
+        return lay.keys[row][:, order], lay.values[row][:, order]

@@ -1,0 +1,194 @@
+"""The generation loop shared by every drafter: draft, verify in one target pass, commit, repeat.
+
+A round, per active row: the root (newest emitted token, not yet cached) and the drafter's tree go
+through the target together; the verifier picks the accepted path and one more token; the target
+cache keeps the root and the accepted path; the drafter is told what happened. Rows that end (EOS,
+max_new_tokens, context limit) leave the batch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters.base import Drafter, DraftTree, RoundFeedback
+from .cached_model import CachedLM
+from .rejection import GeneratorCoin, verify_greedy, verify_sampled
+from .sampling import SamplingParams, processed_probs
+from .tree import TreeBlock, pack_drafts, verification_block
+
+
+@dataclass
+class GenerationStats:
+    rounds: int = 0  # target passes after the prefill (one per round, whole batch)
+    row_rounds: int = 0  # sum over rows of the rounds each took part in
+    new_tokens: int = 0
+    accepted_per_round: list[list[int]] = field(default_factory=list)  # per row, accepted drafts each round
+    proposed_at_depth: list[int] = field(default_factory=list)  # row-rounds with a node at depth d+1
+    accepted_at_depth: list[int] = field(default_factory=list)  # row-rounds that accepted depth d+1
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    finish_reasons: list[str] = field(default_factory=list)  # per row: eos | length | context
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target pass per row, the bonus token included."""
+        return self.new_tokens / self.row_rounds if self.row_rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at_depth, self.proposed_at_depth)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds, "row_rounds": self.row_rounds, "new_tokens": self.new_tokens,
+            "tau": self.tau, "per_position_acceptance": self.per_position_acceptance,
+            "accepted_per_round": self.accepted_per_round,
+            "draft_seconds": self.draft_seconds, "verify_seconds": self.verify_seconds,
+            "total_seconds": self.total_seconds, "tokens_per_second": self.tokens_per_second,
+            "finish_reasons": self.finish_reasons,
+        }
+
+    def _count_depths(self, tree: DraftTree, num_accepted: int) -> None:
+        deepest = max(tree.depths(), default=0)
+        while len(self.proposed_at_depth) < deepest:
+            self.proposed_at_depth.append(0)
+            self.accepted_at_depth.append(0)
+        for d in range(deepest):
+            self.proposed_at_depth[d] += 1
+            self.accepted_at_depth[d] += int(d < num_accepted)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SpeculativeEngine:
+    def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int):
+        self.target = CachedLM(target)
+        self.drafter = drafter
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_context = max_context
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        self.device = self.target.device
+
+    def check_prompts(self, prompts: list[list[int]]) -> None:
+        if not prompts:
+            raise ValueError("no prompts given: pass at least one prompt (text or token ids)")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: give at least one token (e.g. the BOS token)")
+            if len(p) >= self.max_context:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens but the target's context is {self.max_context} "
+                    f"positions, leaving no room to generate: shorten it to at most {self.max_context - 1} tokens")
+            bad = [t for t in p if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the target's vocabulary "
+                                 f"[0, {self.vocab_size})")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                 seed: int = 0) -> tuple[list[list[int]], GenerationStats]:
+        self.check_prompts(prompts)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        stats = GenerationStats(accepted_per_round=[[] for _ in prompts], finish_reasons=[""] * len(prompts))
+        t_start = time.perf_counter()
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        coin = GeneratorCoin(generator)
+        B = len(prompts)
+        contexts = [list(p) for p in prompts]
+        outputs: list[list[int]] = [[] for _ in prompts]
+        active = list(range(B))  # original row index of each active row
+
+        # 1. Prefill all but the last prompt token: that one is the first round's root.
+        self.target.reset(B)
+        if max(len(p) for p in contexts) > 1:
+            self.target.forward(TreeBlock.chains([p[:-1] for p in contexts], self.device))
+            self.target.accept([list(range(len(p) - 1)) for p in contexts])
+        self.drafter.begin([list(p) for p in prompts], sampling, generator)
+
+        while active:
+            # 2. Draft, clipped so no row runs past max_new_tokens or the context.
+            _sync(self.device)
+            t0 = time.perf_counter()
+            trees = self.drafter.propose([contexts[r] for r in active])
+            for i, r in enumerate(active):
+                room = min(max_new_tokens - len(outputs[r]), self.max_context - len(contexts[r]))
+                trees[i] = trees[i].truncated_to_depth(room - 1)
+            _sync(self.device)
+            t1 = time.perf_counter()
+
+            # 3. One target pass over every row's root + tree, then accept/reject.
+            roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
+            block = verification_block(roots, trees, self.device)
+            logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
+            drafts = pack_drafts(trees, self.vocab_size, self.device)
+            if sampling.greedy:
+                verdict = verify_greedy(logits.argmax(-1), drafts)
+            else:
+                verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
+            accepted = verdict.accepted.tolist()
+            num_accepted = verdict.num_accepted.tolist()
+            next_token = verdict.next_token.tolist()
+            _sync(self.device)
+            t2 = time.perf_counter()
+
+            # 4. Commit: emitted tokens, EOS / length / context stops, cache and drafter rollback.
+            keep_slots, emitted_rows, paths, still = [], [], [], []
+            for i, r in enumerate(active):
+                path = accepted[i][: num_accepted[i]]
+                tokens = trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
+                emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
+                outputs[r] += emitted
+                contexts[r] += emitted
+                stats.accepted_per_round[r].append(num_accepted[i])
+                stats._count_depths(trees[i], num_accepted[i])
+                stats.new_tokens += len(emitted)
+                keep_slots.append([0] + [n + 1 for n in path])
+                emitted_rows.append(emitted)
+                paths.append(path)
+                if reason:
+                    stats.finish_reasons[r] = reason
+                else:
+                    still.append(i)
+            self.target.accept(keep_slots)
+            feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots))
+            self.drafter.observe(feedback)
+            stats.rounds += 1
+            stats.row_rounds += len(active)
+            if len(still) < len(active):
+                self.target.select_rows(still)
+                self.drafter.keep_rows(still)
+                active = [active[i] for i in still]
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+        _sync(self.device)
+        stats.total_seconds = time.perf_counter() - t_start
+        return outputs, stats
+
+    def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
+        """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""
+        for j, t in enumerate(tokens):
+            if t in self.eos_token_ids:
+                return tokens[: j + 1], "eos"
+        room_new = max_new_tokens - produced
+        room_ctx = self.max_context - context_len
+        if len(tokens) >= room_new and room_new <= room_ctx:
+            return tokens[:room_new], "length"
+        if len(tokens) >= room_ctx:
+            return tokens[:room_ctx], "context"
+        return tokens, ""
+
+    def _kept_hidden(self, hidden: dict, keep_slots: list[list[int]]) -> list[dict[int, torch.Tensor]]:
+        if not hidden:
+            return []
+        return [{k: h[i, slots] for k, h in hidden.items()} for i, slots in enumerate(keep_slots)]

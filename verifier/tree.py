@@ -1,0 +1,129 @@
+"""Packing ragged per-row trees into padded tensors: one format for the model pass (TreeBlock) and
+one for the accept/reject walk (PackedDrafts). Shapes are written once here.
+
+A TreeBlock is what a cached model is fed in one forward: per row, T tokens whose parents are
+either another token of the block or the committed prefix (parent -1). Padding slots have
+valid=False, parent -1, and attend only to the prefix and themselves, so they never make NaNs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters.base import DETERMINISTIC, DraftTree
+
+
+def ancestors_and_depth(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) parent indices (-1 = prefix) -> ancestor-or-self mask (B, T, T) and depth (B, T),
+    depth 0 for tokens attached to the prefix. Loops over depth, not over nodes."""
+    B, T = parents.shape
+    anc = torch.eye(T, dtype=torch.bool, device=parents.device).expand(B, T, T).clone()
+    cur = parents.clone()
+    rows = torch.arange(B, device=parents.device)[:, None].expand(B, T)
+    cols = torch.arange(T, device=parents.device)[None, :].expand(B, T)
+    for _ in range(T):
+        has = cur >= 0
+        if not bool(has.any()):
+            break
+        anc[rows[has], cols[has], cur[has]] = True
+        cur = torch.where(has, parents.gather(1, cur.clamp(min=0)), cur)
+    return anc, anc.sum(-1) - 1
+
+
+@dataclass
+class TreeBlock:
+    tokens: torch.Tensor  # (B, T) long, padding = 0
+    parents: torch.Tensor  # (B, T) long, -1 = attached to the committed prefix
+    valid: torch.Tensor  # (B, T) bool
+
+    def __post_init__(self):
+        self.ancestors, self.depth = ancestors_and_depth(self.parents)  # (B, T, T), (B, T)
+
+    @staticmethod
+    def chains(rows: list[list[int]], device: torch.device | str) -> "TreeBlock":
+        """Each row a plain chain of tokens (prefill, or feeding a draft model)."""
+        T = max((len(r) for r in rows), default=0)
+        tokens = torch.zeros(len(rows), T, dtype=torch.long)
+        valid = torch.zeros(len(rows), T, dtype=torch.bool)
+        for b, r in enumerate(rows):
+            tokens[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+            valid[b, : len(r)] = True
+        parents = torch.arange(-1, T - 1).expand(len(rows), T).clone()
+        parents[~valid] = -1  # padding hangs off the prefix on its own
+        return TreeBlock(tokens.to(device), parents.to(device), valid.to(device))
+
+
+@dataclass
+class PackedDrafts:
+    """All rows' draft trees, padded. Node i of a row sits in block slot i + 1; slot 0 is the root.
+
+    tokens       (B, N) long        kinds (B, N) long        valid (B, N) bool
+    draft_probs  (B, N, V) float or None (rows/nodes without one hold zeros)
+    children     (B, N + 1, C) long: node indices of each slot's children in production order, -1 pad
+    depth        (B, N) long: 1 for children of the root
+    """
+
+    tokens: torch.Tensor
+    kinds: torch.Tensor
+    valid: torch.Tensor
+    draft_probs: torch.Tensor | None
+    children: torch.Tensor
+    depth: torch.Tensor
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.depth.numel() else 0
+
+
+def pack_drafts(trees: list[DraftTree], vocab_size: int, device, prob_dtype=torch.float32) -> PackedDrafts:
+    B = len(trees)
+    N = max((t.size for t in trees), default=0)
+    tokens = torch.zeros(B, N, dtype=torch.long)
+    kinds = torch.full((B, N), DETERMINISTIC, dtype=torch.long)
+    valid = torch.zeros(B, N, dtype=torch.bool)
+    depth = torch.zeros(B, N, dtype=torch.long)
+    child_lists = [[[] for _ in range(N + 1)] for _ in range(B)]
+    any_probs = any(t.draft_probs is not None for t in trees)
+    draft_probs = torch.zeros(B, N, vocab_size, dtype=prob_dtype, device=device) if any_probs else None
+    for b, tree in enumerate(trees):
+        n = tree.size
+        if n == 0:
+            continue
+        tokens[b, :n] = tree.tokens.cpu()
+        kinds[b, :n] = tree.kinds.cpu()
+        valid[b, :n] = True
+        depth[b, :n] = torch.tensor(tree.depths())
+        for i, p in enumerate(tree.parents.tolist()):
+            child_lists[b][p + 1].append(i)
+        if tree.draft_probs is not None:
+            if tree.draft_probs.shape[-1] != vocab_size:
+                raise ValueError(f"draft_probs has {tree.draft_probs.shape[-1]} columns, the target's "
+                                 f"vocabulary has {vocab_size}: drafter and target vocabularies differ")
+            draft_probs[b, :n] = tree.draft_probs.to(device=device, dtype=prob_dtype)
+    C = max((len(c) for rows in child_lists for c in rows), default=0)
+    children = torch.full((B, N + 1, max(C, 1)), -1, dtype=torch.long)
+    for b in range(B):
+        for slot, kids in enumerate(child_lists[b]):
+            if kids:
+                children[b, slot, : len(kids)] = torch.tensor(kids)
+    return PackedDrafts(tokens.to(device), kinds.to(device), valid.to(device), draft_probs,
+                        children.to(device), depth.to(device))
+
+
+def verification_block(roots: torch.Tensor, trees: list[DraftTree], device) -> TreeBlock:
+    """The target's input for one round: per row the root (slot 0) followed by its draft nodes."""
+    B = len(trees)
+    T = 1 + max((t.size for t in trees), default=0)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    parents = torch.full((B, T), -1, dtype=torch.long)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    tokens[:, 0] = roots.cpu()
+    valid[:, 0] = True
+    for b, tree in enumerate(trees):
+        n = tree.size
+        if n:
+            tokens[b, 1 : n + 1] = tree.tokens.cpu()
+            parents[b, 1 : n + 1] = tree.parents.cpu() + 1  # root children -> slot 0
+            valid[b, 1 : n + 1] = True
+    return TreeBlock(tokens.to(device), parents.to(device), valid.to(device))
