@@ -39,6 +39,19 @@ class Decoder:
         self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer),
                                         context_length(self.target.config))
 
+    def with_drafter(self, drafter: dict) -> "Decoder":
+        """Another Decoder on the same loaded target and tokenizer, with a different drafter
+        (how `demo` and `compare` put several drafters side by side without reloading)."""
+        other = object.__new__(Decoder)
+        other.config = {**self.config, "drafter": dict(drafter)}
+        other.device, other.target, other.tokenizer = self.device, self.target, self.tokenizer
+        info = TargetInfo(self.target, str(self.config["target"]["path"]), self.tokenizer,
+                          self.engine.vocab_size, self.device, self.target.dtype)
+        other.drafter = build_drafter(other.config["drafter"], info)
+        other.engine = SpeculativeEngine(self.target, other.drafter, self.engine.eos_token_ids,
+                                         self.engine.max_context)
+        return other
+
     def encode(self, prompts: list[str]) -> list[list[int]]:
         if self.tokenizer is None:
             raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "

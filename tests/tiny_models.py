@@ -61,3 +61,20 @@ def build_model_folder(folder: Path, arch: str, seed: int, size: str = "target",
 
 def load_for_reference(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def perturbed_copy(source: Path, folder: Path, noise: float, seed: int = 0) -> Path:
+    """The source model with Gaussian noise on every weight: a drafter that agrees with the target
+    often but not always (random tiny drafters almost never agree, which tests nothing)."""
+    model = load_for_reference(source)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (folder / f.name).write_bytes(f.read_bytes())
+    return folder

@@ -1,0 +1,125 @@
+"""Unit tests of the drafter side: the tree format, n-gram lookup, the registry."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters import DETERMINISTIC, IID, Drafter, DraftTree, available, register
+from draftsman.drafters.ngram import NgramDrafter
+from draftsman.verifier.sampling import SamplingParams
+
+
+def ngram(**opts):
+    d = NgramDrafter(NgramDrafter.Options(**opts))
+    return d
+
+
+def test_ngram_proposes_what_followed_the_longest_most_recent_match():
+    d = ngram(k=3, min_ngram=1, max_ngram=3)
+    ctx = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    (tree,) = d.propose([ctx])
+    assert tree.tokens.tolist() == [7, 8, 5]  # the later of the two [1, 2, 3] matches
+    assert tree.parents.tolist() == [-1, 0, 1]
+    assert bool((tree.kinds == DETERMINISTIC).all())
+
+
+def test_ngram_branches_merge_into_a_trie():
+    d = ngram(k=3, branches=3, min_ngram=1, max_ngram=2)
+    ctx = [4, 1, 2, 6, 4, 1, 2, 7, 4, 1, 5, 4, 1]
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    (tree,) = d.propose([ctx])
+    # [4, 1] was followed by [5, 4, 1], [2, 7, 4] and [2, 6, 4]: a trie with a shared '2' branch.
+    assert tree.tokens.tolist() == [5, 4, 1, 2, 7, 4, 6, 4]
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4, 3, 6]
+
+
+def test_ngram_without_a_match_proposes_nothing_and_updates_incrementally():
+    d = ngram(k=2, min_ngram=2, max_ngram=2)
+    ctx = [1, 2, 3]
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    assert d.propose([ctx])[0].size == 0
+    ctx = ctx + [1, 2]  # the engine appends emitted tokens; the index catches up
+    assert d.propose([ctx])[0].tokens.tolist() == [3, 1]
+
+
+def test_ngram_bad_options_are_named():
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        NgramDrafter.Options(min_ngram=3, max_ngram=2)
+
+
+def test_tree_validation_and_depth_truncation():
+    with pytest.raises(ValueError, match="parent index"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([-1, 1]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="need draft_probs"):
+        DraftTree(torch.tensor([1]), torch.tensor([-1]), torch.tensor([IID]))
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 1]), torch.zeros(4, dtype=torch.long))
+    assert tree.depths() == [1, 2, 1, 3]
+    cut = tree.truncated_to_depth(2)
+    assert cut.tokens.tolist() == [5, 6, 7] and cut.parents.tolist() == [-1, 0, -1]
+    assert tree.truncated_to_depth(0).size == 0
+
+
+def test_a_new_drafter_is_one_class_and_one_registration(tiny_models):
+    @register
+    class RepeatLast(Drafter):
+        """Proposes the last token again, k times (a toy, for this test)."""
+        name = "repeat_last_test"
+
+        @dataclass
+        class Options:
+            k: int = 2
+
+        def __init__(self, options, target):
+            self.k = options.k
+
+        def propose(self, contexts):
+            return [DraftTree.chain([c[-1]] * self.k) for c in contexts]
+
+    assert "repeat_last_test" in available()
+    target = str(tiny_models["llama"][0])
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=[[3, 3, 3]], max_new_tokens=12)
+    mine = draftsman.load({"target": {"path": target}, "drafter": {"name": "repeat_last_test", "k": 3}}).generate(
+        input_ids=[[3, 3, 3]], max_new_tokens=12)
+    assert mine.token_ids == plain.token_ids
+
+
+def test_hidden_states_of_the_accepted_path_reach_the_drafter(tiny_models):
+    """A drafter that declares it needs the target's last hidden state gets, after each round,
+    those of the root and the accepted nodes, equal to a plain forward over the committed text."""
+    from draftsman.drafters import TargetNeeds
+    from tiny_models import load_for_reference
+
+    seen = []
+
+    @register
+    class Recorder(Drafter):
+        name = "hidden_recorder_test"
+        needs = TargetNeeds(hidden_state_layers=(-1,))
+
+        @dataclass
+        class Options:
+            pass
+
+        def __init__(self, options, target):
+            pass
+
+        def propose(self, contexts):
+            self.contexts = [list(c) for c in contexts]
+            return [DraftTree.chain([c[-1], c[-1]]) for c in contexts]
+
+        def observe(self, feedback):
+            seen.append((self.contexts[0], feedback.emitted[0], feedback.target_hidden[0][-1]))
+
+    target = tiny_models["llama"][0]
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "hidden_recorder_test"}})
+    dec.generate(input_ids=[[3, 3, 3, 3]], max_new_tokens=10)
+    model = load_for_reference(target)
+    for context, emitted, hidden in seen:
+        # Kept slots: the root (last context token) and the accepted drafts (all but the last emitted).
+        fed = context + emitted[:-1]
+        with torch.no_grad():
+            full = model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states[-1][0]
+        assert hidden.shape[0] == len(emitted)
+        assert torch.allclose(hidden, full[len(context) - 1:], atol=1e-4)

@@ -1,0 +1,75 @@
+"""The whole engine at temperature > 0 (real tiny Llama, real drafters, one big ragged batch):
+the first two emitted tokens follow the target's exact marginals (chi-square, alpha = 1e-6), and
+a seeded run is reproducible."""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import draftsman
+from draftsman.verifier.sampling import SamplingParams, processed_probs
+
+from tiny_models import load_for_reference, perturbed_copy
+
+ALPHA = 1e-6
+ROWS = 6000
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
+
+
+def exact_marginals(model, prompt, params, eos_ids):
+    """p(x1), and p(x2 | x1 is not EOS) = sum over non-EOS x1 of p(x1) p(x2 | x1), renormalised
+    (a row that emitted EOS first has no second token)."""
+    with torch.no_grad():
+        p1 = processed_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1].double(), params)
+        cont = p1.clone()
+        cont[list(eos_ids)] = 0
+        support = cont.nonzero().squeeze(1)
+        batch = torch.cat([torch.tensor([prompt]).expand(len(support), -1), support[:, None]], dim=1)
+        p2_given = processed_probs(model(input_ids=batch).logits[:, -1].double(), params)
+    p2 = (cont[support, None] * p2_given).sum(0)
+    return p1, p2 / p2.sum()
+
+
+def fit_pvalue(samples, probs):
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs * samples.numel()
+    assert counts[probs == 0].sum() == 0, "emitted a token the target gives zero probability"
+    big = expected >= 5  # pool the rare cells so the chi-square approximation holds
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+@pytest.fixture(scope="module")
+def medium_draft(tiny_models, tmp_path_factory):
+    return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("medium"), noise=0.3)
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.9, top_k=20, top_p=0.9)],
+                         ids=["T1", "T0.9_topk20_topp0.9"])
+def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium_draft):
+    target = tiny_models["llama"][0]
+    cfg = {"name": "ngram", "k": 3, "branches": 2} if drafter == "ngram" else \
+          {"name": "draft_model", "path": str(medium_draft), "k": 3}
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=params.temperature,
+                       top_k=params.top_k, top_p=params.top_p, seed=123)
+    tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
+    assert len(tokens) > 0.9 * ROWS  # rows ending at EOS after one token are rare here
+    p1, p2 = exact_marginals(load_for_reference(target), PROMPT, params, dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    assert fit_pvalue(first, p1) > ALPHA
+    assert fit_pvalue(tokens[:, 1], p2) > ALPHA
+    if drafter == "draft_model":  # with 2 new tokens, tau = 1 + acceptance of the first draft
+        assert out.stats.tau > 1.01, "both accept and reject paths must be exercised"
+
+
+def test_seeded_runs_are_reproducible(tiny_models, medium_draft):
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                          "drafter": {"name": "draft_model", "path": str(medium_draft), "k": 3}})
+    a = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=20, temperature=1.0, seed=5)
+    b = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=20, temperature=1.0, seed=5)
+    c = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=20, temperature=1.0, seed=6)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids

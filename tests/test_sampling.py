@@ -1,0 +1,44 @@
+"""The target distribution is made exactly as Hugging Face's sampler makes it."""
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from draftsman.verifier.sampling import SamplingParams, processed_probs, sample_from
+
+
+def hf_probs(logits, p: SamplingParams):
+    scores = TemperatureLogitsWarper(p.temperature)(None, logits.clone())
+    if p.top_k is not None:
+        scores = TopKLogitsWarper(p.top_k)(None, scores)
+    if p.top_p is not None:
+        scores = TopPLogitsWarper(p.top_p)(None, scores)
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.3, top_p=0.8),
+                                    SamplingParams(0.9, top_k=20, top_p=0.5), SamplingParams(2.0, top_k=1)])
+def test_processed_probs_match_hf_warpers(params):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=g) * 3
+    logits[:, 10] = logits[:, 11]  # ties at the top-k boundary are kept, as in HF
+    assert torch.allclose(processed_probs(logits, params), hf_probs(logits, params), atol=1e-6)
+
+
+def test_greedy_is_one_hot_on_first_argmax():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
+    assert processed_probs(logits, SamplingParams(0.0)).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_sample_from_never_returns_zero_probability_tokens():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(5, 5)
+    u = torch.tensor([0.0, 0.25, 0.5, 0.999999, 1.0 - 1e-16], dtype=torch.float64)
+    assert set(sample_from(probs, u).tolist()) <= {1, 3}
+
+
+def test_bad_sampling_values_are_named():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(1.0, top_k=0)
