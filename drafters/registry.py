@@ -6,6 +6,9 @@ defaults), and `build_drafter` rejects keys that are not among them.
 from __future__ import annotations
 
 import dataclasses
+import os
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +50,31 @@ def drafter_options(cls: type[Drafter], options: dict):
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for drafter '{cls.name}'; valid options: "
                          f"{sorted(fields) or 'none'}")
-    return opts_cls(**options) if opts_cls else None
+    if opts_cls is None:
+        return None
+    hints = typing.get_type_hints(opts_cls)
+    for key, value in options.items():
+        _check_option(cls.name, key, value, hints[key])
+    return opts_cls(**options)
+
+
+def _check_option(drafter: str, key: str, value, hint) -> None:
+    """Options are typed like `k: int = 4` or `path: str | None = None`; check the value fits."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for t in allowed:
+        if t is type(None) and value is None:
+            return
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if t is str and isinstance(value, (str, os.PathLike)):
+            return
+        if isinstance(t, type) and t is not type(None) and isinstance(value, t) and not (
+                isinstance(value, bool) and t is not bool):
+            return
+        if not isinstance(t, type):  # complex hints (lists of dicts...) are checked by the drafter
+            return
+    names = " or ".join("null" if t is type(None) else getattr(t, "__name__", str(t)) for t in allowed)
+    raise ValueError(f"drafter '{drafter}': option {key} must be {names}, got {value!r}")
 
 
 def build_drafter(config: dict, target: TargetInfo) -> Drafter:

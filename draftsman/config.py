@@ -46,13 +46,13 @@ def load_config(config: dict | str | os.PathLike) -> dict:
         text = path.read_text()
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         raw = raw or {}
-        # Relative model paths in a config file are relative to that file, so configs travel.
+        # Relative model paths in a config file are relative to that file, so configs travel (and
+        # a same-named folder under the working directory cannot capture them).
         for section in ("target", "drafter"):
-            p = (raw.get(section) or {}).get("path")
-            if isinstance(p, str) and not os.path.isabs(p) and not Path(p).exists():
-                candidate = path.parent / p
-                if candidate.exists():
-                    raw[section]["path"] = str(candidate)
+            values = raw.get(section) if isinstance(raw, dict) else None
+            p = values.get("path") if isinstance(values, dict) else None
+            if isinstance(p, str) and not os.path.isabs(os.path.expanduser(p)):
+                values["path"] = str(path.parent / p)
     elif isinstance(config, dict):
         raw = config
     else:
@@ -79,8 +79,35 @@ def merge(raw: dict) -> dict:
                                  f"'{section}': {sorted(DEFAULTS[section])}")
         if section == "drafter" and "name" in values and values["name"] != cfg["drafter"]["name"]:
             cfg["drafter"] = {}
-        cfg[section].update(values)
+        for key, value in values.items():
+            if section != "drafter":
+                check_type(f"{section}.{key}", value, DEFAULTS[section][key])
+            cfg[section][key] = value
     return cfg
+
+
+# Keys whose default is None still have a type: the default says nothing, so list them here.
+_TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
+                     "sampling.top_p": float}
+
+
+def check_type(name: str, value: Any, default: Any) -> None:
+    """A value must have its default's type (ints pass for floats); None is allowed where the
+    default is None."""
+    expected = type(default) if default is not None else _TYPES_WHEN_UNSET.get(name)
+    if value is None:
+        if default is None:
+            return
+        raise ValueError(f"{name} cannot be null; its default is {default!r}")
+    if expected is None:
+        return
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if expected is str and isinstance(value, os.PathLike):
+        ok = True
+    if not ok:
+        raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})")
 
 
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
@@ -94,7 +121,10 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"override '{item}': '{section}' is not a config section")
-        raw[section][key] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if section == "drafter" and key == "name" and parsed != raw["drafter"].get("name"):
+            raw["drafter"] = {}  # the old drafter's options mean nothing to the new one
+        raw[section][key] = parsed
     return merge(raw)
 
 

@@ -82,8 +82,14 @@ def vocab_mismatch(target_tok, draft_tok, target_vocab: int, draft_vocab: int) -
         a, b = getattr(target_tok, name, None), getattr(draft_tok, name, None)
         if a != b:
             return f"{name} is {a} in the target's tokenizer and {b} in the drafter's"
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        diff = next(t for t, i in target_tok.get_vocab().items() if draft_tok.get_vocab().get(t) != i)
-        return f"token {diff!r} has id {target_tok.get_vocab()[diff]} in the target but " \
-               f"{draft_tok.get_vocab().get(diff)} in the drafter"
+    # get_vocab() builds a fresh dict on every call: take each once (vocabularies run to 100k+).
+    target_map, draft_map = target_tok.get_vocab(), draft_tok.get_vocab()
+    if target_map != draft_map:
+        # Name the lowest-id difference, so the message is the same on every run.
+        for a, b, a_name, b_name in ((target_map, draft_map, "target", "drafter"),
+                                     (draft_map, target_map, "drafter", "target")):
+            for token, i in sorted(a.items(), key=lambda item: item[1]):
+                if b.get(token) != i:
+                    there = f"id {b[token]}" if token in b else "no id"
+                    return f"token {token!r} has id {i} in the {a_name} but {there} in the {b_name}"
     return None

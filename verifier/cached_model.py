@@ -19,6 +19,55 @@ from transformers.cache_utils import DynamicLayer
 from .tree import TreeBlock
 
 
+class SlotLayer(DynamicLayer):
+    """A DynamicLayer that writes new entries into preallocated storage (doubling when full)
+    instead of concatenating the whole cache every step, so cropping is just a shorter length
+    (as in gpt-fast). `keys` / `values` are views of the used slots; assigning a tensor to them
+    replaces the storage."""
+
+    def __init__(self):
+        self._k = self._v = None
+        self._n = 0
+        super().__init__()
+
+    keys = property(lambda self: None if self._k is None else self._k[:, :, : self._n])
+    values = property(lambda self: None if self._v is None else self._v[:, :, : self._n])
+
+    @keys.setter
+    def keys(self, tensor):
+        self._k = tensor
+        self._n = 0 if tensor is None else tensor.shape[2]
+
+    @values.setter
+    def values(self, tensor):
+        self._v = tensor
+        self._n = 0 if tensor is None else tensor.shape[2]
+
+    def lazy_initialization(self, key_states, value_states):
+        self.device = key_states.device
+        self._k, self._v = key_states[:, :, :0], value_states[:, :, :0]
+        self._n = 0
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, T = self._n, key_states.shape[2]
+        if n + T > self._k.shape[2]:
+            capacity = max(256, 2 * (n + T))
+            grown_k = key_states.new_empty(*key_states.shape[:2], capacity, key_states.shape[3])
+            grown_v = value_states.new_empty(*value_states.shape[:2], capacity, value_states.shape[3])
+            grown_k[:, :, :n], grown_v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
+            self._k, self._v = grown_k, grown_v
+        self._k[:, :, n : n + T] = key_states
+        self._v[:, :, n : n + T] = value_states
+        self._n = n + T
+        return self.keys, self.values
+
+    def truncate(self, num_slots: int) -> None:
+        self._n = min(self._n, num_slots)
+
+
 class CachedLM:
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -27,6 +76,12 @@ class CachedLM:
 
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        for i, layer in enumerate(self.cache.layers):
+            if type(layer) is not DynamicLayer:
+                raise NotImplementedError(
+                    f"cache layer {type(layer).__name__} (sliding window or hybrid attention) is not "
+                    "supported yet: draftsman needs plain full-attention layers to drop tree slots")
+            self.cache.layers[i] = SlotLayer()
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
         self._pending: TreeBlock | None = None
@@ -37,10 +92,6 @@ class CachedLM:
 
     def _layers(self):
         for layer in self.cache.layers:
-            if type(layer) is not DynamicLayer:
-                raise NotImplementedError(
-                    f"cache layer {type(layer).__name__} (sliding window or hybrid attention) is not "
-                    "supported yet: draftsman needs plain full-attention layers to drop tree slots")
             if layer.is_initialized and layer.keys.numel():
                 yield layer
 
@@ -110,8 +161,7 @@ class CachedLM:
 
     def _crop_to(self, num_slots: int) -> None:
         for layer in self._layers():
-            layer.keys = layer.keys[:, :, :num_slots]
-            layer.values = layer.values[:, :, :num_slots]
+            layer.truncate(num_slots)
         self.slot_pos = self.slot_pos[:, :num_slots]
 
     def _maybe_compact(self, slack: float = 0.25) -> None:
@@ -124,10 +174,9 @@ class CachedLM:
         key = torch.where(self.slot_pos >= 0, self.slot_pos, S + torch.arange(S, device=self.device))
         order = key.argsort(dim=1)[:, :longest]  # (B, longest)
         for layer in self._layers():
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                gather = order[:, None, :, None].expand(t.shape[0], t.shape[1], longest, t.shape[3])
-                setattr(layer, name, t.gather(2, gather))
+            k, v = layer.keys, layer.values  # read both before assigning: assignment resizes the views
+            gather = order[:, None, :, None].expand(k.shape[0], k.shape[1], longest, k.shape[3])
+            layer.keys, layer.values = k.gather(2, gather), v.gather(2, gather)
         self.slot_pos = self.slot_pos.gather(1, order)
 
     def committed_kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

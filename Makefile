@@ -1,0 +1,43 @@
+# draftsman: the commands a new user needs.
+#
+#   make demo    install, then run the bundled demo (models in zoo/)
+#   make test    install, then run the test suite (CPU is enough)
+#   make zoo     install, then retrain the bundled demo models (~1.5 h on CPU)
+#
+# torch is installed first, pinned by TORCH_SPEC (default torch==2.13.0: on this machine pip finds
+# that as a CPU wheel on local disk), so the package install below finds torch satisfied and pulls
+# no other build. On a GPU machine where you want CUDA torch:  make install TORCH_SPEC=torch
+
+PYTHON     ?= python
+PIP        := $(PYTHON) -m pip
+PIP_FLAGS  ?= --quiet
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= test,plots
+
+.PHONY: install test demo zoo lint help
+
+help:
+	@sed -n '3,9p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+
+# Idempotent: pip leaves satisfied requirements alone; a rerun only refreshes the editable link.
+install:
+	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(PIP) install $(PIP_FLAGS) -e ".[$(EXTRAS)]"
+	@$(PYTHON) -c "import torch, draftsman; print(f'draftsman {draftsman.__version__} with torch {torch.__version__}')"
+
+test: install
+	$(PYTHON) -m pytest -q tests
+
+# `python -m draftsman` is the `draftsman` command, without relying on PATH having its script.
+demo: install
+	$(PYTHON) -m draftsman demo
+
+# Trains zoo/python-target and zoo/python-draft from the Python stdlib: ~1.5 h on CPU. Resumable:
+# rerunning continues from the last checkpoint; finished stages are skipped.
+zoo: install
+	$(PYTHON) -m draftsman.training.pretrain --config training/configs/pretrain.yaml
+
+# Optional: needs ruff (pip install ruff); not part of `make test`.
+lint:
+	@$(PYTHON) -m ruff --version >/dev/null 2>&1 || { echo "lint needs ruff: $(PIP) install ruff"; exit 1; }
+	$(PYTHON) -m ruff check draftsman drafters verifier heads training tests

@@ -1,0 +1,221 @@
+"""The `draftsman` command line.
+
+    draftsman generate --config cfg.yaml --prompt "def f(" [--drafter ngram] [--set drafter.k=6] [--json]
+    draftsman drafters                 # registered drafters, their options and defaults
+    draftsman demo [...]               # the bundled demo (draftsman/demo.py, when built)
+
+Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). `compare`, `train` and
+`audit` slot in there later. User errors (bad config, missing folder, bad prompt) print
+`error: <message>` and exit 2; tracebacks are kept for bugs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+import re
+import sys
+import textwrap
+from typing import Callable
+
+import yaml
+from transformers.utils import logging as hf_logging
+
+from . import __version__
+from .api import Decoder
+from .config import apply_overrides, load_config
+from .drafters import registry
+
+EXIT_USAGE = 2  # same status argparse uses for bad arguments
+
+
+class UserError(ValueError):
+    """A problem in what the user asked for, reported without a traceback."""
+
+
+# --------------------------------------------------------------------------- generate
+
+def _add_generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML or JSON run config (sections: target, drafter, sampling, generation)")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="a text prompt; repeat for a batch")
+    p.add_argument("--input-ids", action="append", default=[], metavar="IDS",
+                   help='a prompt as token ids, e.g. "1,2,3"; repeat for a batch (instead of --prompt)')
+    p.add_argument("--drafter", metavar="NAME",
+                   help="use this drafter; if it differs from the config's, the config's drafter options "
+                        "are dropped (they belong to the other drafter) - add new ones with --set")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                   help="override one config value, parsed as YAML (drafter.k=6, sampling.top_k=null); "
+                        "applied after --config and --drafter")
+    p.add_argument("--max-new-tokens", type=int, help="default: generation.max_new_tokens")
+    p.add_argument("--temperature", type=float, help="0 = greedy; default: sampling.temperature")
+    p.add_argument("--top-k", type=int, help="default: sampling.top_k")
+    p.add_argument("--top-p", type=float, help="default: sampling.top_p")
+    p.add_argument("--seed", type=int, help="default: generation.seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
+
+
+def parse_input_ids(text: str) -> list[int]:
+    """'1,2,3' or '1 2 3' -> [1, 2, 3]."""
+    parts = [x for x in re.split(r"[,\s]+", text.strip()) if x]
+    try:
+        return [int(x) for x in parts]
+    except ValueError:
+        raise UserError(f"--input-ids '{text}': expected integers separated by commas, e.g. \"1,2,3\"") from None
+
+
+def build_config(config_path: str | None, drafter: str | None, overrides: list[str]) -> dict:
+    """The run config from a file (or the defaults), then --drafter, then --set overrides."""
+    cfg = load_config(config_path) if config_path else load_config({})
+    if drafter is not None and drafter != cfg["drafter"].get("name"):
+        # Options such as `path` or `k` were written for the other drafter; carrying them over
+        # would either be rejected or silently mean something else.
+        cfg["drafter"] = {"name": drafter}
+    return apply_overrides(cfg, overrides)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    # Check the prompts before loading any model: a typo should not cost a model load.
+    if bool(args.prompt) == bool(args.input_ids):
+        raise UserError("give the prompts either as --prompt TEXT or as --input-ids 1,2,3 (repeat "
+                        "either for a batch), not both or neither")
+    input_ids = [parse_input_ids(s) for s in args.input_ids] or None
+    cfg = build_config(args.config, args.drafter, args.overrides)
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
+    decoder = Decoder(cfg)
+    out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if args.json:
+        print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
+                          "config": cfg}))
+        return 0
+    many = len(out.token_ids) > 1
+    for i, (text, ids) in enumerate(zip(out.texts, out.token_ids)):
+        if many:
+            print(f"--- [{i}] ---")
+        # Without a tokenizer there is no text: show the ids rather than an empty line.
+        print(text if decoder.tokenizer is not None else " ".join(map(str, ids)))
+    s = out.stats
+    print(f"[stats] drafter {cfg['drafter']['name']}: tau {s.tau:.2f} tokens/pass, "
+          f"{s.tokens_per_second:.1f} tokens/s, {s.rounds} rounds, {s.new_tokens} new tokens, "
+          f"{s.total_seconds:.2f} s")
+    return 0
+
+
+# --------------------------------------------------------------------------- drafters
+
+def _option_comments(opts_cls) -> dict[str, str]:
+    """The `# ...` comment after each field in an Options dataclass: the options' documentation."""
+    try:
+        source = inspect.getsource(opts_cls)
+    except (OSError, TypeError):  # no source (e.g. a frozen install): list the options bare
+        return {}
+    return dict(re.findall(r"^\s*(\w+)\s*:[^#\n]*#\s*(.+?)\s*$", source, flags=re.MULTILINE))
+
+
+def describe_drafters() -> list[dict]:
+    """[{name, summary, options: [{name, type, default, help}]}] for every registered drafter."""
+    out = []
+    for name in registry.available():
+        cls = registry._REGISTRY[name]
+        doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
+        summary = " ".join(doc.split("\n\n")[0].split())  # first paragraph, one line
+        summary = summary.removeprefix(f"`{name}`:").strip()  # the name is printed already
+        opts_cls = getattr(cls, "Options", None)
+        comments = _option_comments(opts_cls) if opts_cls else {}
+        options = []
+        for f in dataclasses.fields(opts_cls) if opts_cls else []:
+            default = f.default if f.default is not dataclasses.MISSING else None
+            options.append({"name": f.name, "type": str(f.type), "default": default,
+                            "help": comments.get(f.name, "")})
+        out.append({"name": name, "summary": summary, "options": options})
+    return out
+
+
+def _add_drafters_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+
+
+def _run_drafters(args: argparse.Namespace) -> int:
+    drafters = describe_drafters()
+    if args.json:
+        print(json.dumps(drafters, indent=2))
+        return 0
+    for d in drafters:
+        print(d["name"])
+        print(textwrap.fill(d["summary"], width=100, initial_indent="    ", subsequent_indent="    "))
+        if not d["options"]:
+            print("    options: none")
+        for o in d["options"]:
+            default = yaml.safe_dump(o["default"], default_flow_style=True).strip().removesuffix("...").strip()
+            line = f"    drafter.{o['name']} = {default}  ({o['type']})"
+            print(line + (f"  # {o['help']}" if o["help"] else ""))
+        print()
+    print("Choose one in a config (drafter: {name: ngram, k: 6}) or on the command line "
+          "(--drafter ngram --set drafter.k=6).")
+    return 0
+
+
+# --------------------------------------------------------------------------- demo
+
+def _run_demo(argv: list[str]) -> int:
+    """Hand the arguments to draftsman/demo.py, which owns its own parser."""
+    if importlib.util.find_spec("draftsman.demo") is None:
+        print("error: the demo is not available yet: it needs the bundled models zoo/python-target and "
+              "zoo/python-draft, which are not built yet (`make zoo` trains them, ~1.5 h on CPU)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    from . import demo
+
+    return demo.main(argv) or 0
+
+
+# --------------------------------------------------------------------------- dispatch
+
+# name -> (help, add_arguments, run). Commands whose add_arguments is None take their raw argv and
+# parse it themselves (run(argv)); the others get an argparse Namespace (run(args)).
+# Planned: compare (drafters side by side), train (draft heads), audit (exactness checks).
+SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
+    "generate": ("generate text with a target model and a drafter", _add_generate_args, _run_generate),
+    "drafters": ("list the registered drafters with their options and defaults", _add_drafters_args,
+                 _run_drafters),
+    "demo": ("run the bundled demo (models in zoo/); arguments go to the demo", None, _run_demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsman", description="Exact speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"draftsman {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, add_arguments, _) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if add_arguments is not None:
+            add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]][1] is None:
+            return SUBCOMMANDS[argv[0]][2](argv[1:])
+        args = build_parser().parse_args(argv)
+        return SUBCOMMANDS[args.command][2](args)
+    except BrokenPipeError:  # `draftsman drafters | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet
+        return 1
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        # Bad config, missing model folder, bad prompt: the message says what to fix.
+        # (json.JSONDecodeError is a ValueError, FileNotFoundError an OSError.)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

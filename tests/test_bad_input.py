@@ -1,0 +1,173 @@
+"""Every kind of bad input gets its own error that names the problem (and the fix), and a failed
+call leaves the Decoder as good as new."""
+import pytest
+import torch
+
+import draftsman
+import tiny_models
+from tiny_models import build_model_folder, build_tokenizer
+
+CONTEXT = 256  # max_position_embeddings of the tiny models
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on busy cores OpenMP's spinning threads make them
+    many times slower; restored afterwards so other modules keep their setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_models):
+    return tiny_models["llama"]  # (target_dir, draft_dir)
+
+
+@pytest.fixture(scope="module")
+def decoder(llama):
+    """A target with a stateful drafter (its own KV cache), so a leak of state would show."""
+    target, draft = llama
+    return draftsman.load(config(target, drafter={"name": "draft_model", "path": str(draft), "k": 3},
+                                 generation={"max_new_tokens": 8}))
+
+
+def config(target, **sections):
+    return {"target": {"path": str(target)}, **sections}
+
+
+# ----------------------------------------------------------------------------- prompts
+
+@pytest.mark.parametrize("call, message", [
+    (dict(prompts=""), "prompt 0 is empty"),  # no BOS in the tiny tokenizer: "" encodes to []
+    (dict(input_ids=[[]]), "prompt 0 is empty"),
+    (dict(input_ids=[[5, 6], []]), "prompt 1 is empty"),
+    (dict(prompts=[]), "no prompts given"),
+    (dict(input_ids=[]), "no prompts given"),
+    (dict(), "either prompts .* or input_ids"),
+    (dict(prompts="def f(", input_ids=[[5]]), "not both"),
+    (dict(input_ids=[[5] * CONTEXT]), f"{CONTEXT} tokens but the target's context is {CONTEXT} positions"),
+    (dict(prompts="x = 1\n" * 200), f"the target's context is {CONTEXT} positions.*at most {CONTEXT - 1}"),
+    (dict(input_ids=[[5, 100000]]), r"token ids \[100000\] outside the target's vocabulary \[0, 320\)"),
+    (dict(input_ids=[[5, -1]]), r"token ids \[-1\] outside"),
+    (dict(input_ids=[[5]], max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(input_ids=[[5]], temperature=-1.0), "temperature must be >= 0"),
+    (dict(input_ids=[[5]], top_k=0), "top_k must be a positive integer"),
+    (dict(input_ids=[[5]], top_p=1.5), r"top_p must be in \(0, 1\]"),
+])
+def test_bad_generate_calls_name_the_problem(decoder, call, message):
+    with pytest.raises(ValueError, match=message):
+        decoder.generate(**call)
+
+
+def test_a_prompt_one_short_of_the_context_gets_one_token(decoder):
+    out = decoder.generate(input_ids=[[5] * (CONTEXT - 1)], max_new_tokens=8)
+    assert len(out.token_ids[0]) == 1
+    assert out.stats.finish_reasons == ["context"]
+
+
+def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
+    good = dict(prompts=["def parse(text):", "class Foo:"], max_new_tokens=8, temperature=0.9, seed=3)
+    before = decoder.generate(**good)
+    for bad in (dict(input_ids=[[5, 6], []]), dict(input_ids=[[5] * CONTEXT]), dict(prompts=""),
+                dict(input_ids=[[5]], top_p=1.5), dict(input_ids=[[5]], max_new_tokens=0)):
+        with pytest.raises(ValueError):
+            decoder.generate(**bad)
+    after = decoder.generate(**good)
+    assert after.token_ids == before.token_ids
+    # ... and the same as a decoder that never saw an error.
+    fresh = draftsman.load(decoder.config).generate(**good)
+    assert fresh.token_ids == before.token_ids
+
+
+# ----------------------------------------------------------------------------- config keys
+
+@pytest.mark.parametrize("raw, message", [
+    ({"targt": {}}, r"unknown config key\(s\) \['targt'\]; valid top-level keys: "
+                    r"\['drafter', 'generation', 'sampling', 'target'\]"),
+    ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
+                                      r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
+    ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['temperature', 'top_k', 'top_p'\]"),
+    ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'seed'\]"),
+    ({"sampling": 0.5}, "section 'sampling' must be a mapping"),
+])
+def test_unknown_config_keys_are_named_with_the_valid_ones(llama, raw, message):
+    with pytest.raises(ValueError, match=message):
+        draftsman.load({"target": {"path": str(llama[0])}, **raw})
+
+
+def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- target\n- drafter\n")
+    with pytest.raises(ValueError, match="must be a mapping of sections"):
+        draftsman.load(str(path))
+
+
+@pytest.mark.parametrize("drafter, message", [
+    ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\] for drafter 'ngram'; valid options: "
+                                 r"\['branches', 'k', 'max_ngram', 'min_ngram'\]"),
+    ({"name": "none", "k": 3}, r"unknown option\(s\) \['k'\] for drafter 'none'; valid options: none"),
+    ({"name": "draft_model", "path": "x", "depth": 3}, r"\['depth'\] for drafter 'draft_model'.*'k', 'path'"),
+    ({"name": "draft_model"}, "set drafter.path"),
+    ({"name": "ngram", "k": 0}, "k and branches must be >= 1"),
+    ({"name": "medusa"}, r"unknown drafter 'medusa'; available drafters: \['draft_model', 'ngram', 'none'\]"),
+])
+def test_bad_drafter_settings_name_the_problem(llama, drafter, message):
+    with pytest.raises(ValueError, match=message):
+        draftsman.load(config(llama[0], drafter=drafter))
+
+
+# ----------------------------------------------------------------------------- model folders
+
+def test_missing_target_folder_is_named(tmp_path):
+    missing = tmp_path / "no-such-target"
+    with pytest.raises(FileNotFoundError, match=f"target.path: model folder '{missing}' does not exist"):
+        draftsman.load(config(missing))
+
+
+def test_missing_target_path_says_it_is_required():
+    with pytest.raises(ValueError, match="target.path is required"):
+        draftsman.load({})
+
+
+def test_a_folder_without_config_json_is_not_a_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        draftsman.load(config(tmp_path))
+
+
+def test_missing_drafter_folder_is_named(llama, tmp_path):
+    missing = tmp_path / "no-such-draft"
+    with pytest.raises(FileNotFoundError, match=f"drafter.path: model folder '{missing}' does not exist"):
+        draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(missing)}))
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config file .*absent.yaml' does not exist"):
+        draftsman.load(str(tmp_path / "absent.yaml"))
+
+
+# ----------------------------------------------------------------------------- vocabularies
+
+@pytest.fixture(scope="module")
+def foreign_drafts(tmp_path_factory):
+    """Draft models whose tokenizers differ from the tiny target's: a smaller vocabulary, and one of
+    the same size whose tokens map to other ids (trained on other text)."""
+    root = tmp_path_factory.mktemp("foreign")
+    smaller = build_tokenizer(root / "tok-small", vocab_size=300)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tiny_models, "CORPUS", [line[::-1] for line in tiny_models.CORPUS])
+        remapped = build_tokenizer(root / "tok-remapped")
+    return {"smaller": build_model_folder(root / "small", "llama", seed=1, size="draft", tokenizer=smaller),
+            "remapped": build_model_folder(root / "remapped", "llama", seed=2, size="draft", tokenizer=remapped)}
+
+
+@pytest.mark.parametrize("which, detail", [
+    ("smaller", "the drafter's output layer has 300 tokens, the target's 320"),
+    ("remapped", "token '.+' has id \\d+ in the target but (id \\d+|no id) in the drafter"),
+])
+def test_a_draft_model_with_another_vocabulary_is_refused(llama, foreign_drafts, which, detail, tiny_tokenizer):
+    if which == "remapped":
+        assert len(tiny_tokenizer) == 320  # same size: only the token map differs
+    with pytest.raises(ValueError, match=f"cannot draft for target .*: {detail}.*same vocabulary"):
+        draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(foreign_drafts[which])}))

@@ -1,0 +1,150 @@
+"""The `draftsman` command: the same tokens as the Python API, clean errors, the drafter list.
+
+Each subprocess pays a torch import (seconds), so only three run as real processes; the other
+checks call cli.main() in this process.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import draftsman
+from draftsman import cli
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # see one_thread below
+PROMPTS = ["def parse(text):", "class Foo:\n    def"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on busy cores OpenMP's spinning threads make them
+    many times slower; restored afterwards so other modules keep their setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "draftsman", *args], capture_output=True, text=True,
+                          cwd=cwd, env=ENV, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def config_file(tiny_models, tmp_path_factory):
+    """A config with a draft_model drafter, its paths relative to the config file."""
+    target, draft = tiny_models["qwen2"]
+    folder = target.parent  # holds target/ and draft/
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump({
+        "target": {"path": "target"},
+        "drafter": {"name": "draft_model", "path": "draft", "k": 3},
+        "generation": {"max_new_tokens": 12, "seed": 1},
+    }))
+    return path
+
+
+def test_generate_json_matches_the_python_api(config_file, tmp_path):
+    # --drafter ngram must drop draft_model's `path` (ngram would reject it), then --set adds k.
+    proc = run("generate", "--config", str(config_file), "--prompt", PROMPTS[0], "--prompt", PROMPTS[1],
+               "--drafter", "ngram", "--set", "drafter.k=5", "--set", "sampling.top_k=40",
+               "--max-new-tokens", "10", "--temperature", "0.8", "--top-p", "0.95", "--seed", "7", "--json",
+               cwd=tmp_path)  # another working directory: the config's relative paths still hold
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+
+    cfg = draftsman.config.load_config(config_file)
+    cfg["drafter"] = {"name": "ngram", "k": 5}
+    cfg["sampling"]["top_k"] = 40
+    want = draftsman.load(cfg).generate(PROMPTS, max_new_tokens=10, temperature=0.8, top_p=0.95, seed=7)
+    assert got["token_ids"] == want.token_ids
+    assert got["texts"] == want.texts
+    assert got["config"]["drafter"] == {"name": "ngram", "k": 5}
+    assert set(got["stats"]) == set(want.stats.as_dict())
+    assert got["stats"]["new_tokens"] == sum(map(len, want.token_ids))
+
+
+def test_a_bad_key_prints_error_and_exits_2_without_traceback(config_file):
+    proc = run("generate", "--config", str(config_file), "--prompt", "x", "--set", "sampling.temprature=0.5")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: unknown key(s) ['sampling.temprature']"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_drafters_lists_every_drafter_with_its_options():
+    # The installed console script when there is one (it checks the entry point too).
+    exe = shutil.which("draftsman")
+    cmd = [exe, "drafters"] if exe else [sys.executable, "-m", "draftsman", "drafters"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    names = [line for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
+    assert {"none", "ngram", "draft_model"} <= set(names)
+    assert "drafter.k = 4" in proc.stdout and "drafter.max_ngram = 3" in proc.stdout
+    assert "drafter.path = null" in proc.stdout
+
+
+# ---------------------------------------------------------------------------- in-process
+
+def test_text_output_has_one_block_per_prompt_and_a_stats_line(config_file, capsys):
+    assert cli.main(["generate", "--config", str(config_file), "--prompt", PROMPTS[0],
+                     "--prompt", PROMPTS[1], "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "--- [0] ---" in out and "--- [1] ---" in out
+    stats = out.splitlines()[-1]
+    assert stats.startswith("[stats] drafter draft_model: tau ")
+    assert "tokens/s" in stats and "rounds" in stats
+
+
+def test_input_ids_are_accepted(config_file, capsys):
+    assert cli.main(["generate", "--config", str(config_file), "--input-ids", "5, 6,7",
+                     "--max-new-tokens", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = draftsman.load(str(config_file)).generate(input_ids=[[5, 6, 7]], max_new_tokens=3)
+    assert got["token_ids"] == want.token_ids
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-ids", "1,x"], "--input-ids '1,x': expected integers"),
+    ([], "either as --prompt TEXT or as --input-ids"),
+    (["--prompt", "a", "--input-ids", "1"], "not both"),
+    (["--prompt", "a", "--set", "drafter.k"], "must look like section.key=value"),
+    (["--prompt", "a", "--drafter", "medusa"], "unknown drafter 'medusa'; available drafters"),
+    (["--prompt", "a", "--set", "target.path=/no/such/folder"], "model folder '/no/such/folder' does not exist"),
+    (["--prompt", "x = 1\n" * 200], "context is 256 positions"),
+])
+def test_user_errors_exit_2_with_one_line(config_file, capsys, args, message):
+    assert cli.main(["generate", "--config", str(config_file), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+def test_missing_and_malformed_config_files(tmp_path, capsys):
+    assert cli.main(["generate", "--config", str(tmp_path / "none.yaml"), "--prompt", "a"]) == 2
+    assert "none.yaml' does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("target: {path: [unclosed\n")
+    assert cli.main(["generate", "--config", str(bad), "--prompt", "a"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_demo_says_when_it_is_not_built(capsys):
+    if importlib.util.find_spec("draftsman.demo") is not None:
+        pytest.skip("draftsman/demo.py exists: the demo has its own tests")
+    assert cli.main(["demo"]) == 2
+    assert "not built yet" in capsys.readouterr().err
+
+
+def test_every_subcommand_is_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name in cli.SUBCOMMANDS:
+        assert name in out

@@ -1,0 +1,124 @@
+"""Config files, overrides and the CLI's --drafter semantics. No models are loaded here."""
+import json
+
+import pytest
+import yaml
+
+from draftsman.cli import build_config
+from draftsman.config import DEFAULTS, apply_overrides, load_config
+
+RUN = {
+    "target": {"path": "models/target", "dtype": "float32"},
+    "drafter": {"name": "draft_model", "path": "models/draft", "k": 3},
+    "sampling": {"temperature": 0.7, "top_k": 20},
+    "generation": {"max_new_tokens": 16},
+}
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    """A folder holding configs next to the model folders they name."""
+    (tmp_path / "models" / "target").mkdir(parents=True)
+    (tmp_path / "models" / "draft").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("suffix, dump", [(".yaml", yaml.safe_dump), (".yml", yaml.safe_dump),
+                                          (".json", json.dumps)])
+def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
+    path = config_dir / f"run{suffix}"
+    path.write_text(dump(RUN))
+    cfg = load_config(path)
+    assert cfg["drafter"] == {"name": "draft_model", "path": str(config_dir / "models" / "draft"), "k": 3}
+    assert cfg["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": None}
+    assert cfg["generation"] == {"max_new_tokens": 16, "seed": DEFAULTS["generation"]["seed"]}
+    assert cfg["target"]["device"] == "auto"
+    assert load_config(str(path)) == cfg  # a str path works as well as a Path
+
+
+def test_relative_paths_resolve_relative_to_the_config_file(config_dir, tmp_path_factory, monkeypatch):
+    path = config_dir / "run.yaml"
+    path.write_text(yaml.safe_dump(RUN))
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(path)
+    assert cfg["target"]["path"] == str(config_dir / "models" / "target")
+    assert cfg["drafter"]["path"] == str(config_dir / "models" / "draft")
+    # A folder of the same name under the working directory must not capture the path: the
+    # config means the same models wherever it is used from.
+    (elsewhere / "models" / "target").mkdir(parents=True)
+    assert load_config(path)["target"]["path"] == str(config_dir / "models" / "target")
+
+
+def test_absolute_paths_and_dict_configs_are_kept_as_written(config_dir):
+    absolute = str(config_dir / "models" / "target")
+    path = config_dir / "abs.yaml"
+    path.write_text(yaml.safe_dump({"target": {"path": absolute}}))
+    assert load_config(path)["target"]["path"] == absolute
+    # A dict has no file to be relative to: its paths are the caller's (working directory).
+    assert load_config({"target": {"path": "models/target"}})["target"]["path"] == "models/target"
+
+
+def test_empty_config_file_gives_the_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == DEFAULTS
+
+
+def test_missing_config_file_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_overrides_parse_values_as_yaml():
+    cfg = apply_overrides(load_config({"drafter": {"name": "ngram"}, "sampling": {"top_k": 50}}),
+                          ["drafter.k=6", "sampling.top_p=0.9", "sampling.top_k=null",
+                           "sampling.temperature=1", "target.path=some/dir", "target.dtype=bfloat16"])
+    assert cfg["drafter"] == {"name": "ngram", "k": 6}
+    assert isinstance(cfg["drafter"]["k"], int)
+    assert cfg["sampling"] == {"temperature": 1, "top_k": None, "top_p": 0.9}
+    assert cfg["target"]["path"] == "some/dir" and cfg["target"]["dtype"] == "bfloat16"
+
+
+def test_overrides_do_not_change_their_input():
+    base = load_config({})
+    apply_overrides(base, ["generation.seed=7"])
+    assert base["generation"]["seed"] == 0
+
+
+@pytest.mark.parametrize("item, message", [
+    ("drafter.k", "must look like section.key=value"),
+    ("k=6", "must look like section.key=value"),
+    ("sampling.temprature=0.5", r"unknown key\(s\) \['sampling.temprature'\].*'temperature'"),
+    ("decoding.k=6", r"unknown config key\(s\) \['decoding'\].*valid top-level keys"),
+])
+def test_bad_overrides_say_what_is_wrong(item, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(load_config({}), [item])
+
+
+def _write(tmp_path, raw) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_drafter_flag_replaces_the_options_of_another_drafter(config_dir):
+    cfg = build_config(_write(config_dir, RUN), "ngram", [])
+    assert cfg["drafter"] == {"name": "ngram"}  # draft_model's path and k are gone
+    cfg = build_config(_write(config_dir, RUN), "ngram", ["drafter.k=6", "drafter.branches=2"])
+    assert cfg["drafter"] == {"name": "ngram", "k": 6, "branches": 2}
+    # Everything outside the drafter section stays as the file says.
+    assert cfg["sampling"]["top_k"] == 20 and cfg["generation"]["max_new_tokens"] == 16
+
+
+def test_drafter_flag_naming_the_configs_drafter_keeps_its_options(config_dir):
+    cfg = build_config(_write(config_dir, RUN), "draft_model", ["drafter.k=5"])
+    assert cfg["drafter"] == {"name": "draft_model", "path": str(config_dir / "models" / "draft"), "k": 5}
+
+
+def test_build_config_without_a_file_starts_from_the_defaults():
+    cfg = build_config(None, "ngram", ["target.path=/models/t"])
+    assert cfg["drafter"] == {"name": "ngram"}
+    assert cfg["target"]["path"] == "/models/t"
+    assert build_config(None, None, []) == DEFAULTS

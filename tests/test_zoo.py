@@ -1,0 +1,203 @@
+"""The bundled demo pair (zoo/) and the pipeline that builds it (draftsman.training).
+
+Zoo tests skip until `make zoo` has produced zoo/python-target and zoo/python-draft; the
+pipeline tests run a tiny corpus through tokenizer -> draft -> target -> pair in a tmp dir.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsman.training import corpus as C
+from draftsman.training import pretrain as P
+from draftsman.training import tokenizer as T
+
+# ---------------------------------------------------------------- the bundled zoo
+
+
+def _zoo():
+    from draftsman import zoo
+
+    try:
+        return zoo.target_path(), zoo.draft_path()
+    except FileNotFoundError as e:
+        pytest.skip(f"zoo not built yet: {e}")
+
+
+@pytest.fixture(scope="module")
+def zoo_pair():
+    t, d = _zoo()
+    if not (t / "metrics.json").exists() or not (d / "metrics.json").exists():
+        pytest.skip("zoo models have no metrics.json yet (training not finished)")
+    return t, d
+
+
+@pytest.fixture(scope="module")
+def offline():
+    old = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def zoo_models(zoo_pair, offline):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t, d = zoo_pair
+    tok = AutoTokenizer.from_pretrained(t)
+    tgt = AutoModelForCausalLM.from_pretrained(t, dtype=torch.float32).eval()
+    drf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    return tok, tgt, drf
+
+
+def test_zoo_folders_are_standard(zoo_pair):
+    for p in zoo_pair:
+        for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                  "tokenizer_config.json", "metrics.json"):
+            assert (p / f).is_file(), p / f
+        assert all(v.dtype == torch.bfloat16 for v in load_file(p / "model.safetensors").values())
+        gen = json.loads((p / "generation_config.json").read_text())
+        assert gen["eos_token_id"] == gen["bos_token_id"] == gen["pad_token_id"] == 0
+    size = sum((p / "model.safetensors").stat().st_size for p in zoo_pair)
+    assert size <= 80e6
+
+
+def test_zoo_tokenizer_roundtrips_heldout_files(zoo_models):
+    from draftsman import zoo
+
+    tok = zoo_models[0]
+    assert tok.eos_token == tok.bos_token == tok.pad_token == C.EOT
+    texts = [t for t in map(C.read_text, zoo.heldout_files()[:6]) if t]
+    assert texts
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+
+
+def test_zoo_heldout_loss_matches_metrics_and_target_beats_draft(zoo_pair, zoo_models, tmp_path):
+    t, d = zoo_pair
+    _, tgt, drf = zoo_models
+    mt = json.loads((t / "metrics.json").read_text())
+    md = json.loads((d / "metrics.json").read_text())
+    sd = mt["small_sample_definition"]
+    # Same fixed sample definition as metrics.json: evenly spaced windows over the held-out stream.
+    held = P.token_stream(C.split_files()[1], t, tmp_path / "held.npy")
+    windows = P.heldout_windows(held, sd["tokens"], sd["seq_len"])
+    lt = P.heldout_loss(tgt, windows)
+    ld = P.heldout_loss(drf, windows)
+    assert abs(lt - mt["small_sample_heldout_loss"]) < 0.02
+    assert abs(ld - md["small_sample_heldout_loss"]) < 0.02
+    assert ld > lt
+    assert md["final_heldout_loss"] - mt["final_heldout_loss"] >= 0.3
+
+
+# ---------------------------------------------------------------- pipeline pieces
+
+
+def test_split_is_deterministic_and_disjoint(tmp_path):
+    train, held = C.split_files()
+    assert C.split_files() == (train, held)
+    assert not set(train) & set(held)
+    assert len(train) + len(held) == len(C.list_files())
+    assert 0.02 < len(held) / (len(train) + len(held)) < 0.09
+    assert not any("site-packages" in str(p) for p in train + held)
+    # The split depends only on the relative path, not on where the tree lives.
+    for root in (tmp_path / "a", tmp_path / "b" / "c"):
+        for i in range(40):
+            (root / "pkg").mkdir(parents=True, exist_ok=True)
+            (root / "pkg" / f"m{i}.py").write_text(f"x = {i}\n")
+    rel = lambda files, r: sorted(p.relative_to(r).as_posix() for p in files)  # noqa: E731
+    a, b = C.split_files(tmp_path / "a", 20), C.split_files(tmp_path / "b" / "c", 20)
+    assert rel(a[1], tmp_path / "a") == rel(b[1], tmp_path / "b" / "c")
+
+
+def test_tokenizer_trainer_roundtrips(tmp_path):
+    from transformers import AutoTokenizer
+
+    texts = ["def f(x):\n    return x + 1\n", "class A:\n\tpass\r\n", "s = 'héllo wörld ✓'\n  \n"] * 20
+    tok = T.train_tokenizer(texts, vocab_size=300)
+    T.save_tokenizer(tok, tmp_path)
+    hf = AutoTokenizer.from_pretrained(tmp_path)
+    assert hf.convert_tokens_to_ids(C.EOT) == 0 == hf.eos_token_id
+    for s in texts[:3] + ["  leading spaces, 🐍 and \x00 bytes\n"]:
+        ids = hf(s, add_special_tokens=False)["input_ids"]
+        assert hf.decode(ids) == s
+
+
+def test_unknown_config_keys_raise():
+    with pytest.raises(ValueError, match="valid keys"):
+        P.load_config({"modles": {}})
+    with pytest.raises(ValueError, match="hidden_size"):
+        P.load_config({"models": {"draft": {"hiden_size": 3}}})
+
+
+def _tiny_config(tmp_path: Path, out: str) -> dict:
+    src = tmp_path / "corpus"
+    if not src.exists():
+        # Real stdlib text (a few small modules) under made-up names: enough for BPE + windows.
+        mods = [C.read_text(C.stdlib_root() / f) for f in ("bisect.py", "colorsys.py", "keyword.py", "this.py")]
+        for i in range(24):
+            (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+            (src / f"d{i % 3}" / f"m{i}.py").write_text(mods[i % len(mods)] + f"\n# file {i}\n")
+    model = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "seq_len": 32,
+             "batch_size": 2, "warmup_steps": 2, "max_steps": 4, "eval_minutes": 100}
+    return {
+        "out": str(tmp_path / out), "work_dir": str(tmp_path / out / ".work"), "threads": 1,
+        "mixed_precision": "no", "checkpoint_minutes": 100,
+        "corpus": {"root": str(src), "heldout_percent": 25},
+        "tokenizer": {"vocab_size": 320},
+        "eval": {"heldout_tokens": 1024, "periodic_tokens": 256, "seq_len": 32, "small_tokens": 256},
+        "models": {"draft": {**model, "tie_embeddings": True},
+                   "target": {**model, "hidden_size": 48, "num_layers": 2}},
+    }
+
+
+def test_tiny_pretraining_writes_hf_folders_and_resumes_exactly(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = _tiny_config(tmp_path, "full")
+    res = P.pretrain(cfg, command="test")
+    out = Path(cfg["out"])
+    for name in ("draft", "target"):
+        d = out / f"python-{name}"
+        m = json.loads((d / "metrics.json").read_text())
+        assert m["steps"] == 4 and m["tokens_seen"] == 4 * 2 * 32 and m["params"] > 0
+        assert m["heldout_curve"][0][0] == 0 and m["heldout_curve"][-1][0] == 4
+        assert m["corpus"]["heldout_files"] > 0 and m["versions"]["torch"] == torch.__version__
+        assert AutoModelForCausalLM.from_pretrained(d).config.max_position_embeddings >= 1024
+        AutoTokenizer.from_pretrained(d)
+    assert 0 <= res["pair"]["greedy_agreement"] <= 1
+    assert (out / "pair_metrics.json").is_file()
+
+    # Kill the draft after 2 steps (checkpoint left behind), rerun: it resumes and ends bit-identical.
+    cfg2 = _tiny_config(tmp_path, "killed")
+    assert P.pretrain(cfg2, only="tokenizer")
+    assert P.pretrain(cfg2, only="draft", stop_after=2)["draft"] is None
+    assert not (Path(cfg2["out"]) / "python-draft").exists()
+    m = P.pretrain(cfg2, only="draft")["draft"]
+    assert m["resumed_from_steps"] == [2] and m["steps"] == 4
+    a = load_file(out / "python-draft" / "model.safetensors")
+    b = load_file(Path(cfg2["out"]) / "python-draft" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # A finished stage with the same config is skipped, not retrained.
+    assert P.pretrain(cfg2, only="draft")["draft"]["resumed_from_steps"] == [2]
+
+
+def test_time_budget_plans_steps(tmp_path):
+    cfg = _tiny_config(tmp_path, "budget")
+    cfg["models"]["draft"].update(max_steps=10000, max_minutes=0.03, warmup_steps=20, probe_steps=4,
+                                  replan_every=5)
+    P.pretrain(cfg, only="tokenizer")
+    m = P.pretrain(cfg, only="draft")["draft"]
+    assert 4 < m["steps"] < 10000 and m["sec_per_step"] > 0
+    assert m["wall_seconds"] < 30
