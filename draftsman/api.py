@@ -8,7 +8,7 @@ import torch
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
-from .verifier.engine import GenerationStats, SpeculativeEngine
+from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
 from .verifier.sampling import SamplingParams
 
 
@@ -68,16 +68,46 @@ class Decoder:
         if isinstance(prompts, str):
             prompts = [prompts]
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
+        tokens, stats = self.engine.generate(ids, **self._run_args(max_new_tokens, temperature, top_k, top_p, seed))
+        texts = [self.decode(t) for t in tokens]
+        return GenerationOutput(texts, tokens, stats)
+
+    def stream(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
+               max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None):
+        """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
+        round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
+        statistics afterwards."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass either a prompt (text) or input_ids (token ids), not both or neither")
+        if self.tokenizer is None:
+            raise ValueError("stream() yields text and the target folder has no tokenizer; use generate(input_ids=...)")
+        ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
+        tokens: list[int] = []
+        shown = ""
+        for _, new in self.engine.stream(ids, stats=stats,
+                                         **self._run_args(max_new_tokens, temperature, top_k, top_p, seed)):
+            tokens += new
+            text = self.decode(tokens)
+            # Byte-level tokens can end inside a UTF-8 character: hold it back until it completes.
+            if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
+                yield text[len(shown):]
+                shown = text
+        text = self.decode(tokens)
+        if text.startswith(shown) and len(text) > len(shown):  # a held-back tail, now final
+            yield text[len(shown):]
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
+
+    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> dict:
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(
             temperature=s["temperature"] if temperature is None else temperature,
             top_k=s["top_k"] if top_k is None else top_k,
             top_p=s["top_p"] if top_p is None else top_p)
-        tokens, stats = self.engine.generate(
-            ids, max_new_tokens=g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
-            sampling=sampling, seed=g["seed"] if seed is None else seed)
-        texts = [self.tokenizer.decode(t, skip_special_tokens=True) if self.tokenizer else "" for t in tokens]
-        return GenerationOutput(texts, tokens, stats)
+        return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
+                "sampling": sampling, "seed": g["seed"] if seed is None else seed}
 
 
 def load(config: dict | str) -> Decoder:

@@ -25,7 +25,7 @@ import yaml
 from transformers.utils import logging as hf_logging
 
 from . import __version__
-from .api import Decoder
+from .api import Decoder, GenerationStats
 from .config import apply_overrides, load_config
 from .drafters import registry
 
@@ -87,6 +87,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
+    if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
+        return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.json:
@@ -99,11 +101,25 @@ def _run_generate(args: argparse.Namespace) -> int:
             print(f"--- [{i}] ---")
         # Without a tokenizer there is no text: show the ids rather than an empty line.
         print(text if decoder.tokenizer is not None else " ".join(map(str, ids)))
-    s = out.stats
+    _print_stats(cfg, out.stats)
+    return 0
+
+
+def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
+    """One text prompt: print the continuation as rounds accept it."""
+    stats = GenerationStats()
+    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats):
+        print(piece, end="", flush=True)
+    print()
+    _print_stats(cfg, stats)
+    return 0
+
+
+def _print_stats(cfg: dict, s: GenerationStats) -> None:
     print(f"[stats] drafter {cfg['drafter']['name']}: tau {s.tau:.2f} tokens/pass, "
           f"{s.tokens_per_second:.1f} tokens/s, {s.rounds} rounds, {s.new_tokens} new tokens, "
           f"{s.total_seconds:.2f} s")
-    return 0
 
 
 # --------------------------------------------------------------------------- drafters

@@ -6,6 +6,16 @@ import torch
 
 import draftsman
 from draftsman.drafters import DETERMINISTIC, IID, Drafter, DraftTree, available, register
+from draftsman.drafters.registry import _REGISTRY
+
+
+@pytest.fixture(autouse=True)
+def forget_test_drafters():
+    """Drafters registered by a test leave the registry afterwards (other tests list it)."""
+    before = set(_REGISTRY)
+    yield
+    for name in set(_REGISTRY) - before:
+        del _REGISTRY[name]
 from draftsman.drafters.ngram import NgramDrafter
 from draftsman.verifier.sampling import SamplingParams
 
@@ -123,3 +133,14 @@ def test_hidden_states_of_the_accepted_path_reach_the_drafter(tiny_models):
             full = model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states[-1][0]
         assert hidden.shape[0] == len(emitted)
         assert torch.allclose(hidden, full[len(context) - 1:], atol=1e-4)
+
+
+def test_stream_yields_the_same_text_as_generate(tiny_models):
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                          "drafter": {"name": "draft_model", "path": str(tiny_models["llama"][1]), "k": 3}})
+    for temperature in (0.0, 1.0):
+        full = dec.generate(["def parse("], max_new_tokens=30, temperature=temperature, seed=3)
+        stats = draftsman.GenerationStats()
+        pieces = list(dec.stream("def parse(", max_new_tokens=30, temperature=temperature, seed=3, stats=stats))
+        assert "".join(pieces) == full.texts[0]
+        assert len(pieces) > 1 and stats.new_tokens == len(full.token_ids[0])

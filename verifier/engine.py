@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -94,13 +95,25 @@ class SpeculativeEngine:
                 raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the target's vocabulary "
                                  f"[0, {self.vocab_size})")
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                  seed: int = 0) -> tuple[list[list[int]], GenerationStats]:
+        """New tokens per row (EOS included when it ended the row) and the run's statistics."""
+        stats = GenerationStats()
+        outputs: list[list[int]] = [[] for _ in prompts]
+        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats):
+            outputs[row] += tokens
+        return outputs, stats
+
+    @torch.no_grad()
+    def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+               seed: int = 0, stats: GenerationStats | None = None) -> Iterator[tuple[int, list[int]]]:
+        """Yields (row, tokens) as each round commits them; fills `stats` as it goes."""
         self.check_prompts(prompts)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        stats = GenerationStats(accepted_per_round=[[] for _ in prompts], finish_reasons=[""] * len(prompts))
+        stats = stats if stats is not None else GenerationStats()
+        stats.accepted_per_round = [[] for _ in prompts]
+        stats.finish_reasons = [""] * len(prompts)
         t_start = time.perf_counter()
         generator = torch.Generator(device=self.device).manual_seed(seed)
         coin = GeneratorCoin(generator)
@@ -154,6 +167,8 @@ class SpeculativeEngine:
                 stats._count_depths(trees[i], num_accepted[i])
                 stats.new_tokens += len(emitted)
                 keep_slots.append([0] + [n + 1 for n in path])
+                if emitted:
+                    yield r, emitted
                 emitted_rows.append(emitted)
                 paths.append(path)
                 if reason:
@@ -171,9 +186,8 @@ class SpeculativeEngine:
                 active = [active[i] for i in still]
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-        _sync(self.device)
-        stats.total_seconds = time.perf_counter() - t_start
-        return outputs, stats
+            _sync(self.device)
+            stats.total_seconds = time.perf_counter() - t_start
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
         """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""
