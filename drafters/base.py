@@ -110,11 +110,15 @@ class RoundFeedback:
                      EOS/length truncation already applied)
     target_hidden    for each requested layer, (n_kept, d) hidden states of the root and accepted
                      nodes in order, if the drafter asked for any; else empty
+    verify_seconds   wall time of this round's target pass and accept/reject (for cost models)
+    block_tokens     tokens per row in that target pass (root + the widest tree)
     """
 
     accepted_nodes: list[list[int]]
     emitted: list[list[int]]
     target_hidden: list[dict[int, torch.Tensor]] = field(default_factory=list)
+    verify_seconds: float = 0.0
+    block_tokens: int = 1
 
 
 class Drafter:
@@ -132,6 +136,9 @@ class Drafter:
 
     name: ClassVar[str] = ""
     needs: TargetNeeds = TargetNeeds()
+    # Set by a wrapper (adaptive speculation) before `propose`: drafters that can draft less when
+    # asked honour it; others may ignore it (the engine truncates their trees anyway).
+    depth_limit: int | None = None
 
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling

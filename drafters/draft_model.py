@@ -56,6 +56,7 @@ class DraftModelDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.lm.reset(len(prompts))
+        self.round_start = None
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
@@ -65,7 +66,8 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, contexts):
         B = len(contexts)
-        k = min(self.k, self.context - max(len(c) for c in contexts))
+        k = min(self.k if self.depth_limit is None else min(self.k, self.depth_limit),
+                self.context - max(len(c) for c in contexts))
         self.round_start, self.round_k = None, k
         if k <= 0:  # the draft model's own context is full: let the target go alone
             return [DraftTree.empty(self.lm.device) for _ in contexts]
@@ -101,3 +103,4 @@ class DraftModelDrafter(Drafter):
         accepted = torch.tensor([len(p) for p in feedback.accepted_nodes])
         keep = self.round_start + torch.clamp(accepted, max=self.round_k - 1)
         self.lm.rollback(keep)
+        self.round_start = None  # a round in which propose() is skipped must not roll back again

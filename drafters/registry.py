@@ -49,7 +49,7 @@ def drafter_options(cls: type[Drafter], options: dict):
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for drafter '{cls.name}'; valid options: "
-                         f"{sorted(fields) or 'none'}")
+                         f"{sorted(fields | {'adaptive'})}")
     if opts_cls is None:
         return None
     hints = typing.get_type_hints(opts_cls)
@@ -78,9 +78,17 @@ def _check_option(drafter: str, key: str, value, hint) -> None:
 
 
 def build_drafter(config: dict, target: TargetInfo) -> Drafter:
+    """`adaptive: true` (any drafter) wraps it in adaptive speculation (drafters/adaptive.py)."""
     config = dict(config)
     name = config.pop("name", "none")
+    adaptive = config.pop("adaptive", False)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"drafter option adaptive must be true or false, got {adaptive!r}")
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter '{name}'; available drafters: {available()}")
     cls = _REGISTRY[name]
-    return cls(drafter_options(cls, config), target)
+    drafter = cls(drafter_options(cls, config), target)
+    if adaptive:
+        from .adaptive import AdaptiveDrafter
+        drafter = AdaptiveDrafter(drafter)
+    return drafter

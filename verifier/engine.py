@@ -176,7 +176,8 @@ class SpeculativeEngine:
                 else:
                     still.append(i)
             self.target.accept(keep_slots)
-            feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots))
+            feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots),
+                                     verify_seconds=t2 - t1, block_tokens=block.tokens.shape[1])
             self.drafter.observe(feedback)
             stats.rounds += 1
             stats.row_rounds += len(active)

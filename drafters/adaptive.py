@@ -1,0 +1,164 @@
+"""Adaptive speculation: each round, draft only as deep as pays, possibly not at all.
+
+Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens per row on average,
+
+    E(d) = 1 + a1 + a1*a2 + ... + a1*...*ad      (aj = acceptance at depth j, given depth j-1)
+
+and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
+<= d and B the batch size. The wrapper keeps online estimates of every term for the current
+request and picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. While d = 0 wins,
+it still probes at full depth now and then, so a drafter that starts to match (a copy-heavy stretch
+for n-gram lookup) is noticed. Enabled with `adaptive: true` in any drafter's config.
+
+The wrapper never changes what is emitted, only how deep the proposals are: exactness is the
+verifier's, untouched.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .base import Drafter, DraftTree
+
+
+class OnlineLinearFit:
+    """y ~ a + b*x by exponentially weighted least squares (recent rounds count most)."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.sw, self.sx, self.sy = d * self.sw + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    @property
+    def seen(self) -> bool:
+        return self.sw > 0
+
+    def predict(self, x: float) -> float:
+        if not self.seen:
+            return 0.0
+        mean_x, mean_y = self.sx / self.sw, self.sy / self.sw
+        var = self.sxx / self.sw - mean_x ** 2
+        if var <= 1e-12 * max(1.0, mean_x ** 2):  # one size seen so far: fixed cost dominates
+            return mean_y
+        slope = max(0.0, (self.sxy / self.sw - mean_x * mean_y) / var)  # costs never fall with size
+        return max(0.0, mean_y + slope * (x - mean_x))
+
+
+@dataclass
+class AdaptiveSettings:
+    probe_every: int = 16  # rounds of plain decoding between two full-depth probes
+    prior_acceptance: float = 0.5  # per-depth acceptance before anything is measured...
+    prior_weight: float = 1.0  # ...worth this many observed rounds
+    decay: float = 0.95  # weight of past rounds in every running estimate
+    min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
+    # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
+
+
+class AdaptiveDrafter(Drafter):
+    """Wraps any drafter; forwards its lifecycle and chooses each round's depth."""
+
+    def __init__(self, inner: Drafter, settings: AdaptiveSettings | None = None):
+        self.inner = inner
+        self.name = f"adaptive({inner.name})"
+        self.needs = inner.needs
+        self.settings = settings or AdaptiveSettings()
+        self.depth_log: list[int] = []  # depth chosen each round (for reports and tests)
+
+    def max_depth(self) -> int:
+        return self.inner.max_depth()
+
+    def extra_parameters(self) -> int:
+        return self.inner.extra_parameters()
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.inner.begin(prompts, sampling, generator)
+        s = self.settings
+        D = max(1, self.inner.max_depth())
+        self.accepted_count = [0.0] * D  # decayed counts of row-rounds that accepted depth d+1...
+        self.offered_count = [0.0] * D  # ...out of those that reached depth d with d+1 on offer
+        self.nodes_upto = [float(d + 1) for d in range(D)]  # chain until trees are seen
+        self.verify_cost = OnlineLinearFit(s.decay)  # seconds vs batch * block tokens
+        self.draft_cost = OnlineLinearFit(s.decay)  # seconds vs depth requested (> 0)
+        self.rounds_since_probe = 0
+        self.depth_log = []
+        self._last = None
+
+    def keep_rows(self, indices):
+        self.inner.keep_rows(indices)
+
+    # -- the bet ----------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> list[float]:
+        s = self.settings
+        return [(a + s.prior_acceptance * s.prior_weight) / (o + s.prior_weight)
+                for a, o in zip(self.accepted_count, self.offered_count)]
+
+    def expected_tokens(self, depth: int) -> float:
+        total, reach = 1.0, 1.0
+        for a in self.acceptance[:depth]:
+            reach *= a
+            total += reach
+        return total
+
+    def expected_seconds(self, depth: int, batch: int) -> float:
+        nodes = self.nodes_upto[depth - 1] if depth else 0.0
+        draft = self.draft_cost.predict(depth) if depth else 0.0
+        return draft + self.verify_cost.predict(batch * (1 + nodes))
+
+    def choose_depth(self, batch: int) -> int:
+        D = self.inner.max_depth()
+        if D == 0 or not self.verify_cost.seen:
+            return 0  # first round: measure plain decoding
+        if not self.draft_cost.seen:
+            return D  # second round: measure the full bet
+        rates = [self.expected_tokens(d) / max(self.expected_seconds(d, batch), 1e-9) for d in range(D + 1)]
+        best = max(range(D + 1), key=lambda d: rates[d])
+        if rates[best] < rates[0] * (1 + self.settings.min_gain):
+            best = 0
+        if best == 0 and self.rounds_since_probe >= self.settings.probe_every:
+            return D
+        return best
+
+    # -- the Drafter lifecycle ----------------------------------------------------------------
+    def propose(self, contexts):
+        depth = self.choose_depth(len(contexts))
+        self.depth_log.append(depth)
+        self.rounds_since_probe = 0 if depth else self.rounds_since_probe + 1
+        if depth == 0:
+            self._last = (0, 0.0, None)
+            return [DraftTree.empty() for _ in contexts]
+        self.inner.depth_limit = depth
+        t0 = time.perf_counter()
+        trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
+        self._last = (depth, time.perf_counter() - t0, trees)
+        return trees
+
+    def observe(self, feedback):
+        self.inner.observe(feedback)
+        depth, draft_seconds, trees = self._last
+        batch = len(feedback.emitted)
+        self.verify_cost.add(batch * feedback.block_tokens, feedback.verify_seconds)
+        if depth == 0:
+            return
+        self.draft_cost.add(depth, draft_seconds)
+        self._update_acceptance(trees, feedback)
+
+    def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:
+        decay = self.settings.decay
+        for d in range(len(self.accepted_count)):
+            reached = offered = 0
+            for tree, path in zip(trees, feedback.accepted_nodes):
+                if len(path) >= d and any(x == d + 1 for x in tree.depths()):  # depth d+1 was on offer
+                    offered += 1
+                    reached += len(path) > d
+            if offered:
+                self.accepted_count[d] = decay * self.accepted_count[d] + reached
+                self.offered_count[d] = decay * self.offered_count[d] + offered
+            counts = [sum(1 for x in t.depths() if x <= d + 1) for t in trees if t.size]
+            if counts:
+                self.nodes_upto[d] = decay * self.nodes_upto[d] + (1 - decay) * sum(counts) / len(counts)

@@ -1,0 +1,103 @@
+"""Adaptive speculation: the cost model stops drafting when drafts never win, keeps drafting when
+they do, and the output stays the target's own."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters import Drafter, DraftTree, register
+from draftsman.drafters.adaptive import AdaptiveDrafter, OnlineLinearFit
+from draftsman.drafters.registry import _REGISTRY
+
+
+@pytest.fixture(autouse=True)
+def forget_test_drafters():
+    before = set(_REGISTRY)
+    yield
+    for name in set(_REGISTRY) - before:
+        del _REGISTRY[name]
+
+
+def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():
+    fit = OnlineLinearFit(decay=1.0)
+    for x in (1, 2, 5, 9):
+        fit.add(x, 0.002 + 0.001 * x)
+    assert fit.predict(17) == pytest.approx(0.019)
+    falling = OnlineLinearFit(decay=1.0)
+    falling.add(1, 0.01)
+    falling.add(5, 0.005)
+    assert falling.predict(9) >= falling.predict(5) - 1e-12
+
+
+def register_always_wrong():
+    @register
+    class AlwaysWrong(Drafter):
+        """Proposes k tokens no target would pick (acceptance forced to zero at greedy), slowly."""
+        name = "always_wrong_test"
+
+        @dataclass
+        class Options:
+            k: int = 4
+
+        def __init__(self, options, target):
+            self.k = options.k
+            self.vocab = target.vocab_size
+
+        def max_depth(self):
+            return self.k
+
+        def propose(self, contexts):
+            return [DraftTree.chain([(c[-1] + 1) % self.vocab] * self.k) for c in contexts]
+
+
+def test_zero_acceptance_means_zero_drafts(tiny_models):
+    register_always_wrong()
+    target = str(tiny_models["llama"][0])
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=[[5, 6, 7]], max_new_tokens=150)
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "always_wrong_test", "adaptive": True}})
+    out = dec.generate(input_ids=[[5, 6, 7]], max_new_tokens=150)
+    assert out.token_ids == plain.token_ids
+    assert isinstance(dec.drafter, AdaptiveDrafter)
+    depths = dec.drafter.depth_log
+    # Once acceptance has been measured near zero, plain rounds dominate; probes are rare.
+    later = depths[len(depths) // 2:]
+    assert later.count(0) >= 0.85 * len(later), depths
+
+
+def test_full_acceptance_keeps_drafting(tiny_models):
+    """A free drafter that knows the greedy continuation: every draft is accepted, so deep
+    drafts pay and plain rounds never win. (The target itself as draft model would not do: its
+    drafting costs as much as plain decoding, and adaptive rightly stops using it.)"""
+    target = str(tiny_models["llama"][0])
+    prompt = [5, 6, 7]
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=[prompt], max_new_tokens=40)
+    known = prompt + plain.token_ids[0]
+
+    @register
+    class Oracle(Drafter):
+        name = "oracle_test"
+
+        @dataclass
+        class Options:
+            k: int = 4
+
+        def __init__(self, options, target):
+            self.k = options.k
+
+        def max_depth(self):
+            return self.k
+
+        def propose(self, contexts):
+            return [DraftTree.chain(known[len(c): len(c) + self.k]) for c in contexts]
+
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "oracle_test", "adaptive": True}})
+    out = dec.generate(input_ids=[prompt], max_new_tokens=40)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.tau > 3.5
+    assert dec.drafter.depth_log[1:].count(0) == 0  # round 1 measures plain decoding
+
+
+def test_adaptive_must_be_a_bool(tiny_models):
+    with pytest.raises(ValueError, match="adaptive must be true or false"):
+        draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "ngram", "adaptive": "yes"}})
