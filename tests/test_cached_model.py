@@ -125,3 +125,10 @@ def test_padded_rows_make_no_nan(llama):
                       torch.tensor([[True, True, True], [True, False, False]]))
     logits, _ = lm.forward(block)
     assert torch.isfinite(logits).all()
+
+
+def test_chain_fast_path_matches_the_general_walk():
+    from draftsman.verifier.tree import ancestors_and_depth
+    block = TreeBlock.chains([[4, 5, 6], [7], []], "cpu")
+    anc, depth = ancestors_and_depth(block.parents)
+    assert torch.equal(block.ancestors, anc) and torch.equal(block.depth, depth)

@@ -36,9 +36,12 @@ class TreeBlock:
     tokens: torch.Tensor  # (B, T) long, padding = 0
     parents: torch.Tensor  # (B, T) long, -1 = attached to the committed prefix
     valid: torch.Tensor  # (B, T) bool
+    ancestors: torch.Tensor | None = None  # (B, T, T) bool, ancestor-or-self; derived if None
+    depth: torch.Tensor | None = None  # (B, T) long; derived if None
 
     def __post_init__(self):
-        self.ancestors, self.depth = ancestors_and_depth(self.parents)  # (B, T, T), (B, T)
+        if self.ancestors is None or self.depth is None:
+            self.ancestors, self.depth = ancestors_and_depth(self.parents)
 
     @staticmethod
     def chains(rows: list[list[int]], device: torch.device | str) -> "TreeBlock":
@@ -51,7 +54,11 @@ class TreeBlock:
             valid[b, : len(r)] = True
         parents = torch.arange(-1, T - 1).expand(len(rows), T).clone()
         parents[~valid] = -1  # padding hangs off the prefix on its own
-        return TreeBlock(tokens.to(device), parents.to(device), valid.to(device))
+        # A chain's ancestors are a lower triangle (drafting calls this every step: skip the walk).
+        ancestors = torch.tril(torch.ones(T, T, dtype=torch.bool)) & valid[:, None, :] & valid[:, :, None]
+        ancestors |= torch.eye(T, dtype=torch.bool)  # padding sees itself, so no row is empty
+        depth = torch.where(valid, torch.arange(T), 0)
+        return TreeBlock(tokens.to(device), parents.to(device), valid.to(device), ancestors.to(device), depth.to(device))
 
 
 @dataclass
