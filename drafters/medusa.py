@@ -1,0 +1,120 @@
+"""`medusa`: a token tree from Medusa heads' top-k candidates (heads/medusa.py).
+
+The heads read the target's last hidden state at the newest accepted position, which the verifier
+hands back after each round (no extra target pass). Head i ranks candidates for depth i + 1 below
+the root; the tree is a set of paths of candidate ranks, e.g. (0,), (1,), (0, 0), ... built by
+`tree_from_accuracies` from the heads' measured accuracy per rank under a node budget. Every node
+is deterministic, so the shared verifier keeps the output exact at any temperature.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from ..heads.medusa import MedusaHeads
+from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
+from .registry import register
+
+# Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
+DEFAULT_TREE = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2)]
+
+
+def tree_from_accuracies(accuracy: list[list[float]], budget: int) -> list[tuple[int, ...]]:
+    """accuracy[d][r] = measured probability that head d's rank-r candidate is the right token.
+    Returns the `budget` paths with the highest product of accuracies, best first. A path is never
+    chosen before its parent (factors <= 1), so the result is a connected tree."""
+    heap = [(-accuracy[0][r], (r,)) for r in range(len(accuracy[0]))]
+    heapq.heapify(heap)
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < budget:
+        neg_p, path = heapq.heappop(heap)
+        chosen.append(path)
+        depth = len(path)
+        if depth < len(accuracy):
+            for r, a in enumerate(accuracy[depth]):
+                heapq.heappush(heap, (neg_p * a, path + (r,)))
+    return chosen
+
+
+def _sorted_tree(paths) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Paths in topological order (shorter first) with each path's parent index (-1 = root)."""
+    paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(paths)}
+    parents = []
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"medusa tree: path {list(p)} has no parent path {list(p[:-1])}; a tree must be connected")
+        parents.append(index[p[:-1]] if len(p) > 1 else -1)
+    return paths, parents
+
+
+@register
+class MedusaDrafter(Drafter):
+    name = "medusa"
+    needs = TargetNeeds(hidden_state_layers=(-1,))
+
+    @dataclass
+    class Options:
+        path: str | None = None  # folder of trained heads (draftsman train medusa)
+        tree: list | None = None  # explicit paths of candidate ranks, e.g. [[0], [1], [0, 0]]
+        tree_budget: int | None = None  # rebuild the tree from the heads' accuracies with this many nodes
+
+        def __post_init__(self):
+            if not self.path:
+                raise ValueError("medusa: set drafter.path to a trained heads folder (draftsman train medusa)")
+            if self.tree_budget is not None and self.tree_budget < 1:
+                raise ValueError(f"medusa: tree_budget must be >= 1, got {self.tree_budget}")
+
+    def __init__(self, options: "MedusaDrafter.Options", target):
+        self.heads, config = MedusaHeads.load(options.path, target.model)
+        accuracy = config.get("rank_accuracy")
+        if options.tree is not None:
+            paths = options.tree
+        elif accuracy and options.tree_budget:
+            paths = tree_from_accuracies(accuracy, options.tree_budget)
+        else:
+            paths = config.get("tree") or DEFAULT_TREE
+        too_deep = [p for p in paths if len(p) > self.heads.config.num_heads]
+        if too_deep:
+            raise ValueError(f"medusa tree path {list(too_deep[0])} is deeper than the {self.heads.config.num_heads} heads")
+        self.paths, parents = _sorted_tree(paths)
+        device = target.device
+        self.parents = torch.tensor(parents, dtype=torch.long, device=device)
+        self.head_of_node = torch.tensor([len(p) - 1 for p in self.paths], device=device)
+        self.rank_of_node = torch.tensor([p[-1] for p in self.paths], device=device)
+        self.ranks = int(self.rank_of_node.max()) + 1
+        self.device = device
+        self._parameters = sum(p.numel() for p in self.heads.parameters())
+
+    def max_depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    def extra_parameters(self) -> int:
+        return self._parameters
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
+
+    def observe(self, feedback):
+        for b, hidden in enumerate(feedback.target_hidden):
+            self.last_hidden[b] = hidden[-1][-1]  # the newest accepted position: it predicted the root
+
+    def keep_rows(self, indices):
+        self.last_hidden = [self.last_hidden[i] for i in indices]
+
+    @torch.no_grad()
+    def propose(self, contexts):
+        trees = [DraftTree.empty(self.device) for _ in contexts]
+        ready = [b for b, h in enumerate(self.last_hidden) if h is not None]  # round 1 has no hidden state yet
+        if not ready:
+            return trees
+        hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
+        candidates = self.heads(hidden).topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
+        tokens = candidates[self.head_of_node, :, self.rank_of_node]  # (nodes, n)
+        kinds = torch.full_like(self.parents, DETERMINISTIC)
+        for i, b in enumerate(ready):
+            trees[b] = DraftTree(tokens[:, i], self.parents, kinds)
+        return trees

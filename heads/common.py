@@ -1,0 +1,71 @@
+"""What every trainable head shares: a fingerprint of the target it was trained for, and one
+checkpoint layout (config.json + model.safetensors, written atomically)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+# Fixed probe positions in the LM head: cheap to compare, and two different targets (or the same
+# architecture retrained) differ there with overwhelming probability.
+_PROBES = 16
+
+
+def target_fingerprint(model: torch.nn.Module) -> dict:
+    weight = model.get_output_embeddings().weight.detach().float().cpu()
+    V, d = weight.shape
+    g = torch.Generator().manual_seed(0)
+    rows, cols = torch.randint(0, V, (_PROBES,), generator=g), torch.randint(0, d, (_PROBES,), generator=g)
+    return {
+        "architecture": type(model).__name__,
+        "hidden_size": d,
+        "vocab_size": V,
+        "lm_head_probe": [round(float(x), 4) for x in weight[rows, cols]],
+        "lm_head_norm": round(float(weight.norm()), 3),
+    }
+
+
+def check_fingerprint(saved: dict, model: torch.nn.Module, heads_dir: str | Path) -> None:
+    """Refuse heads trained for another target: they would give garbage acceptance, not errors."""
+    now = target_fingerprint(model)
+    why = None
+    for key in ("architecture", "hidden_size", "vocab_size"):
+        if saved.get(key) != now[key]:
+            why = f"{key} is {saved.get(key)!r} in the heads' record but {now[key]!r} in this target"
+            break
+    else:
+        # bf16 storage moves weights by ~0.4%: compare with a tolerance, not bit for bit.
+        close = torch.allclose(torch.tensor(saved["lm_head_probe"]), torch.tensor(now["lm_head_probe"]),
+                               rtol=2e-2, atol=2e-3)
+        if not close or abs(saved["lm_head_norm"] - now["lm_head_norm"]) > 0.02 * now["lm_head_norm"]:
+            why = "the target's LM head weights differ from the ones the heads were trained on"
+    if why:
+        raise ValueError(f"heads in '{heads_dir}' were trained for another target: {why}. Train heads for "
+                         "this target (draftsman train ...) or point target.path at the one they were made for.")
+
+
+def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors, each replaced atomically (a kill never leaves half a file)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+        json.dump(config, f, indent=2)
+    os.replace(f.name, folder / "config.json")
+    tmp = folder / "model.safetensors.tmp"
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, folder / "model.safetensors")
+
+
+def load_checkpoint(folder: str | Path, kind: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    folder = Path(folder).expanduser()
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"'{folder}' is not a {kind} heads folder (config.json + model.safetensors "
+                                f"missing); train one with `draftsman train {kind}`")
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("kind") != kind:
+        raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {kind!r} heads")
+    return config, load_file(str(folder / "model.safetensors"))

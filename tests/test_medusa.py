@@ -1,0 +1,99 @@
+"""Medusa heads: training on a frozen tiny target lowers the loss; save/load round trip; heads for
+another target are refused; output through the `medusa` drafter equals the target's own greedy
+output (batch 1 and 4) and follows its distribution when sampling."""
+import json
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters.medusa import _sorted_tree, tree_from_accuracies
+from draftsman.heads.medusa import MedusaHeads
+from draftsman.training.corpus import is_heldout
+from draftsman.training.heads import train
+
+from test_engine_sampling import exact_marginals, fit_pvalue
+from tiny_models import CORPUS, load_for_reference
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    i = 0
+    while i < 30 or not any(is_heldout(f"m{j}.py") for j in range(i)):
+        (root / f"m{i}.py").write_text("".join(CORPUS[(i + k) % len(CORPUS)] for k in range(6)))
+        i += 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained_heads(tiny_models, tiny_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("medusa")
+    cfg = {"target": str(tiny_models["llama"][0]), "out": str(out / "heads"), "work_dir": str(out / "work"),
+           "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "num_heads": 3,
+           "seq_len": 64, "batch_size": 4, "lr": 3e-3, "warmup_steps": 2, "max_steps": 40,
+           "eval_tokens": 256, "tree_budget": 6}
+    metrics = train(cfg)
+    return out / "heads", metrics
+
+
+def test_training_lowers_the_loss_and_writes_a_calibrated_tree(trained_heads):
+    folder, metrics = trained_heads
+    curve = metrics["curve"]
+    assert curve[-1][1] < curve[0][1]
+    config = json.loads((folder / "config.json").read_text())
+    assert len(config["tree"]) == 6 and config["target"]["architecture"] == "LlamaForCausalLM"
+    agreement = metrics["heldout_agreement"]
+    assert all(0 <= a <= b <= 1 for a, b in zip(agreement["top1"], agreement["top5"]))
+
+
+def test_save_load_round_trip(trained_heads, tiny_models):
+    folder, _ = trained_heads
+    target = load_for_reference(tiny_models["llama"][0])
+    heads, _ = MedusaHeads.load(folder, target)
+    hidden = torch.randn(5, target.config.hidden_size)
+    again, _ = MedusaHeads.load(folder, target)
+    assert torch.equal(heads(hidden), again(hidden))
+    fresh = MedusaHeads.for_target(target, num_heads=2)  # zero-initialised blocks = the LM head
+    assert torch.allclose(fresh(hidden)[1], target.get_output_embeddings()(hidden), atol=1e-5)
+
+
+def test_heads_for_another_target_are_refused(trained_heads, tiny_models):
+    folder, _ = trained_heads
+    with pytest.raises(ValueError, match="trained for another target"):
+        MedusaHeads.load(folder, load_for_reference(tiny_models["qwen2"][0]))
+    with pytest.raises(ValueError, match="trained for another target"):
+        draftsman.load({"target": {"path": str(tiny_models["gpt2"][0])}, "drafter": {"name": "medusa", "path": str(folder)}})
+
+
+@pytest.mark.parametrize("tree", [None, [[0], [0, 0], [0, 0, 0]], [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]])
+def test_greedy_output_equals_the_target(trained_heads, tiny_models, tree):
+    folder, _ = trained_heads
+    target = str(tiny_models["llama"][0])
+    prompts = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=prompts, max_new_tokens=30)
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder), "tree": tree}})
+    assert dec.generate(input_ids=prompts, max_new_tokens=30).token_ids == plain.token_ids
+    assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in prompts] == plain.token_ids
+
+
+def test_sampling_follows_the_target(trained_heads, tiny_models):
+    folder, _ = trained_heads
+    target = str(tiny_models["llama"][0])
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder)}})
+    # 3 new tokens: round 1 is plain (no hidden state yet), round 2 drafts with the heads.
+    out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, seed=7)
+    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), prompt,
+                             draftsman.verifier.sampling.SamplingParams(1.0), dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+
+
+def test_tree_building():
+    accuracy = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]
+    tree = tree_from_accuracies(accuracy, 5)
+    assert tree == [(0,), (0, 0), (1,), (0, 1), (2,)]  # products .6 .24 .2 .12 .1 (then (0, 0, 0) .072)
+    with pytest.raises(ValueError, match="no parent path"):
+        _sorted_tree([(0,), (1, 0)])

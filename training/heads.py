@@ -1,0 +1,244 @@
+"""Train draft heads on a frozen target: `draftsman train medusa --config training/configs/medusa.yaml`.
+
+The target never trains and is never saved again; its hidden states are computed on the fly for
+each batch (no cached features). Labels are either the corpus's next tokens or, by default, the
+target's own greedy predictions on that text (self-distillation: the heads learn to agree with the
+target, which is what acceptance measures). Checkpoints (heads, optimizer, step) are replaced
+atomically every few minutes and a rerun resumes. Accelerate runs the same command on several GPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from . import corpus as C
+from .pretrain import atomic_torch_save, heldout_windows, train_batch, versions
+
+DEFAULTS = {
+    "kind": "medusa",  # medusa (more kinds plug in here)
+    "target": None,  # local HF folder of the frozen target (required)
+    "out": None,  # folder for the trained heads (required)
+    "work_dir": "zoo/.work",  # token caches and resumable checkpoints
+    "seed": 0,
+    "threads": 2,  # torch.set_num_threads on CPU
+    "mixed_precision": "bf16",  # autocast for the frozen target's forward: "no" or "bf16"
+    "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
+    "corpus_root": None,  # None = the stdlib of this interpreter, train split only
+    "num_heads": 4,
+    "num_layers": 1,  # residual blocks per head
+    "loss_decay": 0.8,  # head i's loss weighs loss_decay ** i (far heads are less reliable)
+    "seq_len": 512,
+    "batch_size": 8,
+    "lr": 1e-3,
+    "warmup_steps": 20,
+    "max_steps": 2000,
+    "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
+    "checkpoint_minutes": 3.0,
+    "eval_tokens": 32768,  # held-out tokens for the final per-head agreement
+    "eval_ranks": 10,  # accuracy is measured for candidate ranks 0..eval_ranks-1 (tree calibration)
+    "tree_budget": 16,  # nodes of the calibrated Medusa tree stored with the heads
+}
+
+
+def load_config(raw) -> dict:
+    if not isinstance(raw, dict):
+        raw = yaml.safe_load(Path(raw).read_text()) or {}
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in the heads training config; valid keys: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **raw}
+    for key in ("target", "out"):
+        if not cfg[key]:
+            raise ValueError(f"heads training config: '{key}' is required")
+    if cfg["labels"] not in ("self_distill", "corpus"):
+        raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
+    return cfg
+
+
+def token_streams(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Train / held-out token streams of the corpus in the target's tokenizer (cached as .npy)."""
+    root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
+    train_files, held_files = C.split_files(root)
+    work = Path(cfg["work_dir"])
+    key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(train_files)}"
+    out = []
+    for name, files in (("train", train_files), ("heldout", held_files)):
+        cache = work / f"heads-{name}-{key}.npy"
+        if not cache.exists():
+            eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+            ids: list[int] = []
+            for enc in tokenizer(list(C.iter_texts(files)))["input_ids"]:
+                ids.extend(enc)
+                ids.append(eos)
+            work.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(cache.stem + ".tmp.npy")
+            np.save(tmp, np.asarray(ids, dtype=np.int32))
+            os.replace(tmp, cache)
+        out.append(np.load(cache, mmap_mode="r"))
+    return out[0], out[1]
+
+
+def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):
+    """head_logits (H, B, L, V): head i at position t predicts labels[:, t + i + 1], where labels[:, s]
+    is the token at s + 1 (the next-token label of position s). Returns the weighted loss and the
+    per-head top-1 accuracy."""
+    total, accuracy = 0.0, []
+    L = labels.shape[1]
+    for i, logits in enumerate(head_logits):
+        pred = logits[:, : L - i - 1]  # positions that have a label i + 1 steps later
+        target = labels[:, i + 1:]
+        loss = torch.nn.functional.cross_entropy(pred.float().reshape(-1, pred.shape[-1]), target.reshape(-1))
+        total = total + decay ** i * loss
+        accuracy.append((pred.argmax(-1) == target).float().mean().item())
+    return total, accuracy
+
+
+@torch.no_grad()
+def target_pass(target, x: torch.Tensor, autocast):
+    """Frozen target: last hidden states (B, L, d) in float32 and its greedy next tokens (B, L)."""
+    with autocast():
+        out = target(input_ids=x, output_hidden_states=True)
+    return out.hidden_states[-1].float(), out.logits.argmax(-1)
+
+
+def labels_for(cfg, x, greedy):
+    """Next-token label of every position: the corpus's next token or the target's own choice."""
+    if cfg["labels"] == "corpus":
+        return torch.cat([x[:, 1:], torch.full_like(x[:, :1], -100)], dim=1)  # last position has none
+    return greedy
+
+
+@torch.no_grad()
+def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, batch: int = 4) -> dict:
+    """Per head: top-1 / top-5 agreement with the target's greedy token on held-out text, and the
+    accuracy of each candidate rank (for tree calibration)."""
+    H = heads.config.num_heads
+    hits = torch.zeros(H, ranks)
+    top5 = torch.zeros(H)
+    counts = torch.zeros(H)
+    device = next(heads.parameters()).device
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch].to(device)
+        hidden, greedy = target_pass(target, x, autocast)
+        logits = heads(hidden)
+        L = x.shape[1]
+        for h in range(H):
+            cand = logits[h, :, : L - h - 1].topk(ranks, dim=-1).indices  # (B, L', ranks)
+            truth = greedy[:, h + 1:].unsqueeze(-1)
+            match = cand == truth
+            hits[h] += match.float().sum((0, 1)).cpu()
+            top5[h] += match[..., :5].any(-1).float().sum().cpu()
+            counts[h] += truth.numel()
+    rank_accuracy = (hits / counts[:, None]).tolist()
+    return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts).tolist(), "rank_accuracy": rank_accuracy}
+
+
+def train(config) -> dict:
+    """Train heads of `config['kind']` on a frozen target; write them to `out`; return metrics."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..drafters.medusa import tree_from_accuracies
+    from ..heads.medusa import MedusaHeads
+
+    cfg = load_config(config)
+    if cfg["kind"] != "medusa":
+        raise ValueError(f"kind {cfg['kind']!r} is not trainable yet; available: ['medusa']")
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(cfg["seed"])
+    acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
+    target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
+    target.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
+    train_stream, held_stream = token_streams(cfg, tokenizer)
+    heads = MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"])
+    opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    state = {"step": 0, "elapsed": 0.0, "curve": []}
+    ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if saved["config"] == cfg:
+            heads.load_state_dict(saved["heads"])
+            opt.load_state_dict(saved["optimizer"])
+            state = saved["state"]
+            acc.print(f"[{cfg['kind']}] resumed from step {state['step']}")
+    heads, opt = acc.prepare(heads, opt)
+    raw = acc.unwrap_model(heads)
+
+    def lr_at(step):
+        return cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
+
+    t_start, last_ckpt = time.time() - state["elapsed"], time.time()
+    pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
+                mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
+    while state["step"] < cfg["max_steps"]:
+        if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
+            break
+        step = state["step"]
+        x = train_batch(train_stream, step, acc.process_index, cfg["seed"], cfg["batch_size"], cfg["seq_len"]).to(acc.device)
+        hidden, greedy = target_pass(target, x, acc.autocast)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss, head_acc = medusa_loss(heads(hidden), labels_for(cfg, x, greedy), cfg["loss_decay"])
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["elapsed"] = time.time() - t_start
+        if state["step"] % 10 == 0:
+            state["curve"].append([state["step"], round(loss.item(), 4), [round(a, 3) for a in head_acc]])
+        pbar.update(1)
+        pbar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in head_acc), refresh=False)
+        if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
+            if acc.is_main_process:
+                atomic_torch_save({"config": cfg, "heads": raw.state_dict(), "optimizer": opt.state_dict(),
+                                   "state": state}, ckpt)
+            last_ckpt = time.time()
+    pbar.close()
+
+    metrics = {}
+    if acc.is_main_process:
+        windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
+        ev = evaluate_heads(raw.eval(), target, windows, cfg["eval_ranks"], acc.autocast)
+        tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
+        metrics = {"kind": cfg["kind"], "steps": state["step"],
+                   "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
+                   "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
+                   "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
+        raw.save(cfg["out"], target, extra={"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]})
+        (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        ckpt.unlink(missing_ok=True)
+    return metrics
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="draftsman train", description="Train draft heads on a frozen target.")
+    ap.add_argument("kind", choices=["medusa"])
+    ap.add_argument("--config", required=True, help="YAML file (see training/configs/medusa.yaml)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, value parsed as YAML (repeatable)")
+    args = ap.parse_args(argv)
+    raw = yaml.safe_load(Path(args.config).read_text()) or {}
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        raw[key] = yaml.safe_load(value)
+    raw.setdefault("kind", args.kind)
+    if raw["kind"] != args.kind:
+        raise ValueError(f"the config trains {raw['kind']!r} heads but the command asked for {args.kind!r}")
+    metrics = train(raw)
+    if metrics:
+        print(json.dumps({k: metrics[k] for k in ("steps", "tokens_seen", "train_minutes", "heldout_agreement")})[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
