@@ -91,6 +91,10 @@ class AdaptiveDrafter(Drafter):
     def keep_rows(self, indices):
         self.inner.keep_rows(indices)
 
+    def report(self) -> dict:
+        return {"depths": self.depth_log, "acceptance_estimate": [round(a, 3) for a in self.acceptance],
+                "inner": self.inner.report()}
+
     # -- the bet ----------------------------------------------------------------------------
     @property
     def acceptance(self) -> list[float]:

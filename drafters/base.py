@@ -160,3 +160,8 @@ class Drafter:
     def extra_parameters(self) -> int:
         """Parameters the drafter adds on top of the target (for reports)."""
         return 0
+
+    def report(self) -> dict:
+        """Drafter-specific statistics of the current generate call (e.g. which child of a cascade
+        proposed what); copied into GenerationStats.drafter_report after every round."""
+        return {}

@@ -4,8 +4,12 @@
     draftsman drafters                 # registered drafters, their options and defaults
     draftsman demo [...]               # the bundled demo (draftsman/demo.py, when built)
 
-Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). `compare`, `train` and
-`audit` slot in there later. User errors (bad config, missing folder, bad prompt) print
+    draftsman compare [--config bench.yaml] [--quick]   # drafters side by side (draftsman/bench/)
+    draftsman audit --config cfg.yaml [--prompts FILE] [--json]   # is the drafter lossless? (exit 1 if not)
+
+    draftsman train medusa --config training/configs/medusa.yaml   # heads on a frozen target
+
+Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). User errors (bad config, missing folder, bad prompt) print
 `error: <message>` and exit 2; tracebacks are kept for bugs.
 """
 from __future__ import annotations
@@ -190,16 +194,56 @@ def _run_demo(argv: list[str]) -> int:
     return demo.main(argv) or 0
 
 
+# --------------------------------------------------------------------------- compare
+
+def _add_compare_args(p: argparse.ArgumentParser) -> None:
+    from .bench import command
+
+    command.add_arguments(p)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .bench import command
+
+    return command.run(args)
+
+
+# --------------------------------------------------------------------------- audit
+
+def _add_audit_args(p: argparse.ArgumentParser) -> None:
+    from . import audit
+
+    audit.add_arguments(p)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    from . import audit
+
+    return audit.run(args)
+
+
+# --------------------------------------------------------------------------- train
+
+def _run_train(argv: list[str]) -> int:
+    from .training import heads
+
+    return heads.main(argv)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 # name -> (help, add_arguments, run). Commands whose add_arguments is None take their raw argv and
 # parse it themselves (run(argv)); the others get an argparse Namespace (run(args)).
-# Planned: compare (drafters side by side), train (draft heads), audit (exactness checks).
 SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
     "generate": ("generate text with a target model and a drafter", _add_generate_args, _run_generate),
     "drafters": ("list the registered drafters with their options and defaults", _add_drafters_args,
                  _run_drafters),
     "demo": ("run the bundled demo (models in zoo/); arguments go to the demo", None, _run_demo),
+    "compare": ("every drafter on one target side by side, with Hugging Face peers, tables and plots",
+                _add_compare_args, _run_compare),
+    "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
+              "exit 1 on a failure", _add_audit_args, _run_audit),
+    "train": ("train draft heads on a frozen target: draftsman train medusa --config FILE", None, _run_train),
 }
 
 

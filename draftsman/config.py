@@ -48,8 +48,11 @@ def load_config(config: dict | str | os.PathLike) -> dict:
         raw = raw or {}
         # Relative model paths in a config file are relative to that file, so configs travel (and
         # a same-named folder under the working directory cannot capture them).
-        for section in ("target", "drafter"):
-            values = raw.get(section) if isinstance(raw, dict) else None
+        sections = [raw.get(s) for s in ("target", "drafter")] if isinstance(raw, dict) else []
+        drafter = raw.get("drafter") if isinstance(raw, dict) else None
+        if isinstance(drafter, dict) and isinstance(drafter.get("drafters"), list):
+            sections += drafter["drafters"]  # a cascade's children hold paths too
+        for values in sections:
             p = values.get("path") if isinstance(values, dict) else None
             if isinstance(p, str) and not os.path.isabs(os.path.expanduser(p)):
                 values["path"] = str(path.parent / p)

@@ -2,15 +2,17 @@
 
 Plain decoding (`none`), prompt lookup (`ngram`) and the bundled draft model (`draft_model`) run
 side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
-alike; the table gives tokens/s, speedup over plain, tau and per-position acceptance, and checks
-that at temperature 0 every drafter's output equals plain decoding's.
+alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
+acceptance, and checks that at temperature 0 every drafter's output equals plain decoding's.
+`draftsman compare` is the full version: categories, temperatures, peers, batch sweep, plots.
 """
 from __future__ import annotations
 
 import argparse
-import time
+import statistics
 
 from . import load, zoo
+from .bench.runner import Ours, time_interleaved
 from .prompts import heldout_prompts
 
 
@@ -24,44 +26,22 @@ def demo_drafters() -> dict[str, dict]:
 
 def run(prompts: int, max_new_tokens: int, temperature: float, repeats: int, seed: int) -> dict:
     base = load({"target": {"path": str(zoo.target_path())}, "drafter": {"name": "none"}})
-    decoders = {name: base.with_drafter(cfg) for name, cfg in demo_drafters().items()}
+    contenders = [Ours(name, base if name == "none" else base.with_drafter(cfg))
+                  for name, cfg in demo_drafters().items()]
     ids = heldout_prompts(base.tokenizer, prompts)
-    for dec in decoders.values():  # warm-up: first calls pay for allocations
-        dec.generate(input_ids=ids[:1], max_new_tokens=8, temperature=temperature, seed=seed)
-    totals = {n: {"seconds": 0.0, "tokens": 0, "row_rounds": 0, "acc": [], "prop": [], "outputs": []}
-              for n in decoders}
-    order = list(decoders)
-    for rep in range(repeats):
-        for i, prompt in enumerate(ids):
-            for name in (order if (rep + i) % 2 == 0 else order[::-1]):  # A B C, C B A, ...
-                t0 = time.perf_counter()
-                out = decoders[name].generate(input_ids=[prompt], max_new_tokens=max_new_tokens,
-                                              temperature=temperature, seed=seed + i)
-                t = totals[name]
-                t["seconds"] += time.perf_counter() - t0
-                t["tokens"] += len(out.token_ids[0])
-                t["row_rounds"] += out.stats.row_rounds
-                _add(t["acc"], out.stats.accepted_at_depth)
-                _add(t["prop"], out.stats.proposed_at_depth)
-                if rep == 0:
-                    t["outputs"].append(out.token_ids[0])
-    plain = totals["none"]["tokens"] / totals["none"]["seconds"]
+    # The same interleaved loop as `draftsman compare` (warm-up, A B C / C B A, median of repeats).
+    tallies = time_interleaved(contenders, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                               repeats=repeats, seed=seed)
+    plain = tallies["none"]
     rows = {}
-    for name, t in totals.items():
-        tps = t["tokens"] / t["seconds"]
+    for name, t in tallies.items():
         rows[name] = {
-            "tokens_per_s": tps, "speedup": tps / plain, "tau": t["tokens"] / t["row_rounds"],
-            "acceptance": [a / p if p else 0.0 for a, p in zip(t["acc"], t["prop"])],
-            "same_as_plain": sum(o == p for o, p in zip(t["outputs"], totals["none"]["outputs"])),
+            "tokens_per_s": t.tokens_per_s, "speedup": statistics.median(t.speedups(plain)), "tau": t.tau,
+            "acceptance": t.acceptance,
+            "same_as_plain": sum(o == p for o, p in zip(t.outputs, plain.outputs)),
         }
-    return {"rows": rows, "prompts": len(ids), "sample": base.tokenizer.decode(totals["draft_model"]["outputs"][0]),
+    return {"rows": rows, "prompts": len(ids), "sample": base.tokenizer.decode(tallies["draft_model"].outputs[0]),
             "sample_prompt": base.tokenizer.decode(ids[0][-120:])}
-
-
-def _add(acc: list, values: list) -> None:
-    acc.extend([0] * (len(values) - len(acc)))
-    for d, v in enumerate(values):
-        acc[d] += v
 
 
 def format_table(result: dict, temperature: float) -> str:

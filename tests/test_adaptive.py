@@ -94,8 +94,36 @@ def test_full_acceptance_keeps_drafting(tiny_models):
     dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "oracle_test", "adaptive": True}})
     out = dec.generate(input_ids=[prompt], max_new_tokens=40)
     assert out.token_ids == plain.token_ids
-    assert out.stats.tau > 3.5
-    assert dec.drafter.depth_log[1:].count(0) == 0  # round 1 measures plain decoding
+    # Timing noise on a loaded machine can cost a few plain rounds; the decision itself is checked
+    # exactly in test_choose_depth_follows_the_estimates.
+    assert out.stats.tau > 2.0
+    assert dec.drafter.depth_log[1] == 4  # round 1 measures plain decoding, round 2 the full bet
+
+
+def test_choose_depth_follows_the_estimates():
+    """The bet with controlled estimates (no timing): verification costs 1 + 0.1 per extra token."""
+    from draftsman.drafters.adaptive import AdaptiveSettings
+    from draftsman.verifier.sampling import SamplingParams
+
+    class Inner(Drafter):
+        name = "inner_test"
+
+        def max_depth(self):
+            return 4
+
+    drafter = AdaptiveDrafter(Inner(), AdaptiveSettings(probe_every=1000))
+    drafter.begin([[1]], SamplingParams(), torch.Generator())
+    for x in (1, 2, 5):
+        drafter.verify_cost.add(x, 1.0 + 0.1 * (x - 1))
+    drafter.draft_cost.add(4, 0.0)
+    drafter.offered_count = [100.0] * 4
+    drafter.accepted_count = [100.0] * 4  # every draft accepted: bet the most
+    assert drafter.choose_depth(batch=1) == 4
+    drafter.accepted_count = [0.0] * 4  # nothing accepted: plain decoding
+    assert drafter.choose_depth(batch=1) == 0
+    drafter.accepted_count = [70.0] * 4  # 70% per depth: pays at batch 1...
+    assert drafter.choose_depth(batch=1) == 4
+    assert drafter.choose_depth(batch=64) == 0  # ...not when 64 rows make every extra token expensive
 
 
 def test_adaptive_must_be_a_bool(tiny_models):

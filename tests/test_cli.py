@@ -115,7 +115,7 @@ def test_input_ids_are_accepted(config_file, capsys):
     ([], "either as --prompt TEXT or as --input-ids"),
     (["--prompt", "a", "--input-ids", "1"], "not both"),
     (["--prompt", "a", "--set", "drafter.k"], "must look like section.key=value"),
-    (["--prompt", "a", "--drafter", "medusa"], "unknown drafter 'medusa'; available drafters"),
+    (["--prompt", "a", "--drafter", "no_such_drafter"], "unknown drafter 'no_such_drafter'; available drafters"),
     (["--prompt", "a", "--set", "target.path=/no/such/folder"], "model folder '/no/such/folder' does not exist"),
     (["--prompt", "x = 1\n" * 200], "context is 256 positions"),
 ])

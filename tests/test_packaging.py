@@ -53,6 +53,8 @@ def test_config_files_are_packaged(wheel):
         assert f"draftsman/training/configs/{yaml_file.name}" in names
     for yaml_file in sorted((ROOT / "draftsman" / "configs").glob("*.yaml")):
         assert f"draftsman/configs/{yaml_file.name}" in names
+    # `draftsman compare` reads its bundled prompt set from the installed package.
+    assert "draftsman/bench/data/prompts.jsonl" in names
 
 
 def test_nothing_else_at_the_top_level(wheel):

@@ -32,6 +32,7 @@ class GenerationStats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)  # per row: eos | length | context
+    drafter_report: dict = field(default_factory=dict)  # the drafter's own report(), e.g. cascade usage
 
     @property
     def tau(self) -> float:
@@ -53,7 +54,7 @@ class GenerationStats:
             "accepted_per_round": self.accepted_per_round,
             "draft_seconds": self.draft_seconds, "verify_seconds": self.verify_seconds,
             "total_seconds": self.total_seconds, "tokens_per_second": self.tokens_per_second,
-            "finish_reasons": self.finish_reasons,
+            "finish_reasons": self.finish_reasons, "drafter_report": self.drafter_report,
         }
 
     def _count_depths(self, tree: DraftTree, num_accepted: int) -> None:
@@ -187,6 +188,7 @@ class SpeculativeEngine:
                 active = [active[i] for i in still]
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
+            stats.drafter_report = self.drafter.report()
             _sync(self.device)
             stats.total_seconds = time.perf_counter() - t_start
 

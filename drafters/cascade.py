@@ -1,0 +1,120 @@
+"""`cascade`: several drafters in order of preference. Each round, every row takes the first child
+whose proposal is non-empty (a child's own options decide when it proposes: ngram with
+min_ngram: 3 stays silent without a 3-token match), so a cheap drafter goes first and a costly one
+drafts only when a row needs it.
+
+Exactness holds because a row's choice depends only on the earlier children's proposals, never on
+the random draws of the child it picks: the tree that reaches the verifier is that child's own
+proposal, with its own node kinds and draft distributions.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .base import Drafter, DraftTree, TargetNeeds
+from .registry import _REGISTRY, available, build_drafter, drafter_options, register
+
+
+@register
+class CascadeDrafter(Drafter):
+    name = "cascade"
+
+    @dataclass
+    class Options:
+        drafters: list[dict] | None = None  # child drafter configs, most preferred first (required)
+
+        def __post_init__(self):
+            if not isinstance(self.drafters, list) or not self.drafters:
+                raise ValueError("cascade: set drafter.drafters to a list of drafter configs, e.g. "
+                                 "[{name: ngram, min_ngram: 3}, {name: draft_model, path: ...}]")
+            for i, child in enumerate(self.drafters):
+                where = f"cascade: drafters[{i}]"
+                if not isinstance(child, dict) or "name" not in child:
+                    raise ValueError(f"{where} must be a mapping with a name, e.g. {{name: ngram}}; got {child!r}")
+                name = child["name"]
+                if name not in _REGISTRY:
+                    raise ValueError(f"{where}: unknown drafter '{name}'; available drafters: {available()}")
+                if "adaptive" in child:
+                    raise ValueError(f"{where}: set adaptive: true on the cascade itself, not on one child "
+                                     "(the cascade already skips children that have nothing to propose)")
+                try:  # the child's own Options check its keys and types; say which child failed
+                    drafter_options(_REGISTRY[name], {k: v for k, v in child.items() if k != "name"})
+                except ValueError as e:
+                    raise ValueError(f"{where}: {e}") from None
+
+    def __init__(self, options: "CascadeDrafter.Options", target):
+        self.children = [build_drafter(child, target) for child in options.drafters]
+        self.labels = [_label(child, i) for i, child in enumerate(options.drafters)]
+        layers: list[int] = []
+        for child in self.children:
+            layers += [n for n in child.needs.hidden_state_layers if n not in layers]
+        self.needs = TargetNeeds(hidden_state_layers=tuple(layers))
+        self.device = target.device if target is not None else "cpu"
+        self._reset_counters()
+
+    def max_depth(self) -> int:
+        return max(child.max_depth() for child in self.children)
+
+    def extra_parameters(self) -> int:
+        return sum(child.extra_parameters() for child in self.children)
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        for child in self.children:
+            child.begin(prompts, sampling, generator)
+        self._reset_counters()
+
+    def propose(self, contexts):
+        trees: list[DraftTree | None] = [None] * len(contexts)
+        self.chosen: list[int] = [-1] * len(contexts)  # child used per row, -1 = none proposed
+        self.called: list[int] = []  # children whose propose ran this round (they must observe)
+        for c, child in enumerate(self.children):
+            waiting = [i for i, t in enumerate(trees) if t is None]
+            if not waiting:
+                break  # later children are not asked at all: that is where a cascade saves time
+            # Every row, not only the waiting ones: children keep per-row state for all active rows.
+            child.depth_limit = self.depth_limit  # set on the cascade by adaptive speculation
+            proposals = child.propose(contexts)
+            self.called.append(c)
+            for i in waiting:
+                if proposals[i].size:
+                    trees[i], self.chosen[i] = proposals[i], c
+                    self.counters[c]["proposed"] += proposals[i].size
+                    self.counters[c]["row_rounds"] += 1
+        self.empty_row_rounds += sum(t is None for t in trees)
+        return [t if t is not None else DraftTree.empty(self.device) for t in trees]
+
+    def observe(self, feedback):
+        for i, c in enumerate(self.chosen):
+            if c >= 0:
+                self.counters[c]["accepted"] += len(feedback.accepted_nodes[i])
+        for c in self.called:
+            # A child whose tree was not verified for a row accepted none of its drafts there; it
+            # still sees what was emitted (and the target's hidden states of the emitted tokens).
+            paths = [path if mine == c else [] for path, mine in zip(feedback.accepted_nodes, self.chosen)]
+            self.children[c].observe(dataclasses.replace(feedback, accepted_nodes=paths))
+        # A round without propose (adaptive speculation chose plain decoding) has nothing to report:
+        # children that did not propose have no drafts to roll back and catch up from the contexts.
+        self.chosen, self.called = [], []
+
+    def keep_rows(self, indices):
+        for child in self.children:
+            child.keep_rows(indices)
+
+    def report(self) -> dict:
+        """Which child proposed what since the last begin(): per child, the row-rounds its tree was
+        verified, the nodes it proposed there and the drafts accepted; plus row-rounds with no
+        proposal at all (plain decoding steps)."""
+        return {"drafters": [{"drafter": label, **counts} for label, counts in zip(self.labels, self.counters)],
+                "no_proposal_row_rounds": self.empty_row_rounds}
+
+    def _reset_counters(self) -> None:
+        self.counters = [{"row_rounds": 0, "proposed": 0, "accepted": 0} for _ in self.children]
+        self.empty_row_rounds = 0
+        self.chosen, self.called = [], []
+
+
+def _label(child: dict, index: int) -> str:
+    """'0:ngram' - the index keeps two children of the same kind apart."""
+    return f"{index}:{child['name']}"

@@ -1,0 +1,104 @@
+"""The `draftsman compare` command line: flags, --quick, --build-prompts, and what gets printed."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from transformers.utils import logging as hf_logging
+
+from .config import QUICK, load_bench_config
+
+
+def _numbers(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated numbers, e.g. 1,2,4") from None
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="bench YAML (see configs/bench.yaml); default: the bundled zoo target with "
+                                    "none, ngram and draft_model")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2 prompts per category, 16 new tokens, 1 repeat, batch sizes 1,2")
+    p.add_argument("--out", help="output folder (default results/compare)")
+    p.add_argument("--prompts", help="JSONL prompt file, one {\"text\": ..., \"category\": ...} per line "
+                                     "(default: the bundled held-out set)")
+    p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c], help="e.g. copy,docstring")
+    p.add_argument("--prompts-per-category", type=int, metavar="N")
+    p.add_argument("--temperatures", type=_numbers(float), help="e.g. 0,1 (default 0,1)")
+    p.add_argument("--batch-sizes", type=_numbers(int), help="e.g. 1,2,4,8,16 (default)")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--repeats", type=int, help="timed passes over the prompts; medians are reported")
+    p.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate peers")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--build-prompts", metavar="OUT.jsonl",
+                   help="build the held-out prompt set with the target's tokenizer, write it here, and exit")
+    p.add_argument("--per-category", type=int, default=24, help="with --build-prompts: prompts per category")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as typed, rebuilt from the flags that were set (for the report)."""
+    import shlex
+
+    parts = ["draftsman", "compare"]
+    for key, value in vars(args).items():
+        if key in ("command", "per_category") or value in (None, False):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        else:
+            parts += [flag, ",".join(map(_num, value)) if isinstance(value, list) else str(value)]
+    return shlex.join(parts)
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = dict(QUICK) if args.quick else {}
+    flags = {"out": args.out, "prompts": args.prompts, "categories": args.categories,
+             "prompts_per_category": args.prompts_per_category, "temperatures": args.temperatures,
+             "batch_sizes": args.batch_sizes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+             "peers": False if args.no_peers else None}
+    overrides.update({k: v for k, v in flags.items() if v is not None})
+    cfg = load_bench_config(args.config, overrides)
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would tangle with ours
+    if args.build_prompts:
+        return build(cfg, Path(args.build_prompts), args.per_category)
+
+    from .compare import run_compare
+    from .report import markdown, write_all
+
+    results = run_compare(cfg, command_line(args), progress=not args.no_progress)
+    files = write_all(results, Path(cfg["out"]))
+    print(markdown(results))
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    bad = sorted({c["drafter"] for c in results["cells"] if c["mismatches"]})
+    if bad:
+        print(f"\nERROR: at temperature 0 these drafters changed the output: {bad} (first divergences listed above)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def build(cfg: dict, out: Path, per_category: int) -> int:
+    from .. import zoo
+    from ..models import load_tokenizer
+    from ..training.corpus import python_version, stdlib_root
+    from .prompts_set import CATEGORIES, build_meta, build_prompts, write_prompts
+
+    tokenizer = load_tokenizer(cfg["target"]["path"])
+    if tokenizer is None:
+        raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer to count prompt tokens with")
+    max_tokens = 256
+    prompts = build_prompts(zoo.heldout_files(), tokenizer, per_category, max_tokens, root=stdlib_root())
+    write_prompts(out, prompts, build_meta(out, Path(cfg["target"]["path"]).name, per_category, max_tokens,
+                                           python_version()))
+    print(f"wrote {len(prompts)} prompts ({', '.join(f'{per_category} {c}' for c in CATEGORIES)}) to {out}")
+    return 0

@@ -1,0 +1,194 @@
+"""`draftsman compare`: every drafter on one target, side by side, with the Hugging Face peers in
+the same run. Loads the target once, times every drafter x category x temperature interleaved,
+checks losslessness at T=0, runs the batch sweep, and hands the results to report.py."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..api import Decoder
+from ..config import load_config
+from .config import drafter_label, drafter_options
+from .memory import PeakMemory
+from .peers import build_peers
+from .prompts_set import Prompt, by_category, read_prompts
+from .runner import Ours, Tally, batch_sweep, first_divergence, time_interleaved
+
+
+def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = True) -> dict:
+    from tqdm.auto import tqdm
+
+    prompts, meta = read_prompts(cfg["prompts"])
+    groups = by_category(prompts, cfg["categories"], cfg["prompts_per_category"])
+    if cfg["batch_category"] and cfg["batch_category"] not in groups:  # before any model loads
+        raise ValueError(f"batch_category '{cfg['batch_category']}' is not among the categories run: {sorted(groups)}")
+    base = Decoder(load_config({"target": cfg["target"], "drafter": {"name": "none"}}))
+    if base.tokenizer is None:
+        raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer; compare reads text "
+                         "prompts, so it needs one")
+    encoded = {c: _encode(base, ps, cfg["max_new_tokens"]) for c, ps in groups.items()}
+
+    # `none` needs no second Decoder: the base one already has it.
+    ours = [Ours(drafter_label(d), base if d["name"] == "none" else base.with_drafter(drafter_options(d)))
+            for d in cfg["drafters"]]
+    baseline = next(o.label for o in ours if o.name == "none")
+    peers, notes = build_peers(base, cfg["drafters"]) if cfg["peers"] and 0 in cfg["temperatures"] else ([], [])
+    if cfg["peers"] and 0 not in cfg["temperatures"]:
+        notes.append("peers skipped: they run greedy and temperature 0 is not among the temperatures")
+    meter = PeakMemory(base.device)
+    weights = sum(p.numel() * p.element_size() for p in base.target.parameters())
+    elem = base.target.dtype.itemsize
+
+    sweep_t = 0 if 0 in cfg["temperatures"] else cfg["temperatures"][0]
+    sweep_rows = encoded[cfg["batch_category"]] if cfg["batch_category"] else _mixed(list(encoded.values()))
+    bar = tqdm(total=_plan(cfg, encoded, len(ours), len(peers)), unit="run", disable=not progress,
+               dynamic_ncols=True)
+
+    cells, peer_rows = [], []
+    for temperature in cfg["temperatures"]:
+        for category, ids in encoded.items():
+            bar.set_description(f"T={temperature:g} {category}")
+            contenders = ours + (peers if temperature == 0 else [])
+            tallies = time_interleaved(contenders, ids, max_new_tokens=cfg["max_new_tokens"], temperature=temperature,
+                                       repeats=cfg["repeats"], seed=cfg["seed"], tick=bar.update, memory=meter)
+            plain = tallies[baseline]
+            for o in ours:
+                cells.append(_cell(o, tallies[o.label], plain, category, temperature, groups[category], ids,
+                                   base.target, weights + o.extra_parameters * elem))
+            for p in peers if temperature == 0 else []:
+                peer_rows.append(_peer_row(p, tallies, plain, ours, category, groups[category], ids, base.target,
+                                           weights + p.extra_parameters * elem))
+
+    bar.set_description(f"batch sweep T={sweep_t:g}")
+    sweep = batch_sweep(ours, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
+                        temperature=sweep_t, repeats=cfg["repeats"], seed=cfg["seed"], tick=bar.update)
+    bar.close()
+    points = []
+    for b, tallies in sweep.items():
+        for o in ours:
+            t = tallies[o.label]
+            points.append({"drafter": o.label, "batch_size": b, "tokens_per_s": t.tokens_per_s,
+                           "speedup": statistics.median(t.speedups(tallies[baseline])), "tau": t.tau,
+                           "new_tokens": t.new_tokens})
+    return {
+        "command": command,
+        "config": cfg,
+        "environment": environment(base.device),
+        "memory_method": meter.method,
+        "prompts": {"file": str(cfg["prompts"]), "meta": meta, "counts": {c: len(ps) for c, ps in groups.items()}},
+        "baseline": baseline,
+        "cells": cells,
+        "peers": peer_rows,
+        "peer_settings": {p.label: p.settings for p in peers},
+        "notes": notes,
+        "batch_sweep": {"temperature": sweep_t, "rows": cfg["batch_category"] or "mixed", "points": points},
+    }
+
+
+def _encode(decoder: Decoder, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
+    ids = decoder.encode([p.text for p in prompts])
+    room = decoder.engine.max_context
+    for p, row in zip(prompts, ids):
+        if len(row) + max_new_tokens > room:
+            raise ValueError(f"prompt '{p.id}' has {len(row)} tokens; with max_new_tokens {max_new_tokens} it "
+                             f"runs past the target's context of {room}: lower max_new_tokens or drop the prompt")
+    return ids
+
+
+def _mixed(groups: list[list[list[int]]]) -> list[list[int]]:
+    """Round-robin over the categories: a batch of b rows mixes them."""
+    out = []
+    for i in range(max(len(g) for g in groups)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
+
+
+def _plan(cfg: dict, encoded: dict, n_ours: int, n_peers: int) -> int:
+    """Calls the run will make, for the progress bar."""
+    total = 0
+    for temperature in cfg["temperatures"]:
+        n = n_ours + (n_peers if temperature == 0 else 0)
+        for ids in encoded.values():
+            total += n * (2 + cfg["repeats"] * len(ids))  # warm-up + timed + memory
+    return total + len(cfg["batch_sizes"]) * n_ours * (1 + cfg["repeats"])
+
+
+def _divergences(target, prompts: list[Prompt], ids, expected: list[list[int]], got: list[list[int]]) -> list[dict]:
+    return [{"prompt": p.id, **first_divergence(target, row, e, g)}
+            for p, row, e, g in zip(prompts, ids, expected, got) if e != g]
+
+
+def _cell(o: Ours, t: Tally, plain: Tally, category: str, temperature: float, prompts, ids, target,
+          static_bytes: int) -> dict:
+    greedy = temperature == 0
+    div = _divergences(target, prompts, ids, plain.outputs, t.outputs) if greedy else []
+    return {
+        "drafter": o.label, "name": o.name, "category": category, "temperature": temperature,
+        "prompts": len(prompts), "repeats": len(t.rep_tokens),
+        "tokens_per_s": t.tokens_per_s, "tokens_per_s_repeats": t.rep_tokens_per_s,
+        "speedup": statistics.median(t.speedups(plain)), "speedup_repeats": t.speedups(plain),
+        "tau": t.tau, "acceptance": t.acceptance, "rounds": t.rounds, "new_tokens": t.new_tokens,
+        **t.time_split(),
+        "peak_memory_mb": _mb(static_bytes, t.peak_bytes), "working_memory_mb": _mb(0, t.peak_bytes),
+        "extra_parameters": o.extra_parameters,
+        "mismatches": len(div) if greedy else None, "divergences": div,
+    }
+
+
+def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts, ids, target,
+              static_bytes: int) -> dict:
+    t = tallies[p.label]
+    div = _divergences(target, prompts, ids, plain.outputs, t.outputs)
+    counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram"}[p.label]
+    mine = next((o.label for o in ours if o.name == counterpart_name), None)
+    return {
+        "peer": p.label, "category": category, "temperature": 0, "prompts": len(prompts),
+        "tokens_per_s": t.tokens_per_s, "speedup": statistics.median(t.speedups(plain)),
+        "speedup_vs_hf_generate": statistics.median(t.speedups(tallies["hf_generate"])),
+        "same_as_ours": len(prompts) - len(div), "divergences": div,
+        "counterpart": mine,
+        "counterpart_over_peer": statistics.median(tallies[mine].speedups(t)) if mine else None,
+        "peak_memory_mb": _mb(static_bytes, t.peak_bytes), "extra_parameters": p.extra_parameters,
+    }
+
+
+def _mb(static_bytes: int, peak: int | None) -> float | None:
+    return None if peak is None else (static_bytes + max(peak, 0)) / 2**20
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    env = {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "draftsman": __version__, "git_commit": _git_commit(),
+    }
+    return env
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (editable installs), None elsewhere; read-only."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

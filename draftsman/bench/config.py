@@ -1,0 +1,180 @@
+"""The `draftsman compare` config (bench.yaml): defaults, validation, path resolution.
+
+Unknown keys are rejected with the valid ones listed. Relative model and prompt paths in a config
+file are relative to that file (as in run configs); `out` is relative to the current directory.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import DEFAULTS as RUN_DEFAULTS, check_type
+
+BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+
+DEFAULTS: dict[str, Any] = {
+    "target": None,  # the run config's target section; None = the bundled zoo target
+    "drafters": None,  # list of drafter dicts ({name, label?, options...}); None = default_drafters()
+    #                    with the zoo target, else none + ngram
+    "prompts": None,  # JSONL prompt file; None = the bundled set (draftsman/bench/data/prompts.jsonl)
+    "categories": None,  # categories to run; None = every category in the prompt file
+    "prompts_per_category": None,  # first N prompts of each category; None = all
+    "temperatures": [0, 1],
+    "batch_sizes": [1, 2, 4, 8, 16],
+    "batch_category": None,  # rows of the batch sweep: one category, or None = mixed (round-robin)
+    "max_new_tokens": 64,
+    "repeats": 3,  # timed passes over the prompts; medians are taken over them
+    "seed": 0,
+    "peers": True,  # also time Hugging Face generate (plain, assisted, prompt lookup) at T=0
+    "out": "results/compare",  # output folder, relative to the current directory
+}
+
+# --quick: a smoke run that finishes in seconds on tiny models.
+QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "batch_sizes": [1, 2]}
+
+
+# Drafters whose checkpoint is bundled in zoo/: (drafter name, zoo folder, options). Each joins
+# the default comparison once its folder exists and its drafter is registered.
+BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4}), ("medusa", "python-medusa", {})]
+
+
+def default_drafters() -> list[dict]:
+    """`none`, `ngram`, and every drafter whose checkpoint is bundled in zoo/."""
+    from .. import zoo
+    from ..drafters import registry
+
+    out = [{"name": "none"}, {"name": "ngram", "k": 4}]
+    for name, folder, options in BUNDLED_DRAFTERS:
+        path = zoo.zoo_dir() / folder
+        if name in registry.available() and (path / "config.json").is_file():
+            out.append({"name": name, "path": str(path), **options})
+    return out
+
+
+def default_target() -> dict:
+    from .. import zoo
+
+    return {"path": str(zoo.target_path())}
+
+
+def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> dict:
+    """The complete, validated compare config from a YAML file (or the defaults), then overrides
+    (command-line flags; None values are ignored)."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"compare config '{p}' does not exist")
+        raw = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"compare config '{p}' must be a mapping of keys {sorted(DEFAULTS)}")
+        _check_keys(raw)
+        _resolve_paths(raw, p.parent)
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    _check_keys(raw)
+    cfg = copy.deepcopy(DEFAULTS)
+    cfg.update(raw)
+    if cfg["target"] is None:
+        cfg["target"] = default_target()
+    if cfg["drafters"] is None:
+        # The bundled draft model only fits the bundled target's tokenizer.
+        cfg["drafters"] = default_drafters() if raw.get("target") is None else [{"name": "none"}, {"name": "ngram", "k": 4}]
+    if cfg["prompts"] is None:
+        cfg["prompts"] = str(BUNDLED_PROMPTS)
+    _validate(cfg)
+    return cfg
+
+
+def _check_keys(raw: dict) -> None:
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown compare config key(s) {unknown}; valid keys: {sorted(DEFAULTS)}")
+
+
+def _resolve_paths(raw: dict, base: Path) -> None:
+    def fix(value):
+        if isinstance(value, str) and not os.path.isabs(os.path.expanduser(value)):
+            return os.path.normpath(base / value)
+        return value
+
+    if isinstance(raw.get("target"), dict) and "path" in raw["target"]:
+        raw["target"]["path"] = fix(raw["target"]["path"])
+    if isinstance(raw.get("prompts"), str):
+        raw["prompts"] = fix(raw["prompts"])
+
+    def walk(d):  # drafter paths, nested ones (a cascade's children) included
+        if isinstance(d, dict):
+            for k, v in d.items():
+                d[k] = fix(v) if k == "path" else walk(v)
+        elif isinstance(d, list):
+            return [walk(x) for x in d]
+        return d
+
+    if isinstance(raw.get("drafters"), list):
+        walk(raw["drafters"])
+
+
+def _validate(cfg: dict) -> None:
+    t = cfg["target"]
+    if not isinstance(t, dict) or not t.get("path"):
+        raise ValueError("target must be a mapping with a path, e.g. target: {path: zoo/python-target}")
+    bad = sorted(set(t) - set(RUN_DEFAULTS["target"]))
+    if bad:
+        raise ValueError(f"unknown key(s) {[f'target.{k}' for k in bad]}; valid keys in 'target': "
+                         f"{sorted(RUN_DEFAULTS['target'])}")
+    for key, value in t.items():
+        check_type(f"target.{key}", value, RUN_DEFAULTS["target"][key])
+
+    drafters = cfg["drafters"]
+    if not isinstance(drafters, list) or not drafters or not all(isinstance(d, dict) for d in drafters):
+        raise ValueError("drafters must be a non-empty list of drafter mappings, e.g. "
+                         "[{name: none}, {name: ngram, k: 4}]")
+    for d in drafters:
+        if "name" not in d:
+            raise ValueError(f"drafter {d} has no name; e.g. {{name: ngram, k: 4}}")
+    labels = [drafter_label(d) for d in drafters]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ValueError(f"drafter label(s) {dupes} appear twice; give each drafter a unique `label`")
+    taken = sorted(x for x in labels if x.startswith("hf_"))
+    if taken:
+        raise ValueError(f"drafter label(s) {taken}: names starting with hf_ belong to the Hugging Face peers; "
+                         "choose another `label`")
+    if not any(d["name"] == "none" for d in drafters):
+        drafters.insert(0, {"name": "none"})  # the baseline every speedup is measured against
+
+    for key in ("temperatures", "batch_sizes"):
+        v = cfg[key]
+        if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in v):
+            raise ValueError(f"{key} must be a non-empty list of numbers, got {v!r}")
+    if any(t < 0 for t in cfg["temperatures"]):
+        raise ValueError(f"temperatures must be >= 0, got {cfg['temperatures']}")
+    if any(not isinstance(b, int) or b < 1 for b in cfg["batch_sizes"]):
+        raise ValueError(f"batch_sizes must be integers >= 1, got {cfg['batch_sizes']}")
+    for key in ("max_new_tokens", "repeats"):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    n = cfg["prompts_per_category"]
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"prompts_per_category must be an integer >= 1 or null, got {n!r}")
+    cats = cfg["categories"]
+    if cats is not None and (not isinstance(cats, list) or not all(isinstance(c, str) for c in cats) or not cats):
+        raise ValueError(f"categories must be a list of names or null, got {cats!r}")
+    if not isinstance(cfg["peers"], bool):
+        raise ValueError(f"peers must be true or false, got {cfg['peers']!r}")
+    if not isinstance(cfg["seed"], int) or isinstance(cfg["seed"], bool):
+        raise ValueError(f"seed must be an integer, got {cfg['seed']!r}")
+
+
+def drafter_label(d: dict) -> str:
+    return str(d.get("label") or d["name"])
+
+
+def drafter_options(d: dict) -> dict:
+    """The drafter config without the bench-only `label`."""
+    return {k: v for k, v in d.items() if k != "label"}

@@ -1,0 +1,259 @@
+"""The benchmark prompt set: building it from held-out source files, and reading it as JSONL.
+
+Three categories, each stressing drafters differently. Every prompt is a window of whole lines that
+ends at a line break (the cut); the model continues from there.
+
+  continuation  the cut is between two statements inside a function body, where the next lines
+                are fresh code (few of their word 3-grams occur in the prompt);
+  copy          the next lines largely repeat the prompt (most of their word 3-grams occur in it):
+                test tables, mapping tables, runs of similar calls. Favours n-gram lookup;
+  docstring     the cut is inside a multi-line docstring or a block of `#` comments.
+
+Which cut a file contributes is decided by a hash of (file, category, line), so the set is a pure
+function of the files and the tokenizer. Files come in sorted order and give at most one prompt per
+category per pass over them, so a large repetitive file cannot fill a category on its own.
+
+JSONL: an optional first line {"meta": {...}} saying how the file was built, then one object per
+prompt: {"id", "category", "source", "line", "tokens", "text"}. A user's own file needs only
+"text" per line ("category" defaults to "default").
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CATEGORIES = ("continuation", "copy", "docstring")
+BUILD_COMMAND = "draftsman compare --build-prompts {out}"
+DEFAULT_CATEGORY = "default"
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+COPY_MIN_OVERLAP = 0.7  # share of the continuation's word 3-grams found in the prompt: copy
+FRESH_MAX_OVERLAP = 0.4  # at most this share for a continuation prompt: fresh code
+LOOKAHEAD_WORDS = 48  # words after the cut that decide copy vs fresh (~ the first 64 new tokens)
+PER_FILE = 4  # usable cuts kept per file and category: later rounds over the files take them
+
+
+@dataclass
+class Prompt:
+    id: str
+    category: str
+    source: str = ""  # file the prompt was cut from, relative to the corpus root
+    line: int = 0  # 1-based line number of the cut (the first line the model must write)
+    tokens: int = 0  # prompt length in the building tokenizer's tokens
+    text: str = ""
+
+
+# --------------------------------------------------------------------------- reading / writing
+
+def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
+    """(prompts, meta) from a JSONL file; errors name the line and what to fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file '{path}' does not exist; build one with "
+                                f"`{BUILD_COMMAND.format(out=path)}` or write one JSON object per line "
+                                'with a "text" key')
+    prompts, meta, seen = [], {}, set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object like {{\"text\": \"...\"}}, got {type(rec).__name__}")
+        if "meta" in rec:
+            meta = rec["meta"]
+            continue
+        text = rec.get("text")
+        if not isinstance(text, str) or not text:
+            raise ValueError(f'{path}:{n}: every prompt needs a non-empty string "text"')
+        category = str(rec.get("category") or DEFAULT_CATEGORY)
+        pid = str(rec.get("id") or f"{category}-{sum(p.category == category for p in prompts):03d}")
+        if pid in seen:
+            raise ValueError(f"{path}:{n}: prompt id '{pid}' is used twice; ids must be unique")
+        seen.add(pid)
+        prompts.append(Prompt(pid, category, str(rec.get("source", "")), int(rec.get("line", 0)),
+                              int(rec.get("tokens", 0)), text))
+    if not prompts:
+        raise ValueError(f"prompt file '{path}' holds no prompts")
+    return prompts, meta
+
+
+def write_prompts(path: str | Path, prompts: list[Prompt], meta: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"meta": meta}, ensure_ascii=False)]
+    lines += [json.dumps(asdict(p), ensure_ascii=False) for p in prompts]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def by_category(prompts: list[Prompt], categories: list[str] | None = None,
+                per_category: int | None = None) -> dict[str, list[Prompt]]:
+    """{category: prompts} in file order, limited to `categories` (all if None) and to the
+    first `per_category` prompts of each."""
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    if categories is not None:
+        missing = [c for c in categories if c not in groups]
+        if missing:
+            raise ValueError(f"categories {missing} have no prompts in the prompt file; it has {sorted(groups)}")
+        groups = {c: groups[c] for c in categories}
+    if per_category is not None:
+        groups = {c: ps[:per_category] for c, ps in groups.items()}
+    return groups
+
+
+# --------------------------------------------------------------------------- building
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def overlap(context: str, continuation: str, lookahead: int = LOOKAHEAD_WORDS) -> float:
+    """Share of the continuation's first word 3-grams that also occur in the context."""
+    ctx = _words(context)
+    grams = {tuple(ctx[i: i + 3]) for i in range(len(ctx) - 2)}
+    nxt = _words(continuation)[:lookahead]
+    tests = [tuple(nxt[i: i + 3]) for i in range(len(nxt) - 2)]
+    return sum(g in grams for g in tests) / len(tests) if tests else 0.0
+
+
+def _string_lines(tree: ast.AST) -> set[int]:
+    """Lines covered by string constants (a `#` there is not a comment)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.end_lineno:
+            out.update(range(node.lineno, node.end_lineno + 1))
+    return out
+
+
+def _candidates(text: str) -> dict[str, list[int]]:
+    """Candidate cut lines (1-based: the model writes this line first) per structural category.
+    Copy cuts are decided by overlap later, at any line."""
+    tree = ast.parse(text)
+    body_cuts, doc_cuts = set(), set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or not body:
+            continue
+        first = body[0]
+        has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                   and isinstance(first.value.value, str))
+        if has_doc and isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            # Inside the docstring: after its first line, before its closing line.
+            doc_cuts.update(range(first.lineno + 1, first.end_lineno))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            stmts = body[1:] if has_doc else body
+            for prev, stmt in zip(stmts, stmts[1:]):  # never before the first statement
+                if stmt.lineno > prev.end_lineno:  # `a; b` on one line cannot be cut between
+                    body_cuts.add(stmt.lineno)
+    lines = text.splitlines()
+    strings = _string_lines(tree)
+    is_comment = [ln.lstrip().startswith("#") and (i + 1) not in strings for i, ln in enumerate(lines)]
+    for i in range(1, len(lines)):  # line i+1 continues a comment block of >= 2 lines before it
+        if is_comment[i] and is_comment[i - 1] and i >= 2 and is_comment[i - 2]:
+            doc_cuts.add(i + 1)
+    return {"continuation": sorted(body_cuts), "docstring": sorted(doc_cuts),
+            "copy": list(range(2, len(lines) + 1))}
+
+
+def _window(text: str, starts: list[int], cut_line: int, tokenizer, max_tokens: int) -> tuple[int, int]:
+    """(start offset, tokens): whole lines ending at the cut, at most ~4 chars per allowed token,
+    then trimmed line by line from the top until they fit in max_tokens tokens."""
+    cut = starts[cut_line - 1]
+    j = cut_line - 1
+    while j > 0 and cut - starts[j - 1] <= 4 * max_tokens:
+        j -= 1
+    while True:
+        n = len(tokenizer(text[starts[j]:cut])["input_ids"])
+        if n <= max_tokens or j >= cut_line - 1:
+            return starts[j], n
+        j += 1
+
+
+def _rank(source: str, category: str, line: int) -> bytes:
+    return hashlib.sha256(f"{source}:{category}:{line}".encode()).digest()
+
+
+def _file_prompts(text: str, source: str, tokenizer, max_tokens: int, min_tokens: int) -> dict[str, list[Prompt]]:
+    """Every usable prompt of one file per category, in hash order (the order they are taken)."""
+    try:
+        cands = _candidates(text)
+    except (SyntaxError, ValueError):  # not Python 3 (lib2to3 test data, ...): skip the file
+        return {}
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    out: dict[str, list[Prompt]] = {}
+    for category in CATEGORIES:
+        found = []
+        for line in sorted(cands[category], key=lambda ln: _rank(source, category, ln)):
+            if len(found) == PER_FILE:
+                break
+            cut = starts[line - 1]
+            rest = text[cut:]
+            if len(_words(rest)) < LOOKAHEAD_WORDS:  # the file must go on for a while
+                continue
+            # Cheap test first: the real window lies inside these chars, so it overlaps no more.
+            if category == "copy" and overlap(text[max(0, cut - 4 * max_tokens):cut], rest) < COPY_MIN_OVERLAP:
+                continue
+            start, n = _window(text, starts, line, tokenizer, max_tokens)
+            if n < min_tokens:
+                continue
+            share = overlap(text[start:cut], rest)
+            if category == "copy" and share < COPY_MIN_OVERLAP:
+                continue
+            if category == "continuation" and share > FRESH_MAX_OVERLAP:
+                continue
+            found.append(Prompt("", category, source, line, n, text[start:cut]))
+        out[category] = found
+    return out
+
+
+def build_prompts(files: list[Path], tokenizer, per_category: int = 24, max_tokens: int = 256,
+                  min_tokens: int = 32, root: Path | None = None) -> list[Prompt]:
+    """`per_category` prompts of each category from `files` (sorted), at most one per file per
+    round over the files. Raises if the files cannot fill a category."""
+    files = sorted(files)
+    per_file = []
+    for path in files:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        source = path.relative_to(root).as_posix() if root is not None else path.name
+        per_file.append(_file_prompts(text, source, tokenizer, max_tokens, min_tokens))
+    prompts = []
+    for category in CATEGORIES:
+        chosen: list[Prompt] = []
+        depth = 0
+        while len(chosen) < per_category and any(len(f.get(category, [])) > depth for f in per_file):
+            for f in per_file:
+                if len(chosen) < per_category and len(f.get(category, [])) > depth:
+                    chosen.append(f[category][depth])
+            depth += 1
+        if len(chosen) < per_category:
+            raise ValueError(f"the {len(files)} files give only {len(chosen)} '{category}' prompts, "
+                             f"{per_category} asked: pass more files or a smaller count")
+        for i, p in enumerate(chosen):
+            p.id = f"{category}-{i:03d}"
+        prompts += chosen
+    return prompts
+
+
+def build_meta(out: str | Path, tokenizer_source: str, per_category: int, max_tokens: int, python: str) -> dict:
+    return {
+        "built_by": BUILD_COMMAND.format(out=out),
+        "corpus": f"held-out split of the Python {python} standard library (draftsman.zoo.heldout_files())",
+        "tokenizer": tokenizer_source, "per_category": per_category, "max_prompt_tokens": max_tokens,
+        "categories": {
+            "continuation": f"cut between statements inside a function body; <= {FRESH_MAX_OVERLAP:.0%} of the "
+                            f"next {LOOKAHEAD_WORDS} words' 3-grams occur in the prompt",
+            "copy": f">= {COPY_MIN_OVERLAP:.0%} of the next {LOOKAHEAD_WORDS} words' 3-grams occur in the prompt",
+            "docstring": "cut inside a multi-line docstring or a block of # comments",
+        },
+    }

@@ -1,0 +1,181 @@
+"""The timing loop: contenders run the same prompts interleaved, so machine noise hits them alike.
+
+A contender is anything with `label`, `kind`, `extra_parameters` and
+`run(prompts, max_new_tokens, temperature, seed) -> Run`: one of our drafters (`Ours`, a Decoder)
+or a Hugging Face peer (peers.py). Per prompt the contenders run one after another, in an order
+that flips every prompt and every repeat (A B C, C B A, ...), after one warm-up call each.
+Throughput is computed per repeat; medians over repeats are what get reported.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..verifier.engine import GenerationStats
+
+
+@dataclass
+class Run:
+    tokens: list[list[int]]  # new tokens per row
+    seconds: float  # wall time of the call
+    stats: GenerationStats | None = None  # ours only
+
+
+class Ours:
+    """One of our drafters, through the public Decoder API."""
+
+    kind = "ours"
+
+    def __init__(self, label: str, decoder):
+        self.label = label
+        self.decoder = decoder
+        self.name = decoder.config["drafter"]["name"]
+        self.extra_parameters = decoder.drafter.extra_parameters()
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        t0 = time.perf_counter()
+        out = self.decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    seed=seed)
+        return Run(out.token_ids, time.perf_counter() - t0, out.stats)
+
+
+@dataclass
+class Tally:
+    """What one contender did over one prompt list: per-repeat throughput, rep-0 outputs and the
+    engine's statistics summed over every timed call."""
+
+    rep_tokens: list[int] = field(default_factory=list)
+    rep_seconds: list[float] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)  # repeat 0, one per prompt (batch 1)
+    calls: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    row_rounds: int = 0
+    proposed_at_depth: list[int] = field(default_factory=list)
+    accepted_at_depth: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    engine_seconds: float = 0.0
+    peak_bytes: int | None = None
+
+    def add(self, run: Run, rep: int) -> None:
+        while len(self.rep_tokens) <= rep:
+            self.rep_tokens.append(0)
+            self.rep_seconds.append(0.0)
+        n = sum(len(t) for t in run.tokens)
+        self.rep_tokens[rep] += n
+        self.rep_seconds[rep] += run.seconds
+        self.calls += 1
+        self.new_tokens += n
+        if rep == 0:
+            self.outputs.extend(run.tokens)
+        s = run.stats
+        if s is not None:
+            self.rounds += s.rounds
+            self.row_rounds += s.row_rounds
+            _add(self.proposed_at_depth, s.proposed_at_depth)
+            _add(self.accepted_at_depth, s.accepted_at_depth)
+            self.draft_seconds += s.draft_seconds
+            self.verify_seconds += s.verify_seconds
+            self.engine_seconds += s.total_seconds
+
+    @property
+    def rep_tokens_per_s(self) -> list[float]:
+        return [t / s if s else 0.0 for t, s in zip(self.rep_tokens, self.rep_seconds)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(self.rep_tokens_per_s)
+
+    def speedups(self, base: "Tally") -> list[float]:
+        """Throughput over the baseline's, repeat by repeat (each pair ran interleaved)."""
+        return [a / b if b else 0.0 for a, b in zip(self.rep_tokens_per_s, base.rep_tokens_per_s)]
+
+    @property
+    def tau(self) -> float | None:
+        return self.new_tokens / self.row_rounds if self.row_rounds else None
+
+    @property
+    def acceptance(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at_depth, self.proposed_at_depth)]
+
+    def time_split(self) -> dict:
+        """Engine time: drafting, target verification, everything else (engine overhead)."""
+        other = max(self.engine_seconds - self.draft_seconds - self.verify_seconds, 0.0)
+        total = self.engine_seconds or 1.0
+        return {"draft_s": self.draft_seconds, "verify_s": self.verify_seconds, "other_s": other,
+                "draft_frac": self.draft_seconds / total, "verify_frac": self.verify_seconds / total,
+                "other_frac": other / total}
+
+
+def _add(acc: list, values: list) -> None:
+    acc.extend([0] * (len(values) - len(acc)))
+    for d, v in enumerate(values):
+        acc[d] += v
+
+
+def _order(contenders: list, flip: bool) -> list:
+    return contenders[::-1] if flip else contenders
+
+
+def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
+                     repeats: int, seed: int, tick: Callable[[], None] = lambda: None,
+                     memory=None) -> dict[str, Tally]:
+    """Every contender on every prompt (batch 1), `repeats` times, interleaved; then, if a
+    PeakMemory is given, one untimed call each on the longest prompt to measure memory."""
+    tallies = {c.label: Tally() for c in contenders}
+    for c in contenders:  # warm-up: first calls pay for allocations and lazy initialisation
+        c.run(prompts[:1], min(8, max_new_tokens), temperature, seed)
+        tick()
+    for rep in range(repeats):
+        for i, prompt in enumerate(prompts):
+            for c in _order(contenders, (rep + i) % 2 == 1):
+                # Same seed for every contender on a prompt: the draws differ anyway (drafters
+                # consume randomness differently), but the runs are repeatable.
+                tallies[c.label].add(c.run([prompt], max_new_tokens, temperature, seed + i), rep)
+                tick()
+    if memory is not None:
+        longest = max(prompts, key=len)
+        for c in contenders:
+            tallies[c.label].peak_bytes = memory.measure(lambda: c.run([longest], max_new_tokens, temperature, seed))
+            tick()
+    return tallies
+
+
+def batch_sweep(contenders: list, rows: list[list[int]], batch_sizes: list[int], *, max_new_tokens: int,
+                temperature: float, repeats: int, seed: int,
+                tick: Callable[[], None] = lambda: None) -> dict[int, dict[str, Tally]]:
+    """{batch size: {label: Tally}}: one batch of the first b rows (cycled when there are fewer),
+    each contender on it `repeats` times, interleaved."""
+    out = {}
+    for b in batch_sizes:
+        batch = [rows[j % len(rows)] for j in range(b)]
+        tallies = {c.label: Tally() for c in contenders}
+        for c in contenders:  # warm-up at this batch size
+            c.run(batch, min(4, max_new_tokens), temperature, seed)
+            tick()
+        for rep in range(repeats):
+            for c in _order(contenders, rep % 2 == 1):
+                tallies[c.label].add(c.run(batch, max_new_tokens, temperature, seed), rep)
+                tick()
+        out[b] = tallies
+    return out
+
+
+@torch.no_grad()
+def first_divergence(target, prompt: list[int], expected: list[int], got: list[int]) -> dict:
+    """Where `got` first differs from `expected` (the plain greedy output), and the target's
+    top-2 logit gap there, from one forward pass: a gap near 0 means two tokens nearly tie, so
+    float rounding (batch shape, kernel choice) can flip the argmax; a large gap means a bug."""
+    pos = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    device = next(target.parameters()).device
+    ids = torch.tensor([prompt + expected[:pos]], dtype=torch.long, device=device)
+    logits = target(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1].float()
+    top = torch.topk(logits, 2)
+    return {"position": pos, "top2_logit_gap": float(top.values[0] - top.values[1]),
+            "expected_token": expected[pos] if pos < len(expected) else None,
+            "got_token": got[pos] if pos < len(got) else None}

@@ -1,0 +1,241 @@
+"""`draftsman compare` (draftsman/bench/): a --quick run on tiny random models writes every file
+with consistent numbers; the prompt-set builder is deterministic and round-trips through JSONL;
+config and prompt-file mistakes are reported without loading a model."""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+
+import pytest
+import yaml
+
+from draftsman import cli
+from draftsman.bench import prompts_set as P
+from draftsman.bench.config import BUNDLED_PROMPTS, load_bench_config
+
+from tiny_models import CORPUS
+
+PROMPTS = [
+    {"text": CORPUS[0] * 2 + "def parse(text):\n", "category": "copy"},
+    {"text": CORPUS[2] * 2 + "for i in range(10):\n", "category": "copy"},
+    {"text": "class Foo:\n    def __init__(self, x):\n", "category": "continuation"},
+    {"text": "import os\nimport sys\n\nif __name__ == '__main__':\n", "category": "continuation"},
+]
+DRAFTERS = ["none", "ngram", "draft_model"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tiny_models, tmp_path_factory):
+    """One --quick run (the expensive part), shared by the checks below."""
+    tmp = tmp_path_factory.mktemp("compare")
+    target, draft = tiny_models["llama"]
+    (tmp / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    (tmp / "bench.yaml").write_text(yaml.safe_dump({
+        "target": {"path": str(target)},
+        "drafters": [{"name": "none"}, {"name": "ngram", "k": 3}, {"name": "draft_model", "path": str(draft), "k": 3}],
+        "prompts": "prompts.jsonl",  # relative to the config file
+        "out": str(tmp / "out"),
+    }))
+    return tmp
+
+
+def test_quick_run_writes_files_with_consistent_numbers(quick_run, capsys):
+    assert cli.main(["compare", "--config", str(quick_run / "bench.yaml"), "--quick", "--no-progress"]) == 0
+    stdout = capsys.readouterr().out
+    out = quick_run / "out"
+    for name in ("results.json", "results.csv", "peers.csv", "batch_sweep.csv", "tau_speedup.png",
+                 "acceptance.png", "batch_sweep.png", "peers.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert "| drafter | category | T | tokens/s |" in stdout and "### Batch sweep" in stdout
+
+    res = json.loads((out / "results.json").read_text())
+    assert res["command"] == f"draftsman compare --config {quick_run / 'bench.yaml'} --quick --no-progress"
+    cells = res["cells"]
+    temps, cats = [0, 1], ["copy", "continuation"]
+    assert {(c["drafter"], c["category"], c["temperature"]) for c in cells} == {
+        (d, c, t) for d in DRAFTERS for c in cats for t in temps}
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(DRAFTERS) * len(cats) * len(temps) == len(cells)
+    for c in cells:
+        assert c["prompts"] == 2 and c["repeats"] == 1
+        assert c["tau"] >= 1.0
+        assert all(0.0 <= a <= 1.0 for a in c["acceptance"])
+        assert c["tokens_per_s"] > 0 and c["speedup"] > 0
+        assert abs(c["draft_frac"] + c["verify_frac"] + c["other_frac"] - 1.0) < 1e-6
+        assert c["new_tokens"] >= c["rounds"] >= 1
+        if c["temperature"] == 0:
+            assert c["mismatches"] == 0 and c["divergences"] == [], c  # lossless: identical to plain decoding
+        else:
+            assert c["mismatches"] is None
+    none = [c for c in cells if c["drafter"] == "none"]
+    assert all(c["tau"] == 1.0 and c["speedup"] == 1.0 and c["acceptance"] == [] for c in none)
+    draft = [c for c in cells if c["drafter"] == "draft_model"]
+    assert all(c["extra_parameters"] > 0 and len(c["acceptance"]) == 3 for c in draft)
+
+    peers = {(p["peer"], p["category"]): p for p in res["peers"]}
+    assert set(peers) == {(p, c) for p in ("hf_generate", "hf_assisted", "hf_prompt_lookup") for c in cats}
+    for (name, _), p in peers.items():
+        assert p["tokens_per_s"] > 0 and 0 <= p["same_as_ours"] <= p["prompts"]
+    # Plain HF generate and our plain decoding are the same greedy decoding of the same weights.
+    assert all(p["same_as_ours"] == p["prompts"] for (name, _), p in peers.items() if name == "hf_generate")
+
+    points = res["batch_sweep"]["points"]
+    assert {(p["drafter"], p["batch_size"]) for p in points} == {(d, b) for d in DRAFTERS for b in (1, 2)}
+    assert all(p["tokens_per_s"] > 0 for p in points)
+    assert res["environment"]["torch"] and res["memory_method"]
+
+
+def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
+    bad = tmp_path / "bench.yaml"
+    bad.write_text("target: {path: nowhere}\nrepeat: 3\n")
+    assert cli.main(["compare", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown compare config key(s) ['repeat']" in err and "'repeats'" in err
+    with pytest.raises(ValueError, match="unique `label`"):
+        load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}, {"name": "ngram", "k": 8}]})
+    cfg = load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram", "label": "ng"}]})
+    assert [d["name"] for d in cfg["drafters"]] == ["none", "ngram"]  # the baseline is always there
+    with pytest.raises(ValueError, match="batch_sizes"):
+        load_bench_config(overrides={"target": {"path": "t"}, "batch_sizes": [0]})
+
+
+def test_peak_memory_sees_a_temporary_tensor():
+    import time
+
+    import torch
+
+    from draftsman.bench.memory import PeakMemory
+
+    def briefly_hold_40mb():
+        x = torch.ones(10_000_000)
+        time.sleep(0.05)  # long enough for the 1 ms sampler on a busy machine
+        return x.sum()
+
+    meter = PeakMemory(torch.device("cpu"))
+    peak = meter.measure(briefly_hold_40mb)  # the tensor is freed before measure returns
+    assert peak is None or peak >= 30e6, (peak, meter.method)
+
+
+def test_example_config_is_valid_and_paths_are_relative_to_it():
+    root = BUNDLED_PROMPTS.parents[3]
+    cfg = load_bench_config(root / "configs" / "bench.yaml")
+    assert cfg["target"]["path"] == str(root / "zoo" / "python-target")
+    assert [d["name"] for d in cfg["drafters"]] == ["none", "ngram", "draft_model"]
+    assert cfg["drafters"][2]["path"] == str(root / "zoo" / "python-draft")
+    assert cfg["prompts"] == str(BUNDLED_PROMPTS) and cfg["temperatures"] == [0, 1]
+
+
+# --------------------------------------------------------------------------- the prompt set
+
+SOURCE = '''\
+"""Module docstring, first line.
+
+More words about the module that go on for a while,
+and yet another line of it, and one more to be sure.
+"""
+
+TABLE = {{
+{table}
+}}
+
+
+def work(items, scale):
+    """Do the work.
+
+    The docstring continues here with a second paragraph
+    that says what the function returns and why.
+    """
+    total = 0
+    for item in items:
+        total += item * scale
+    # A comment block that explains
+    # the next steps in some detail,
+    # over several lines of text.
+    result = [total] * len(items)
+    names = sorted(str(x) for x in items)
+    return result, names, {{"total": total, "scale": scale}}
+
+
+def helper_{n}(value):
+    first = value + {n}
+    second = first * 2
+    third = second - value
+    return first, second, third, "helper number {n} is done"
+'''
+
+
+def _write_sources(folder, count=4):
+    files = []
+    for n in range(count):
+        table = "\n".join(f"    'key_{i % 4}': ('value', {i % 3}, None)," for i in range(30))
+        f = folder / f"mod{n}.py"
+        f.write_text(SOURCE.format(table=table, n=n))
+        files.append(f)
+    (folder / "py2.py").write_text("print 'not python 3'\n" * 40)  # skipped, not an error
+    return files + [folder / "py2.py"]
+
+
+def test_builder_gives_each_category_deterministically(tmp_path, tiny_tokenizer):
+    files = _write_sources(tmp_path)
+    prompts = P.build_prompts(files, tiny_tokenizer, per_category=3, max_tokens=160, min_tokens=16, root=tmp_path)
+    assert [p.category for p in prompts] == ["continuation"] * 3 + ["copy"] * 3 + ["docstring"] * 3
+    assert prompts == P.build_prompts(list(reversed(files)), tiny_tokenizer, per_category=3, max_tokens=160,
+                                      min_tokens=16, root=tmp_path)
+    for p in prompts:
+        src = (tmp_path / p.source).read_text()
+        lines = src.splitlines(keepends=True)
+        cut = sum(len(x) for x in lines[: p.line - 1])
+        assert src[:cut].endswith(p.text)  # the prompt ends exactly at the cut...
+        assert cut == len(p.text) or src[cut - len(p.text) - 1] == "\n"  # ...and starts at a line start
+        assert 16 <= p.tokens == len(tiny_tokenizer(p.text)["input_ids"]) <= 160
+        nxt = lines[p.line - 1]
+        if p.category == "docstring":
+            in_comment = lines[p.line - 2].lstrip().startswith("#") and nxt.lstrip().startswith("#")
+            assert in_comment or any(d.lineno < p.line < d.end_lineno for d in _docstrings(src)), p
+        if p.category == "continuation":
+            assert nxt.startswith("    ") and not nxt.lstrip().startswith(("#", '"""'))
+        if p.category == "copy":
+            assert P.overlap(p.text, src[cut:]) >= P.COPY_MIN_OVERLAP
+    assert len({p.source for p in prompts if p.category == "copy"}) == 3  # one per file before seconds
+    with pytest.raises(ValueError, match="give only"):
+        P.build_prompts(files[:1], tiny_tokenizer, per_category=50, max_tokens=160, min_tokens=16)
+
+
+def _docstrings(src: str) -> list[ast.AST]:
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return [n.body[0] for n in ast.walk(ast.parse(src)) if isinstance(n, kinds) and ast.get_docstring(n) is not None]
+
+
+def test_jsonl_round_trip_and_user_files(tmp_path, tiny_tokenizer):
+    prompts = P.build_prompts(_write_sources(tmp_path), tiny_tokenizer, per_category=2, max_tokens=160, min_tokens=16,
+                              root=tmp_path)
+    path = tmp_path / "set.jsonl"
+    P.write_prompts(path, prompts, {"built_by": "test"})
+    again, meta = P.read_prompts(path)
+    assert again == prompts and meta == {"built_by": "test"}
+    assert json.loads(path.read_text().splitlines()[0]) == {"meta": {"built_by": "test"}}
+
+    user = tmp_path / "mine.jsonl"
+    user.write_text('{"text": "def f():\\n"}\n\n{"text": "x = 1\\n", "category": "copy"}\n')
+    mine, _ = P.read_prompts(user)
+    assert [(p.id, p.category) for p in mine] == [("default-000", "default"), ("copy-000", "copy")]
+    assert list(P.by_category(mine, ["copy"])) == ["copy"]
+    with pytest.raises(ValueError, match="have no prompts"):
+        P.by_category(mine, ["docstring"])
+    user.write_text('{"text": "ok"}\n{"txt": "typo"}\n')
+    with pytest.raises(ValueError, match=r"mine.jsonl:2: every prompt needs"):
+        P.read_prompts(user)
+    user.write_text("not json\n")
+    with pytest.raises(ValueError, match=r"mine.jsonl:1: not valid JSON"):
+        P.read_prompts(user)
+
+
+def test_bundled_prompt_set():
+    prompts, meta = P.read_prompts(BUNDLED_PROMPTS)
+    groups = P.by_category(prompts)
+    assert set(groups) == set(P.CATEGORIES)
+    assert all(len(ps) >= 20 for ps in groups.values())
+    assert meta["built_by"] == "draftsman compare --build-prompts draftsman/bench/data/prompts.jsonl"
+    assert all(0 < p.tokens <= meta["max_prompt_tokens"] and p.source and p.line > 1 for p in prompts)
