@@ -100,12 +100,16 @@ class CachedLM:
         """Returns logits (B, T, V) and, if asked, {layer: hidden (B, T, d)}."""
         B, T = block.tokens.shape
         S = self.num_slots
-        min_value = torch.finfo(self.model.dtype).min
-        prefix_ok = (self.slot_pos >= 0)[:, None, :].expand(B, T, S)
-        allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
-        mask = torch.zeros(B, 1, T, S + T, dtype=self.model.dtype, device=self.device)
-        mask.masked_fill_(~allowed[:, None], min_value)
         position_ids = self.lengths[:, None] + block.depth  # (B, T)
+        if self._dense() and block.is_full_chain():
+            # Slot j holds position j in every row and the block continues them as a chain: plain
+            # causal attention, which the model builds itself (cheaper than our 4D mask).
+            mask = None
+        else:
+            prefix_ok = (self.slot_pos >= 0)[:, None, :].expand(B, T, S)
+            allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
+            mask = torch.zeros(B, 1, T, S + T, dtype=self.model.dtype, device=self.device)
+            mask.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
         out = self.model(input_ids=block.tokens, attention_mask=mask, position_ids=position_ids,
                          cache=self.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
         pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
@@ -121,6 +125,16 @@ class CachedLM:
         B, T = block.tokens.shape
         start = self.num_slots - T
         K = max((len(k) for k in keep), default=0)
+        if all(nodes == list(range(len(nodes))) for nodes in keep):
+            # Each row keeps a prefix of its block (plain steps, chains): nothing moves.
+            counts = torch.tensor([len(nodes) for nodes in keep], device=self.device)
+            self._crop_to(start + K)
+            offsets = torch.arange(K, device=self.device)
+            self.slot_pos[:, start:] = torch.where(offsets < counts[:, None], self.lengths[:, None] + offsets, -1)
+            self.lengths += counts
+            self._pending = None
+            self._maybe_compact()
+            return
         index = torch.zeros(B, K, dtype=torch.long)
         kept = torch.zeros(B, K, dtype=torch.bool)
         for b, nodes in enumerate(keep):
@@ -128,20 +142,23 @@ class CachedLM:
             kept[b, : len(nodes)] = True
         index, kept = index.to(self.device), kept.to(self.device)
         counts = kept.sum(1)
-        is_prefix = bool((index == torch.arange(K, device=self.device)).logical_or(~kept).all())
-        if not is_prefix:  # move kept slots to the front of the block (a chain needs no move)
-            for layer in self._layers():
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)  # (B, H, S, hd)
-                    gather = index[:, None, :, None].expand(t.shape[0], t.shape[1], K, t.shape[3])
-                    moved = t[:, :, start:].gather(2, gather)
-                    t[:, :, start : start + K] = moved
+        for layer in self._layers():  # move the kept slots to the front of the block
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # (B, H, S, hd)
+                gather = index[:, None, :, None].expand(t.shape[0], t.shape[1], K, t.shape[3])
+                moved = t[:, :, start:].gather(2, gather)
+                t[:, :, start : start + K] = moved
         self._crop_to(start + K)
         self.slot_pos[:, start:] = torch.where(
             kept, self.lengths[:, None] + torch.arange(K, device=self.device), torch.full_like(index, -1))
         self.lengths += counts
         self._pending = None
         self._maybe_compact()
+
+    def _dense(self) -> bool:
+        """Every row holds exactly num_slots committed tokens, so slot j is position j (no holes)."""
+        S = self.num_slots
+        return S == 0 or bool((self.lengths == S).all())
 
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""

@@ -43,6 +43,14 @@ class TreeBlock:
         if self.ancestors is None or self.depth is None:
             self.ancestors, self.depth = ancestors_and_depth(self.parents)
 
+    def is_full_chain(self) -> bool:
+        """Every row is the same unpadded chain shape (a plain step is a chain of one)."""
+        T = self.tokens.shape[1]
+        if T == 1:
+            return bool(self.valid.all())
+        chain = torch.arange(-1, T - 1, device=self.parents.device)
+        return bool(self.valid.all()) and bool((self.parents == chain).all())
+
     @staticmethod
     def chains(rows: list[list[int]], device: torch.device | str) -> "TreeBlock":
         """Each row a plain chain of tokens (prefill, or feeding a draft model)."""

@@ -68,7 +68,8 @@ def markdown(results: dict) -> str:
         "### Drafters (batch 1)",
         "",
         "speedup = tokens/s over `none` in the same repeats; time split = drafting / target verification / "
-        "everything else, as shares of engine time; T=0 mismatches = prompts whose output differs from `none`.",
+        "everything else (the target's prompt prefill + engine overhead), as shares of engine time; "
+        "T=0 mismatches = prompts whose output differs from `none`.",
         "",
         "| drafter | category | T | tokens/s | speedup | tau | acceptance by position | rounds | draft / verify / other "
         "| peak MB | extra params | T=0 mismatches |",

@@ -104,7 +104,8 @@ class Tally:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at_depth, self.proposed_at_depth)]
 
     def time_split(self) -> dict:
-        """Engine time: drafting, target verification, everything else (engine overhead)."""
+        """Engine time: drafting, target verification, everything else (the target's prompt prefill,
+        which the engine does not time on its own, and engine overhead)."""
         other = max(self.engine_seconds - self.draft_seconds - self.verify_seconds, 0.0)
         total = self.engine_seconds or 1.0
         return {"draft_s": self.draft_seconds, "verify_s": self.verify_seconds, "other_s": other,
