@@ -106,12 +106,12 @@ def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
 
 @pytest.mark.parametrize("drafter, message", [
     ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\] for drafter 'ngram'; valid options: "
-                                 r"\['branches', 'k', 'max_ngram', 'min_ngram'\]"),
-    ({"name": "none", "k": 3}, r"unknown option\(s\) \['k'\] for drafter 'none'; valid options: none"),
+                                 r"\['adaptive', 'branches', 'k', 'max_ngram', 'min_ngram'\]"),
+    ({"name": "none", "k": 3}, r"unknown option\(s\) \['k'\] for drafter 'none'; valid options: \['adaptive'\]"),
     ({"name": "draft_model", "path": "x", "depth": 3}, r"\['depth'\] for drafter 'draft_model'.*'k', 'path'"),
     ({"name": "draft_model"}, "set drafter.path"),
     ({"name": "ngram", "k": 0}, "k and branches must be >= 1"),
-    ({"name": "medusa"}, r"unknown drafter 'medusa'; available drafters: \['draft_model', 'ngram', 'none'\]"),
+    ({"name": "no_such_drafter"}, r"unknown drafter 'no_such_drafter'; available drafters: \['cascade', 'draft_model', 'medusa', 'ngram', 'none'\]"),
 ])
 def test_bad_drafter_settings_name_the_problem(llama, drafter, message):
     with pytest.raises(ValueError, match=message):
