@@ -26,7 +26,7 @@ install:
 	@$(PYTHON) -c "import torch, draftsman; print(f'draftsman {draftsman.__version__} with torch {torch.__version__}')"
 
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest tests  # -q comes from pyproject addopts; a second -q would hide the summary line
 
 # `python -m draftsman` is the `draftsman` command, without relying on PATH having its script.
 demo: install
