@@ -10,6 +10,17 @@ hf_logging.disable_progress_bar()
 from tiny_models import build_model_folder, build_tokenizer
 
 
+@pytest.fixture(autouse=True)
+def forget_test_drafters():
+    """Drafters registered by a test leave the registry afterwards (other tests list it)."""
+    from draftsman.drafters.registry import _REGISTRY
+
+    before = set(_REGISTRY)
+    yield
+    for name in set(_REGISTRY) - before:
+        del _REGISTRY[name]
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     return build_tokenizer(tmp_path_factory.mktemp("tok"))

@@ -8,15 +8,6 @@ import torch
 import draftsman
 from draftsman.drafters import Drafter, DraftTree, register
 from draftsman.drafters.adaptive import AdaptiveDrafter, OnlineLinearFit
-from draftsman.drafters.registry import _REGISTRY
-
-
-@pytest.fixture(autouse=True)
-def forget_test_drafters():
-    before = set(_REGISTRY)
-    yield
-    for name in set(_REGISTRY) - before:
-        del _REGISTRY[name]
 
 
 def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():

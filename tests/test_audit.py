@@ -13,7 +13,6 @@ from draftsman.audit import format_report, greedy_check, read_prompts, run_audit
 from draftsman.chisquare import two_sample_chi2
 from draftsman.drafters import DraftTree, register
 from draftsman.drafters.draft_model import DraftModelDrafter
-from draftsman.drafters.registry import _REGISTRY
 from draftsman.verifier import engine as engine_module
 from draftsman.verifier.engine import SpeculativeEngine
 from draftsman.verifier.sampling import SamplingParams
@@ -22,15 +21,6 @@ from tiny_models import perturbed_copy
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 10]]
 SMALL = dict(max_new_tokens=16, sample_prompts=1, samples=500, positions=2)
-
-
-@pytest.fixture(autouse=True)
-def forget_test_drafters():
-    """Drafters registered by a test leave the registry afterwards (other tests list it)."""
-    before = set(_REGISTRY)
-    yield
-    for name in set(_REGISTRY) - before:
-        del _REGISTRY[name]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import torch
 import draftsman
 from draftsman.drafters import Drafter, DraftTree, TargetNeeds, register
 from draftsman.drafters.draft_model import DraftModelDrafter
-from draftsman.drafters.registry import _REGISTRY
 from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import exact_marginals, fit_pvalue
@@ -17,15 +16,6 @@ from tiny_models import load_for_reference, perturbed_copy
 
 NEW_TOKENS = 30
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 10], [5, 6, 5, 6, 5, 6], [40, 41, 42, 43, 40, 41]]
-
-
-@pytest.fixture(autouse=True)
-def forget_test_drafters():
-    """Drafters registered by a test leave the registry afterwards (other tests list it)."""
-    before = set(_REGISTRY)
-    yield
-    for name in set(_REGISTRY) - before:
-        del _REGISTRY[name]
 
 
 @pytest.fixture(scope="module")

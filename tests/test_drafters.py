@@ -6,16 +6,6 @@ import torch
 
 import draftsman
 from draftsman.drafters import DETERMINISTIC, IID, Drafter, DraftTree, available, register
-from draftsman.drafters.registry import _REGISTRY
-
-
-@pytest.fixture(autouse=True)
-def forget_test_drafters():
-    """Drafters registered by a test leave the registry afterwards (other tests list it)."""
-    before = set(_REGISTRY)
-    yield
-    for name in set(_REGISTRY) - before:
-        del _REGISTRY[name]
 from draftsman.drafters.ngram import NgramDrafter
 from draftsman.verifier.sampling import SamplingParams
 
