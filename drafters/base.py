@@ -42,6 +42,7 @@ class DraftTree:
     parents: torch.Tensor
     kinds: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    _depths: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         n = self.tokens.shape[0]
@@ -58,12 +59,14 @@ class DraftTree:
         return int(self.tokens.shape[0])
 
     def depths(self) -> list[int]:
-        """Depth of each node; children of the root have depth 1."""
-        parents = self.parents.tolist()
-        depth: list[int] = []
-        for p in parents:
-            depth.append(1 if p < 0 else depth[p] + 1)
-        return depth
+        """Depth of each node; children of the root have depth 1. Computed once per tree: the
+        engine, the packer and adaptive speculation all ask every round."""
+        if self._depths is None:
+            depth: list[int] = []
+            for p in self.parents.tolist():
+                depth.append(1 if p < 0 else depth[p] + 1)
+            self._depths = depth
+        return self._depths
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "DraftTree":

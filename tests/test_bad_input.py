@@ -1,23 +1,12 @@
 """Every kind of bad input gets its own error that names the problem (and the fix), and a failed
 call leaves the Decoder as good as new."""
 import pytest
-import torch
 
 import draftsman
 import tiny_models
 from tiny_models import build_model_folder, build_tokenizer
 
 CONTEXT = 256  # max_position_embeddings of the tiny models
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on busy cores OpenMP's spinning threads make them
-    many times slower; restored afterwards so other modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

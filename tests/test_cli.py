@@ -11,24 +11,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 
 import draftsman
 from draftsman import cli
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # see one_thread below
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses: one thread, like conftest.py
 PROMPTS = ["def parse(text):", "class Foo:\n    def"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on busy cores OpenMP's spinning threads make them
-    many times slower; restored afterwards so other modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def run(*args, cwd=None):
