@@ -6,9 +6,13 @@ Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens p
 
 and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
 <= d and B the batch size. The wrapper keeps online estimates of every term for the current
-request and picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. While d = 0 wins,
-it still probes at full depth now and then, so a drafter that starts to match (a copy-heavy stretch
-for n-gram lookup) is noticed. Enabled with `adaptive: true` in any drafter's config.
+request and picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. Round 1 measures
+plain decoding and round 2 the full bet. While d = 0 wins it still probes now and then, so a
+drafter that starts to match (a copy-heavy stretch for n-gram lookup) is noticed; a probe drafts
+one level only (the cheapest look at acceptance; deeper levels follow if depth 1 pays), and each
+probe that changes nothing doubles the wait before the next: a drafter that never pays costs a
+handful of one-level rounds per request, not one in every `probe_every`. Enabled with
+`adaptive: true` in any drafter's config.
 
 The wrapper never changes what is emitted, only how deep the proposals are: exactness is the
 verifier's, untouched.
@@ -50,7 +54,10 @@ class OnlineLinearFit:
 
 @dataclass
 class AdaptiveSettings:
-    probe_every: int = 16  # rounds of plain decoding between two full-depth probes
+    probe_every: int = 16  # rounds of plain decoding before the first probe...
+    probe_backoff: float = 2.0  # ...times this after every probe that did not pay...
+    max_probe_every: int = 256  # ...up to this many rounds
+    probe_depth: int = 1  # levels a probe drafts
     prior_acceptance: float = 0.5  # per-depth acceptance before anything is measured...
     prior_weight: float = 1.0  # ...worth this many observed rounds
     decay: float = 0.95  # weight of past rounds in every running estimate
@@ -85,8 +92,13 @@ class AdaptiveDrafter(Drafter):
         self.verify_cost = OnlineLinearFit(s.decay)  # seconds vs batch * block tokens
         self.draft_cost = OnlineLinearFit(s.decay)  # seconds vs depth requested (> 0)
         self.rounds_since_probe = 0
+        self.probe_interval = float(s.probe_every)
+        self.probing = False  # the last round was a probe
         self.depth_log = []
         self._last = None
+
+    def observe_prefill(self, target_hidden):
+        self.inner.observe_prefill(target_hidden)
 
     def keep_rows(self, indices):
         self.inner.keep_rows(indices)
@@ -120,12 +132,18 @@ class AdaptiveDrafter(Drafter):
             return 0  # first round: measure plain decoding
         if not self.draft_cost.seen:
             return D  # second round: measure the full bet
+        s = self.settings
         rates = [self.expected_tokens(d) / max(self.expected_seconds(d, batch), 1e-9) for d in range(D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
-        if rates[best] < rates[0] * (1 + self.settings.min_gain):
+        if rates[best] < rates[0] * (1 + s.min_gain):
             best = 0
-        if best == 0 and self.rounds_since_probe >= self.settings.probe_every:
-            return D
+        if best:
+            self.probe_interval = float(s.probe_every)  # speculation pays again: probe early next time
+        elif self.probing:  # a probe that did not pay: wait longer before the next one
+            self.probe_interval = min(float(s.max_probe_every), self.probe_interval * s.probe_backoff)
+        self.probing = best == 0 and self.rounds_since_probe >= self.probe_interval
+        if self.probing:
+            return min(D, s.probe_depth)
         return best
 
     # -- the Drafter lifecycle ----------------------------------------------------------------

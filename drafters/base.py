@@ -129,6 +129,7 @@ class Drafter:
 
     Lifecycle for one `generate` call over a batch:
         begin(prompts, sampling, generator)       once; prompts are the full token lists per row
+        observe_prefill(target_hidden)            once, if the drafter asked for hidden states
         repeat:
             propose(contexts) -> list[DraftTree]  contexts[i] = all tokens of active row i so far
             observe(feedback)                     what was accepted, to roll back own state
@@ -146,6 +147,11 @@ class Drafter:
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling
         self.generator = generator
+
+    def observe_prefill(self, target_hidden: list[dict[int, torch.Tensor]]) -> None:
+        """Called once after `begin` if `needs.hidden_state_layers` is set: per row, for each
+        requested layer, (len(prompt) - 1, d) hidden states of the prompt's tokens but the last
+        (which is the first round's root). Empty dicts for one-token prompts."""
 
     def propose(self, contexts: list[list[int]]) -> list[DraftTree]:
         raise NotImplementedError

@@ -89,14 +89,20 @@ class CascadeDrafter(Drafter):
         for i, c in enumerate(self.chosen):
             if c >= 0:
                 self.counters[c]["accepted"] += len(feedback.accepted_nodes[i])
-        for c in self.called:
-            # A child whose tree was not verified for a row accepted none of its drafts there; it
-            # still sees what was emitted (and the target's hidden states of the emitted tokens).
-            paths = [path if mine == c else [] for path, mine in zip(feedback.accepted_nodes, self.chosen)]
-            self.children[c].observe(dataclasses.replace(feedback, accepted_nodes=paths))
-        # A round without propose (adaptive speculation chose plain decoding) has nothing to report:
-        # children that did not propose have no drafts to roll back and catch up from the contexts.
+        chosen = self.chosen or [-1] * len(feedback.accepted_nodes)  # [] when adaptive skipped propose
+        for c, child in enumerate(self.children):
+            # Every child hears about every round, asked or not: a child whose tree was not
+            # verified for a row accepted none of its drafts there, but it still sees what was
+            # emitted and the target's hidden states of the emitted tokens (feature-level heads
+            # keep a history of them). Children that were not asked have no drafts to roll back.
+            paths = [path if mine == c else [] for path, mine in zip(feedback.accepted_nodes, chosen)]
+            child.observe(dataclasses.replace(feedback, accepted_nodes=paths))
         self.chosen, self.called = [], []
+
+    def observe_prefill(self, target_hidden):
+        for child in self.children:
+            if child.needs.hidden_state_layers:
+                child.observe_prefill(target_hidden)
 
     def keep_rows(self, indices):
         for child in self.children:

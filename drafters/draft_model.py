@@ -75,10 +75,9 @@ class DraftModelDrafter(Drafter):
         cached = self.lm.lengths.tolist()
         unseen = [ctx[n:] for ctx, n in zip(contexts, cached)]
         self.round_start = torch.tensor([len(c) for c in contexts])
-        logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device))
-        self.lm.accept([list(range(len(u))) for u in unseen])
         last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
-        logits = logits[torch.arange(B, device=self.lm.device), last]  # (B, V)
+        logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
+        self.lm.accept([list(range(len(u))) for u in unseen])
         # 2. Draft k tokens one at a time.
         tokens, probs = [], []
         for step in range(k):

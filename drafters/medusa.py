@@ -98,6 +98,11 @@ class MedusaDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
 
+    def observe_prefill(self, target_hidden):
+        for b, hidden in enumerate(target_hidden):
+            if hidden:  # the prompt's second-to-last position predicted the root: draft in round 1 too
+                self.last_hidden[b] = hidden[-1][-1]
+
     def observe(self, feedback):
         for b, hidden in enumerate(feedback.target_hidden):
             self.last_hidden[b] = hidden[-1][-1]  # the newest accepted position: it predicted the root

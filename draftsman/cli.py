@@ -7,7 +7,8 @@
     draftsman compare [--config bench.yaml] [--quick]   # drafters side by side (draftsman/bench/)
     draftsman audit --config cfg.yaml [--prompts FILE] [--json]   # is the drafter lossless? (exit 1 if not)
 
-    draftsman train medusa --config training/configs/medusa.yaml   # heads on a frozen target
+    draftsman train medusa|eagle|mtp --config training/configs/<kind>.yaml   # heads on a frozen target
+    draftsman export eagle|medusa --heads DIR --target DIR --engine vllm --out DIR   # for serving engines
 
 Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). User errors (bad config, missing folder, bad prompt) print
 `error: <message>` and exit 2; tracebacks are kept for bugs.
@@ -230,6 +231,20 @@ def _run_train(argv: list[str]) -> int:
     return heads.main(argv)
 
 
+# --------------------------------------------------------------------------- export
+
+def _add_export_args(p: argparse.ArgumentParser) -> None:
+    from . import export
+
+    export.add_arguments(p)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from . import export
+
+    return export.run(args)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 # name -> (help, add_arguments, run). Commands whose add_arguments is None take their raw argv and
@@ -243,7 +258,9 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                 _add_compare_args, _run_compare),
     "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
               "exit 1 on a failure", _add_audit_args, _run_audit),
-    "train": ("train draft heads on a frozen target: draftsman train medusa --config FILE", None, _run_train),
+    "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|mtp --config FILE", None, _run_train),
+    "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
+               _run_export),
 }
 
 

@@ -1,7 +1,7 @@
 """`draftsman demo` (`make demo`): real speculative decoding on the bundled models, offline.
 
-Plain decoding (`none`), prompt lookup (`ngram`) and the bundled draft model (`draft_model`) run
-side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
+Plain decoding (`none`), prompt lookup (`ngram`), the bundled draft model (`draft_model`) and the
+bundled heads (`medusa`, `eagle`, `mtp`) run side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
 alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
 acceptance, and checks that at temperature 0 every drafter's output equals plain decoding's.
 `draftsman compare` is the full version: categories, temperatures, peers, batch sweep, plots.
@@ -17,11 +17,16 @@ from .prompts import heldout_prompts
 
 
 def demo_drafters() -> dict[str, dict]:
-    return {
+    drafters = {
         "none": {"name": "none"},
         "ngram": {"name": "ngram", "k": 4},
         "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4},
     }
+    for name, folder in (("medusa", "python-medusa"), ("eagle", "python-eagle"), ("mtp", "python-mtp")):
+        path = zoo.heads_path(folder)
+        if path is not None:  # heads trained for the bundled target, when they are there
+            drafters[name] = {"name": name, "path": str(path)}
+    return drafters
 
 
 def run(prompts: int, max_new_tokens: int, temperature: float, repeats: int, seed: int) -> dict:

@@ -7,7 +7,7 @@ from transformers.utils import logging as hf_logging
 torch.set_num_threads(1)
 hf_logging.disable_progress_bar()
 
-from tiny_models import build_model_folder, build_tokenizer
+from tiny_models import CORPUS, build_model_folder, build_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +36,16 @@ def tiny_models(tmp_path_factory, tiny_tokenizer):
         draft = build_model_folder(root / "draft", arch, seed=20 + i, size="draft", tokenizer=tiny_tokenizer)
         out[arch] = (target, draft)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A folder of small .py files, some of them in the held-out split, for head training."""
+    from draftsman.training.corpus import is_heldout
+
+    root = tmp_path_factory.mktemp("corpus")
+    i = 0
+    while i < 30 or not any(is_heldout(f"m{j}.py") for j in range(i)):
+        (root / f"m{i}.py").write_text("".join(CORPUS[(i + k) % len(CORPUS)] for k in range(6)))
+        i += 1
+    return root

@@ -54,6 +54,10 @@ def test_zero_acceptance_means_zero_drafts(tiny_models):
     # Once acceptance has been measured near zero, plain rounds dominate; probes are rare.
     later = depths[len(depths) // 2:]
     assert later.count(0) >= 0.85 * len(later), depths
+    # Probes draft one level, and each fruitless probe doubles the wait (16, 32, 64 rounds...):
+    # over the last ~75 rounds at most two probes remain (one every 16 rounds would be four or five).
+    probes = [d for d in later if d]
+    assert set(probes) <= {1} and len(probes) <= 2, depths
 
 
 def test_full_acceptance_keeps_drafting(tiny_models):

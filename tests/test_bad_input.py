@@ -100,7 +100,7 @@ def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
     ({"name": "draft_model", "path": "x", "depth": 3}, r"\['depth'\] for drafter 'draft_model'.*'k', 'path'"),
     ({"name": "draft_model"}, "set drafter.path"),
     ({"name": "ngram", "k": 0}, "k and branches must be >= 1"),
-    ({"name": "no_such_drafter"}, r"unknown drafter 'no_such_drafter'; available drafters: \['cascade', 'draft_model', 'medusa', 'ngram', 'none'\]"),
+    ({"name": "no_such_drafter"}, r"unknown drafter 'no_such_drafter'; available drafters: \['cascade', 'draft_model', 'eagle', 'medusa', 'mtp', 'ngram', 'none'\]"),
 ])
 def test_bad_drafter_settings_name_the_problem(llama, drafter, message):
     with pytest.raises(ValueError, match=message):

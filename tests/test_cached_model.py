@@ -132,3 +132,19 @@ def test_chain_fast_path_matches_the_general_walk():
     block = TreeBlock.chains([[4, 5, 6], [7], []], "cpu")
     anc, depth = ancestors_and_depth(block.parents)
     assert torch.equal(block.ancestors, anc) and torch.equal(block.depth, depth)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_logits_at_one_position_per_row(tiny_models, arch):
+    """A prefill asks for one row of logits per row (the LM head over a whole prompt is waste)."""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [[5, 6, 7, 8, 9], [1, 2], [3, 4, 5]]
+    full = CachedLM(model)
+    full.reset(3)
+    all_logits, _ = full.forward(TreeBlock.chains(prompts, "cpu"))
+    some = CachedLM(model)
+    some.reset(3)
+    last = torch.tensor([len(p) - 1 for p in prompts])
+    picked, _ = some.forward(TreeBlock.chains(prompts, "cpu"), logits_at=last)
+    assert picked.shape == (3, all_logits.shape[-1])
+    torch.testing.assert_close(picked, all_logits[torch.arange(3), last], atol=ATOL, rtol=0)

@@ -239,3 +239,14 @@ def test_bundled_prompt_set():
     assert all(len(ps) >= 20 for ps in groups.values())
     assert meta["built_by"] == "draftsman compare --build-prompts draftsman/bench/data/prompts.jsonl"
     assert all(0 < p.tokens <= meta["max_prompt_tokens"] and p.source and p.line > 1 for p in prompts)
+
+
+def test_cost_profile_prints_pass_times_and_break_even_acceptance(tiny_models, capsys):
+    from draftsman.bench.costs import break_even, main
+    assert main(["--target", str(tiny_models["llama"][0]), "--batches", "1", "2", "--tokens", "1", "3",
+                 "--cached", "20", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | " in out and "break-even" in out
+    # Free drafts verified at no extra cost pay at any acceptance; at twice the cost, a chain of
+    # depth 1 needs a = 1 (E = 1 + a tokens for 2x the time).
+    assert break_even(1.0, 1.0, 1) < 1e-6 and break_even(1.0, 2.0, 1) > 0.999

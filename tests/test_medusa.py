@@ -9,21 +9,10 @@ import torch
 import draftsman
 from draftsman.drafters.medusa import _sorted_tree, tree_from_accuracies
 from draftsman.heads.medusa import MedusaHeads
-from draftsman.training.corpus import is_heldout
 from draftsman.training.heads import train
 
 from test_engine_sampling import exact_marginals, fit_pvalue
-from tiny_models import CORPUS, load_for_reference
-
-
-@pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    i = 0
-    while i < 30 or not any(is_heldout(f"m{j}.py") for j in range(i)):
-        (root / f"m{i}.py").write_text("".join(CORPUS[(i + k) % len(CORPUS)] for k in range(6)))
-        i += 1
-    return root
+from tiny_models import load_for_reference
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +71,7 @@ def test_sampling_follows_the_target(trained_heads, tiny_models):
     target = str(tiny_models["llama"][0])
     prompt = [1, 2, 3, 4, 5, 1, 2, 3]
     dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder)}})
-    # 3 new tokens: round 1 is plain (no hidden state yet), round 2 drafts with the heads.
+    # 3 new tokens: the heads draft from round 1 on (the prefill's hidden state).
     out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, seed=7)
     p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), prompt,
                              draftsman.verifier.sampling.SamplingParams(1.0), dec.engine.eos_token_ids)
@@ -97,3 +86,22 @@ def test_tree_building():
     assert tree == [(0,), (0, 0), (1,), (0, 1), (2,)]  # products .6 .24 .2 .12 .1 (then (0, 0, 0) .072)
     with pytest.raises(ValueError, match="no parent path"):
         _sorted_tree([(0,), (1, 0)])
+
+
+def test_eval_only_recalibrates_the_tree(trained_heads, tiny_models, tiny_corpus, tmp_path, capsys):
+    """`draftsman train medusa --config FILE --eval-only`: held-out agreement of existing heads,
+    and the tree rebuilt under another node budget."""
+    import yaml
+
+    import shutil
+
+    from draftsman.training.heads import main
+    folder = shutil.copytree(trained_heads[0], tmp_path / "heads")  # the shared fixture stays as it is
+    cfg = {"target": str(tiny_models["llama"][0]), "out": str(folder), "work_dir": str(tmp_path),
+           "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "seq_len": 64,
+           "eval_tokens": 256, "tree_budget": 4}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["medusa", "--config", str(tmp_path / "cfg.yaml"), "--eval-only"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["heldout_agreement"]["top1"]) == 3
+    assert len(json.loads((folder / "config.json").read_text())["tree"]) == 4

@@ -1,4 +1,4 @@
-"""Train draft heads on a frozen target: `draftsman train medusa --config training/configs/medusa.yaml`.
+"""Train draft heads on a frozen target: `draftsman train medusa|eagle|mtp --config training/configs/<kind>.yaml`.
 
 The target never trains and is never saved again; its hidden states are computed on the fly for
 each batch (no cached features). Labels are either the corpus's next tokens or, by default, the
@@ -23,8 +23,10 @@ from tqdm import tqdm
 from . import corpus as C
 from .pretrain import atomic_torch_save, heldout_windows, train_batch, versions
 
+KINDS = ("medusa", "eagle", "mtp")
+
 DEFAULTS = {
-    "kind": "medusa",  # medusa (more kinds plug in here)
+    "kind": "medusa",  # medusa | eagle | mtp
     "target": None,  # local HF folder of the frozen target (required)
     "out": None,  # folder for the trained heads (required)
     "work_dir": "zoo/.work",  # token caches and resumable checkpoints
@@ -33,9 +35,13 @@ DEFAULTS = {
     "mixed_precision": "bf16",  # autocast for the frozen target's forward: "no" or "bf16"
     "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
-    "num_heads": 4,
-    "num_layers": 1,  # residual blocks per head
-    "loss_decay": 0.8,  # head i's loss weighs loss_decay ** i (far heads are less reliable)
+    "num_heads": 4,  # medusa
+    "num_layers": 1,  # medusa: residual blocks per head
+    "share_lm_head": False,  # medusa: read out through the target's frozen LM head instead of copies
+    "loss_decay": 0.8,  # medusa: head i's loss weighs loss_decay ** i (far heads are less reliable)
+    "feature_noise": 0.1,  # eagle: uniform noise U(-a, a) on the input features
+    "ce_weight": 0.1,  # eagle: weight of the token loss next to the feature regression
+    "eval_depths": 4,  # eagle / mtp: held-out agreement measured for draft depths 1..eval_depths
     "seq_len": 512,
     "batch_size": 8,
     "lr": 1e-3,
@@ -59,6 +65,8 @@ def load_config(raw) -> dict:
     for key in ("target", "out"):
         if not cfg[key]:
             raise ValueError(f"heads training config: '{key}' is required")
+    if cfg["kind"] not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
     return cfg
@@ -142,17 +150,65 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
     return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts).tolist(), "rank_accuracy": rank_accuracy}
 
 
+def build_heads(cfg: dict, target):
+    from ..heads.feature_head import FeatureHead
+    from ..heads.medusa import MedusaHeads
+    if cfg["kind"] == "medusa":
+        return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
+    return FeatureHead.for_target(target, cfg["kind"])
+
+
+def heads_loss(heads, hidden, x, labels, cfg, generator):
+    if cfg["kind"] == "medusa":
+        return medusa_loss(heads(hidden), labels, cfg["loss_decay"])
+    from .feature_heads import feature_head_loss
+    return feature_head_loss(heads, hidden, x, labels, cfg, generator)
+
+
+def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast) -> dict:
+    """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation)."""
+    from ..drafters.medusa import tree_from_accuracies
+    windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
+    if cfg["kind"] == "medusa":
+        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast)
+        tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
+        heads.save(cfg["out"], target, extra={"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]})
+        return ev
+    from .feature_heads import evaluate_feature_head
+    ev = evaluate_feature_head(heads, lambda x: target_pass(target, x, autocast), windows, autocast,
+                               cfg["eval_depths"])
+    heads.save(cfg["out"], target, extra={"heldout_agreement": ev})
+    return ev
+
+
+def evaluate_only(config) -> dict:
+    """Held-out agreement of heads already in `out` (and, for Medusa, the tree recalibrated with
+    this config's tree_budget, written back into the heads' config): the evaluation and
+    calibration command, `draftsman train <kind> --config FILE --eval-only`."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..heads.feature_head import FeatureHead
+    from ..heads.medusa import MedusaHeads
+
+    cfg = load_config(config)
+    torch.set_num_threads(cfg["threads"])
+    acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
+    target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
+    _, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
+    if cfg["kind"] == "medusa":
+        heads, _ = MedusaHeads.load(cfg["out"], target)
+    else:
+        heads, _ = FeatureHead.load(cfg["out"], target, kind=cfg["kind"])
+    return {"kind": cfg["kind"], "heldout_agreement": evaluate_and_save(cfg, heads, target, held_stream, acc.autocast)}
+
+
 def train(config) -> dict:
     """Train heads of `config['kind']` on a frozen target; write them to `out`; return metrics."""
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..drafters.medusa import tree_from_accuracies
-    from ..heads.medusa import MedusaHeads
-
     cfg = load_config(config)
-    if cfg["kind"] != "medusa":
-        raise ValueError(f"kind {cfg['kind']!r} is not trainable yet; available: ['medusa']")
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
     acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
@@ -160,7 +216,7 @@ def train(config) -> dict:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream = token_streams(cfg, tokenizer)
-    heads = MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"])
+    heads = build_heads(cfg, target)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
     state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
@@ -173,6 +229,7 @@ def train(config) -> dict:
             acc.print(f"[{cfg['kind']}] resumed from step {state['step']}")
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
+    noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1)
 
     def lr_at(step):
         return cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
@@ -188,7 +245,7 @@ def train(config) -> dict:
         hidden, greedy = target_pass(target, x, acc.autocast)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss, head_acc = medusa_loss(heads(hidden), labels_for(cfg, x, greedy), cfg["loss_decay"])
+        loss, head_acc = heads_loss(heads, hidden, x, labels_for(cfg, x, greedy), cfg, noise)
         acc.backward(loss)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -207,14 +264,11 @@ def train(config) -> dict:
 
     metrics = {}
     if acc.is_main_process:
-        windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
-        ev = evaluate_heads(raw.eval(), target, windows, cfg["eval_ranks"], acc.autocast)
-        tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
+        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
                    "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
-        raw.save(cfg["out"], target, extra={"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]})
         (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
         ckpt.unlink(missing_ok=True)
     return metrics
@@ -222,10 +276,13 @@ def train(config) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="draftsman train", description="Train draft heads on a frozen target.")
-    ap.add_argument("kind", choices=["medusa"])
-    ap.add_argument("--config", required=True, help="YAML file (see training/configs/medusa.yaml)")
+    ap.add_argument("kind", choices=list(KINDS))
+    ap.add_argument("--config", required=True, help="YAML file (see training/configs/<kind>.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, value parsed as YAML (repeatable)")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="evaluate the heads already in `out` on held-out text (Medusa: and recalibrate "
+                         "its tree with tree_budget) instead of training")
     args = ap.parse_args(argv)
     raw = yaml.safe_load(Path(args.config).read_text()) or {}
     for item in args.overrides:
@@ -234,6 +291,9 @@ def main(argv=None) -> int:
     raw.setdefault("kind", args.kind)
     if raw["kind"] != args.kind:
         raise ValueError(f"the config trains {raw['kind']!r} heads but the command asked for {args.kind!r}")
+    if args.eval_only:
+        print(json.dumps(evaluate_only(raw))[:4000])
+        return 0
     metrics = train(raw)
     if metrics:
         print(json.dumps({k: metrics[k] for k in ("steps", "tokens_seen", "train_minutes", "heldout_agreement")})[:2000])

@@ -96,27 +96,46 @@ class CachedLM:
                 yield layer
 
     @torch.no_grad()
-    def forward(self, block: TreeBlock, hidden_layers: tuple[int, ...] = ()):
-        """Returns logits (B, T, V) and, if asked, {layer: hidden (B, T, d)}."""
+    def forward(self, block: TreeBlock, hidden_layers: tuple[int, ...] = (),
+                inputs_embeds: torch.Tensor | None = None, also_visible: torch.Tensor | None = None,
+                depth_offset: torch.Tensor | int = 0, logits_at: torch.Tensor | None = None):
+        """Returns logits (B, T, V) and, if asked, {layer: hidden (B, T, d)}.
+
+        logits_at (B,) block index per row: return only those logits, (B, V). A prefill needs one
+        row of logits, not T: the LM head over a long prompt costs more than the step itself.
+
+        Feature-level drafters (heads/feature_head.py) grow a tree one depth per call without
+        accepting in between; for them:
+          inputs_embeds  (B, T, d) instead of embedding block.tokens
+          also_visible   (B, T, S) bool: uncommitted slots of earlier calls each node may see
+                         (its ancestors), besides the committed prefix
+          depth_offset   added to block.depth for the position ids (the depth below the root)
+        """
         B, T = block.tokens.shape
         S = self.num_slots
-        position_ids = self.lengths[:, None] + block.depth  # (B, T)
-        if self._dense() and block.is_full_chain():
+        position_ids = self.lengths[:, None] + block.depth + depth_offset  # (B, T)
+        if also_visible is None and self._dense() and block.is_full_chain():
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask).
             mask = None
         else:
             prefix_ok = (self.slot_pos >= 0)[:, None, :].expand(B, T, S)
+            if also_visible is not None:
+                prefix_ok = prefix_ok | also_visible
             allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
-            mask = torch.zeros(B, 1, T, S + T, dtype=self.model.dtype, device=self.device)
-            mask.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
-        out = self.model(input_ids=block.tokens, attention_mask=mask, position_ids=position_ids,
+            dtype = self.model.dtype
+            mask = torch.zeros(B, 1, T, S + T, dtype=dtype, device=self.device)
+            mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        if logits_at is not None:  # the LM head runs on one position per row only
+            inputs["logits_to_keep"] = logits_at[:, None]
+        out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
                          cache=self.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
         pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
         self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
         self._pending = block
         hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
-        return out.logits, hidden
+        return (out.logits if logits_at is None else out.logits[:, 0]), hidden
 
     def accept(self, keep: list[list[int]]) -> None:
         """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""

@@ -125,10 +125,18 @@ class SpeculativeEngine:
 
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         self.target.reset(B)
+        layers = self.drafter.needs.hidden_state_layers
+        prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
         if max(len(p) for p in contexts) > 1:
-            self.target.forward(TreeBlock.chains([p[:-1] for p in contexts], self.device))
+            block = TreeBlock.chains([p[:-1] for p in contexts], self.device)
+            no_logits = torch.zeros(B, dtype=torch.long, device=self.device)  # the prefill needs none
+            _, hidden = self.target.forward(block, layers, logits_at=no_logits)
             self.target.accept([list(range(len(p) - 1)) for p in contexts])
+            prefill_hidden = [{k: h[b, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
+                              for b, p in enumerate(contexts)]
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
+        if layers:
+            self.drafter.observe_prefill(prefill_hidden)
 
         while active:
             # 2. Draft, clipped so no row runs past max_new_tokens or the context.

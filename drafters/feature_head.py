@@ -1,0 +1,121 @@
+"""What the feature-level drafters (`eagle`, `mtp`) share: a trained head (heads/feature_head.py)
+with its own KV cache, fed the target's hidden states of the accepted tokens after every round.
+
+The head's entry at text position i is (f_i, t_{i+1}): the target's feature at i and the token
+after it. Its output predicts the token after t_{i+1}. Per row the drafter keeps the entries the
+head has not seen yet ("pending"): after the prefill, the prompt's; after a round, one per
+emitted token, paired with the features of the root and the accepted nodes. A round:
+
+  1. catch up   feed the pending entries as a chain and commit them to the head's cache; the
+                last one (its token is the root) gives the depth-1 distribution;
+  2. grow       feed chosen nodes one depth per call, each paired with its parent's predicted
+                feature, without committing (`also_visible` lets a node see its ancestors);
+  3. forget     drop the grown slots: the next round feeds the target's true features instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..heads.feature_head import FeatureHead
+from ..verifier.cached_model import CachedLM
+from ..verifier.tree import TreeBlock
+from .base import Drafter, TargetNeeds
+
+
+class FeatureHeadDrafter(Drafter):
+    needs = TargetNeeds(hidden_state_layers=(-1,))
+    head_kind = ""  # eagle | mtp: the kind of heads folder this drafter loads
+
+    def __init__(self, path: str, target):
+        self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kind)
+        if target.dtype != torch.float32:
+            self.head.cast_parameters(target.dtype)
+        self.lm = CachedLM(self.head.body)
+        self.device = target.device
+        self.vocab_size = target.vocab_size
+        self.context = self.head.body.config.max_position_embeddings if hasattr(
+            self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
+        self._parameters = sum(p.numel() for p in self.head.parameters())
+
+    def extra_parameters(self) -> int:
+        return self._parameters
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.lm.reset(len(prompts))
+        self.prompts = prompts
+        d = self.head.config.hidden_size
+        self.pending_features = [torch.zeros(0, d, device=self.device) for _ in prompts]
+        self.pending_tokens: list[list[int]] = [[] for _ in prompts]
+
+    def observe_prefill(self, target_hidden):
+        for b, hidden in enumerate(target_hidden):
+            if hidden:
+                self._add_entries(b, hidden[-1], self.prompts[b][1:])
+
+    def observe(self, feedback):
+        for b, (hidden, emitted) in enumerate(zip(feedback.target_hidden, feedback.emitted)):
+            self._add_entries(b, hidden[-1], emitted)
+
+    def _add_entries(self, b: int, features: torch.Tensor, tokens: list[int]) -> None:
+        n = min(len(features), len(tokens))  # fewer tokens when EOS / length cut the round short
+        self.pending_features[b] = torch.cat([self.pending_features[b], features[:n].to(self.pending_features[b])])
+        self.pending_tokens[b] = self.pending_tokens[b] + list(tokens[:n])
+
+    def keep_rows(self, indices):
+        self.lm.select_rows(indices)
+        self.pending_features = [self.pending_features[i] for i in indices]
+        self.pending_tokens = [self.pending_tokens[i] for i in indices]
+
+    def depth_budget(self, contexts, depth: int) -> int:
+        """Depth this round: the configured one, adaptive speculation's limit, the head's context."""
+        if self.depth_limit is not None:
+            depth = min(depth, self.depth_limit)
+        return max(0, min(depth, self.context - max(len(c) for c in contexts) - 1))
+
+    def catch_up(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step 1. Returns, per row, the newest entry's predicted feature (B, d), its logits (B, V)
+        and whether the row has any entry at all (B,) (a one-token prompt has none in round 1)."""
+        B = len(self.pending_tokens)
+        tokens = self.pending_tokens
+        T = max(len(t) for t in tokens)
+        d = self.head.config.hidden_size
+        ready = torch.tensor([len(t) > 0 for t in tokens], device=self.device)
+        if T == 0:
+            return (torch.zeros(B, d, device=self.device), torch.zeros(B, self.vocab_size, device=self.device), ready)
+        features = torch.zeros(B, T, d, device=self.device, dtype=self.pending_features[0].dtype)
+        for b, f in enumerate(self.pending_features):
+            features[b, : len(f)] = f
+        block = TreeBlock.chains(tokens, self.device)
+        last = torch.tensor([max(len(t) - 1, 0) for t in tokens], device=self.device)
+        logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, block.tokens),
+                                         logits_at=last)
+        self.lm.accept([list(range(len(t))) for t in tokens])
+        rows = torch.arange(B, device=self.device)
+        self.pending_features = [f[:0] for f in self.pending_features]
+        self.pending_tokens = [[] for _ in tokens]
+        return hidden[-1][rows, last], logits[:, : self.vocab_size], ready
+
+    def grow(self, features: torch.Tensor, tokens: torch.Tensor, depth: int,
+             visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 2, one depth: (B, K, d) parent features and (B, K) tokens of nodes at `depth`
+        (1 = children of the root); visible (B, K, S) = slots of each node's ancestors from earlier
+        grow calls (None at depth 1). Returns the nodes' predicted features and logits."""
+        B, K = tokens.shape
+        S = self.lm.num_slots
+        block = TreeBlock(tokens, torch.full_like(tokens, -1), torch.ones_like(tokens, dtype=torch.bool),
+                          torch.eye(K, dtype=torch.bool, device=self.device).expand(B, K, K),
+                          torch.zeros_like(tokens))
+        if visible is None:
+            visible = torch.zeros(B, K, S, dtype=torch.bool, device=self.device)
+        logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, tokens),
+                                         also_visible=visible[..., :S], depth_offset=depth - 1)
+        return hidden[-1], logits[..., : self.vocab_size]
+
+    def forget_grown(self) -> None:
+        """Step 3: drop every uncommitted slot."""
+        self.lm.rollback(self.lm.lengths.clone())
+
+    def _embeds(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        dtype = self.head.fuse.weight.dtype
+        return self.head.fused_inputs(features.to(dtype), tokens)

@@ -1,0 +1,74 @@
+"""`mtp`: a chain of up to `depth` tokens from a multi-token-prediction module (heads/feature_head.py,
+kind mtp, as in DeepSeek-V3), chained on its own output features beyond the one depth it was
+trained for. Greedy: each token is the module's argmax (deterministic). Sampling: each token is
+drawn from the module's distribution after the target's own processing (temperature, top-k,
+top-p) and that distribution is returned as q, so the verifier's rejection sampling stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..verifier.sampling import draw, processed_probs
+from .base import DETERMINISTIC, IID, DraftTree
+from .feature_head import FeatureHeadDrafter
+from .registry import register
+
+
+@register
+class MTPDrafter(FeatureHeadDrafter):
+    name = "mtp"
+    head_kind = "mtp"
+
+    @dataclass
+    class Options:
+        path: str | None = None  # folder of a trained MTP module (draftsman train mtp)
+        depth: int = 3  # tokens drafted per round
+
+        def __post_init__(self):
+            if not self.path:
+                raise ValueError("mtp: set drafter.path to a trained MTP module folder (draftsman train mtp)")
+            if self.depth < 1:
+                raise ValueError(f"mtp: depth must be >= 1, got {self.depth}")
+
+    def __init__(self, options: "MTPDrafter.Options", target):
+        super().__init__(options.path, target)
+        self.options = options
+
+    def max_depth(self) -> int:
+        return self.options.depth
+
+    @torch.no_grad()
+    def propose(self, contexts):
+        depth = self.depth_budget(contexts, self.options.depth)
+        if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
+            return [DraftTree.empty(self.device) for _ in contexts]
+        feature, logits, ready = self.catch_up()
+        B = len(contexts)
+        tokens, probs = [], []
+        visible = None
+        for d in range(1, depth + 1):
+            p = processed_probs(logits, self.sampling)
+            token = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            tokens.append(token)
+            probs.append(p)
+            if d == depth:
+                break
+            slots_before = self.lm.num_slots
+            feature, logits = self.grow(feature[:, None], token[:, None], d, visible)
+            feature, logits = feature[:, 0], logits[:, 0]
+            seen = torch.zeros(B, 1, self.lm.num_slots, dtype=torch.bool, device=self.device)
+            if visible is not None:
+                seen[..., : visible.shape[-1]] = visible
+            seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
+            visible = seen
+        self.forget_grown()
+        chain = torch.stack(tokens, 1)  # (B, depth)
+        ready = ready.tolist()
+        if self.sampling.greedy:
+            return [DraftTree.chain(chain[b], DETERMINISTIC, device=self.device) if ready[b]
+                    else DraftTree.empty(self.device) for b in range(B)]
+        q = torch.stack(probs, 1)  # (B, depth, V)
+        return [DraftTree.chain(chain[b], IID, q[b], device=self.device) if ready[b]
+                else DraftTree.empty(self.device) for b in range(B)]

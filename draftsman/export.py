@@ -1,0 +1,123 @@
+"""`draftsman export`: trained heads in the checkpoint layouts serving engines load.
+
+    draftsman export eagle  --heads zoo/python-eagle  --target zoo/python-target --engine vllm   --out DIR
+    draftsman export medusa --heads zoo/python-medusa --target zoo/python-target --engine vllm   --out DIR
+
+What each engine expects is written once, in `expected_keys` below, from vLLM's and SGLang's loaders as read in late 2026 (EAGLE-1/2: vLLM method
+"eagle", SGLang --speculative-algorithm EAGLE; Medusa: vLLM method "medusa" and the Medusa repo's
+own file). The exporter writes exactly that key set, and refuses what it cannot represent: an MTP
+module (its input norms and final norm have no place in the EAGLE-1 layout, and no engine loads a
+standalone MTP module for Llama-family targets) and EAGLE heads of non-Llama targets.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .models import load_causal_lm
+
+ENGINES = {"eagle": ("vllm", "sglang"), "medusa": ("vllm", "medusa")}
+_LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                "post_attention_layernorm.weight"]
+
+
+def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0) -> set[str]:
+    """The exact key set an engine loads for these heads (Medusa: for this many heads and layers)."""
+    if kind == "eagle":
+        keys = {"fc.weight"} | {f"layers.0.{k}" for k in _LLAMA_LAYER}
+        return keys | {"fc.bias"} if engine == "sglang" else keys
+    H, L = num_heads, num_layers
+    if engine == "vllm":
+        return ({f"blocks.{h}.layers.{l}.{p}" for h in range(H) for l in range(L) for p in ("weight", "bias")}
+                | {f"lm_heads.{h}.weight" for h in range(H)})
+    return ({f"{h}.{l}.linear.{p}" for h in range(H) for l in range(L) for p in ("weight", "bias")}
+            | {f"{h}.{L}.weight" for h in range(H)})
+
+
+def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dtype: str = "bfloat16") -> Path:
+    if kind not in ENGINES:
+        raise ValueError(f"cannot export {kind!r} heads: exportable kinds are {sorted(ENGINES)}. An MTP module "
+                         "has input norms and a final norm the EAGLE-1 layout cannot hold, and vLLM / SGLang load "
+                         "MTP only for model families that ship it (DeepSeek, MiMo, ...)")
+    if engine not in ENGINES[kind]:
+        raise ValueError(f"{kind} heads export to engines {list(ENGINES[kind])}, not {engine!r}")
+    target = load_causal_lm(target_dir, "float32", "cpu", what="--target")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cast = getattr(torch, dtype)
+    if kind == "eagle":
+        tensors, config, filename = _eagle(heads_dir, target, engine)
+        expected = expected_keys(kind, engine)
+    else:
+        tensors, config, filename, sizes = _medusa(heads_dir, target, engine, target_dir)
+        expected = expected_keys(kind, engine, *sizes)
+    missing = expected ^ set(tensors)
+    if missing:  # a bug in this file, not bad input
+        raise RuntimeError(f"export wrote keys that differ from expected_keys: {sorted(missing)}")
+    save_file({k: v.detach().to(cast).contiguous() for k, v in tensors.items()}, str(out_dir / filename))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def _eagle(heads_dir, target, engine):
+    from .heads.feature_head import FeatureHead
+
+    if type(target).__name__ != "LlamaForCausalLM":
+        raise ValueError(f"EAGLE export supports Llama targets (the layout is a Llama layer); this target is "
+                         f"{type(target).__name__}")
+    head, saved = FeatureHead.load(heads_dir, target, kind="eagle")
+    state = head.state_dict()
+    tensors = {"fc.weight": state["fuse.weight"]}
+    for key in _LLAMA_LAYER:
+        tensors[f"layers.0.{key}"] = state[f"parts.layers.0.{key}"]
+    if engine == "sglang":  # SGLang's fc has a bias (left random if absent); ours is trained without one
+        tensors["fc.bias"] = torch.zeros(head.config.hidden_size)
+    config = target.config.to_dict()
+    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM" if engine == "vllm" else "LlamaForCausalLMEagle"],
+                  tie_word_embeddings=False)
+    config.pop("dtype", None)
+    return tensors, config, "model.safetensors"
+
+
+def _medusa(heads_dir, target, engine, target_dir):
+    from .heads.medusa import MedusaHeads
+
+    heads, saved = MedusaHeads.load(heads_dir, target)
+    c = heads.config
+    lm_head = target.get_output_embeddings().weight
+    tensors = {}
+    for h in range(c.num_heads):
+        for l in range(c.num_layers):
+            linear = heads.blocks[h][l].linear
+            names = (f"blocks.{h}.layers.{l}", f"{h}.{l}.linear")[engine == "medusa"]
+            tensors[f"{names}.weight"], tensors[f"{names}.bias"] = linear.weight, linear.bias
+        # Heads that share the target's LM head get a copy: both layouts want one per head.
+        projection = lm_head.clone() if c.share_lm_head else heads.lm_heads[h].weight
+        tensors[f"lm_heads.{h}.weight" if engine == "vllm" else f"{h}.{c.num_layers}.weight"] = projection
+    if engine == "vllm":
+        config = {"model_type": "medusa", "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+                  "num_heads": c.num_heads, "num_hidden_layers": c.num_layers, "medusa_fc_bias": True}
+        return tensors, config, "model.safetensors", (c.num_heads, c.num_layers)
+    config = {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
+              "base_model_name_or_path": str(target_dir)}
+    return tensors, config, "medusa_lm_head.safetensors", (c.num_heads, c.num_layers)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=sorted(ENGINES), help="kind of heads to export")
+    p.add_argument("--heads", required=True, help="heads folder written by draftsman train")
+    p.add_argument("--target", required=True, help="the target model folder the heads were trained for")
+    p.add_argument("--engine", required=True, help="vllm | sglang (eagle); vllm | medusa (medusa)")
+    p.add_argument("--out", required=True, help="folder to write config.json + weights into")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export(args.kind, args.heads, args.target, args.engine, args.out, args.dtype)
+    print(f"wrote {args.kind} heads for {args.engine} to {out}")
+    return 0

@@ -1,0 +1,180 @@
+"""Feature-level heads: one decoder layer of the target's own architecture that drafts from the
+target's hidden state. Two kinds share the module:
+
+  eagle  (EAGLE-1/2, Li et al. 2024): input at position i = Linear_2d->d([Embed(t_{i+1}); f_i]),
+         where f_i is the target's top hidden state (the one its LM head reads); the layer (its
+         input norm is the identity, as in EAGLE) predicts f_{i+1}; read out through the
+         target's frozen LM head (no extra norm).
+  mtp    (DeepSeek-V3 multi-token prediction): input = Linear_2d->d([RMSNorm(Embed(t_{i+1})); RMSNorm(h_i)]),
+         then the layer, then the target's own final norm and LM head (shared, frozen).
+
+The fusion has no bias and takes the embedding first, and an eagle layer has no input norm: the
+layout vLLM and SGLang load for EAGLE drafters (../docs/training-heads.md, export).
+
+The layer is built as a one-layer Hugging Face model of the target's class whose embeddings, LM
+head (and, for mtp, final norm) *are* the target's modules. Drafting feeds it `inputs_embeds`
+through the same CachedLM as the target, so tree attention, rollback and ragged batches come
+from the verifier's code. Only the fusion layer, the input norms and the decoder layer are
+trained and saved; the layer starts as a copy of the target's top layer.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
+
+KINDS = ("eagle", "mtp")
+_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+_INPUT_NORM_NAMES = ("input_layernorm", "ln_1")
+_LAYER_INDEX = re.compile(r"\.(layers|h|layer|blocks)\.0\.")
+
+
+@dataclass
+class FeatureHeadConfig:
+    kind: str  # eagle | mtp
+    hidden_size: int
+    vocab_size: int
+
+
+def _final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
+    base = model.base_model
+    for name in _FINAL_NORM_NAMES:
+        if isinstance(getattr(base, name, None), nn.Module):
+            return base, name
+    raise NotImplementedError(f"{type(model).__name__}: cannot find the final norm (looked for {_FINAL_NORM_NAMES})")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class FeatureHead(nn.Module):
+    def __init__(self, config: FeatureHeadConfig, target: nn.Module):
+        super().__init__()
+        if config.kind not in KINDS:
+            raise ValueError(f"feature head kind must be one of {list(KINDS)}, got {config.kind!r}")
+        self.config = config
+        d = config.hidden_size
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+        if config.kind == "mtp":
+            self.norm_hidden, self.norm_embed = RMSNorm(d), RMSNorm(d)
+        body_config = copy.deepcopy(target.config)
+        for key in ("num_hidden_layers", "n_layer"):
+            if hasattr(body_config, key):
+                setattr(body_config, key, 1)
+        body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
+        if config.kind == "eagle":  # EAGLE's layer reads the fused input without normalising it
+            layer = _decoder_layers(body)[0]
+            for name in _INPUT_NORM_NAMES:
+                if isinstance(getattr(layer, name, None), nn.Module):
+                    setattr(layer, name, nn.Identity())
+                    break
+            else:
+                raise NotImplementedError(f"{type(layer).__name__}: cannot find the input norm ({_INPUT_NORM_NAMES})")
+        # Shared with the target, never trained or saved: embeddings, LM head, (mtp) final norm.
+        # Kept out of this module's parameters so optimizers and state_dict see only the head.
+        owner, norm_name = _final_norm_owner(body)
+        setattr(owner, norm_name, _final_norm_owner(target)[0].get_submodule(norm_name)
+                if config.kind == "mtp" else nn.Identity())
+        body.set_input_embeddings(target.get_input_embeddings())
+        body.set_output_embeddings(target.get_output_embeddings())
+        body.config.tie_word_embeddings = False
+        self._shared = {"body": body, "target": target}  # a plain dict: not registered as submodules
+        shared = {id(body.get_input_embeddings()), id(getattr(owner, norm_name))}
+        # The body's own parts (decoder layer, rotary tables, GPT-2's position embeddings) are
+        # registered here, so .to() and state_dict() reach them and nothing of the target.
+        self.parts = nn.ModuleDict({name: module for name, module in body.base_model.named_children()
+                                    if id(module) not in shared})
+
+    @property
+    def body(self) -> nn.Module:
+        return self._shared["body"]
+
+    @property
+    def embed(self) -> nn.Module:
+        return self._shared["target"].get_input_embeddings()
+
+    @classmethod
+    def for_target(cls, target: nn.Module, kind: str) -> "FeatureHead":
+        """A new head whose decoder layer starts as a copy of the target's top layer."""
+        lm_head = target.get_output_embeddings().weight
+        head = cls(FeatureHeadConfig(kind, lm_head.shape[1], lm_head.shape[0]), target)
+        target_state = target.state_dict()
+        last = _num_layers(target) - 1
+        with torch.no_grad():
+            for name, tensor in head.body.state_dict().items():
+                source = _LAYER_INDEX.sub(lambda m: f".{m.group(1)}.{last}.", name)
+                if source in target_state and target_state[source].shape == tensor.shape:
+                    tensor.copy_(target_state[source].float())
+            # Start the fusion as "take the feature" so a new head is not pure noise.
+            d = head.config.hidden_size
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, d:].copy_(torch.eye(d))
+        return head.to(lm_head.device)
+
+    def fused_inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """(..., d) features of positions i and (...) tokens i + 1 -> (..., d) inputs of the layer."""
+        emb = self.embed(tokens).to(features.dtype)
+        if self.config.kind == "mtp":
+            features, emb = self.norm_hidden(features), self.norm_embed(emb)
+        return self.fuse(torch.cat([emb, features], dim=-1))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor):
+        """Training path, no cache: (B, L, d) features, (B, L) next tokens -> (predicted features
+        (B, L, d), logits (B, L, V)). The predicted feature is what the LM head reads."""
+        out = self.body(inputs_embeds=self.fused_inputs(features, tokens), output_hidden_states=True)
+        return out.hidden_states[-1], out.logits
+
+    def cast_parameters(self, dtype: torch.dtype) -> "FeatureHead":
+        """Parameters to the target's dtype for drafting; buffers (rotary tables) stay float32."""
+        for p in self.parameters():
+            p.data = p.data.to(dtype)
+        return self
+
+    def save(self, folder, target: nn.Module, extra: dict | None = None, dtype=torch.bfloat16) -> None:
+        config = {"kind": self.config.kind, **asdict(self.config), "target": target_fingerprint(target),
+                  "architecture": type(target).__name__, **(extra or {})}
+        save_checkpoint(folder, config, {k: v.to(dtype) for k, v in self.state_dict().items()})
+
+    @classmethod
+    def load(cls, folder, target: nn.Module, kind: str | None = None) -> tuple["FeatureHead", dict]:
+        """Load heads saved by `save` against this target (refused if it is another target)."""
+        config, tensors = load_checkpoint(folder, kind or _peek_kind(folder))
+        check_fingerprint(config["target"], target, folder)
+        head = cls(FeatureHeadConfig(config["kind"], config["hidden_size"], config["vocab_size"]), target)
+        head.load_state_dict({k: v.float() for k, v in tensors.items()})
+        device = next(target.parameters()).device
+        return head.to(device=device).eval(), config
+
+
+def _peek_kind(folder) -> str:
+    import json
+    from pathlib import Path
+    path = Path(folder).expanduser() / "config.json"
+    return json.loads(path.read_text()).get("kind", "eagle") if path.is_file() else "eagle"
+
+
+def _num_layers(model: nn.Module) -> int:
+    cfg = model.config
+    return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+
+
+def _decoder_layers(body: nn.Module) -> nn.ModuleList:
+    base = body.base_model
+    for name in ("layers", "h", "layer", "blocks"):
+        if isinstance(getattr(base, name, None), nn.ModuleList):
+            return getattr(base, name)
+    raise NotImplementedError(f"{type(body).__name__}: cannot find the decoder layers")

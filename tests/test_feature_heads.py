@@ -1,0 +1,213 @@
+"""Feature-level heads (EAGLE, MTP) on tiny random targets: training lowers the loss; save/load;
+heads for another target or of another kind are refused; output through `eagle` and `mtp` equals
+the target's own greedy output (batch 1 and 4, three architectures) and follows its distribution
+when sampling; EAGLE's dynamic tree is connected and within budget; the head's KV cache after each
+round equals recomputing it from scratch."""
+import json
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.heads.feature_head import FeatureHead
+from draftsman.training.heads import train
+from draftsman.verifier.cached_model import CachedLM
+from draftsman.verifier.sampling import SamplingParams
+from draftsman.verifier.tree import TreeBlock
+
+from test_engine_sampling import exact_marginals, fit_pvalue
+from tiny_models import load_for_reference
+
+PROMPTS = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_models, tiny_corpus, tmp_path_factory):
+    """{kind: (folder, metrics)} for heads trained briefly on the tiny Llama target."""
+    out = tmp_path_factory.mktemp("feature-heads")
+    result = {}
+    for kind in ("eagle", "mtp"):
+        cfg = {"kind": kind, "target": str(tiny_models["llama"][0]), "out": str(out / kind),
+               "work_dir": str(out / "work"), "corpus_root": str(tiny_corpus), "threads": 1,
+               "mixed_precision": "no", "seq_len": 64, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2,
+               "max_steps": 150, "eval_tokens": 256, "eval_depths": 3, "ce_weight": 1.0}
+        result[kind] = (out / kind, train(cfg))
+    return result
+
+
+@pytest.fixture(scope="module")
+def untrained(tiny_models, tmp_path_factory):
+    """{(arch, kind): folder} of freshly initialised heads (exactness does not need good heads)."""
+    out = tmp_path_factory.mktemp("fresh-heads")
+    folders = {}
+    for arch in ("qwen2", "gpt2"):
+        target = load_for_reference(tiny_models[arch][0])
+        for kind in ("eagle", "mtp"):
+            FeatureHead.for_target(target, kind).save(out / f"{arch}-{kind}", target, dtype=torch.float32)
+            folders[arch, kind] = out / f"{arch}-{kind}"
+    return folders
+
+
+def _decoder(target, drafter=None):
+    return draftsman.load({"target": {"path": str(target)}, "drafter": drafter or {"name": "none"}})
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_training_lowers_the_loss_and_records_the_target(trained, kind):
+    folder, metrics = trained[kind]
+    assert metrics["curve"][-1][1] < metrics["curve"][0][1]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["kind"] == kind and config["target"]["architecture"] == "LlamaForCausalLM"
+    agreement = metrics["heldout_agreement"]
+    assert len(agreement["top1"]) == 3
+    assert all(0 <= a <= b <= 1 for a, b in zip(agreement["top1"], agreement["top5"]))
+    assert agreement["top1"][0] > 0.2  # the tiny target's greedy choice is learnable; a broken loss is not
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_save_load_round_trip(trained, tiny_models, tmp_path, kind):
+    folder, _ = trained[kind]
+    target = load_for_reference(tiny_models["llama"][0])
+    head, _ = FeatureHead.load(folder, target)
+    features, tokens = torch.randn(2, 5, target.config.hidden_size), torch.randint(0, 300, (2, 5))
+    head.save(tmp_path / "again", target, dtype=torch.float32)
+    again, _ = FeatureHead.load(tmp_path / "again", target)
+    for a, b in zip(head(features, tokens), again(features, tokens)):
+        assert torch.equal(a, b)
+    # Only the head's own weights are saved: the target's embeddings and LM head are shared.
+    saved = set(json.loads((folder / "config.json").read_text()))
+    assert {"kind", "hidden_size", "vocab_size", "target"} <= saved
+    assert sum(p.numel() for p in head.parameters()) < sum(p.numel() for p in target.parameters())
+
+
+def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
+    folder, _ = trained["eagle"]
+    with pytest.raises(ValueError, match="trained for another target"):
+        FeatureHead.load(folder, load_for_reference(tiny_models["qwen2"][0]))
+    with pytest.raises(ValueError, match="trained for another target"):
+        _decoder(tiny_models["gpt2"][0], {"name": "eagle", "path": str(folder)})
+    with pytest.raises(ValueError, match="holds 'eagle' heads, not 'mtp' heads"):
+        _decoder(tiny_models["llama"][0], {"name": "mtp", "path": str(folder)})
+
+
+@pytest.mark.parametrize("options", [
+    {"name": "eagle"},
+    {"name": "eagle", "top_k": 2, "depth": 3, "total_tokens": 5},
+    {"name": "eagle", "top_k": 1, "depth": 4, "total_tokens": 4},  # a chain
+    {"name": "mtp"},
+    {"name": "mtp", "depth": 1},
+])
+def test_greedy_output_equals_the_target(trained, tiny_models, options):
+    target = tiny_models["llama"][0]
+    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30)
+    dec = _decoder(target, {**options, "path": str(trained[options["name"]][0])})
+    assert dec.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids == plain.token_ids
+    assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in PROMPTS] == plain.token_ids
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind):
+    target = tiny_models[arch][0]
+    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=20)
+    dec = _decoder(target, {"name": kind, "path": str(untrained[arch, kind])})
+    assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_sampling_follows_the_target(trained, tiny_models, kind):
+    target = tiny_models["llama"][0]
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    dec = _decoder(target, {"name": kind, "path": str(trained[kind][0])})
+    out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, seed=11)
+    assert out.stats.tau > 1.0  # drafts were accepted, so the rejection path was exercised
+    p1, p2 = exact_marginals(load_for_reference(target), prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+
+
+def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
+    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]),
+                                             "top_k": 3, "depth": 4, "total_tokens": 10})
+    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
+    drafter.begin(contexts, SamplingParams(0.0), torch.Generator())
+    with torch.no_grad():
+        hidden = [{-1: target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states[-1][0]}
+                  for c in contexts]
+    drafter.observe_prefill(hidden)
+    trees = drafter.propose(contexts)
+    for context, tree in zip(contexts, trees):
+        assert tree.size == 10 and max(tree.depths()) <= 4
+        parents = tree.parents.tolist()
+        assert all(-1 <= p < i for i, p in enumerate(parents))  # connected, parents first
+        # Depth 1 holds the head's best guesses: its argmax is the first node.
+        with torch.no_grad():
+            f = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states[-1]
+            _, logits = drafter.head(f, torch.tensor([context[1:]]))
+        assert int(tree.tokens[0]) == int(logits[0, -1].argmax())
+        assert parents[0] == -1
+    assert drafter.lm.num_slots == drafter.lm.lengths.max()  # the grown slots were dropped
+
+
+@pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0)])
+def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperature):
+    target_dir = tiny_models["llama"][0]
+    extra = {"top_k": 4, "total_tokens": 12} if kind == "eagle" else {}
+    dec = _decoder(target_dir, {"name": kind, "path": str(trained[kind][0]), **extra})
+    drafter, target = dec.drafter, load_for_reference(target_dir)
+    seen: dict = {}
+    checks = []
+    propose, forget = drafter.propose, drafter.forget_grown
+
+    def remember_contexts(contexts):
+        seen["contexts"] = [list(c) for c in contexts]
+        return propose(contexts)
+
+    def forget_then_compare():
+        forget()
+        for b, context in enumerate(seen["contexts"]):
+            # From scratch: the target's features of the whole context, one chain through the head.
+            with torch.no_grad():
+                f = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states[-1]
+            fresh = CachedLM(drafter.head.body)
+            fresh.reset(1)
+            block = TreeBlock.chains([context[1:]], "cpu")
+            fresh.forward(block, inputs_embeds=drafter.head.fused_inputs(f, block.tokens))
+            fresh.accept([list(range(len(context) - 1))])
+            for mine, scratch in zip(drafter.lm.committed_kv(b, 0), fresh.committed_kv(0, 0)):
+                assert mine.shape == scratch.shape
+                torch.testing.assert_close(mine, scratch, atol=1e-3, rtol=1e-3)
+            checks.append(b)
+
+    drafter.propose, drafter.forget_grown = remember_contexts, forget_then_compare
+    out = dec.generate(input_ids=[[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=24, temperature=temperature, seed=3)
+    assert len(checks) >= 10
+    if temperature > 0:
+        assert out.stats.tau > 1.0  # multi-token rounds happened, so catch-up fed several entries
+
+
+def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
+    target = tiny_models["llama"][0]
+    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30)
+    dec = _decoder(target, {"name": "cascade", "drafters": [{"name": "ngram"},
+                                                          {"name": "eagle", "path": str(trained["eagle"][0])}]})
+    assert dec.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"name": "eagle"}, "set drafter.path"),
+    ({"name": "eagle", "path": "x", "top_k": 0}, "top_k must be >= 1"),
+    ({"name": "eagle", "path": "x", "total_tokens": 0}, "total_tokens must be >= 1"),
+    ({"name": "mtp", "path": "x", "depth": 0}, "depth must be >= 1"),
+    ({"name": "mtp", "path": "/no/such/folder"}, "not a mtp heads folder"),
+])
+def test_bad_options_are_named(tiny_models, options, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        _decoder(tiny_models["llama"][0], options)
+
+
+def test_training_config_names_the_kinds(tiny_models, tmp_path):
+    with pytest.raises(ValueError, match=r"kind must be one of \['medusa', 'eagle', 'mtp'\]"):
+        train({"kind": "hydra", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})

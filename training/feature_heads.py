@@ -1,0 +1,64 @@
+"""Losses and held-out evaluation for feature-level heads (heads/feature_head.py: eagle, mtp).
+
+Alignment, for a window x of the corpus run through the frozen target (features f, greedy g):
+the head's input at position i is (f_i, x_{i+1}); it predicts the feature f_{i+1} (eagle) and the
+token after x_{i+1}, whose label is labels[i + 1] (the target's greedy choice there, or the corpus
+token). Positions 0..L-2 have inputs; the last has no next token.
+
+  eagle  SmoothL1(predicted feature, f_{i+1}) + ce_weight * CE, with uniform noise on the input
+         features (EAGLE-1: the head must tolerate its own imperfect features when it chains).
+  mtp    CE only (DeepSeek-V3's MTP loss for one module).
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
+                      generator: torch.Generator | None = None):
+    """Returns the loss and [depth-1 top-1 accuracy against the labels]."""
+    f_in = features[:, :-1]
+    if head.config.kind == "eagle" and cfg["feature_noise"] > 0:
+        noise = torch.rand(f_in.shape, generator=generator, device=f_in.device) * 2 - 1
+        f_in = f_in + cfg["feature_noise"] * noise
+    predicted, logits = head(f_in, x[:, 1:])
+    target_tokens = labels[:, 1:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_tokens.reshape(-1), ignore_index=-100)
+    loss = ce
+    if head.config.kind == "eagle":
+        loss = F.smooth_l1_loss(predicted.float(), features[:, 1:].float()) + cfg["ce_weight"] * ce
+    valid = target_tokens != -100
+    accuracy = ((logits.argmax(-1) == target_tokens) & valid).float().sum() / valid.sum().clamp_min(1)
+    return loss, [accuracy.item()]
+
+
+@torch.no_grad()
+def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, depths: int = 4,
+                          batch: int = 4) -> dict:
+    """Agreement with the target's greedy token on held-out text, by draft depth.
+
+    Depth 1 is teacher-forced (true features, as after every verification). Depth k > 1 chains the
+    head on its own predicted features, k - 1 times, with the true tokens as inputs: the head
+    drafting k tokens ahead when its earlier guesses were right, which is what acceptance at depth
+    k needs. (Its attention history is the chained sequence, a close proxy for the drafter's.)"""
+    top1 = torch.zeros(depths)
+    top5 = torch.zeros(depths)
+    counts = torch.zeros(depths)
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch].to(next(head.parameters()).device)
+        features, greedy = target_pass(x)
+        f_in = features[:, :-1]
+        L = x.shape[1]
+        for k in range(depths):
+            n = L - 1 - k  # positions that have a label k steps later
+            if n <= 0:
+                break
+            predicted, logits = head(f_in[:, :n], x[:, 1 + k: 1 + k + n])
+            truth = greedy[:, 1 + k: 1 + k + n]
+            cand = logits.topk(5, dim=-1).indices
+            top1[k] += (cand[..., 0] == truth).float().sum().cpu()
+            top5[k] += (cand == truth[..., None]).any(-1).float().sum().cpu()
+            counts[k] += truth.numel()
+            f_in = predicted[:, : n - 1]  # the head's own features feed the next depth
+    return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
