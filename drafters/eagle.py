@@ -29,6 +29,7 @@ class EagleDrafter(FeatureHeadDrafter):
         depth: int = 5  # deepest draft token
         top_k: int = 4  # children per expanded node, and nodes expanded per depth
         total_tokens: int = 12  # nodes kept in the verified tree (the target pass's size)
+        draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
 
         def __post_init__(self):
             if not self.path:
@@ -38,7 +39,7 @@ class EagleDrafter(FeatureHeadDrafter):
                     raise ValueError(f"eagle: {key} must be >= 1, got {getattr(self, key)}")
 
     def __init__(self, options: "EagleDrafter.Options", target):
-        super().__init__(options.path, target)
+        super().__init__(options.path, target, options.draft_vocab)
         self.options = options
 
     def max_depth(self) -> int:
@@ -61,6 +62,7 @@ class EagleDrafter(FeatureHeadDrafter):
         B = root_logits.shape[0]
         rows = torch.arange(B, device=self.device)[:, None]
         score, token = root_logits.float().log_softmax(-1).topk(K, dim=-1)  # (B, K)
+        token = self.token_ids(token)
         all_tokens, all_parents, all_scores = [token], [torch.full_like(token, -1)], [score]
         frontier = torch.arange(K, device=self.device).expand(B, K)  # node index of each frontier node
         parent_feature = root_feature[:, None].expand(B, K, root_feature.shape[-1])
@@ -70,6 +72,7 @@ class EagleDrafter(FeatureHeadDrafter):
             slots_before = self.lm.num_slots
             feature, logits = self.grow(parent_feature, token, d, visible)  # the frontier's outputs
             child_score, child_token = logits.float().log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
+            child_token = self.token_ids(child_token)
             child_score = child_score + score[..., None]
             child_index = count + torch.arange(K * K, device=self.device).view(K, K)
             all_tokens.append(child_token.reshape(B, K * K))

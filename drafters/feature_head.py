@@ -26,16 +26,47 @@ class FeatureHeadDrafter(Drafter):
     needs = TargetNeeds(hidden_state_layers=(-1,))
     head_kind = ""  # eagle | mtp: the kind of heads folder this drafter loads
 
-    def __init__(self, path: str, target):
+    def __init__(self, path: str, target, draft_vocab: int | None = None):
         self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kind)
         if target.dtype != torch.float32:
             self.head.cast_parameters(target.dtype)
-        self.lm = CachedLM(self.head.body)
         self.device = target.device
         self.vocab_size = target.vocab_size
+        self.vocab_map = None if draft_vocab is None else self._shrink_lm_head(path, draft_vocab)
+        self.lm = CachedLM(self.head.body)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
         self._parameters = sum(p.numel() for p in self.head.parameters())
+
+    def _shrink_lm_head(self, path: str, draft_vocab: int) -> torch.Tensor:
+        """Draft among the `draft_vocab` tokens the target picks most (counted on training text
+        when the head was trained): the head's LM head becomes those rows only, which is most of
+        a drafting step's cost. Returns the token id of each kept row."""
+        order = self.head_config.get("tokens_by_frequency")
+        if order is None:
+            raise ValueError(f"{self.name}: the heads in '{path}' carry no token frequencies, so draft_vocab cannot be "
+                             f"used; add them with `draftsman train {self.head_kind} --config FILE --eval-only`")
+        if not 1 <= draft_vocab <= self.vocab_size:
+            raise ValueError(f"{self.name}: draft_vocab must be between 1 and the vocabulary size {self.vocab_size}, "
+                             f"got {draft_vocab}")
+        keep = torch.tensor(sorted(order[:draft_vocab]), dtype=torch.long, device=self.device)
+        full = self.head.body.get_output_embeddings()
+        small = torch.nn.Linear(full.in_features, draft_vocab, bias=False, device=self.device, dtype=full.weight.dtype)
+        small.weight.data = full.weight.data[keep].clone()
+        small.requires_grad_(False)
+        self.head.body.set_output_embeddings(small)  # the head's own reference: the target keeps its LM head
+        return keep
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Indices into the head's logits -> token ids (they differ under draft_vocab)."""
+        return indices if self.vocab_map is None else self.vocab_map[indices]
+
+    def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """(..., n) probabilities over the head's logits -> (..., V) over the target's vocabulary."""
+        if self.vocab_map is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
+        return out.index_copy_(-1, self.vocab_map, probs)
 
     def extra_parameters(self) -> int:
         return self._parameters

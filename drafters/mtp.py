@@ -25,6 +25,7 @@ class MTPDrafter(FeatureHeadDrafter):
     class Options:
         path: str | None = None  # folder of a trained MTP module (draftsman train mtp)
         depth: int = 3  # tokens drafted per round
+        draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
 
         def __post_init__(self):
             if not self.path:
@@ -33,7 +34,7 @@ class MTPDrafter(FeatureHeadDrafter):
                 raise ValueError(f"mtp: depth must be >= 1, got {self.depth}")
 
     def __init__(self, options: "MTPDrafter.Options", target):
-        super().__init__(options.path, target)
+        super().__init__(options.path, target, options.draft_vocab)
         self.options = options
 
     def max_depth(self) -> int:
@@ -49,8 +50,9 @@ class MTPDrafter(FeatureHeadDrafter):
         tokens, probs = [], []
         visible = None
         for d in range(1, depth + 1):
-            p = processed_probs(logits, self.sampling)
-            token = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            p = processed_probs(logits, self.sampling)  # over the head's logits (all, or draft_vocab)
+            index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            token = self.token_ids(index)
             tokens.append(token)
             probs.append(p)
             if d == depth:
@@ -69,6 +71,6 @@ class MTPDrafter(FeatureHeadDrafter):
         if self.sampling.greedy:
             return [DraftTree.chain(chain[b], DETERMINISTIC, device=self.device) if ready[b]
                     else DraftTree.empty(self.device) for b in range(B)]
-        q = torch.stack(probs, 1)  # (B, depth, V)
+        q = self.full_vocab(torch.stack(probs, 1))  # (B, depth, V): what each token was drawn from
         return [DraftTree.chain(chain[b], IID, q[b], device=self.device) if ready[b]
                 else DraftTree.empty(self.device) for b in range(B)]

@@ -94,8 +94,10 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "eagle"},
     {"name": "eagle", "top_k": 2, "depth": 3, "total_tokens": 5},
     {"name": "eagle", "top_k": 1, "depth": 4, "total_tokens": 4},  # a chain
+    {"name": "eagle", "draft_vocab": 64},  # candidates among the 64 tokens the target picks most
     {"name": "mtp"},
     {"name": "mtp", "depth": 1},
+    {"name": "mtp", "draft_vocab": 64},
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
@@ -114,11 +116,13 @@ def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
-def test_sampling_follows_the_target(trained, tiny_models, kind):
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64})])
+def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
+    """With draft_vocab, mtp samples from a distribution over 64 tokens: q must be that
+    distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong."""
     target = tiny_models["llama"][0]
     prompt = [1, 2, 3, 4, 5, 1, 2, 3]
-    dec = _decoder(target, {"name": kind, "path": str(trained[kind][0])})
+    dec = _decoder(target, {"name": kind, "path": str(trained[kind][0]), **extra})
     out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, seed=11)
     assert out.stats.tau > 1.0  # drafts were accepted, so the rejection path was exercised
     p1, p2 = exact_marginals(load_for_reference(target), prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
@@ -202,10 +206,18 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "x", "total_tokens": 0}, "total_tokens must be >= 1"),
     ({"name": "mtp", "path": "x", "depth": 0}, "depth must be >= 1"),
     ({"name": "mtp", "path": "/no/such/folder"}, "not a mtp heads folder"),
+    ({"name": "eagle", "path": "x", "draft_vocab": 0}, "draft_vocab must be between 1 and"),
 ])
-def test_bad_options_are_named(tiny_models, options, message):
+def test_bad_options_are_named(trained, tiny_models, options, message):
+    if options.get("path") == "x":
+        options = {**options, "path": str(trained[options["name"]][0])}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         _decoder(tiny_models["llama"][0], options)
+
+
+def test_draft_vocab_needs_token_frequencies(untrained, tiny_models):
+    with pytest.raises(ValueError, match="carry no token frequencies.*--eval-only"):
+        _decoder(tiny_models["qwen2"][0], {"name": "eagle", "path": str(untrained["qwen2", "eagle"]), "draft_vocab": 8})
 
 
 def test_training_config_names_the_kinds(tiny_models, tmp_path):

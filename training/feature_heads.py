@@ -62,3 +62,19 @@ def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, de
             counts[k] += truth.numel()
             f_in = predicted[:, : n - 1]  # the head's own features feed the next depth
     return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
+
+
+@torch.no_grad()
+def tokens_by_frequency(target_pass, windows: torch.Tensor, vocab_size: int, batch: int = 4) -> dict:
+    """Token ids ordered by how often the target picks them (greedy) on training text, and the
+    share of picks the top 256 / 1024 / 2048 / 4096 cover. A drafter can restrict its candidates to
+    the first N (option draft_vocab: its LM head shrinks to N rows; EAGLE-3's reduced draft
+    vocabulary). Drafts stay exact: they are proposals, whatever set they come from."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for i in range(0, len(windows), batch):
+        _, greedy = target_pass(windows[i:i + batch])
+        counts += torch.bincount(greedy.reshape(-1).cpu(), minlength=vocab_size)[:vocab_size]
+    order = torch.argsort(counts, descending=True, stable=True)
+    cumulative = counts[order].cumsum(0).float() / counts.sum().clamp_min(1)
+    coverage = {str(n): round(float(cumulative[min(n, vocab_size) - 1]), 4) for n in (256, 1024, 2048, 4096)}
+    return {"order": order.tolist(), "coverage": coverage}

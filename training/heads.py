@@ -165,7 +165,13 @@ def heads_loss(heads, hidden, x, labels, cfg, generator):
     return feature_head_loss(heads, hidden, x, labels, cfg, generator)
 
 
-def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast) -> dict:
+def train_windows(train_stream, cfg: dict) -> torch.Tensor:
+    """A fixed sample of training text (eval_tokens of it) for statistics that must not peek at
+    held-out text."""
+    return heldout_windows(train_stream, cfg["eval_tokens"], cfg["seq_len"])
+
+
+def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream) -> dict:
     """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation)."""
     from ..drafters.medusa import tree_from_accuracies
     windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
@@ -174,10 +180,13 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast) -> dict:
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         heads.save(cfg["out"], target, extra={"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]})
         return ev
-    from .feature_heads import evaluate_feature_head
-    ev = evaluate_feature_head(heads, lambda x: target_pass(target, x, autocast), windows, autocast,
-                               cfg["eval_depths"])
-    heads.save(cfg["out"], target, extra={"heldout_agreement": ev})
+    from .feature_heads import evaluate_feature_head, tokens_by_frequency
+    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
+    ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
+    # Which tokens the target picks most, counted on training text (never on held-out text).
+    frequent = tokens_by_frequency(run_target, train_windows(train_stream, cfg), heads.config.vocab_size)
+    ev["draft_vocab_coverage"] = frequent["coverage"]
+    heads.save(cfg["out"], target, extra={"heldout_agreement": ev, "tokens_by_frequency": frequent["order"]})
     return ev
 
 
@@ -195,12 +204,13 @@ def evaluate_only(config) -> dict:
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
-    _, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
+    train_stream, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     if cfg["kind"] == "medusa":
         heads, _ = MedusaHeads.load(cfg["out"], target)
     else:
         heads, _ = FeatureHead.load(cfg["out"], target, kind=cfg["kind"])
-    return {"kind": cfg["kind"], "heldout_agreement": evaluate_and_save(cfg, heads, target, held_stream, acc.autocast)}
+    return {"kind": cfg["kind"],
+            "heldout_agreement": evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream)}
 
 
 def train(config) -> dict:
@@ -264,7 +274,7 @@ def train(config) -> dict:
 
     metrics = {}
     if acc.is_main_process:
-        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast)
+        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
