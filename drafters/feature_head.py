@@ -20,6 +20,7 @@ from ..heads.feature_head import FeatureHead
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, TargetNeeds
+from .draft_vocab import frequent_tokens, shrunk_linear
 
 
 class FeatureHeadDrafter(Drafter):
@@ -39,22 +40,11 @@ class FeatureHeadDrafter(Drafter):
         self._parameters = sum(p.numel() for p in self.head.parameters())
 
     def _shrink_lm_head(self, path: str, draft_vocab: int) -> torch.Tensor:
-        """Draft among the `draft_vocab` tokens the target picks most (counted on training text
-        when the head was trained): the head's LM head becomes those rows only, which is most of
-        a drafting step's cost. Returns the token id of each kept row."""
-        order = self.head_config.get("tokens_by_frequency")
-        if order is None:
-            raise ValueError(f"{self.name}: the heads in '{path}' carry no token frequencies, so draft_vocab cannot be "
-                             f"used; add them with `draftsman train {self.head_kind} --config FILE --eval-only`")
-        if not 1 <= draft_vocab <= self.vocab_size:
-            raise ValueError(f"{self.name}: draft_vocab must be between 1 and the vocabulary size {self.vocab_size}, "
-                             f"got {draft_vocab}")
-        keep = torch.tensor(sorted(order[:draft_vocab]), dtype=torch.long, device=self.device)
-        full = self.head.body.get_output_embeddings()
-        small = torch.nn.Linear(full.in_features, draft_vocab, bias=False, device=self.device, dtype=full.weight.dtype)
-        small.weight.data = full.weight.data[keep].clone()
-        small.requires_grad_(False)
-        self.head.body.set_output_embeddings(small)  # the head's own reference: the target keeps its LM head
+        """The head's LM head keeps the `draft_vocab` most frequent tokens' rows (drafters/draft_vocab.py).
+        Returns the token id of each kept row; the target keeps its own LM head."""
+        keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name, self.head_kind,
+                               self.device)
+        self.head.body.set_output_embeddings(shrunk_linear(self.head.body.get_output_embeddings(), keep))
         return keep
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:

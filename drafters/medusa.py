@@ -15,6 +15,7 @@ import torch
 
 from ..heads.medusa import MedusaHeads
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
+from .draft_vocab import frequent_tokens, shrunk_linear
 from .registry import register
 
 # Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
@@ -60,6 +61,7 @@ class MedusaDrafter(Drafter):
         path: str | None = None  # folder of trained heads (draftsman train medusa)
         tree: list | None = None  # explicit paths of candidate ranks, e.g. [[0], [1], [0, 0]]
         tree_budget: int | None = None  # rebuild the tree from the heads' accuracies with this many nodes
+        draft_vocab: int | None = None  # rank candidates among the N tokens the target picks most (None = all)
 
         def __post_init__(self):
             if not self.path:
@@ -69,6 +71,11 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, options: "MedusaDrafter.Options", target):
         self.heads, config = MedusaHeads.load(options.path, target.model)
+        self.vocab_map = None
+        if options.draft_vocab is not None:
+            self.vocab_map = frequent_tokens(config, options.path, options.draft_vocab, target.vocab_size,
+                                             self.name, "medusa", target.device)
+            self.heads.restrict_vocabulary(self.vocab_map, shrunk_linear)
         accuracy = config.get("rank_accuracy")
         if options.tree is not None:
             paths = options.tree
@@ -118,6 +125,8 @@ class MedusaDrafter(Drafter):
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
         candidates = self.heads(hidden).topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
+        if self.vocab_map is not None:
+            candidates = self.vocab_map[candidates]
         tokens = candidates[self.head_of_node, :, self.rank_of_node]  # (nodes, n)
         kinds = torch.full_like(self.parents, DETERMINISTIC)
         for i, b in enumerate(ready):

@@ -73,6 +73,14 @@ class MedusaHeads(nn.Module):
             return lm_head(features.to(lm_head.weight.dtype))
         return torch.stack([lm(block(hidden)) for block, lm in zip(self.blocks, self.lm_heads)])
 
+    def restrict_vocabulary(self, keep: torch.Tensor, shrink) -> None:
+        """For drafting only: every head's LM head keeps the rows of `keep` (logits come out in
+        that order). `shrink(linear, keep)` builds the smaller projection."""
+        if self.config.share_lm_head:
+            self._shared = {"lm_head": shrink(self._shared["lm_head"], keep)}
+        else:
+            self.lm_heads = nn.ModuleList(shrink(head, keep.to(head.weight.device)) for head in self.lm_heads)
+
     def save(self, folder, target: nn.Module, extra: dict | None = None, dtype=torch.bfloat16) -> None:
         config = {"kind": "medusa", **asdict(self.config), "target": target_fingerprint(target), **(extra or {})}
         save_checkpoint(folder, config, {k: v.to(dtype) for k, v in self.state_dict().items()})

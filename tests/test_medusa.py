@@ -55,13 +55,15 @@ def test_heads_for_another_target_are_refused(trained_heads, tiny_models):
         draftsman.load({"target": {"path": str(tiny_models["gpt2"][0])}, "drafter": {"name": "medusa", "path": str(folder)}})
 
 
-@pytest.mark.parametrize("tree", [None, [[0], [0, 0], [0, 0, 0]], [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]])
-def test_greedy_output_equals_the_target(trained_heads, tiny_models, tree):
+@pytest.mark.parametrize("tree,draft_vocab", [(None, None), ([[0], [0, 0], [0, 0, 0]], None),
+                                              ([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]], None), (None, 64)])
+def test_greedy_output_equals_the_target(trained_heads, tiny_models, tree, draft_vocab):
     folder, _ = trained_heads
     target = str(tiny_models["llama"][0])
     prompts = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
     plain = draftsman.load({"target": {"path": target}}).generate(input_ids=prompts, max_new_tokens=30)
-    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder), "tree": tree}})
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder), "tree": tree,
+                                                                  "draft_vocab": draft_vocab}})
     assert dec.generate(input_ids=prompts, max_new_tokens=30).token_ids == plain.token_ids
     assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in prompts] == plain.token_ids
 
@@ -105,3 +107,22 @@ def test_eval_only_recalibrates_the_tree(trained_heads, tiny_models, tiny_corpus
     report = json.loads(capsys.readouterr().out)
     assert len(report["heldout_agreement"]["top1"]) == 3
     assert len(json.loads((folder / "config.json").read_text())["tree"]) == 4
+
+
+def test_heads_sharing_the_target_lm_head(tiny_models, tiny_corpus, tmp_path):
+    """share_lm_head: only the residual blocks train and are saved; drafting stays exact."""
+    target_dir = str(tiny_models["llama"][0])
+    cfg = {"target": target_dir, "out": str(tmp_path / "heads"), "work_dir": str(tmp_path / "work"),
+           "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "num_heads": 3,
+           "share_lm_head": True, "seq_len": 64, "batch_size": 4, "lr": 3e-3, "warmup_steps": 2,
+           "max_steps": 20, "eval_tokens": 256, "tree_budget": 6}
+    metrics = train(cfg)
+    assert metrics["curve"][-1][1] < metrics["curve"][0][1]
+    target = load_for_reference(tiny_models["llama"][0])
+    heads, config = MedusaHeads.load(tmp_path / "heads", target)
+    assert config["share_lm_head"] and not any("lm_heads" in k for k in heads.state_dict())
+    assert sum(p.numel() for p in heads.parameters()) == 3 * (64 * 64 + 64)
+    prompts = [[5, 6, 7, 8], [1, 2, 3, 1, 2, 3]]
+    plain = draftsman.load({"target": {"path": target_dir}}).generate(input_ids=prompts, max_new_tokens=20)
+    dec = draftsman.load({"target": {"path": target_dir}, "drafter": {"name": "medusa", "path": str(tmp_path / "heads")}})
+    assert dec.generate(input_ids=prompts, max_new_tokens=20).token_ids == plain.token_ids

@@ -175,18 +175,19 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
     """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation)."""
     from ..drafters.medusa import tree_from_accuracies
     windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
+    from .feature_heads import evaluate_feature_head, tokens_by_frequency
+    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
+    # Which tokens the target picks most, counted on training text (never on held-out text).
+    frequent = tokens_by_frequency(run_target, train_windows(train_stream, cfg), heads.config.vocab_size)
     if cfg["kind"] == "medusa":
         ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
-        heads.save(cfg["out"], target, extra={"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]})
-        return ev
-    from .feature_heads import evaluate_feature_head, tokens_by_frequency
-    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
-    ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
-    # Which tokens the target picks most, counted on training text (never on held-out text).
-    frequent = tokens_by_frequency(run_target, train_windows(train_stream, cfg), heads.config.vocab_size)
+        extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
+    else:
+        ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
+        extra = {"heldout_agreement": ev}
     ev["draft_vocab_coverage"] = frequent["coverage"]
-    heads.save(cfg["out"], target, extra={"heldout_agreement": ev, "tokens_by_frequency": frequent["order"]})
+    heads.save(cfg["out"], target, extra={**extra, "tokens_by_frequency": frequent["order"]})
     return ev
 
 
