@@ -86,7 +86,7 @@ class DraftModelDrafter(Drafter):
             tokens.append(tok)
             probs.append(p)
             if step < k - 1:
-                logits, _ = self.lm.forward(TreeBlock.chains([[t] for t in tok.tolist()], self.lm.device))
+                logits, _ = self.lm.forward(TreeBlock.column(tok))
                 self.lm.accept([[0]] * B)
                 logits = logits[:, 0]
         tokens_bk = torch.stack(tokens, 1)  # (B, k)

@@ -151,16 +151,28 @@ class SpeculativeEngine:
 
             # 3. One target pass over every row's root + tree, then accept/reject.
             roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-            block = verification_block(roots, trees, self.device)
-            logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
-            drafts = pack_drafts(trees, self.vocab_size, self.device)
-            if sampling.greedy:
-                verdict = verify_greedy(logits.argmax(-1), drafts)
+            if all(t.size == 0 for t in trees):
+                # A plain step (drafter `none`, adaptive's zero-depth rounds, nothing to propose):
+                # no packing, no tree walk; the same draws as verify_sampled on empty trees.
+                block = TreeBlock.column(roots.to(self.device))
+                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
+                if sampling.greedy:
+                    chosen = logits[:, 0].argmax(-1)
+                else:
+                    everyone = torch.ones(len(active), dtype=torch.bool, device=self.device)
+                    chosen = coin.sample(processed_probs(logits[:, 0], sampling), everyone)
+                accepted, num_accepted, next_token = [[]] * len(active), [0] * len(active), chosen.tolist()
             else:
-                verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
-            accepted = verdict.accepted.tolist()
-            num_accepted = verdict.num_accepted.tolist()
-            next_token = verdict.next_token.tolist()
+                block = verification_block(roots, trees, self.device)
+                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
+                drafts = pack_drafts(trees, self.vocab_size, self.device)
+                if sampling.greedy:
+                    verdict = verify_greedy(logits.argmax(-1), drafts)
+                else:
+                    verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
+                accepted = verdict.accepted.tolist()
+                num_accepted = verdict.num_accepted.tolist()
+                next_token = verdict.next_token.tolist()
             _sync(self.device)
             t2 = time.perf_counter()
 

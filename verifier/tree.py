@@ -52,6 +52,15 @@ class TreeBlock:
         return bool(self.valid.all()) and bool((self.parents == chain).all())
 
     @staticmethod
+    def column(tokens: torch.Tensor) -> "TreeBlock":
+        """One token per row (a plain decoding step): (B,) tokens, already on their device."""
+        B, device = tokens.shape[0], tokens.device
+        return TreeBlock(tokens[:, None], torch.full((B, 1), -1, dtype=torch.long, device=device),
+                         torch.ones(B, 1, dtype=torch.bool, device=device),
+                         torch.ones(B, 1, 1, dtype=torch.bool, device=device),
+                         torch.zeros(B, 1, dtype=torch.long, device=device))
+
+    @staticmethod
     def chains(rows: list[list[int]], device: torch.device | str) -> "TreeBlock":
         """Each row a plain chain of tokens (prefill, or feeding a draft model)."""
         T = max((len(r) for r in rows), default=0)
