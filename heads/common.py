@@ -54,6 +54,7 @@ def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.T
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
         json.dump(config, f, indent=2)
+    os.chmod(f.name, 0o644)  # NamedTemporaryFile creates 0600; a heads folder is meant to be shared
     os.replace(f.name, folder / "config.json")
     tmp = folder / "model.safetensors.tmp"
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))

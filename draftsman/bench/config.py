@@ -40,7 +40,7 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "batch_s
 # Drafters whose checkpoint is bundled in zoo/: (drafter name, zoo folder, options). Each joins
 # the default comparison once its folder exists and its drafter is registered.
 BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4}), ("medusa", "python-medusa", {}),
-                    ("eagle", "python-eagle", {}), ("mtp", "python-mtp", {})]
+                    ("eagle", "python-eagle", {"draft_vocab": 1024}), ("mtp", "python-mtp", {"draft_vocab": 1024})]
 
 
 def default_drafters() -> list[dict]:
