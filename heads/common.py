@@ -58,6 +58,7 @@ def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.T
     os.replace(f.name, folder / "config.json")
     tmp = folder / "model.safetensors.tmp"
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    os.chmod(tmp, 0o644)
     os.replace(tmp, folder / "model.safetensors")
 
 
