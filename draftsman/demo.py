@@ -28,7 +28,8 @@ def demo_drafters() -> dict[str, dict]:
     for name, folder in (("medusa", "python-medusa"), ("eagle", "python-eagle"), ("mtp", "python-mtp")):
         path = zoo.heads_path(folder)
         if path is not None:
-            drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024}
+            drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024,
+                              **({"tree_budget": 8} if name == "medusa" else {})}
     return drafters
 
 
