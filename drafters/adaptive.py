@@ -7,7 +7,8 @@ Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens p
 and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
 <= d and B the batch size. The wrapper keeps online estimates of every term for the current
 request and picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. Round 1 measures
-plain decoding and round 2 the full bet. While d = 0 wins it still probes now and then, so a
+plain decoding and rounds 2 and 3 the full bet (round 2's drafting includes the drafter's first
+look at the prompt, so the cost fit only takes rounds that follow a speculative round). While d = 0 wins it still probes now and then, so a
 drafter that starts to match (a copy-heavy stretch for n-gram lookup) is noticed; a probe drafts
 one level only (the cheapest look at acceptance; deeper levels follow if depth 1 pays), and each
 probe that changes nothing doubles the wait before the next: a drafter that never pays costs a
@@ -92,6 +93,7 @@ class AdaptiveDrafter(Drafter):
         self.verify_cost = OnlineLinearFit(s.decay)  # seconds vs batch * block tokens
         self.draft_cost = OnlineLinearFit(s.decay)  # seconds vs depth requested (> 0)
         self.rounds_since_probe = 0
+        self.previous_depth = 0
         self.probe_interval = float(s.probe_every)
         self.probing = False  # the last round was a probe
         self.depth_log = []
@@ -165,9 +167,14 @@ class AdaptiveDrafter(Drafter):
         depth, draft_seconds, trees = self._last
         batch = len(feedback.emitted)
         self.verify_cost.add(batch * feedback.block_tokens, feedback.verify_seconds)
+        previous, self.previous_depth = self.previous_depth, depth
         if depth == 0:
             return
-        self.draft_cost.add(depth, draft_seconds)
+        # After a plain round a drafter first catches up on what it has not seen (the whole prompt
+        # in the first speculative round, every token of a plain stretch before a probe): a
+        # one-time cost, not what the next round's drafting will cost. Fit steady rounds only.
+        if previous > 0:
+            self.draft_cost.add(depth, draft_seconds)
         self._update_acceptance(trees, feedback)
 
     def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:

@@ -92,7 +92,9 @@ def test_full_acceptance_keeps_drafting(tiny_models):
     # Timing noise on a loaded machine can cost a few plain rounds; the decision itself is checked
     # exactly in test_choose_depth_follows_the_estimates.
     assert out.stats.tau > 2.0
-    assert dec.drafter.depth_log[1] == 4  # round 1 measures plain decoding, round 2 the full bet
+    # Round 1 measures plain decoding; rounds 2 and 3 the full bet (round 2's drafting includes the
+    # drafter's catch-up on the prompt, so only round 3 enters the cost fit).
+    assert dec.drafter.depth_log[1:3] == [4, 4]
 
 
 def test_choose_depth_follows_the_estimates():
