@@ -65,7 +65,7 @@ class NgramDrafter(Drafter):
     @dataclass
     class Options:
         k: int = 4  # tokens proposed per branch
-        min_ngram: int = 1  # shortest suffix worth matching
+        min_ngram: int = 2  # shortest suffix worth matching (1 proposes on any repeated token: more rounds wasted)
         max_ngram: int = 3  # longest suffix tried first
         branches: int = 1  # distinct continuations merged into one tree
 
