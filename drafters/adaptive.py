@@ -90,6 +90,7 @@ class AdaptiveDrafter(Drafter):
         self.accepted_count = [0.0] * D  # decayed counts of row-rounds that accepted depth d+1...
         self.offered_count = [0.0] * D  # ...out of those that reached depth d with d+1 on offer
         self.nodes_upto = [float(d + 1) for d in range(D)]  # chain until trees are seen
+        self.proposal_rate = 1.0  # decayed share of rows with a non-empty tree in speculative rounds
         self.verify_cost = OnlineLinearFit(s.decay)  # seconds vs batch * block tokens
         self.draft_cost = OnlineLinearFit(s.decay)  # seconds vs depth requested (> 0)
         self.rounds_since_probe = 0
@@ -117,11 +118,13 @@ class AdaptiveDrafter(Drafter):
                 for a, o in zip(self.accepted_count, self.offered_count)]
 
     def expected_tokens(self, depth: int) -> float:
-        total, reach = 1.0, 1.0
+        """Per row: 1 + r * (a1 + a1*a2 + ...), r = the share of rows that get a proposal at all
+        (n-gram lookup often has none; acceptance is measured on the rows that had one)."""
+        total, reach = 0.0, 1.0
         for a in self.acceptance[:depth]:
             reach *= a
             total += reach
-        return total
+        return 1.0 + self.proposal_rate * total
 
     def expected_seconds(self, depth: int, batch: int) -> float:
         nodes = self.nodes_upto[depth - 1] if depth else 0.0
@@ -179,6 +182,9 @@ class AdaptiveDrafter(Drafter):
 
     def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:
         decay = self.settings.decay
+        if trees:
+            share = sum(t.size > 0 for t in trees) / len(trees)
+            self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
         for d in range(len(self.accepted_count)):
             reached = offered = 0
             for tree, path in zip(trees, feedback.accepted_nodes):
