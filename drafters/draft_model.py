@@ -25,12 +25,15 @@ class DraftModelDrafter(Drafter):
         path: str | None = None  # local Hugging Face folder of the draft model
         k: int = 4  # tokens drafted per round
         dtype: str | None = None  # default: the target's dtype
+        min_confidence: float | None = None  # stop a row's draft after a token drawn with prob < this
 
         def __post_init__(self):
             if not self.path:
                 raise ValueError("draft_model: set drafter.path to the draft model's local folder")
             if self.k < 1:
                 raise ValueError(f"draft_model: k must be >= 1, got {self.k}")
+            if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
+                raise ValueError(f"draft_model: min_confidence must be in [0, 1], got {self.min_confidence}")
 
     def __init__(self, options: "DraftModelDrafter.Options", target):
         self.options = options
@@ -78,22 +81,34 @@ class DraftModelDrafter(Drafter):
         last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
-        # 2. Draft k tokens one at a time.
+        # 2. Draft k tokens one at a time; with min_confidence, a row stops after a token the draft
+        # model itself gave less than that probability (its next guesses are rarely accepted), and
+        # drafting ends when every row has stopped (as transformers' assisted generation does).
         tokens, probs = [], []
+        length = torch.full((B,), k, dtype=torch.long, device=self.lm.device)
         for step in range(k):
             p = self._next_distribution(logits)
             tok = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
             tokens.append(tok)
             probs.append(p)
+            if self.options.min_confidence is not None:
+                # The draft model's own probability of its token (greedy processing gives one-hot p).
+                confidence = logits[..., : self.vocab_size].float().softmax(-1).gather(1, tok[:, None])[:, 0]
+                unsure = (confidence < self.options.min_confidence) & (length == k)
+                length = torch.where(unsure, step + 1, length)
+                if bool((length < k).all()):
+                    break
             if step < k - 1:
                 logits, _ = self.lm.forward(TreeBlock.column(tok))
                 self.lm.accept([[0]] * B)
                 logits = logits[:, 0]
-        tokens_bk = torch.stack(tokens, 1)  # (B, k)
+        tokens_bk = torch.stack(tokens, 1)  # (B, drafted)
+        n = length.clamp(max=tokens_bk.shape[1]).tolist()
         if self.sampling.greedy:
-            return [DraftTree.chain(tokens_bk[b], DETERMINISTIC, device=self.lm.device) for b in range(B)]
-        probs_bkv = torch.stack(probs, 1)  # (B, k, V)
-        return [DraftTree.chain(tokens_bk[b], IID, probs_bkv[b], device=self.lm.device) for b in range(B)]
+            return [DraftTree.chain(tokens_bk[b, : n[b]], DETERMINISTIC, device=self.lm.device) for b in range(B)]
+        probs_bkv = torch.stack(probs, 1)  # (B, drafted, V)
+        return [DraftTree.chain(tokens_bk[b, : n[b]], IID, probs_bkv[b, : n[b]], device=self.lm.device)
+                for b in range(B)]
 
     def observe(self, feedback):
         # Keep the drafts that were accepted (those the draft model was fed); forget the rest.

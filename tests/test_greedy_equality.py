@@ -43,6 +43,9 @@ def drafter_configs(arch, tiny_models, close_drafts):
         "ngram_tree": {"name": "ngram", "k": 3, "branches": 3, "min_ngram": 1, "max_ngram": 2},
         "draft_model": {"name": "draft_model", "path": str(tiny_models[arch][1]), "k": 3},
         "draft_model_close": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5},
+        # Rows stop drafting at different depths (ragged chains, early exit when all stopped).
+        "draft_model_confidence": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5,
+                                   "min_confidence": 0.6},
     }
 
 
