@@ -38,21 +38,8 @@ class EagleDrafter(FeatureHeadDrafter):
                 if getattr(self, key) < 1:
                     raise ValueError(f"eagle: {key} must be >= 1, got {getattr(self, key)}")
 
-    def __init__(self, options: "EagleDrafter.Options", target):
-        super().__init__(options.path, target, options.draft_vocab)
-        self.options = options
-
-    def max_depth(self) -> int:
-        return self.options.depth
-
-    @torch.no_grad()
-    def propose(self, contexts):
-        depth = self.depth_budget(contexts, self.options.depth)
-        if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
-            return [DraftTree.empty(self.device) for _ in contexts]
-        feature, logits, ready = self.catch_up()
+    def draft(self, feature, logits, depth, ready):
         tokens, parents, scores = self._expand(feature, logits, depth)
-        self.forget_grown()
         return self._trees(tokens, parents, scores, ready)
 
     def _expand(self, root_feature, root_logits, depth):

@@ -19,7 +19,7 @@ import torch
 from ..heads.feature_head import FeatureHead
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
-from .base import Drafter, TargetNeeds
+from .base import Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
 
 
@@ -27,7 +27,10 @@ class FeatureHeadDrafter(Drafter):
     needs = TargetNeeds(hidden_state_layers=(-1,))
     head_kind = ""  # eagle | mtp: the kind of heads folder this drafter loads
 
-    def __init__(self, path: str, target, draft_vocab: int | None = None):
+    def __init__(self, options, target):
+        """options: the subclass's Options (path, depth, draft_vocab at least)."""
+        self.options = options
+        path, draft_vocab = options.path, options.draft_vocab
         self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kind)
         if target.dtype != torch.float32:
             self.head.cast_parameters(target.dtype)
@@ -57,6 +60,24 @@ class FeatureHeadDrafter(Drafter):
             return probs
         out = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
         return out.index_copy_(-1, self.vocab_map, probs)
+
+    def max_depth(self) -> int:
+        return self.options.depth
+
+    @torch.no_grad()
+    def propose(self, contexts):
+        depth = self.depth_budget(contexts, self.options.depth)
+        if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
+            return [DraftTree.empty(self.device) for _ in contexts]
+        feature, logits, ready = self.catch_up()
+        trees = self.draft(feature, logits, depth, ready)
+        self.forget_grown()
+        return trees
+
+    def draft(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor) -> list[DraftTree]:
+        """Steps 2 and 3's drafting: from the root's predicted feature (B, d) and logits (B, n),
+        grow up to `depth` levels; rows with ready[b] False get an empty tree."""
+        raise NotImplementedError
 
     def extra_parameters(self) -> int:
         return self._parameters

@@ -33,20 +33,8 @@ class MTPDrafter(FeatureHeadDrafter):
             if self.depth < 1:
                 raise ValueError(f"mtp: depth must be >= 1, got {self.depth}")
 
-    def __init__(self, options: "MTPDrafter.Options", target):
-        super().__init__(options.path, target, options.draft_vocab)
-        self.options = options
-
-    def max_depth(self) -> int:
-        return self.options.depth
-
-    @torch.no_grad()
-    def propose(self, contexts):
-        depth = self.depth_budget(contexts, self.options.depth)
-        if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
-            return [DraftTree.empty(self.device) for _ in contexts]
-        feature, logits, ready = self.catch_up()
-        B = len(contexts)
+    def draft(self, feature, logits, depth, ready):
+        B = feature.shape[0]
         tokens, probs = [], []
         visible = None
         for d in range(1, depth + 1):
@@ -65,7 +53,6 @@ class MTPDrafter(FeatureHeadDrafter):
                 seen[..., : visible.shape[-1]] = visible
             seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
             visible = seen
-        self.forget_grown()
         chain = torch.stack(tokens, 1)  # (B, depth)
         ready = ready.tolist()
         if self.sampling.greedy:
