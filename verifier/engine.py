@@ -17,7 +17,7 @@ from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .rejection import GeneratorCoin, verify_greedy, verify_sampled
 from .sampling import SamplingParams, processed_probs
-from .tree import TreeBlock, pack_drafts, verification_block
+from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
 @dataclass
@@ -162,6 +162,17 @@ class SpeculativeEngine:
                     everyone = torch.ones(len(active), dtype=torch.bool, device=self.device)
                     chosen = coin.sample(processed_probs(logits[:, 0], sampling), everyone)
                 accepted, num_accepted, next_token = [[]] * len(active), [0] * len(active), chosen.tolist()
+            elif sampling.greedy and all(is_chain(t) for t in trees):
+                # Greedy chains (ngram, draft_model, mtp): the accepted path is the longest prefix
+                # of the chain that matches the target's argmax; no packing, no tree walk.
+                block = verification_block(roots, trees, self.device, chains=True)
+                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
+                argmax = logits.argmax(-1)  # (B, T)
+                match = (block.tokens[:, 1:] == argmax[:, :-1]) & block.valid[:, 1:]
+                count = match.long().cumprod(1).sum(1)
+                num_accepted = count.tolist()
+                next_token = argmax.gather(1, count[:, None])[:, 0].tolist()
+                accepted = [list(range(n)) for n in num_accepted]
             else:
                 block = verification_block(roots, trees, self.device)
                 logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)

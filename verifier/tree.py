@@ -135,8 +135,13 @@ def pack_drafts(trees: list[DraftTree], vocab_size: int, device, prob_dtype=torc
                         children.to(device), depth.to(device))
 
 
-def verification_block(roots: torch.Tensor, trees: list[DraftTree], device) -> TreeBlock:
-    """The target's input for one round: per row the root (slot 0) followed by its draft nodes."""
+def is_chain(tree: DraftTree) -> bool:
+    return tree.size == 0 or bool((tree.parents == torch.arange(-1, tree.size - 1, device=tree.parents.device)).all())
+
+
+def verification_block(roots: torch.Tensor, trees: list[DraftTree], device, chains: bool = False) -> TreeBlock:
+    """The target's input for one round: per row the root (slot 0) followed by its draft nodes.
+    chains=True: the caller checked every tree is a chain (root + chain is a chain: no ancestor walk)."""
     B = len(trees)
     T = 1 + max((t.size for t in trees), default=0)
     tokens = torch.zeros(B, T, dtype=torch.long)
@@ -150,4 +155,9 @@ def verification_block(roots: torch.Tensor, trees: list[DraftTree], device) -> T
             tokens[b, 1 : n + 1] = tree.tokens.cpu()
             parents[b, 1 : n + 1] = tree.parents.cpu() + 1  # root children -> slot 0
             valid[b, 1 : n + 1] = True
-    return TreeBlock(tokens.to(device), parents.to(device), valid.to(device))
+    if not chains:
+        return TreeBlock(tokens.to(device), parents.to(device), valid.to(device))
+    ancestors = torch.tril(torch.ones(T, T, dtype=torch.bool)) & valid[:, None, :] & valid[:, :, None]
+    ancestors |= torch.eye(T, dtype=torch.bool)  # padding sees itself, so no row is empty
+    depth = torch.where(valid, torch.arange(T), 0)
+    return TreeBlock(tokens.to(device), parents.to(device), valid.to(device), ancestors.to(device), depth.to(device))
