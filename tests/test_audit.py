@@ -68,7 +68,15 @@ def skip_first_greedy_check(monkeypatch):
         argmax[has, 0] = drafts.tokens[has, first[has]]
         return real(argmax, drafts)
 
+    real_chains = engine_module.verify_greedy_chains
+
+    def broken_chains(target_argmax, chain_tokens, valid):  # the same bug on the chain path
+        argmax = target_argmax.clone()
+        argmax[valid[:, 0], 0] = chain_tokens[valid[:, 0], 0]
+        return real_chains(argmax, chain_tokens, valid)
+
     monkeypatch.setattr(engine_module, "verify_greedy", broken)
+    monkeypatch.setattr(engine_module, "verify_greedy_chains", broken_chains)
 
 
 # ----------------------------------------------------------------------------- the audit

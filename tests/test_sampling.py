@@ -42,3 +42,25 @@ def test_bad_sampling_values_are_named():
         SamplingParams(1.0, top_p=1.5)
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(1.0, top_k=0)
+
+
+def test_greedy_chain_path_equals_the_tree_walk():
+    """verify_greedy_chains (the engine's path for greedy chain rounds) gives exactly what the
+    general tree walk gives, on random chains of ragged lengths over a small vocabulary."""
+    from draftsman.drafters.base import DraftTree
+    from draftsman.verifier.rejection import verify_greedy, verify_greedy_chains
+    from draftsman.verifier.tree import pack_drafts, verification_block
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        lengths = torch.randint(0, 5, (6,), generator=g).tolist()
+        trees = [DraftTree.chain(torch.randint(0, 3, (n,), generator=g)) for n in lengths]
+        roots = torch.randint(0, 3, (6,), generator=g)
+        block = verification_block(roots, trees, "cpu", chains=True)
+        argmax = torch.randint(0, 3, block.tokens.shape, generator=g)
+        walk = verify_greedy(argmax, pack_drafts(trees, 3, "cpu"))
+        fast = verify_greedy_chains(argmax, block.tokens[:, 1:], block.valid[:, 1:])
+        assert torch.equal(walk.num_accepted, fast.num_accepted)
+        assert torch.equal(walk.next_token, fast.next_token)
+        for b, n in enumerate(walk.num_accepted.tolist()):
+            assert walk.accepted[b, :n].tolist() == fast.accepted[b, :n].tolist() == list(range(n))

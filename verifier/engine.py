@@ -15,7 +15,7 @@ import torch
 
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
-from .rejection import GeneratorCoin, verify_greedy, verify_sampled
+from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_sampled
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -167,11 +167,9 @@ class SpeculativeEngine:
                 # of the chain that matches the target's argmax; no packing, no tree walk.
                 block = verification_block(roots, trees, self.device, chains=True)
                 logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
-                argmax = logits.argmax(-1)  # (B, T)
-                match = (block.tokens[:, 1:] == argmax[:, :-1]) & block.valid[:, 1:]
-                count = match.long().cumprod(1).sum(1)
-                num_accepted = count.tolist()
-                next_token = argmax.gather(1, count[:, None])[:, 0].tolist()
+                verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
+                num_accepted = verdict.num_accepted.tolist()
+                next_token = verdict.next_token.tolist()
                 accepted = [list(range(n)) for n in num_accepted]
             else:
                 block = verification_block(roots, trees, self.device)

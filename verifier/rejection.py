@@ -156,3 +156,15 @@ def verify_greedy(target_argmax: torch.Tensor, drafts: PackedDrafts) -> Verdict:
         if not bool(walking.any()):
             break
     return Verdict(accepted, num_accepted, target_argmax[rows, slot])
+
+
+def verify_greedy_chains(target_argmax: torch.Tensor, chain_tokens: torch.Tensor, valid: torch.Tensor) -> Verdict:
+    """Temperature 0, every row's draft a chain: the accepted path is the longest prefix of the
+    chain equal to the target's argmax after each node. target_argmax (B, N + 1), chain_tokens and
+    valid (B, N) (padding invalid). Same result as verify_greedy on the packed chains."""
+    match = (chain_tokens == target_argmax[:, :-1]) & valid
+    count = match.long().cumprod(1).sum(1)
+    N = chain_tokens.shape[1]
+    steps = torch.arange(max(N, 1), device=count.device)
+    accepted = torch.where(steps[None, :] < count[:, None], steps[None, :], torch.full_like(steps, -1)[None, :])
+    return Verdict(accepted, count, target_argmax.gather(1, count[:, None])[:, 0])
