@@ -15,7 +15,7 @@ import torch
 
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
-from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_sampled
+from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -151,37 +151,10 @@ class SpeculativeEngine:
 
             # 3. One target pass over every row's root + tree, then accept/reject.
             roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-            if all(t.size == 0 for t in trees):
-                # A plain step (drafter `none`, adaptive's zero-depth rounds, nothing to propose):
-                # no packing, no tree walk; the same draws as verify_sampled on empty trees.
-                block = TreeBlock.column(roots.to(self.device))
-                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
-                if sampling.greedy:
-                    chosen = logits[:, 0].argmax(-1)
-                else:
-                    everyone = torch.ones(len(active), dtype=torch.bool, device=self.device)
-                    chosen = coin.sample(processed_probs(logits[:, 0], sampling), everyone)
-                accepted, num_accepted, next_token = [[]] * len(active), [0] * len(active), chosen.tolist()
-            elif sampling.greedy and all(is_chain(t) for t in trees):
-                # Greedy chains (ngram, draft_model, mtp): the accepted path is the longest prefix
-                # of the chain that matches the target's argmax; no packing, no tree walk.
-                block = verification_block(roots, trees, self.device, chains=True)
-                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
-                verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
-                num_accepted = verdict.num_accepted.tolist()
-                next_token = verdict.next_token.tolist()
-                accepted = [list(range(n)) for n in num_accepted]
-            else:
-                block = verification_block(roots, trees, self.device)
-                logits, hidden = self.target.forward(block, self.drafter.needs.hidden_state_layers)
-                drafts = pack_drafts(trees, self.vocab_size, self.device)
-                if sampling.greedy:
-                    verdict = verify_greedy(logits.argmax(-1), drafts)
-                else:
-                    verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
-                accepted = verdict.accepted.tolist()
-                num_accepted = verdict.num_accepted.tolist()
-                next_token = verdict.next_token.tolist()
+            verdict, hidden, block_tokens = self._verify(roots, trees, sampling, coin)
+            accepted = verdict.accepted.tolist()
+            num_accepted = verdict.num_accepted.tolist()
+            next_token = verdict.next_token.tolist()
             _sync(self.device)
             t2 = time.perf_counter()
 
@@ -207,7 +180,7 @@ class SpeculativeEngine:
                     still.append(i)
             self.target.accept(keep_slots)
             feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots),
-                                     verify_seconds=t2 - t1, block_tokens=block.tokens.shape[1])
+                                     verify_seconds=t2 - t1, block_tokens=block_tokens)
             self.drafter.observe(feedback)
             stats.rounds += 1
             stats.row_rounds += len(active)
@@ -220,6 +193,28 @@ class SpeculativeEngine:
             stats.drafter_report = self.drafter.report()
             _sync(self.device)
             stats.total_seconds = time.perf_counter() - t_start
+
+    def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin):
+        """One target pass over every row's root + tree and the verdict. Plain rounds and greedy
+        chains take shorter paths to the same verdict (no packing, no tree walk)."""
+        layers = self.drafter.needs.hidden_state_layers
+        if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
+            block = TreeBlock.column(roots.to(self.device))
+            logits, hidden = self.target.forward(block, layers)
+            verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
+        elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
+            block = verification_block(roots, trees, self.device, chains=True)
+            logits, hidden = self.target.forward(block, layers)
+            verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
+        else:
+            block = verification_block(roots, trees, self.device)
+            logits, hidden = self.target.forward(block, layers)
+            drafts = pack_drafts(trees, self.vocab_size, self.device)
+            if sampling.greedy:
+                verdict = verify_greedy(logits.argmax(-1), drafts)
+            else:
+                verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
+        return verdict, hidden, block.tokens.shape[1]
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
         """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.base import DETERMINISTIC, WITHOUT_REPLACEMENT
-from .sampling import sample_from
+from .sampling import processed_probs, sample_from
 from .tree import PackedDrafts
 
 
@@ -168,3 +168,15 @@ def verify_greedy_chains(target_argmax: torch.Tensor, chain_tokens: torch.Tensor
     steps = torch.arange(max(N, 1), device=count.device)
     accepted = torch.where(steps[None, :] < count[:, None], steps[None, :], torch.full_like(steps, -1)[None, :])
     return Verdict(accepted, count, target_argmax.gather(1, count[:, None])[:, 0])
+
+
+def verify_plain(next_logits: torch.Tensor, sampling, coin: Coin) -> Verdict:
+    """No drafts in any row: the next token is the target's argmax, or one draw from its processed
+    distribution with the same coin call verify_sampled makes on empty trees."""
+    B, device = next_logits.shape[0], next_logits.device
+    if sampling.greedy:
+        chosen = next_logits.argmax(-1)
+    else:
+        chosen = coin.sample(processed_probs(next_logits, sampling), torch.ones(B, dtype=torch.bool, device=device))
+    return Verdict(torch.full((B, 1), -1, dtype=torch.long, device=device),
+                   torch.zeros(B, dtype=torch.long, device=device), chosen)
