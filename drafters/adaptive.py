@@ -5,10 +5,16 @@ Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens p
     E(d) = 1 + a1 + a1*a2 + ... + a1*...*ad      (aj = acceptance at depth j, given depth j-1)
 
 and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
-<= d and B the batch size. The wrapper keeps online estimates of every term for the current
-request and picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. Round 1 measures
-plain decoding and rounds 2 and 3 the full bet (round 2's drafting includes the drafter's first
-look at the prompt, so the cost fit only takes rounds that follow a speculative round). While d = 0 wins it still probes now and then, so a
+<= d and B the batch size. The wrapper keeps online estimates of every term and picks the d that
+maximises E(d) / cost(d); d = 0 is plain decoding.
+
+Costs belong to the machine, not the request: they are kept across requests on the same Decoder
+(drafting cost per batch-size bucket). Acceptance belongs to the drafter, the target and the
+sampling settings: a request with the same settings starts from the previous one's estimates,
+worth `carry_rounds` rounds, so it adapts to its own text within a few rounds. Only the very first
+request measures from nothing: round 1 plain decoding, rounds 2 and 3 the full bet (round 2's
+drafting includes the drafter's first look at the prompt, so the cost fit only takes rounds that
+follow a speculative round). While d = 0 wins it still probes now and then, so a
 drafter that starts to match (a copy-heavy stretch for n-gram lookup) is noticed; a probe drafts
 one level only (the cheapest look at acceptance; deeper levels follow if depth 1 pays), and each
 probe that changes nothing doubles the wait before the next: a drafter that never pays costs a
@@ -64,6 +70,13 @@ class AdaptiveSettings:
     decay: float = 0.95  # weight of past rounds in every running estimate
     min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
     # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
+    carry_rounds: float = 8.0  # a request with the same sampling settings starts from the previous
+    # request's acceptance estimates, worth at most this many rounds
+
+
+def batch_bucket(batch: int) -> int:
+    """Drafting cost grows with the batch, slowly: one fit per power of two."""
+    return 1 << max(0, batch.bit_length() - 1)
 
 
 class AdaptiveDrafter(Drafter):
@@ -75,6 +88,11 @@ class AdaptiveDrafter(Drafter):
         self.needs = inner.needs
         self.settings = settings or AdaptiveSettings()
         self.depth_log: list[int] = []  # depth chosen each round (for reports and tests)
+        # Kept across requests (the machine's costs): seconds vs batch * block tokens, and per
+        # batch bucket seconds vs depth requested (> 0).
+        self.verify_cost = OnlineLinearFit(self.settings.decay)
+        self.draft_costs: dict[int, OnlineLinearFit] = {}
+        self._carried = None  # (sampling, acceptance state) of the last request
 
     def max_depth(self) -> int:
         return self.inner.max_depth()
@@ -83,6 +101,8 @@ class AdaptiveDrafter(Drafter):
         return self.inner.extra_parameters()
 
     def begin(self, prompts, sampling, generator):
+        if getattr(self, "sampling", None) is not None:
+            self._carried = (self.sampling, self._acceptance_state())
         super().begin(prompts, sampling, generator)
         self.inner.begin(prompts, sampling, generator)
         s = self.settings
@@ -91,14 +111,37 @@ class AdaptiveDrafter(Drafter):
         self.offered_count = [0.0] * D  # ...out of those that reached depth d with d+1 on offer
         self.nodes_upto = [float(d + 1) for d in range(D)]  # chain until trees are seen
         self.proposal_rate = 1.0  # decayed share of rows with a non-empty tree in speculative rounds
-        self.verify_cost = OnlineLinearFit(s.decay)  # seconds vs batch * block tokens
-        self.draft_cost = OnlineLinearFit(s.decay)  # seconds vs depth requested (> 0)
+        if self._carried is not None and self._carried[0] == sampling:
+            self._resume(self._carried[1])
         self.rounds_since_probe = 0
         self.previous_depth = 0
         self.probe_interval = float(s.probe_every)
         self.probing = False  # the last round was a probe
         self.depth_log = []
         self._last = None
+
+    def _acceptance_state(self) -> tuple:
+        return (list(self.accepted_count), list(self.offered_count), list(self.nodes_upto), self.proposal_rate)
+
+    def _resume(self, state: tuple) -> None:
+        """Start from the last request's acceptance, scaled down to carry_rounds rounds' worth."""
+        accepted, offered, nodes, rate = state
+        scale = min(1.0, self.settings.carry_rounds / max(max(offered, default=0.0), 1e-9))
+        self.accepted_count = [a * scale for a in accepted]
+        self.offered_count = [o * scale for o in offered]
+        self.nodes_upto, self.proposal_rate = list(nodes), rate
+
+    def draft_cost(self, batch: int) -> OnlineLinearFit:
+        """The drafting-cost fit for this batch size: its own bucket's once measured, else the
+        nearest measured bucket's (the bucket's own rounds take over as soon as it has some)."""
+        bucket = batch_bucket(batch)
+        measured = [b for b, fit in self.draft_costs.items() if fit.seen]
+        if not measured:
+            return OnlineLinearFit(self.settings.decay)  # nothing measured yet
+        return self.draft_costs[min(measured, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))]
+
+    def record_draft_cost(self, batch: int, depth: int, seconds: float) -> None:
+        self.draft_costs.setdefault(batch_bucket(batch), OnlineLinearFit(self.settings.decay)).add(depth, seconds)
 
     def observe_prefill(self, target_hidden):
         self.inner.observe_prefill(target_hidden)
@@ -128,15 +171,15 @@ class AdaptiveDrafter(Drafter):
 
     def expected_seconds(self, depth: int, batch: int) -> float:
         nodes = self.nodes_upto[depth - 1] if depth else 0.0
-        draft = self.draft_cost.predict(depth) if depth else 0.0
+        draft = self.draft_cost(batch).predict(depth) if depth else 0.0
         return draft + self.verify_cost.predict(batch * (1 + nodes))
 
     def choose_depth(self, batch: int) -> int:
         D = self.inner.max_depth()
         if D == 0 or not self.verify_cost.seen:
             return 0  # first round: measure plain decoding
-        if not self.draft_cost.seen:
-            return D  # second round: measure the full bet
+        if not self.draft_cost(batch).seen:
+            return D  # nothing known about drafting yet: measure the full bet
         s = self.settings
         rates = [self.expected_tokens(d) / max(self.expected_seconds(d, batch), 1e-9) for d in range(D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
@@ -177,7 +220,7 @@ class AdaptiveDrafter(Drafter):
         # in the first speculative round, every token of a plain stretch before a probe): a
         # one-time cost, not what the next round's drafting will cost. Fit steady rounds only.
         if previous > 0:
-            self.draft_cost.add(depth, draft_seconds)
+            self.record_draft_cost(batch, depth, draft_seconds)
         self._update_acceptance(trees, feedback)
 
     def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:

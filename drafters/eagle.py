@@ -21,7 +21,7 @@ from .registry import register
 @register
 class EagleDrafter(FeatureHeadDrafter):
     name = "eagle"
-    head_kind = "eagle"
+    head_kinds = ("eagle", "eagle3")  # the same dynamic tree drafts from EAGLE-1/2 and EAGLE-3 heads
 
     @dataclass
     class Options:

@@ -24,19 +24,28 @@ from .draft_vocab import frequent_tokens, shrunk_linear
 
 
 class FeatureHeadDrafter(Drafter):
-    needs = TargetNeeds(hidden_state_layers=(-1,))
-    head_kind = ""  # eagle | mtp: the kind of heads folder this drafter loads
+    head_kinds: tuple[str, ...] = ()  # the kinds of heads folder this drafter loads
 
     def __init__(self, options, target):
         """options: the subclass's Options (path, depth, draft_vocab at least)."""
         self.options = options
         path, draft_vocab = options.path, options.draft_vocab
-        self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kind)
+        self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kinds)
         if target.dtype != torch.float32:
             self.head.cast_parameters(target.dtype)
         self.device = target.device
         self.vocab_size = target.vocab_size
-        self.vocab_map = None if draft_vocab is None else self._shrink_lm_head(path, draft_vocab)
+        layers = self.head.config.feature_layers
+        self.needs = TargetNeeds(hidden_state_layers=layers)
+        self.feature_width = self.head.config.hidden_size * len(layers)
+        if self.head.config.kind == "eagle3":  # trained on its own draft vocabulary
+            if draft_vocab is not None:
+                raise ValueError(f"{self.name}: the EAGLE-3 head in '{path}' has its own draft vocabulary "
+                                 f"({self.head.config.draft_vocab_size} tokens); leave draft_vocab unset")
+            ids = self.head.draft_token_ids
+            self.vocab_map = None if len(ids) == self.vocab_size else ids
+        else:
+            self.vocab_map = None if draft_vocab is None else self._shrink_lm_head(path, draft_vocab)
         self.lm = CachedLM(self.head.body)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
@@ -45,8 +54,8 @@ class FeatureHeadDrafter(Drafter):
     def _shrink_lm_head(self, path: str, draft_vocab: int) -> torch.Tensor:
         """The head's LM head keeps the `draft_vocab` most frequent tokens' rows (drafters/draft_vocab.py).
         Returns the token id of each kept row; the target keeps its own LM head."""
-        keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name, self.head_kind,
-                               self.device)
+        keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name,
+                               self.head.config.kind, self.device)
         self.head.body.set_output_embeddings(shrunk_linear(self.head.body.get_output_embeddings(), keep))
         return keep
 
@@ -86,18 +95,23 @@ class FeatureHeadDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self.lm.reset(len(prompts))
         self.prompts = prompts
-        d = self.head.config.hidden_size
-        self.pending_features = [torch.zeros(0, d, device=self.device) for _ in prompts]
+        self.pending_features = [torch.zeros(0, self.feature_width, device=self.device) for _ in prompts]
         self.pending_tokens: list[list[int]] = [[] for _ in prompts]
 
     def observe_prefill(self, target_hidden):
         for b, hidden in enumerate(target_hidden):
             if hidden:
-                self._add_entries(b, hidden[-1], self.prompts[b][1:])
+                self._add_entries(b, self._features(hidden), self.prompts[b][1:])
 
     def observe(self, feedback):
         for b, (hidden, emitted) in enumerate(zip(feedback.target_hidden, feedback.emitted)):
-            self._add_entries(b, hidden[-1], emitted)
+            self._add_entries(b, self._features(hidden), emitted)
+
+    def _features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The target's states the head reads, (n, feature_width): its top feature, or EAGLE-3's
+        low / mid / high layers side by side."""
+        layers = self.needs.hidden_state_layers
+        return hidden[layers[0]] if len(layers) == 1 else torch.cat([hidden[k] for k in layers], dim=-1)
 
     def _add_entries(self, b: int, features: torch.Tensor, tokens: list[int]) -> None:
         n = min(len(features), len(tokens))  # fewer tokens when EOS / length cut the round short
@@ -124,8 +138,9 @@ class FeatureHeadDrafter(Drafter):
         d = self.head.config.hidden_size
         ready = torch.tensor([len(t) > 0 for t in tokens], device=self.device)
         if T == 0:
-            return (torch.zeros(B, d, device=self.device), torch.zeros(B, self.vocab_size, device=self.device), ready)
-        features = torch.zeros(B, T, d, device=self.device, dtype=self.pending_features[0].dtype)
+            width = self.vocab_size if self.vocab_map is None else len(self.vocab_map)  # the head's logits
+            return torch.zeros(B, d, device=self.device), torch.zeros(B, width, device=self.device), ready
+        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=self.pending_features[0].dtype)
         for b, f in enumerate(self.pending_features):
             features[b, : len(f)] = f
         block = TreeBlock.chains(tokens, self.device)

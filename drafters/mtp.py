@@ -19,7 +19,7 @@ from .registry import register
 @register
 class MTPDrafter(FeatureHeadDrafter):
     name = "mtp"
-    head_kind = "mtp"
+    head_kinds = ("mtp",)
 
     @dataclass
     class Options:

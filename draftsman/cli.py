@@ -7,7 +7,7 @@
     draftsman compare [--config bench.yaml] [--quick]   # drafters side by side (draftsman/bench/)
     draftsman audit --config cfg.yaml [--prompts FILE] [--json]   # is the drafter lossless? (exit 1 if not)
 
-    draftsman train medusa|eagle|mtp --config training/configs/<kind>.yaml   # heads on a frozen target
+    draftsman train medusa|eagle|eagle3|mtp --config training/configs/<kind>.yaml   # heads on a frozen target
     draftsman export eagle|medusa --heads DIR --target DIR --engine vllm --out DIR   # for serving engines
 
 Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). User errors (bad config, missing folder, bad prompt) print
@@ -258,7 +258,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                 _add_compare_args, _run_compare),
     "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
               "exit 1 on a failure", _add_audit_args, _run_audit),
-    "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|mtp --config FILE", None, _run_train),
+    "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp --config FILE", None, _run_train),
     "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
                _run_export),
 }

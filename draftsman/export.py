@@ -1,11 +1,13 @@
 """`draftsman export`: trained heads in the checkpoint layouts serving engines load.
 
     draftsman export eagle  --heads zoo/python-eagle  --target zoo/python-target --engine vllm   --out DIR
+    draftsman export eagle  --heads zoo/python-eagle3 --target zoo/python-target --engine sglang --out DIR
     draftsman export medusa --heads zoo/python-medusa --target zoo/python-target --engine vllm   --out DIR
 
 What each engine expects is written once, in `expected_keys` below, from vLLM's and SGLang's loaders as read in late 2026 (EAGLE-1/2: vLLM method
 "eagle", SGLang --speculative-algorithm EAGLE; Medusa: vLLM method "medusa" and the Medusa repo's
-own file). The exporter writes exactly that key set, and refuses what it cannot represent: an MTP
+own file; EAGLE-3: vLLM method "eagle3", SGLang EAGLE3, one layout for both). `export eagle`
+writes whichever EAGLE generation the heads folder holds. The exporter writes exactly that key set, and refuses what it cannot represent: an MTP
 module (its input norms and final norm have no place in the EAGLE-1 layout, and no engine loads a
 standalone MTP module for Llama-family targets) and EAGLE heads of non-Llama targets.
 """
@@ -26,8 +28,14 @@ _LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn
                 "post_attention_layernorm.weight"]
 
 
+_EAGLE3_MIDLAYER = _LLAMA_LAYER + ["input_layernorm.weight", "hidden_norm.weight"]
+
+
 def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0) -> set[str]:
-    """The exact key set an engine loads for these heads (Medusa: for this many heads and layers)."""
+    """The exact key set an engine loads for these heads (Medusa: for this many heads and layers).
+    kind eagle3: an EAGLE-3 head, exported by `export eagle`."""
+    if kind == "eagle3":
+        return {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"midlayer.{k}" for k in _EAGLE3_MIDLAYER}
     if kind == "eagle":
         keys = {"fc.weight"} | {f"layers.0.{k}" for k in _LLAMA_LAYER}
         return keys | {"fc.bias"} if engine == "sglang" else keys
@@ -51,15 +59,16 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     out_dir.mkdir(parents=True, exist_ok=True)
     cast = getattr(torch, dtype)
     if kind == "eagle":
-        tensors, config, filename = _eagle(heads_dir, target, engine)
-        expected = expected_keys(kind, engine)
+        tensors, config, filename, generation = _eagle(heads_dir, target, engine)
+        expected = expected_keys(generation, engine)
     else:
         tensors, config, filename, sizes = _medusa(heads_dir, target, engine, target_dir)
         expected = expected_keys(kind, engine, *sizes)
     missing = expected ^ set(tensors)
     if missing:  # a bug in this file, not bad input
         raise RuntimeError(f"export wrote keys that differ from expected_keys: {sorted(missing)}")
-    save_file({k: v.detach().to(cast).contiguous() for k, v in tensors.items()}, str(out_dir / filename))
+    save_file({k: (v.to(cast) if v.is_floating_point() else v).detach().contiguous() for k, v in tensors.items()},
+              str(out_dir / filename))
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
 
@@ -70,8 +79,10 @@ def _eagle(heads_dir, target, engine):
     if type(target).__name__ != "LlamaForCausalLM":
         raise ValueError(f"EAGLE export supports Llama targets (the layout is a Llama layer); this target is "
                          f"{type(target).__name__}")
-    head, saved = FeatureHead.load(heads_dir, target, kind="eagle")
+    head, saved = FeatureHead.load(heads_dir, target, kind=("eagle", "eagle3"))
     state = head.state_dict()
+    if head.config.kind == "eagle3":
+        return (*_eagle3(head, state, target), "model.safetensors", "eagle3")
     tensors = {"fc.weight": state["fuse.weight"]}
     for key in _LLAMA_LAYER:
         tensors[f"layers.0.{key}"] = state[f"parts.layers.0.{key}"]
@@ -81,7 +92,34 @@ def _eagle(heads_dir, target, engine):
     config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM" if engine == "vllm" else "LlamaForCausalLMEagle"],
                   tie_word_embeddings=False)
     config.pop("dtype", None)
-    return tensors, config, "model.safetensors"
+    return tensors, config, "model.safetensors", "eagle"
+
+
+def _eagle3(head, state, target):
+    """EAGLE-3 layout, the same file for vLLM and SGLang: midlayer.*, norm, lm_head over the draft
+    vocabulary, d2t (target id = i + d2t[i]) and t2d (which target ids are in the draft vocabulary)."""
+    n = target.config.num_hidden_layers
+    aux = head.config.aux_layers
+    if not all(1 <= k <= n - 1 for k in aux):
+        raise ValueError(f"this EAGLE-3 head fuses hidden_states {aux}; engines read the inputs of layers "
+                         f"1..{n - 1} only (0 is the embedding, {n} the normed top state): retrain with aux_layers "
+                         "inside that range")
+    tensors = {"fc.weight": state["fuse.weight"], "norm.weight": state["readout.norm.weight"],
+               "lm_head.weight": state["readout.lm_head.weight"]}
+    for key in _EAGLE3_MIDLAYER:
+        tensors[f"midlayer.{key}"] = state[f"parts.layers.0.{key}"]
+    ids = head.draft_token_ids.long().cpu()
+    tensors["d2t"] = ids - torch.arange(len(ids))
+    tensors["t2d"] = torch.zeros(head.config.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
+    config = target.config.to_dict()
+    config.pop("dtype", None)
+    config.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                  draft_vocab_size=len(ids), tie_word_embeddings=False,
+                  # vLLM: indices of the layers whose *input* is fused; SGLang: of the layers whose
+                  # *output* is fused (one less): both name the same states.
+                  eagle_aux_hidden_state_layer_ids=list(aux),
+                  eagle_config={"eagle_aux_hidden_state_layer_ids": [k - 1 for k in aux]})
+    return tensors, config
 
 
 def _medusa(heads_dir, target, engine, target_dir):

@@ -62,12 +62,14 @@ def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.T
     os.replace(tmp, folder / "model.safetensors")
 
 
-def load_checkpoint(folder: str | Path, kind: str) -> tuple[dict, dict[str, torch.Tensor]]:
+def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """config.json and tensors of a heads folder holding heads of `kind` (or one of several kinds)."""
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
     folder = Path(folder).expanduser()
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"'{folder}' is not a {kind} heads folder (config.json + model.safetensors "
-                                f"missing); train one with `draftsman train {kind}`")
+        raise FileNotFoundError(f"'{folder}' is not a {' / '.join(kinds)} heads folder (config.json + "
+                                f"model.safetensors missing); train one with `draftsman train {kinds[0]}`")
     config = json.loads((folder / "config.json").read_text())
-    if config.get("kind") != kind:
-        raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {kind!r} heads")
+    if config.get("kind") not in kinds:
+        raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {' or '.join(map(repr, kinds))} heads")
     return config, load_file(str(folder / "model.safetensors"))

@@ -8,6 +8,10 @@ target's hidden state. Two kinds share the module:
   mtp    (DeepSeek-V3 multi-token prediction): input = Linear_2d->d([RMSNorm(Embed(t_{i+1})); RMSNorm(h_i)]),
          then the layer, then the target's own final norm and LM head (shared, frozen).
 
+  eagle3 (EAGLE-3, Li et al. 2025): input = [Embed(t_{i+1}); Linear_3d->d([low_i; mid_i; high_i])]
+         (three layers of the target's residual stream); the widened layer (heads/eagle3.py) is
+         read out through the head's own norm and LM head over a reduced draft vocabulary.
+
 The fusion has no bias and takes the embedding first, and an eagle layer has no input norm: the
 layout vLLM and SGLang load for EAGLE drafters (../docs/training-heads.md, export).
 
@@ -21,15 +25,17 @@ from __future__ import annotations
 
 import copy
 import re
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from . import eagle3
 from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
 
-KINDS = ("eagle", "mtp")
+KINDS = ("eagle", "eagle3", "mtp")
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 _INPUT_NORM_NAMES = ("input_layernorm", "ln_1")
 _LAYER_INDEX = re.compile(r"\.(layers|h|layer|blocks)\.0\.")
@@ -37,9 +43,16 @@ _LAYER_INDEX = re.compile(r"\.(layers|h|layer|blocks)\.0\.")
 
 @dataclass
 class FeatureHeadConfig:
-    kind: str  # eagle | mtp
+    kind: str  # eagle | eagle3 | mtp
     hidden_size: int
     vocab_size: int
+    aux_layers: list[int] | None = None  # eagle3: target hidden_states indices fused, low to high
+    draft_vocab_size: int | None = None  # eagle3: rows of its own LM head
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target's hidden_states the head reads (-1 = the top feature, after the final norm)."""
+        return tuple(self.aux_layers) if self.kind == "eagle3" else (-1,)
 
 
 def _final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
@@ -68,7 +81,7 @@ class FeatureHead(nn.Module):
             raise ValueError(f"feature head kind must be one of {list(KINDS)}, got {config.kind!r}")
         self.config = config
         d = config.hidden_size
-        self.fuse = nn.Linear(2 * d, d, bias=False)
+        self.fuse = nn.Linear((3 if config.kind == "eagle3" else 2) * d, d, bias=False)
         if config.kind == "mtp":
             self.norm_hidden, self.norm_embed = RMSNorm(d), RMSNorm(d)
         body_config = copy.deepcopy(target.config)
@@ -76,6 +89,8 @@ class FeatureHead(nn.Module):
             if hasattr(body_config, key):
                 setattr(body_config, key, 1)
         body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
+        if config.kind == "eagle3":
+            eagle3.make_midlayer(_decoder_layers(body)[0])
         if config.kind == "eagle":  # EAGLE's layer reads the fused input without normalising it
             layer = _decoder_layers(body)[0]
             for name in _INPUT_NORM_NAMES:
@@ -90,7 +105,13 @@ class FeatureHead(nn.Module):
         setattr(owner, norm_name, _final_norm_owner(target)[0].get_submodule(norm_name)
                 if config.kind == "mtp" else nn.Identity())
         body.set_input_embeddings(target.get_input_embeddings())
-        body.set_output_embeddings(target.get_output_embeddings())
+        if config.kind == "eagle3":  # its own norm and draft-vocabulary LM head, trained
+            target_norm = _final_norm_owner(target)[0].get_submodule(norm_name)
+            self.readout = eagle3.DraftReadout(copy.deepcopy(target_norm).float(), d, config.draft_vocab_size)
+            self.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
+            body.set_output_embeddings(self.readout)
+        else:
+            body.set_output_embeddings(target.get_output_embeddings())
         body.config.tie_word_embeddings = False
         self._shared = {"body": body, "target": target}  # a plain dict: not registered as submodules
         shared = {id(body.get_input_embeddings()), id(getattr(owner, norm_name))}
@@ -108,34 +129,59 @@ class FeatureHead(nn.Module):
         return self._shared["target"].get_input_embeddings()
 
     @classmethod
-    def for_target(cls, target: nn.Module, kind: str) -> "FeatureHead":
-        """A new head whose decoder layer starts as a copy of the target's top layer."""
+    def for_target(cls, target: nn.Module, kind: str, draft_token_ids=None, aux_layers=None) -> "FeatureHead":
+        """A new head whose decoder layer starts as a copy of the target's top layer.
+        eagle3: `draft_token_ids` = its draft vocabulary (default: all), `aux_layers` = the target's
+        hidden_states it fuses (default: heads/eagle3.py default_aux_layers)."""
         lm_head = target.get_output_embeddings().weight
-        head = cls(FeatureHeadConfig(kind, lm_head.shape[1], lm_head.shape[0]), target)
+        V, d = lm_head.shape
+        config = FeatureHeadConfig(kind, d, V)
+        if kind == "eagle3":
+            ids = torch.arange(V) if draft_token_ids is None else torch.as_tensor(sorted(set(draft_token_ids)))
+            n = _num_layers(target)
+            config.aux_layers = [int(k) for k in (aux_layers or eagle3.default_aux_layers(n))]
+            if len(config.aux_layers) != 3 or not all(0 <= k <= n for k in config.aux_layers):
+                raise ValueError(f"aux_layers must be 3 hidden_states indices in 0..{n}, got {config.aux_layers}")
+            config.draft_vocab_size = len(ids)
+        head = cls(config, target)
         target_state = target.state_dict()
         last = _num_layers(target) - 1
         with torch.no_grad():
             for name, tensor in head.body.state_dict().items():
                 source = _LAYER_INDEX.sub(lambda m: f".{m.group(1)}.{last}.", name)
-                if source in target_state and target_state[source].shape == tensor.shape:
+                if kind == "eagle3" and name.endswith("hidden_norm.weight"):
+                    source = source.replace("hidden_norm", "input_layernorm")
+                if source not in target_state:
+                    continue
+                if target_state[source].shape == tensor.shape:
                     tensor.copy_(target_state[source].float())
-            # Start the fusion as "take the feature" so a new head is not pure noise.
-            d = head.config.hidden_size
+                elif kind == "eagle3" and tensor.shape[-1] == 2 * d:  # widened q/k/v: the feature half
+                    tensor[:, d:].copy_(target_state[source].float())
+            # Start the fusion as "take the (top) feature" so a new head is not pure noise.
             head.fuse.weight.zero_()
-            head.fuse.weight[:, d:].copy_(torch.eye(d))
+            head.fuse.weight[:, -d:].copy_(torch.eye(d))
+            if kind == "eagle3":
+                head.draft_token_ids.copy_(ids)
+                head.readout.lm_head.weight.copy_(lm_head[ids].float())
         return head.to(lm_head.device)
 
     def fused_inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """(..., d) features of positions i and (...) tokens i + 1 -> (..., d) inputs of the layer."""
+        """(..., d) features of positions i and (...) tokens i + 1 -> (..., d) inputs of the layer.
+        eagle3: features are the target's (..., 3d) aux states or, deeper in a draft, the head's own
+        (..., d) outputs; the layer's input is (..., 2d) [embedding; h]."""
         emb = self.embed(tokens).to(features.dtype)
+        if self.config.kind == "eagle3":
+            h = self.fuse(features) if features.shape[-1] != self.config.hidden_size else features
+            return torch.cat([emb, h], dim=-1)
         if self.config.kind == "mtp":
             features, emb = self.norm_hidden(features), self.norm_embed(emb)
         return self.fuse(torch.cat([emb, features], dim=-1))
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor):
-        """Training path, no cache: (B, L, d) features, (B, L) next tokens -> (predicted features
-        (B, L, d), logits (B, L, V)). The predicted feature is what the LM head reads."""
-        out = self.body(inputs_embeds=self.fused_inputs(features, tokens), output_hidden_states=True)
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, **body_kwargs):
+        """Training path: (B, L, d) features, (B, L) next tokens -> (predicted features (B, L, d),
+        logits (B, L, V)). The predicted feature is what the LM head reads. Extra keyword arguments
+        go to the body (eagle3's training-time test passes a cache, positions and a 4D mask)."""
+        out = self.body(inputs_embeds=self.fused_inputs(features, tokens), output_hidden_states=True, **body_kwargs)
         return out.hidden_states[-1], out.logits
 
     def cast_parameters(self, dtype: torch.dtype) -> "FeatureHead":
@@ -145,26 +191,21 @@ class FeatureHead(nn.Module):
         return self
 
     def save(self, folder, target: nn.Module, extra: dict | None = None, dtype=torch.bfloat16) -> None:
-        config = {"kind": self.config.kind, **asdict(self.config), "target": target_fingerprint(target),
-                  "architecture": type(target).__name__, **(extra or {})}
-        save_checkpoint(folder, config, {k: v.to(dtype) for k, v in self.state_dict().items()})
+        config = {**asdict(self.config), "target": target_fingerprint(target), **(extra or {})}
+        save_checkpoint(folder, config, {k: v.to(dtype) if v.is_floating_point() else v
+                                         for k, v in self.state_dict().items()})
 
     @classmethod
-    def load(cls, folder, target: nn.Module, kind: str | None = None) -> tuple["FeatureHead", dict]:
-        """Load heads saved by `save` against this target (refused if it is another target)."""
-        config, tensors = load_checkpoint(folder, kind or _peek_kind(folder))
+    def load(cls, folder, target: nn.Module, kind: str | tuple[str, ...] = KINDS) -> tuple["FeatureHead", dict]:
+        """Load heads saved by `save` against this target (refused if it is another target or
+        not of `kind`, one kind or a tuple of accepted kinds)."""
+        config, tensors = load_checkpoint(folder, kind)
         check_fingerprint(config["target"], target, folder)
-        head = cls(FeatureHeadConfig(config["kind"], config["hidden_size"], config["vocab_size"]), target)
-        head.load_state_dict({k: v.float() for k, v in tensors.items()})
+        fields = {f.name for f in dataclasses.fields(FeatureHeadConfig)}
+        head = cls(FeatureHeadConfig(**{k: v for k, v in config.items() if k in fields}), target)
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
         device = next(target.parameters()).device
         return head.to(device=device).eval(), config
-
-
-def _peek_kind(folder) -> str:
-    import json
-    from pathlib import Path
-    path = Path(folder).expanduser() / "config.json"
-    return json.loads(path.read_text()).get("kind", "eagle") if path.is_file() else "eagle"
 
 
 def _num_layers(model: nn.Module) -> int:

@@ -112,7 +112,7 @@ def test_choose_depth_follows_the_estimates():
     drafter.begin([[1]], SamplingParams(), torch.Generator())
     for x in (1, 2, 5):
         drafter.verify_cost.add(x, 1.0 + 0.1 * (x - 1))
-    drafter.draft_cost.add(4, 0.0)
+    drafter.record_draft_cost(1, 4, 0.0)
     drafter.offered_count = [100.0] * 4
     drafter.accepted_count = [100.0] * 4  # every draft accepted: bet the most
     assert drafter.choose_depth(batch=1) == 4
@@ -126,3 +126,21 @@ def test_choose_depth_follows_the_estimates():
 def test_adaptive_must_be_a_bool(tiny_models):
     with pytest.raises(ValueError, match="adaptive must be true or false"):
         draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "ngram", "adaptive": "yes"}})
+
+
+def test_a_second_request_starts_from_what_the_first_measured(tiny_models):
+    """Costs are the machine's and acceptance the drafter's: the second request on a Decoder does
+    not re-measure plain decoding and the full bet; a drafter that never matches stays off from
+    round 1. Other sampling settings start acceptance from the prior again (costs stay)."""
+    from draftsman.verifier.sampling import SamplingParams
+
+    register_always_wrong()
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                          "drafter": {"name": "always_wrong_test", "adaptive": True}})
+    dec.generate(input_ids=[[5, 6, 7]], max_new_tokens=40)
+    D = dec.drafter.max_depth()
+    assert dec.drafter.depth_log[:3] == [0, D, D]  # the first request measures
+    dec.generate(input_ids=[[8, 9]], max_new_tokens=40)
+    assert dec.drafter.depth_log[:16] == [0] * 16, dec.drafter.depth_log  # the second knows
+    dec.drafter.begin([[1]], SamplingParams(temperature=1.0), torch.Generator())
+    assert dec.drafter.acceptance == [0.5] * D and dec.drafter.verify_cost.seen

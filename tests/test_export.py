@@ -103,3 +103,78 @@ def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tm
     code = main(["export", "eagle", "--heads", str(tmp_path / "q"), "--target", str(folder), "--engine", "vllm",
                  "--out", str(tmp_path / "o")])
     assert code == 2 and "trained for another target" in capsys.readouterr().err
+    # An EAGLE-3 head of a 2-layer target fuses hidden_states 0, 1, 2: the embedding output and the
+    # normed top state have no number in the engines' layer ids.
+    FeatureHead.for_target(target, "eagle3").save(tmp_path / "e3", target)
+    with pytest.raises(ValueError, match=r"fuses hidden_states \[0, 1, 2\]; engines read the inputs of layers 1..1"):
+        export("eagle", str(tmp_path / "e3"), str(folder), "sglang", str(tmp_path / "o3"))
+
+
+def _rms(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _eagle3_by_hand(t: dict, config: dict, embeddings, aux):
+    """EAGLE-3's draft step written from the exported tensors alone, as the engines compute it:
+    fc over [low; mid; high], attention over [input_layernorm(embedding); hidden_norm(h)] with the
+    residual h, MLP, norm, LM head over the draft vocabulary. One causal sequence, Llama RoPE."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    eps, heads, kv = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config["hidden_size"] // heads
+    L = embeddings.shape[1]
+    h = aux @ t["fc.weight"].T
+    x = torch.cat([_rms(embeddings, t["midlayer.input_layernorm.weight"], eps),
+                   _rms(h, t["midlayer.hidden_norm.weight"], eps)], -1)
+    q = (x @ t["midlayer.self_attn.q_proj.weight"].T).view(1, L, heads, hd).transpose(1, 2)
+    k = (x @ t["midlayer.self_attn.k_proj.weight"].T).view(1, L, kv, hd).transpose(1, 2)
+    v = (x @ t["midlayer.self_attn.v_proj.weight"].T).view(1, L, kv, hd).transpose(1, 2)
+    cos, sin = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))(
+        x, torch.arange(L)[None])
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+    scores = (q @ k.transpose(-1, -2)) / hd ** 0.5
+    scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, L, heads * hd)
+    h = h + attended @ t["midlayer.self_attn.o_proj.weight"].T
+    m = _rms(h, t["midlayer.post_attention_layernorm.weight"], eps)
+    gate, up = m @ t["midlayer.mlp.gate_proj.weight"].T, m @ t["midlayer.mlp.up_proj.weight"].T
+    h = h + (torch.nn.functional.silu(gate) * up) @ t["midlayer.mlp.down_proj.weight"].T
+    return _rms(h, t["norm.weight"], eps) @ t["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_eagle3_export_has_the_exact_layout_and_computes_the_same(tmp_path, engine):
+    """A 4-layer Llama target (its layers 1-3 are what the engines can fuse); the head's draft
+    vocabulary is 40 scattered token ids, so d2t / t2d are not trivial."""
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=64)).eval()
+    target.save_pretrained(tmp_path / "target")
+    ids = torch.randperm(96)[:40].sort().values
+    head = FeatureHead.for_target(target, "eagle3", ids.tolist())
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    head.save(tmp_path / "heads", target, dtype=torch.float32)
+    out = export("eagle", str(tmp_path / "heads"), str(tmp_path / "target"), engine, str(tmp_path / engine),
+                 dtype="float32")
+    tensors = _read(out / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    assert set(tensors) == expected_keys("eagle3", engine)
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == 40 and config["vocab_size"] == 96 and not config["tie_word_embeddings"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: layer inputs
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang: layer outputs
+    assert tensors["fc.weight"].shape == (32, 96) and tensors["lm_head.weight"].shape == (40, 32)
+    d2t, t2d = tensors["d2t"], tensors["t2d"]
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.shape == (96,)
+    assert torch.equal(torch.arange(40) + d2t, ids) and torch.equal(t2d.nonzero()[:, 0], ids)
+    tokens = torch.randint(0, 96, (1, 7))
+    with torch.no_grad():
+        states = target(input_ids=tokens, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[k] for k in head.config.aux_layers], -1)
+        ours = head(aux, tokens)[1]
+        by_hand = _eagle3_by_hand(tensors, config, target.model.embed_tokens(tokens), aux)
+    torch.testing.assert_close(by_hand, ours, atol=1e-4, rtol=1e-4)

@@ -3,6 +3,7 @@ heads for another target or of another kind are refused; output through `eagle` 
 the target's own greedy output (batch 1 and 4, three architectures) and follows its distribution
 when sampling; EAGLE's dynamic tree is connected and within budget; the head's KV cache after each
 round equals recomputing it from scratch."""
+import contextlib
 import json
 
 import pytest
@@ -26,11 +27,13 @@ def trained(tiny_models, tiny_corpus, tmp_path_factory):
     """{kind: (folder, metrics)} for heads trained briefly on the tiny Llama target."""
     out = tmp_path_factory.mktemp("feature-heads")
     result = {}
-    for kind in ("eagle", "mtp"):
+    for kind in ("eagle", "mtp", "eagle3"):
         cfg = {"kind": kind, "target": str(tiny_models["llama"][0]), "out": str(out / kind),
                "work_dir": str(out / "work"), "corpus_root": str(tiny_corpus), "threads": 1,
                "mixed_precision": "no", "seq_len": 64, "batch_size": 4, "lr": 1e-2, "warmup_steps": 2,
                "max_steps": 150, "eval_tokens": 256, "eval_depths": 3, "ce_weight": 1.0}
+        if kind == "eagle3":  # its own LM head over the 200 tokens the target picks most; 3 unrolled steps
+            cfg.update(draft_vocab=200, ttt_steps=3)
         result[kind] = (out / kind, train(cfg))
     return result
 
@@ -42,7 +45,7 @@ def untrained(tiny_models, tmp_path_factory):
     folders = {}
     for arch in ("qwen2", "gpt2"):
         target = load_for_reference(tiny_models[arch][0])
-        for kind in ("eagle", "mtp"):
+        for kind in ("eagle", "mtp") + (("eagle3",) if arch == "qwen2" else ()):
             FeatureHead.for_target(target, kind).save(out / f"{arch}-{kind}", target, dtype=torch.float32)
             folders[arch, kind] = out / f"{arch}-{kind}"
     return folders
@@ -52,7 +55,7 @@ def _decoder(target, drafter=None):
     return draftsman.load({"target": {"path": str(target)}, "drafter": drafter or {"name": "none"}})
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp", "eagle3"])
 def test_training_lowers_the_loss_and_records_the_target(trained, kind):
     folder, metrics = trained[kind]
     assert metrics["curve"][-1][1] < metrics["curve"][0][1]
@@ -64,12 +67,13 @@ def test_training_lowers_the_loss_and_records_the_target(trained, kind):
     assert agreement["top1"][0] > 0.2  # the tiny target's greedy choice is learnable; a broken loss is not
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", ["eagle", "mtp", "eagle3"])
 def test_save_load_round_trip(trained, tiny_models, tmp_path, kind):
     folder, _ = trained[kind]
     target = load_for_reference(tiny_models["llama"][0])
     head, _ = FeatureHead.load(folder, target)
-    features, tokens = torch.randn(2, 5, target.config.hidden_size), torch.randint(0, 300, (2, 5))
+    width = target.config.hidden_size * len(head.config.feature_layers)  # eagle3 reads three layers
+    features, tokens = torch.randn(2, 5, width), torch.randint(0, 300, (2, 5))
     head.save(tmp_path / "again", target, dtype=torch.float32)
     again, _ = FeatureHead.load(tmp_path / "again", target)
     for a, b in zip(head(features, tokens), again(features, tokens)):
@@ -77,6 +81,10 @@ def test_save_load_round_trip(trained, tiny_models, tmp_path, kind):
     # Only the head's own weights are saved: the target's embeddings and LM head are shared.
     saved = set(json.loads((folder / "config.json").read_text()))
     assert {"kind", "hidden_size", "vocab_size", "target"} <= saved
+    if kind == "eagle3":  # the draft vocabulary's token ids survive the bf16 default save exactly
+        assert again.draft_token_ids.dtype == torch.long and torch.equal(again.draft_token_ids, head.draft_token_ids)
+        bf16, _ = (head.save(tmp_path / "bf16", target), FeatureHead.load(tmp_path / "bf16", target))[1]
+        assert torch.equal(bf16.draft_token_ids, head.draft_token_ids) and len(head.draft_token_ids) == 200
     assert sum(p.numel() for p in head.parameters()) < sum(p.numel() for p in target.parameters())
 
 
@@ -98,31 +106,40 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "mtp"},
     {"name": "mtp", "depth": 1},
     {"name": "mtp", "draft_vocab": 64},
+    {"name": "eagle", "heads": "eagle3"},  # the same tree from an EAGLE-3 head (own 200-token vocabulary)
+    {"name": "eagle", "heads": "eagle3", "top_k": 1, "depth": 4, "total_tokens": 4},
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
     plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30)
-    dec = _decoder(target, {**options, "path": str(trained[options["name"]][0])})
+    options = dict(options)
+    heads = options.pop("heads", options["name"])
+    dec = _decoder(target, {**options, "path": str(trained[heads][0])})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids == plain.token_ids
     assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in PROMPTS] == plain.token_ids
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("arch,kind", [("qwen2", "eagle"), ("qwen2", "mtp"), ("qwen2", "eagle3"),
+                                       ("gpt2", "eagle"), ("gpt2", "mtp")])
 def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind):
     target = tiny_models[arch][0]
     plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=20)
-    dec = _decoder(target, {"name": kind, "path": str(untrained[arch, kind])})
+    dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(untrained[arch, kind])})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64})])
+def test_eagle3_needs_a_llama_like_layer(tiny_models):
+    with pytest.raises(NotImplementedError, match="self_attn.q_proj.*use an EAGLE-1/2 head"):
+        FeatureHead.for_target(load_for_reference(tiny_models["gpt2"][0]), "eagle3")
+
+
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64}), ("eagle3", {})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     """With draft_vocab, mtp samples from a distribution over 64 tokens: q must be that
     distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong."""
     target = tiny_models["llama"][0]
     prompt = [1, 2, 3, 4, 5, 1, 2, 3]
-    dec = _decoder(target, {"name": kind, "path": str(trained[kind][0]), **extra})
+    dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(trained[kind][0]), **extra})
     out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, seed=11)
     assert out.stats.tau > 1.0  # drafts were accepted, so the rejection path was exercised
     p1, p2 = exact_marginals(load_for_reference(target), prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
@@ -155,11 +172,12 @@ def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
     assert drafter.lm.num_slots == drafter.lm.lengths.max()  # the grown slots were dropped
 
 
-@pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0)])
+@pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0), ("eagle3", 0.0)])
 def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperature):
     target_dir = tiny_models["llama"][0]
-    extra = {"top_k": 4, "total_tokens": 12} if kind == "eagle" else {}
-    dec = _decoder(target_dir, {"name": kind, "path": str(trained[kind][0]), **extra})
+    extra = {"top_k": 4, "total_tokens": 12} if kind != "mtp" else {}
+    name = "eagle" if kind == "eagle3" else kind
+    dec = _decoder(target_dir, {"name": name, "path": str(trained[kind][0]), **extra})
     drafter, target = dec.drafter, load_for_reference(target_dir)
     seen: dict = {}
     checks = []
@@ -174,7 +192,8 @@ def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperatur
         for b, context in enumerate(seen["contexts"]):
             # From scratch: the target's features of the whole context, one chain through the head.
             with torch.no_grad():
-                f = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states[-1]
+                states = target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
+            f = drafter._features({k: states[k][0] for k in drafter.needs.hidden_state_layers})[None]
             fresh = CachedLM(drafter.head.body)
             fresh.reset(1)
             block = TreeBlock.chains([context[1:]], "cpu")
@@ -207,10 +226,12 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "mtp", "path": "x", "depth": 0}, "depth must be >= 1"),
     ({"name": "mtp", "path": "/no/such/folder"}, "not a mtp heads folder"),
     ({"name": "eagle", "path": "x", "draft_vocab": 0}, "draft_vocab must be between 1 and"),
+    ({"name": "eagle", "path": "eagle3", "draft_vocab": 64}, "has its own draft vocabulary .200 tokens.; leave draft_vocab"),
+    ({"name": "mtp", "path": "eagle3"}, "holds 'eagle3' heads, not 'mtp' heads"),
 ])
 def test_bad_options_are_named(trained, tiny_models, options, message):
-    if options.get("path") == "x":
-        options = {**options, "path": str(trained[options["name"]][0])}
+    if options.get("path") in ("x", "eagle3"):
+        options = {**options, "path": str(trained[options["name"] if options["path"] == "x" else "eagle3"][0])}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         _decoder(tiny_models["llama"][0], options)
 
@@ -221,5 +242,35 @@ def test_draft_vocab_needs_token_frequencies(untrained, tiny_models):
 
 
 def test_training_config_names_the_kinds(tiny_models, tmp_path):
-    with pytest.raises(ValueError, match=r"kind must be one of \['medusa', 'eagle', 'mtp'\]"):
+    with pytest.raises(ValueError, match=r"kind must be one of \['medusa', 'eagle', 'eagle3', 'mtp'\]"):
         train({"kind": "hydra", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
+
+
+def test_eagle3_drafting_reproduces_the_training_time_test(trained, tiny_models):
+    """The drafter's cache at depth k (true entries, then the head's own chain) is what training's
+    unrolled step k - 1 attends to, so both give the same logits. A training mask that lets a step
+    see other positions' chains, or a wrong position id, breaks the equality."""
+    from draftsman.training.eagle3 import aux_target_pass, unroll
+
+    target_dir = tiny_models["llama"][0]
+    dec = _decoder(target_dir, {"name": "eagle", "path": str(trained["eagle3"][0])})
+    drafter, target = dec.drafter, load_for_reference(target_dir)
+    x = torch.tensor([[5, 9, 14, 3, 7, 7, 21, 30, 2, 11, 6]])
+    layers = drafter.needs.hidden_state_layers
+    aux, _, _ = aux_target_pass(target, x, layers, contextlib.nullcontext)
+    with torch.no_grad():
+        steps = unroll(drafter.head, aux, x, 3)
+    i = 6  # the root entry: the target's features at position i and token x[i + 1]
+    drafter.begin([x[0, : i + 2].tolist()], SamplingParams(0.0), torch.Generator())
+    with torch.no_grad():
+        states = target(input_ids=x[:, : i + 1], output_hidden_states=True).hidden_states
+        drafter.observe_prefill([{k: states[k][0] for k in layers}])
+        feature, logits, _ = drafter.catch_up()
+        torch.testing.assert_close(logits[0], steps[0][0, i], atol=1e-4, rtol=1e-4)
+        slots = drafter.lm.num_slots
+        feature, logits = drafter.grow(feature[:, None], x[:, i + 2: i + 3], 1, None)
+        torch.testing.assert_close(logits[0, 0], steps[1][0, i], atol=1e-4, rtol=1e-4)
+        visible = torch.zeros(1, 1, slots + 1, dtype=torch.bool)
+        visible[0, 0, slots] = True  # the depth-1 node just grown
+        feature, logits = drafter.grow(feature, x[:, i + 3: i + 4], 2, visible)
+        torch.testing.assert_close(logits[0, 0], steps[2][0, i], atol=1e-4, rtol=1e-4)

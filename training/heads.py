@@ -1,4 +1,4 @@
-"""Train draft heads on a frozen target: `draftsman train medusa|eagle|mtp --config training/configs/<kind>.yaml`.
+"""Train draft heads on a frozen target: `draftsman train medusa|eagle|eagle3|mtp --config training/configs/<kind>.yaml`.
 
 The target never trains and is never saved again; its hidden states are computed on the fly for
 each batch (no cached features). Labels are either the corpus's next tokens or, by default, the
@@ -23,10 +23,10 @@ from tqdm import tqdm
 from . import corpus as C
 from .pretrain import atomic_torch_save, heldout_windows, train_batch, versions
 
-KINDS = ("medusa", "eagle", "mtp")
+KINDS = ("medusa", "eagle", "eagle3", "mtp")
 
 DEFAULTS = {
-    "kind": "medusa",  # medusa | eagle | mtp
+    "kind": "medusa",  # medusa | eagle | eagle3 | mtp
     "target": None,  # local HF folder of the frozen target (required)
     "out": None,  # folder for the trained heads (required)
     "work_dir": "zoo/.work",  # token caches and resumable checkpoints
@@ -41,7 +41,11 @@ DEFAULTS = {
     "loss_decay": 0.8,  # medusa: head i's loss weighs loss_decay ** i (far heads are less reliable)
     "feature_noise": 0.1,  # eagle: uniform noise U(-a, a) on the input features
     "ce_weight": 0.1,  # eagle: weight of the token loss next to the feature regression
-    "eval_depths": 4,  # eagle / mtp: held-out agreement measured for draft depths 1..eval_depths
+    "eval_depths": 4,  # eagle / eagle3 / mtp: held-out agreement measured for draft depths 1..eval_depths
+    "ttt_steps": 4,  # eagle3: steps of the training-time test (the head fed its own outputs)
+    "ttt_decay": 0.8,  # eagle3: step j's loss weighs ttt_decay ** j
+    "draft_vocab": None,  # eagle3: rows of its LM head, the tokens the target picks most (None = all)
+    "aux_layers": None,  # eagle3: target hidden_states indices fused, low to high (None = EAGLE-3's default)
     "seq_len": 512,
     "batch_size": 8,
     "lr": 1e-3,
@@ -69,6 +73,8 @@ def load_config(raw) -> dict:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
+    if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
+        raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
 
 
@@ -150,15 +156,28 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
     return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts).tolist(), "rank_accuracy": rank_accuracy}
 
 
-def build_heads(cfg: dict, target):
+def build_heads(cfg: dict, target, train_stream, autocast):
     from ..heads.feature_head import FeatureHead
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
         return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
+    if cfg["kind"] == "eagle3":  # its draft vocabulary: the tokens the target picks most on training text
+        from .feature_heads import tokens_by_frequency
+        V = target.get_output_embeddings().weight.shape[0]
+        order = tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast),
+                                    train_windows(train_stream, cfg), V)["order"]
+        return FeatureHead.for_target(target, "eagle3", order[: cfg["draft_vocab"] or V], cfg["aux_layers"])
     return FeatureHead.for_target(target, cfg["kind"])
 
 
-def heads_loss(heads, hidden, x, labels, cfg, generator):
+def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator):
+    """Run the frozen target on a batch and return the heads' loss and per-head / per-step accuracy."""
+    if cfg["kind"] == "eagle3":
+        from .eagle3 import aux_target_pass, eagle3_loss
+        aux, greedy, logits = aux_target_pass(target, x, getattr(heads, "module", heads).config.aux_layers, autocast)
+        return eagle3_loss(heads, aux, x, greedy, logits, cfg)
+    hidden, greedy = target_pass(target, x, autocast)
+    labels = labels_for(cfg, x, greedy)
     if cfg["kind"] == "medusa":
         return medusa_loss(heads(hidden), labels, cfg["loss_decay"])
     from .feature_heads import feature_head_loss
@@ -183,6 +202,11 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
         ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
+    elif cfg["kind"] == "eagle3":
+        from .eagle3 import aux_target_pass, evaluate_eagle3
+        layers = heads.config.aux_layers
+        ev = evaluate_eagle3(heads, lambda x: aux_target_pass(target, x, layers, autocast), windows, cfg["eval_depths"])
+        extra = {"heldout_agreement": ev}
     else:
         ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
         extra = {"heldout_agreement": ev}
@@ -227,7 +251,7 @@ def train(config) -> dict:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream = token_streams(cfg, tokenizer)
-    heads = build_heads(cfg, target)
+    heads = build_heads(cfg, target, train_stream, acc.autocast)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
     state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
@@ -253,10 +277,9 @@ def train(config) -> dict:
             break
         step = state["step"]
         x = train_batch(train_stream, step, acc.process_index, cfg["seed"], cfg["batch_size"], cfg["seq_len"]).to(acc.device)
-        hidden, greedy = target_pass(target, x, acc.autocast)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss, head_acc = heads_loss(heads, hidden, x, labels_for(cfg, x, greedy), cfg, noise)
+        loss, head_acc = batch_loss(cfg, heads, target, x, acc.autocast, noise)
         acc.backward(loss)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -1,0 +1,96 @@
+"""EAGLE-3 training: the target's distribution as the label, and the "training-time test".
+
+Drafting feeds the head its own outputs from depth 2 on, so training does too. For a window x run
+through the frozen target (aux states A at the fused layers, distributions p), step j = 0..S-1
+gives every position i the input
+
+  step 0   (fuse(A_i), x_{i+1})            the true features, as after every verification
+  step j   (o^{j-1}_i, x_{i+1+j})          the head's own output at step j-1, and the next token
+
+and asks for p at text position i+1+j. Attention is what the drafter's cache holds at that
+moment: the true entries of positions 0..i (step 0) plus this position's own chain (steps 1..j),
+so each step runs on top of the previous steps' keys with a block mask. Step j's loss weighs
+`ttt_decay ** j`.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+@torch.no_grad()
+def aux_target_pass(target, x: torch.Tensor, layers, autocast):
+    """Frozen target: its hidden_states at `layers` side by side (B, L, 3d), its greedy next tokens
+    (B, L) and its logits (B, L, V), in float32."""
+    with autocast():
+        out = target(input_ids=x, output_hidden_states=True)
+    aux = torch.cat([out.hidden_states[k].float() for k in layers], dim=-1)
+    return aux, out.logits.argmax(-1), out.logits.float()
+
+
+def _ttt_mask(n: int, step: int, dtype, device) -> torch.Tensor:
+    """(1, 1, n, (step + 1) n) additive mask: step-0 keys causally, later steps' keys on the diagonal."""
+    allowed = [torch.ones(n, n, dtype=torch.bool, device=device).tril()]
+    allowed += [torch.eye(n, dtype=torch.bool, device=device)] * step
+    mask = torch.zeros(n, (step + 1) * n, dtype=dtype, device=device)
+    return mask.masked_fill_(~torch.cat(allowed, dim=1), torch.finfo(dtype).min)[None, None]
+
+
+def unroll(head, aux: torch.Tensor, x: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Logits over the draft vocabulary, (B, L-1, n) per step: entry i of step j predicts the
+    target's token at text position i+1+j (meaningful while i+1+j < L)."""
+    module = getattr(head, "module", head)  # unwrapped (Accelerate's DDP) for its attributes
+    B, L = x.shape
+    n = L - 1
+    padded = torch.cat([x, x[:, -1:].expand(B, steps)], dim=1)  # tokens past the end: ignored by the loss
+    cache = DynamicCache(config=module.body.config)
+    features = aux[:, :n]
+    out = []
+    for j in range(steps):
+        positions = (torch.arange(n, device=x.device) + j)[None].expand(B, n)
+        mask = _ttt_mask(n, j, module.fuse.weight.dtype, x.device).expand(B, 1, n, (j + 1) * n)
+        features, logits = head(features, padded[:, 1 + j: 1 + j + n], position_ids=positions, attention_mask=mask,
+                                cache=cache, use_cache=True)
+        out.append(logits)
+    return out
+
+
+def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, target_logits: torch.Tensor,
+                cfg: dict):
+    """Weighted soft cross-entropy against the target's distribution restricted (and renormalised)
+    to the draft vocabulary, over `ttt_steps` steps. Returns the loss and the top-1 agreement with
+    the target's greedy token per step."""
+    ids = getattr(head, "module", head).draft_token_ids
+    L = x.shape[1]
+    total, accuracy = 0.0, []
+    for j, logits in enumerate(unroll(head, aux, x, cfg["ttt_steps"])):
+        m = L - 1 - j  # entries whose label lies inside the window
+        if m <= 0:
+            break
+        p = target_logits[:, 1 + j: 1 + j + m][..., ids].softmax(-1)
+        log_q = logits[:, :m].float().log_softmax(-1)
+        total = total + cfg["ttt_decay"] ** j * -(p * log_q).sum(-1).mean()
+        accuracy.append((ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]).float().mean().item())
+    return total, accuracy
+
+
+@torch.no_grad()
+def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch: int = 4) -> dict:
+    """Held-out top-1 / top-5 agreement with the target's greedy token by draft depth, through the
+    same unrolling the drafter's cache reproduces (depth k = step k - 1)."""
+    top1, top5, counts = torch.zeros(depths), torch.zeros(depths), torch.zeros(depths)
+    ids = head.draft_token_ids
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch].to(ids.device)
+        aux, greedy, _ = run_target(x)
+        L = x.shape[1]
+        for k, logits in enumerate(unroll(head, aux, x, depths)):
+            m = L - 1 - k
+            if m <= 0:
+                break
+            cand = ids[logits[:, :m].topk(5, dim=-1).indices]
+            truth = greedy[:, 1 + k: 1 + k + m]
+            top1[k] += (cand[..., 0] == truth).float().sum().cpu()
+            top5[k] += (cand == truth[..., None]).any(-1).float().sum().cpu()
+            counts[k] += truth.numel()
+    return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
