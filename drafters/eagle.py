@@ -6,6 +6,10 @@ along the path), each with its own top_k children; the best top_k of those child
 next frontier. Finally every node drafted is reranked by that score and the best `total_tokens`
 form the tree. A child never scores above its parent, so the kept set is connected. Every node is
 a deterministic top-k choice: the shared verifier keeps the output exact at any temperature.
+
+The scores are the head's log-probabilities; an EAGLE-3 head learns the target's distribution, so
+at T=0 its logits are first multiplied by the `greedy_score_scale` fitted at training (how sure to
+be that a token is the target's argmax, not how probable it is). Only the tree's shape changes.
 """
 from __future__ import annotations
 
@@ -38,6 +42,10 @@ class EagleDrafter(FeatureHeadDrafter):
                 if getattr(self, key) < 1:
                     raise ValueError(f"eagle: {key} must be >= 1, got {getattr(self, key)}")
 
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.score_scale = self.head_config.get("greedy_score_scale", 1.0) if sampling.greedy else 1.0
+
     def draft(self, feature, logits, depth, ready):
         tokens, parents, scores = self._expand(feature, logits, depth)
         return self._trees(tokens, parents, scores, ready)
@@ -48,7 +56,7 @@ class EagleDrafter(FeatureHeadDrafter):
         K = min(self.options.top_k, root_logits.shape[-1])
         B = root_logits.shape[0]
         rows = torch.arange(B, device=self.device)[:, None]
-        score, token = root_logits.float().log_softmax(-1).topk(K, dim=-1)  # (B, K)
+        score, token = (root_logits.float() * self.score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
         token = self.token_ids(token)
         all_tokens, all_parents, all_scores = [token], [torch.full_like(token, -1)], [score]
         frontier = torch.arange(K, device=self.device).expand(B, K)  # node index of each frontier node
@@ -58,7 +66,7 @@ class EagleDrafter(FeatureHeadDrafter):
         for d in range(1, depth):
             slots_before = self.lm.num_slots
             feature, logits = self.grow(parent_feature, token, d, visible)  # the frontier's outputs
-            child_score, child_token = logits.float().log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
+            child_score, child_token = (logits.float() * self.score_scale).log_softmax(-1).topk(K, dim=-1)
             child_token = self.token_ids(child_token)
             child_score = child_score + score[..., None]
             child_index = count + torch.arange(K * K, device=self.device).view(K, K)

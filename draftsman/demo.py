@@ -1,7 +1,7 @@
 """`draftsman demo` (`make demo`): real speculative decoding on the bundled models, offline.
 
 Plain decoding (`none`), prompt lookup (`ngram`), the bundled draft model (`draft_model`) and the
-bundled heads (`medusa`, `eagle`, `mtp`) run side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
+bundled heads (`medusa`, `eagle`, `eagle3`, `mtp`) run side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
 alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
 acceptance, and checks that at temperature 0 every drafter's output equals plain decoding's.
 `draftsman compare` is the full version: categories, temperatures, peers, batch sweep, plots.
@@ -30,6 +30,9 @@ def demo_drafters() -> dict[str, dict]:
         if path is not None:
             drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024,
                               **({"tree_budget": 8} if name == "medusa" else {})}
+    path = zoo.heads_path("python-eagle3")  # the eagle drafter on an EAGLE-3 head (its own draft vocabulary)
+    if path is not None:
+        drafters["eagle3"] = {"name": "eagle", "path": str(path)}
     return drafters
 
 

@@ -61,6 +61,8 @@ def test_training_lowers_the_loss_and_records_the_target(trained, kind):
     assert metrics["curve"][-1][1] < metrics["curve"][0][1]
     config = json.loads((folder / "config.json").read_text())
     assert config["kind"] == kind and config["target"]["architecture"] == "LlamaForCausalLM"
+    if kind == "eagle3":  # the greedy-tree calibration, fitted on training text
+        assert 0.3 <= config["greedy_score_scale"] <= 10
     agreement = metrics["heldout_agreement"]
     assert len(agreement["top1"]) == 3
     assert all(0 <= a <= b <= 1 for a, b in zip(agreement["top1"], agreement["top5"]))
@@ -255,6 +257,12 @@ def test_eagle3_drafting_reproduces_the_training_time_test(trained, tiny_models)
     target_dir = tiny_models["llama"][0]
     dec = _decoder(target_dir, {"name": "eagle", "path": str(trained["eagle3"][0])})
     drafter, target = dec.drafter, load_for_reference(target_dir)
+    # Greedy trees rank by the calibrated confidences; sampled rounds by the head's own.
+    scale = json.loads((trained["eagle3"][0] / "config.json").read_text())["greedy_score_scale"]
+    drafter.begin([[1, 2]], SamplingParams(1.0), torch.Generator())
+    assert drafter.score_scale == 1.0
+    drafter.begin([[1, 2]], SamplingParams(0.0), torch.Generator())
+    assert drafter.score_scale == scale
     x = torch.tensor([[5, 9, 14, 3, 7, 7, 21, 30, 2, 11, 6]])
     layers = drafter.needs.hidden_state_layers
     aux, _, _ = aux_target_pass(target, x, layers, contextlib.nullcontext)

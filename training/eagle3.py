@@ -94,3 +94,30 @@ def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch:
             top5[k] += (cand == truth[..., None]).any(-1).float().sum().cpu()
             counts[k] += truth.numel()
     return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
+
+
+@torch.no_grad()
+def greedy_score_scale(head, run_target, windows: torch.Tensor, depths: int, batch: int = 4) -> float:
+    """Temperature scaling (Guo et al. 2017) for greedy trees: the s for which softmax(s * logits)
+    best predicts the target's *greedy* token (least cross-entropy, over depths 1..`depths`).
+
+    The head learns the target's distribution, whose top probability understates how often its
+    top token is the target's argmax; the EAGLE-2 tree ranks nodes by these confidences, so at
+    T=0 it ranks by the scaled ones (drafters/eagle.py). Fit on training text."""
+    ids = head.draft_token_ids
+    position = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+    position[ids] = torch.arange(len(ids), device=ids.device)
+    logits_seen, labels_seen = [], []
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch].to(ids.device)
+        aux, greedy, _ = run_target(x)
+        for k, logits in enumerate(unroll(head, aux, x, depths)):
+            m = x.shape[1] - 1 - k
+            labels = position[greedy[:, 1 + k: 1 + k + m]].reshape(-1)
+            keep = labels >= 0  # the greedy token is in the draft vocabulary
+            logits_seen.append(logits[:, :m].reshape(-1, logits.shape[-1])[keep].float())
+            labels_seen.append(labels[keep])
+    logits, labels = torch.cat(logits_seen), torch.cat(labels_seen)
+    grid = torch.logspace(-0.5, 1.0, 31).tolist()  # 0.32 .. 10
+    losses = [torch.nn.functional.cross_entropy(s * logits, labels).item() for s in grid]
+    return round(grid[min(range(len(grid)), key=losses.__getitem__)], 3)

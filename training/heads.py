@@ -203,10 +203,13 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
     elif cfg["kind"] == "eagle3":
-        from .eagle3 import aux_target_pass, evaluate_eagle3
+        from .eagle3 import aux_target_pass, evaluate_eagle3, greedy_score_scale
         layers = heads.config.aux_layers
-        ev = evaluate_eagle3(heads, lambda x: aux_target_pass(target, x, layers, autocast), windows, cfg["eval_depths"])
-        extra = {"heldout_agreement": ev}
+        run_aux = lambda x: aux_target_pass(target, x, layers, autocast)  # noqa: E731
+        ev = evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"])
+        # Confidence calibration for greedy trees, fitted on training text (training/eagle3.py).
+        scale = greedy_score_scale(heads, run_aux, train_windows(train_stream, cfg), cfg["ttt_steps"])
+        extra = {"heldout_agreement": ev, "greedy_score_scale": scale}
     else:
         ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
         extra = {"heldout_agreement": ev}

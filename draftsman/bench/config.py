@@ -43,7 +43,9 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "batch_s
 # text); Medusa verifies an 8-node tree (on a CPU a 16-node pass costs more than it gains).
 BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4}),
                     ("medusa", "python-medusa", {"draft_vocab": 1024, "tree_budget": 8}),
-                    ("eagle", "python-eagle", {"draft_vocab": 1024}), ("mtp", "python-mtp", {"draft_vocab": 1024})]
+                    ("eagle", "python-eagle", {"draft_vocab": 1024}),
+                    ("eagle", "python-eagle3", {"label": "eagle3"}),  # EAGLE-3 head: its own draft vocabulary
+                    ("mtp", "python-mtp", {"draft_vocab": 1024})]
 
 
 def default_drafters() -> list[dict]:
