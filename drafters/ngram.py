@@ -64,10 +64,10 @@ class NgramDrafter(Drafter):
 
     @dataclass
     class Options:
-        k: int = 4  # tokens proposed per branch
+        k: int = 6  # tokens proposed per branch
         min_ngram: int = 2  # shortest suffix worth matching (1 proposes on any repeated token: more rounds wasted)
         max_ngram: int = 3  # longest suffix tried first
-        branches: int = 1  # distinct continuations merged into one tree
+        branches: int = 3  # distinct continuations merged into one tree (a tree costs about what a chain does at batch 1)
 
         def __post_init__(self):
             if self.k < 1 or self.branches < 1:

@@ -19,7 +19,7 @@ from .prompts import heldout_prompts
 def demo_drafters() -> dict[str, dict]:
     drafters = {
         "none": {"name": "none"},
-        "ngram": {"name": "ngram", "k": 4},
+        "ngram": {"name": "ngram"},
         "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4},
     }
     # Heads trained for the bundled target, when they are there. Their picks fall within the 1024

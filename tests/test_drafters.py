@@ -16,7 +16,7 @@ def ngram(**opts):
 
 
 def test_ngram_proposes_what_followed_the_longest_most_recent_match():
-    d = ngram(k=3, min_ngram=1, max_ngram=3)
+    d = ngram(k=3, branches=1, min_ngram=1, max_ngram=3)
     ctx = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     d.begin([ctx], SamplingParams(), torch.Generator())
     (tree,) = d.propose([ctx])

@@ -53,7 +53,7 @@ def default_drafters() -> list[dict]:
     from .. import zoo
     from ..drafters import registry
 
-    out = [{"name": "none"}, {"name": "ngram", "k": 4}]
+    out = [{"name": "none"}, {"name": "ngram"}]
     for name, folder, options in BUNDLED_DRAFTERS:
         path = zoo.zoo_dir() / folder
         if name in registry.available() and (path / "config.json").is_file():
@@ -88,7 +88,7 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
         cfg["target"] = default_target()
     if cfg["drafters"] is None:
         # The bundled draft model only fits the bundled target's tokenizer.
-        cfg["drafters"] = default_drafters() if raw.get("target") is None else [{"name": "none"}, {"name": "ngram", "k": 4}]
+        cfg["drafters"] = default_drafters() if raw.get("target") is None else [{"name": "none"}, {"name": "ngram"}]
     if cfg["prompts"] is None:
         cfg["prompts"] = str(BUNDLED_PROMPTS)
     _validate(cfg)

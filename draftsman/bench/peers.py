@@ -59,7 +59,10 @@ class HFPeer:
 
 def build_peers(decoder, drafters: list[dict]) -> tuple[list[HFPeer], list[str]]:
     """The peers for this target, and notes on any that cannot run. The assistant is the first
-    `draft_model` drafter's model; the lookup length is the first `ngram` drafter's k (4 if none)."""
+    `draft_model` drafter's model; the lookup length is the first `ngram` drafter's k (its
+    default if unset or if there is none)."""
+    from ..drafters.ngram import NgramDrafter
+
     model = decoder.target
     gen = getattr(model, "generation_config", None)
     pad = getattr(gen, "pad_token_id", None)
@@ -76,6 +79,7 @@ def build_peers(decoder, drafters: list[dict]) -> tuple[list[HFPeer], list[str]]
         peers.append(HFPeer("hf_assisted", model, {"assistant_model": assistant}, params, pad))
     else:
         notes.append("hf_assisted skipped: no draft_model drafter in the config to lend its model")
-    k = next((int(d.get("k", 4)) for d in drafters if d["name"] == "ngram"), 4)
+    default_k = NgramDrafter.Options.k
+    k = next((int(d.get("k", default_k)) for d in drafters if d["name"] == "ngram"), default_k)
     peers.append(HFPeer("hf_prompt_lookup", model, {"prompt_lookup_num_tokens": k}, pad_token_id=pad))
     return peers, notes
