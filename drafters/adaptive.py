@@ -5,8 +5,9 @@ Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens p
     E(d) = 1 + a1 + a1*a2 + ... + a1*...*ad      (aj = acceptance at depth j, given depth j-1)
 
 and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
-<= d and B the batch size. The wrapper keeps online estimates of every term and picks the d that
-maximises E(d) / cost(d); d = 0 is plain decoding.
+<= d and B the batch size. The wrapper keeps online estimates of every term (verification cost
+per pass size as measured, CostTable; drafting cost as a line in depth, OnlineLinearFit) and
+picks the d that maximises E(d) / cost(d); d = 0 is plain decoding.
 
 Costs belong to the machine, not the request: they are kept across requests on the same Decoder
 (drafting cost per batch-size bucket). Acceptance belongs to the drafter, the target and the
@@ -33,10 +34,14 @@ from .base import Drafter, DraftTree
 
 
 class OnlineLinearFit:
-    """y ~ a + b*x by exponentially weighted least squares (recent rounds count most)."""
+    """y ~ a + b*x by exponentially weighted least squares (recent rounds count most).
+    While only one x has been seen the line is flat (a fixed cost dominates: verification), or,
+    with proportional=True, through the origin (a cost that grows with x from nothing: drafting
+    d levels costs about d times one level, so depth 1 is not priced like the depth measured)."""
 
-    def __init__(self, decay: float = 0.9):
+    def __init__(self, decay: float = 0.9, proportional: bool = False):
         self.decay = decay
+        self.proportional = proportional
         self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
 
     def add(self, x: float, y: float) -> None:
@@ -53,10 +58,50 @@ class OnlineLinearFit:
             return 0.0
         mean_x, mean_y = self.sx / self.sw, self.sy / self.sw
         var = self.sxx / self.sw - mean_x ** 2
-        if var <= 1e-12 * max(1.0, mean_x ** 2):  # one size seen so far: fixed cost dominates
-            return mean_y
+        if var <= 1e-12 * max(1.0, mean_x ** 2):  # one size seen so far
+            return mean_y * x / mean_x if self.proportional and mean_x > 0 else mean_y
         slope = max(0.0, (self.sxy / self.sw - mean_x * mean_y) / var)  # costs never fall with size
         return max(0.0, mean_y + slope * (x - mean_x))
+
+
+class CostTable:
+    """Seconds of a target pass by its size (batch x block tokens), measured size by size.
+
+    On a CPU the cost is far from a line in the size: at batch 1 a pass over 2-4 tokens cost
+    1.4-1.7x a plain step and one over 5 only 1.2x (kernel choices), so a line through the sizes
+    seen last would misprice the others. Each size seen keeps a decayed mean; an unseen size is
+    interpolated between its measured neighbours, or extrapolated past the largest along the last
+    two (never below a measured smaller size: costs do not fall with size)."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.sums: dict[int, list[float]] = {}  # size -> [decayed sum of seconds, decayed count]
+
+    def add(self, x: float, y: float) -> None:
+        entry = self.sums.setdefault(int(x), [0.0, 0.0])
+        entry[0] = self.decay * entry[0] + y
+        entry[1] = self.decay * entry[1] + 1
+
+    @property
+    def seen(self) -> bool:
+        return bool(self.sums)
+
+    def predict(self, x: float) -> float:
+        if not self.sums:
+            return 0.0
+        sizes = sorted(self.sums)
+        means = [self.sums[k][0] / self.sums[k][1] for k in sizes]
+        for i in range(1, len(means)):  # running maximum: a bigger pass never costs less
+            means[i] = max(means[i], means[i - 1])
+        if x <= sizes[0]:
+            return means[0]
+        for (x0, y0), (x1, y1) in zip(zip(sizes, means), zip(sizes[1:], means[1:])):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if len(sizes) == 1:
+            return means[0]
+        slope = (means[-1] - means[-2]) / (sizes[-1] - sizes[-2])
+        return means[-1] + slope * (x - sizes[-1])
 
 
 @dataclass
@@ -90,7 +135,7 @@ class AdaptiveDrafter(Drafter):
         self.depth_log: list[int] = []  # depth chosen each round (for reports and tests)
         # Kept across requests (the machine's costs): seconds vs batch * block tokens, and per
         # batch bucket seconds vs depth requested (> 0).
-        self.verify_cost = OnlineLinearFit(self.settings.decay)
+        self.verify_cost = CostTable(self.settings.decay)
         self.draft_costs: dict[int, OnlineLinearFit] = {}
         self._carried = None  # (sampling, acceptance state) of the last request
 
@@ -137,11 +182,12 @@ class AdaptiveDrafter(Drafter):
         bucket = batch_bucket(batch)
         measured = [b for b, fit in self.draft_costs.items() if fit.seen]
         if not measured:
-            return OnlineLinearFit(self.settings.decay)  # nothing measured yet
+            return OnlineLinearFit(self.settings.decay, proportional=True)  # nothing measured yet
         return self.draft_costs[min(measured, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))]
 
     def record_draft_cost(self, batch: int, depth: int, seconds: float) -> None:
-        self.draft_costs.setdefault(batch_bucket(batch), OnlineLinearFit(self.settings.decay)).add(depth, seconds)
+        self.draft_costs.setdefault(batch_bucket(batch), OnlineLinearFit(self.settings.decay, proportional=True)).add(
+            depth, seconds)
 
     def observe_prefill(self, target_hidden):
         self.inner.observe_prefill(target_hidden)

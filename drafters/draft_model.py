@@ -1,7 +1,12 @@
 """`draft_model`: a separate small causal LM that shares the target's tokenizer. It drafts a chain
 of k tokens autoregressively with the same sampling processing as the target, so each token's
 distribution q is known exactly (greedy drafts are deterministic), and keeps its own KV cache,
-rolled back to the accepted tokens after each round."""
+rolled back to the accepted tokens after each round.
+
+With `top_k > 1`, greedy rounds draft an EAGLE-2 dynamic tree instead (drafters/dynamic_tree.py:
+depth k, the top_k most confident nodes expanded per depth, the best `total_tokens` kept): one
+draft-model call per depth, as for the chain, and at batch 1 a target pass over a dozen tokens
+costs about what a pass over five does. Sampled rounds keep the chain drawn from q."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +18,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
+from .dynamic_tree import dynamic_tree, grow_level
 from .registry import register
 
 
@@ -26,12 +32,15 @@ class DraftModelDrafter(Drafter):
         k: int = 4  # tokens drafted per round
         dtype: str | None = None  # default: the target's dtype
         min_confidence: float | None = None  # stop a row's draft after a token drawn with prob < this
+        top_k: int = 1  # greedy rounds: > 1 drafts a dynamic tree of depth k instead of a chain
+        total_tokens: int = 10  # nodes kept in that tree
 
         def __post_init__(self):
             if not self.path:
                 raise ValueError("draft_model: set drafter.path to the draft model's local folder")
-            if self.k < 1:
-                raise ValueError(f"draft_model: k must be >= 1, got {self.k}")
+            for key in ("k", "top_k", "total_tokens"):
+                if getattr(self, key) < 1:
+                    raise ValueError(f"draft_model: {key} must be >= 1, got {getattr(self, key)}")
             if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
                 raise ValueError(f"draft_model: min_confidence must be in [0, 1], got {self.min_confidence}")
 
@@ -77,10 +86,15 @@ class DraftModelDrafter(Drafter):
         # 1. Feed every row's tokens that the draft cache has not seen (the root at least).
         cached = self.lm.lengths.tolist()
         unseen = [ctx[n:] for ctx, n in zip(contexts, cached)]
-        self.round_start = torch.tensor([len(c) for c in contexts])
         last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
+        if self.options.top_k > 1 and self.sampling.greedy:
+            trees = dynamic_tree(self.lm, self._grow, logits[..., : self.vocab_size], None, k, self.options.top_k,
+                                 self.options.total_tokens, [True] * B)
+            self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
+            return trees
+        self.round_start = torch.tensor([len(c) for c in contexts])
         # 2. Draft k tokens one at a time; with min_confidence, a row stops after a token the draft
         # model itself gave less than that probability (its next guesses are rarely accepted), and
         # drafting ends when every row has stopped (as transformers' assisted generation does).
@@ -109,6 +123,10 @@ class DraftModelDrafter(Drafter):
         probs_bkv = torch.stack(probs, 1)  # (B, drafted, V)
         return [DraftTree.chain(tokens_bk[b, : n[b]], IID, probs_bkv[b, : n[b]], device=self.lm.device)
                 for b in range(B)]
+
+    def _grow(self, _, tokens, depth, visible):
+        logits, _ = grow_level(self.lm, tokens, depth, visible)
+        return None, logits[..., : self.vocab_size]
 
     def observe(self, feedback):
         # Keep the drafts that were accepted (those the draft model was fed); forget the rest.

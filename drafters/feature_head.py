@@ -21,6 +21,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
+from .dynamic_tree import grow_level
 
 
 class FeatureHeadDrafter(Drafter):
@@ -158,15 +159,7 @@ class FeatureHeadDrafter(Drafter):
         """Step 2, one depth: (B, K, d) parent features and (B, K) tokens of nodes at `depth`
         (1 = children of the root); visible (B, K, S) = slots of each node's ancestors from earlier
         grow calls (None at depth 1). Returns the nodes' predicted features and logits."""
-        B, K = tokens.shape
-        S = self.lm.num_slots
-        block = TreeBlock(tokens, torch.full_like(tokens, -1), torch.ones_like(tokens, dtype=torch.bool),
-                          torch.eye(K, dtype=torch.bool, device=self.device).expand(B, K, K),
-                          torch.zeros_like(tokens))
-        if visible is None:
-            visible = torch.zeros(B, K, S, dtype=torch.bool, device=self.device)
-        logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, tokens),
-                                         also_visible=visible[..., :S], depth_offset=depth - 1)
+        logits, hidden = grow_level(self.lm, tokens, depth, visible, (-1,), self._embeds(features, tokens))
         return hidden[-1], logits[..., : self.vocab_size]
 
     def forget_grown(self) -> None:

@@ -1,5 +1,6 @@
 """Adaptive speculation: the cost model stops drafting when drafts never win, keeps drafting when
 they do, and the output stays the target's own."""
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 import draftsman
 from draftsman.drafters import Drafter, DraftTree, register
-from draftsman.drafters.adaptive import AdaptiveDrafter, OnlineLinearFit
+from draftsman.drafters.adaptive import AdaptiveDrafter, CostTable, OnlineLinearFit
 
 
 def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():
@@ -19,6 +20,27 @@ def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():
     falling.add(1, 0.01)
     falling.add(5, 0.005)
     assert falling.predict(9) >= falling.predict(5) - 1e-12
+    # One size seen: verification is priced flat (its fixed cost dominates); drafting, which
+    # grows from nothing with depth, through the origin, so depth 1 is not priced like depth 5.
+    flat, proportional = OnlineLinearFit(decay=1.0), OnlineLinearFit(decay=1.0, proportional=True)
+    for fit in (flat, proportional):
+        fit.add(5, 0.010)
+    assert flat.predict(1) == pytest.approx(0.010) and proportional.predict(1) == pytest.approx(0.002)
+
+
+def test_cost_table_follows_measured_sizes_and_never_falls():
+    """A CPU's pass cost is not a line in its size (2-4 tokens can cost more than 5): measured sizes
+    are taken as measured, others interpolated, and a bigger pass is never priced below a smaller."""
+    table = CostTable(decay=1.0)
+    for x, y in ((1, 0.010), (4, 0.016), (5, 0.012), (13, 0.014)):
+        table.add(x, y)
+    assert table.predict(1) == pytest.approx(0.010) and table.predict(4) == pytest.approx(0.016)
+    assert table.predict(5) == pytest.approx(0.016)  # measured cheaper than 4: priced as 4
+    assert table.predict(9) == pytest.approx(0.016) and table.predict(2) == pytest.approx(0.012)
+    assert table.predict(21) >= table.predict(13) >= table.predict(5)
+    table.add(21, 0.020)
+    assert table.predict(29) == pytest.approx(0.020 + 0.004 / 8 * 8)  # along the last two measured
+    assert CostTable().predict(3) == 0.0 and not CostTable().seen
 
 
 def register_always_wrong():
@@ -39,6 +61,8 @@ def register_always_wrong():
             return self.k
 
         def propose(self, contexts):
+            depth = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
+            time.sleep(0.002 * depth)  # drafting costs something per level, as every real drafter's does
             return [DraftTree.chain([(c[-1] + 1) % self.vocab] * self.k) for c in contexts]
 
 

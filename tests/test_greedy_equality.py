@@ -46,6 +46,9 @@ def drafter_configs(arch, tiny_models, close_drafts):
         # Rows stop drafting at different depths (ragged chains, early exit when all stopped).
         "draft_model_confidence": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5,
                                    "min_confidence": 0.6},
+        # A dynamic tree from the draft model (grown slots dropped, accepted tokens re-fed).
+        "draft_model_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
+                             "total_tokens": 8},
     }
 
 
@@ -62,5 +65,5 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
         assert batched.token_ids == expected[:4], f"{arch}/{name} batch 4"
         taus[name] = batched.stats.tau
     # The close drafter must actually exercise multi-token acceptance, or this test proves little.
-    assert taus["draft_model_close"] > 2.0, taus
+    assert taus["draft_model_close"] > 2.0 and taus["draft_model_tree"] > 2.0, taus
     assert taus["none"] == 1.0
