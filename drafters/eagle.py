@@ -22,11 +22,11 @@ class EagleDrafter(FeatureHeadDrafter):
 
     @dataclass
     class Options:
-        path: str | None = None  # folder of a trained EAGLE head (draftsman train eagle)
+        path: str | None = None  # folder of a trained EAGLE head (draftsman train eagle or eagle3)
         depth: int = 5  # deepest draft token
         top_k: int = 4  # children per expanded node, and nodes expanded per depth
         total_tokens: int = 12  # nodes kept in the verified tree (the target pass's size)
-        draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
+        draft_vocab: int | None = None  # EAGLE-1/2 heads: draft among the N tokens the target picks most (None = all)
 
         def __post_init__(self):
             if not self.path:
