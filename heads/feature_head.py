@@ -1,5 +1,5 @@
 """Feature-level heads: one decoder layer of the target's own architecture that drafts from the
-target's hidden state. Two kinds share the module:
+target's hidden state. Three kinds share the module:
 
   eagle  (EAGLE-1/2, Li et al. 2024): input at position i = Linear_2d->d([Embed(t_{i+1}); f_i]),
          where f_i is the target's top hidden state (the one its LM head reads); the layer (its
@@ -24,8 +24,8 @@ trained and saved; the layer starts as a copy of the target's top layer.
 from __future__ import annotations
 
 import copy
-import re
 import dataclasses
+import re
 from dataclasses import asdict, dataclass
 
 import torch
