@@ -216,9 +216,14 @@ class AdaptiveDrafter(Drafter):
         return 1.0 + self.proposal_rate * total
 
     def expected_seconds(self, depth: int, batch: int) -> float:
-        nodes = self.nodes_upto[depth - 1] if depth else 0.0
-        draft = self.draft_cost(batch).predict(depth) if depth else 0.0
-        return draft + self.verify_cost.predict(batch * (1 + nodes))
+        """Drafting, then the target pass: widened to 1 + nodes tokens per row when any row has a
+        proposal, a plain step when none has (n-gram lookup often finds no match)."""
+        if depth == 0:
+            return self.verify_cost.predict(batch)
+        nodes = self.nodes_upto[depth - 1]
+        widened = 1.0 - (1.0 - self.proposal_rate) ** batch  # chance that some row proposes
+        return (self.draft_cost(batch).predict(depth) + widened * self.verify_cost.predict(batch * (1 + nodes))
+                + (1.0 - widened) * self.verify_cost.predict(batch))
 
     def choose_depth(self, batch: int) -> int:
         D = self.inner.max_depth()

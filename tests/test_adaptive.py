@@ -145,6 +145,10 @@ def test_choose_depth_follows_the_estimates():
     drafter.accepted_count = [70.0] * 4  # 70% per depth: pays at batch 1...
     assert drafter.choose_depth(batch=1) == 4
     assert drafter.choose_depth(batch=64) == 0  # ...not when 64 rows make every extra token expensive
+    # A drafter that proposes in a quarter of the rounds (n-gram lookup without a match) widens
+    # the pass only then: the other rounds cost a plain step, and the bet is priced so.
+    drafter.proposal_rate = 0.25
+    assert drafter.expected_seconds(4, 1) == pytest.approx(0.25 * (1.0 + 0.1 * 4) + 0.75 * 1.0)
 
 
 def test_adaptive_must_be_a_bool(tiny_models):
