@@ -156,18 +156,26 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
     return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts).tolist(), "rank_accuracy": rank_accuracy}
 
 
-def build_heads(cfg: dict, target, train_stream, autocast):
+def build_heads(cfg: dict, target, frequent_order: list[int]):
+    """New heads of cfg['kind']; an EAGLE-3 head's draft vocabulary is the start of
+    `frequent_order` (target_token_frequencies)."""
     from ..heads.feature_head import FeatureHead
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
         return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
-    if cfg["kind"] == "eagle3":  # its draft vocabulary: the tokens the target picks most on training text
-        from .feature_heads import tokens_by_frequency
-        V = target.get_output_embeddings().weight.shape[0]
-        order = tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast),
-                                    train_windows(train_stream, cfg), V)["order"]
-        return FeatureHead.for_target(target, "eagle3", order[: cfg["draft_vocab"] or V], cfg["aux_layers"])
+    if cfg["kind"] == "eagle3":
+        n = cfg["draft_vocab"] or len(frequent_order)
+        return FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"])
     return FeatureHead.for_target(target, cfg["kind"])
+
+
+def target_token_frequencies(cfg: dict, target, train_stream, autocast) -> dict:
+    """Which tokens the target picks most (greedy), counted on training text, never on held-out
+    text: the order draft_vocab and an EAGLE-3 head's vocabulary take their tokens from."""
+    from .feature_heads import tokens_by_frequency
+    V = target.get_output_embeddings().weight.shape[0]
+    return tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast),
+                               train_windows(train_stream, cfg), V)
 
 
 def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator):
@@ -190,14 +198,14 @@ def train_windows(train_stream, cfg: dict) -> torch.Tensor:
     return heldout_windows(train_stream, cfg["eval_tokens"], cfg["seq_len"])
 
 
-def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream) -> dict:
-    """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation)."""
+def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None) -> dict:
+    """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation).
+    frequent: target_token_frequencies, if the caller counted them already."""
     from ..drafters.medusa import tree_from_accuracies
     windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
-    from .feature_heads import evaluate_feature_head, tokens_by_frequency
+    from .feature_heads import evaluate_feature_head
     run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
-    # Which tokens the target picks most, counted on training text (never on held-out text).
-    frequent = tokens_by_frequency(run_target, train_windows(train_stream, cfg), heads.config.vocab_size)
+    frequent = frequent or target_token_frequencies(cfg, target, train_stream, autocast)
     if cfg["kind"] == "medusa":
         ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
@@ -254,7 +262,8 @@ def train(config) -> dict:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream = token_streams(cfg, tokenizer)
-    heads = build_heads(cfg, target, train_stream, acc.autocast)
+    frequent = target_token_frequencies(cfg, target, train_stream, acc.autocast)  # once: build and save use it
+    heads = build_heads(cfg, target, frequent["order"])
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
     state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
@@ -301,7 +310,7 @@ def train(config) -> dict:
 
     metrics = {}
     if acc.is_main_process:
-        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream)
+        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream, frequent)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
