@@ -76,23 +76,33 @@ class CostTable:
     def __init__(self, decay: float = 0.9):
         self.decay = decay
         self.sums: dict[int, list[float]] = {}  # size -> [decayed sum of seconds, decayed count]
+        self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
 
     def add(self, x: float, y: float) -> None:
         entry = self.sums.setdefault(int(x), [0.0, 0.0])
         entry[0] = self.decay * entry[0] + y
         entry[1] = self.decay * entry[1] + 1
+        self._curve = None
 
     @property
     def seen(self) -> bool:
         return bool(self.sums)
 
+    def _sizes_and_costs(self) -> tuple[list[int], list[float]]:
+        """Measured sizes, ascending, with their mean costs made non-decreasing. Computed once per
+        round: choose_depth prices every depth with it."""
+        if self._curve is None:
+            sizes = sorted(self.sums)
+            means = [self.sums[k][0] / self.sums[k][1] for k in sizes]
+            for i in range(1, len(means)):  # running maximum: a bigger pass never costs less
+                means[i] = max(means[i], means[i - 1])
+            self._curve = sizes, means
+        return self._curve
+
     def predict(self, x: float) -> float:
         if not self.sums:
             return 0.0
-        sizes = sorted(self.sums)
-        means = [self.sums[k][0] / self.sums[k][1] for k in sizes]
-        for i in range(1, len(means)):  # running maximum: a bigger pass never costs less
-            means[i] = max(means[i], means[i - 1])
+        sizes, means = self._sizes_and_costs()
         if x <= sizes[0]:
             return means[0]
         for (x0, y0), (x1, y1) in zip(zip(sizes, means), zip(sizes[1:], means[1:])):
@@ -146,7 +156,7 @@ class AdaptiveDrafter(Drafter):
         return self.inner.extra_parameters()
 
     def begin(self, prompts, sampling, generator):
-        if getattr(self, "sampling", None) is not None:
+        if self.sampling is not None:  # a previous request on this decoder
             self._carried = (self.sampling, self._acceptance_state())
         super().begin(prompts, sampling, generator)
         self.inner.begin(prompts, sampling, generator)

@@ -143,6 +143,7 @@ class Drafter:
     # Set by a wrapper (adaptive speculation) before `propose`: drafters that can draft less when
     # asked honour it; others may ignore it (the engine truncates their trees anyway).
     depth_limit: int | None = None
+    sampling: "SamplingParams | None" = None  # the current request's, set by begin()
 
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling
