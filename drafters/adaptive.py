@@ -2,131 +2,83 @@
 
 Speculation is a bet. A round that verifies d drafted levels emits E(d) tokens per row on average,
 
-    E(d) = 1 + a1 + a1*a2 + ... + a1*...*ad      (aj = acceptance at depth j, given depth j-1)
+    E(d) = 1 + r * (a1 + a1*a2 + ... + a1*...*ad)   (aj = acceptance at depth j given depth j-1,
+                                                     r = share of rows with a proposal at all)
 
-and costs draft(d) + verify(B * (1 + n(d))) seconds, where n(d) is the number of tree nodes at depth
-<= d and B the batch size. The wrapper keeps online estimates of every term (verification cost
-per pass size as measured, CostTable; drafting cost as a line in depth, OnlineLinearFit) and
-picks the d that maximises E(d) / cost(d); d = 0 is plain decoding.
+and costs draft(d) + pass(B, 1 + w(d)) seconds, where w(d) is the block width a draft d deep
+gives (the widest row's nodes: narrower rows are padded to it) and B the batch size. The wrapper
+keeps online estimates of every term and, each round:
 
-Costs belong to the machine, not the request: they are kept across requests on the same Decoder
-(drafting cost per batch-size bucket). Acceptance belongs to the drafter, the target and the
-sampling settings: a request with the same settings starts from the previous one's estimates,
-worth `carry_rounds` rounds, so it adapts to its own text within a few rounds. Only the very first
-request measures from nothing: round 1 plain decoding, rounds 2 and 3 the full bet (round 2's
-drafting includes the drafter's first look at the prompt, so the cost fit only takes rounds that
-follow a speculative round). While d = 0 wins it still probes now and then, so a
-drafter that starts to match (a copy-heavy stretch for n-gram lookup) is noticed; a probe drafts
-one level only (the cheapest look at acceptance; deeper levels follow if depth 1 pays), and each
-probe that changes nothing doubles the wait before the next: a drafter that never pays costs a
-handful of one-level rounds per request, not one in every `probe_every`. Enabled with
-`adaptive: true` in any drafter's config.
+1. before drafting, picks the d that maximises E(d) / cost(d); d = 0 is plain decoding. The bet
+   must beat plain decoding by `min_gain` (`new_batch_gain` while this batch size's drafting cost
+   is borrowed from another), and starting after plain rounds is charged the drafter's catch-up
+   on every token it has not seen (an EAGLE head reads the whole prompt on its first draft);
+2. after drafting, re-decides how deep to verify the trees actually drafted (verify_depth): the
+   drafting is paid, the pass is not, and its width is now known. One row with a long n-gram match
+   no longer makes a whole batch of rows without one pay for a wide pass. Only for deterministic
+   drafts: cutting sampled ones by what was drawn would skew them (cut_after_drafting_is_exact).
 
-The wrapper never changes what is emitted, only how deep the proposals are: exactness is the
-verifier's, untouched.
+Costs belong to the machine (kept across requests on a Decoder): the target pass by rows x width
+(PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token.
+Acceptance belongs to the drafter, the target and the sampling settings: a request starts from the
+estimates of the last request with the same settings, worth `carry_rounds` rounds; an unmeasured
+depth starts from the estimate one level up, and a request's first decision gets the benefit of
+the doubt (`start_optimism`) when starting is cheap. A new decoder first bets the full depth for
+`measure_rounds` rounds. While a bet's lead over plain decoding is thin, a plain round every
+`probe_every` re-measures the alternative. While d = 0 wins it probes now and then, at the depth of
+the bet that came closest (or shallower), each fruitless probe doubling the wait, and only when
+the probe's expected cost (catch-up included) is a small share of the plain rounds since the last
+one. Every round also pays the engine's own bookkeeping (measured). Enabled with `adaptive: true`
+in any drafter's config.
+
+The wrapper changes how deep the proposals are, never what is emitted: exactness is the
+verifier's.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from .base import Drafter, DraftTree
-
-
-class OnlineLinearFit:
-    """y ~ a + b*x by exponentially weighted least squares (recent rounds count most).
-    While only one x has been seen the line is flat (a fixed cost dominates: verification), or,
-    with proportional=True, through the origin (a cost that grows with x from nothing: drafting
-    d levels costs about d times one level, so depth 1 is not priced like the depth measured)."""
-
-    def __init__(self, decay: float = 0.9, proportional: bool = False):
-        self.decay = decay
-        self.proportional = proportional
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.sw, self.sx, self.sy = d * self.sw + 1, d * self.sx + x, d * self.sy + y
-        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
-
-    @property
-    def seen(self) -> bool:
-        return self.sw > 0
-
-    def predict(self, x: float) -> float:
-        if not self.seen:
-            return 0.0
-        mean_x, mean_y = self.sx / self.sw, self.sy / self.sw
-        var = self.sxx / self.sw - mean_x ** 2
-        if var <= 1e-12 * max(1.0, mean_x ** 2):  # one size seen so far
-            return mean_y * x / mean_x if self.proportional and mean_x > 0 else mean_y
-        slope = max(0.0, (self.sxy / self.sw - mean_x * mean_y) / var)  # costs never fall with size
-        return max(0.0, mean_y + slope * (x - mean_x))
-
-
-class CostTable:
-    """Seconds of a target pass by its size (batch x block tokens), measured size by size.
-
-    On a CPU the cost is far from a line in the size: at batch 1 a pass over 2-4 tokens cost
-    1.4-1.7x a plain step and one over 5 only 1.2x (kernel choices), so a line through the sizes
-    seen last would misprice the others. Each size seen keeps a decayed mean; an unseen size is
-    interpolated between its measured neighbours, or extrapolated past the largest along the last
-    two (never below a measured smaller size: costs do not fall with size)."""
-
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
-        self.sums: dict[int, list[float]] = {}  # size -> [decayed sum of seconds, decayed count]
-        self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
-
-    def add(self, x: float, y: float) -> None:
-        entry = self.sums.setdefault(int(x), [0.0, 0.0])
-        entry[0] = self.decay * entry[0] + y
-        entry[1] = self.decay * entry[1] + 1
-        self._curve = None
-
-    @property
-    def seen(self) -> bool:
-        return bool(self.sums)
-
-    def _sizes_and_costs(self) -> tuple[list[int], list[float]]:
-        """Measured sizes, ascending, with their mean costs made non-decreasing. Computed once per
-        round: choose_depth prices every depth with it."""
-        if self._curve is None:
-            sizes = sorted(self.sums)
-            means = [self.sums[k][0] / self.sums[k][1] for k in sizes]
-            for i in range(1, len(means)):  # running maximum: a bigger pass never costs less
-                means[i] = max(means[i], means[i - 1])
-            self._curve = sizes, means
-        return self._curve
-
-    def predict(self, x: float) -> float:
-        if not self.sums:
-            return 0.0
-        sizes, means = self._sizes_and_costs()
-        if x <= sizes[0]:
-            return means[0]
-        for (x0, y0), (x1, y1) in zip(zip(sizes, means), zip(sizes[1:], means[1:])):
-            if x <= x1:
-                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-        if len(sizes) == 1:
-            return means[0]
-        slope = (means[-1] - means[-2]) / (sizes[-1] - sizes[-2])
-        return means[-1] + slope * (x - sizes[-1])
+from .adaptive_costs import CostTable, OnlineLinearFit, PassCost  # noqa: F401 (CostTable: public)
+from .base import DETERMINISTIC, Drafter, DraftTree
 
 
 @dataclass
 class AdaptiveSettings:
+    measure_rounds: int = 4  # a new decoder bets the full depth this many rounds before choosing:
+    # with one or two rounds an unlucky first rejection kept a good drafter (EAGLE-3) off
     probe_every: int = 16  # rounds of plain decoding before the first probe...
     probe_backoff: float = 2.0  # ...times this after every probe that did not pay...
     max_probe_every: int = 256  # ...up to this many rounds
-    probe_depth: int = 1  # levels a probe drafts
     prior_acceptance: float = 0.5  # per-depth acceptance before anything is measured...
     prior_weight: float = 1.0  # ...worth this many observed rounds
     decay: float = 0.95  # weight of past rounds in every running estimate
     min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
     # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
+    new_batch_gain: float = 0.25  # ...or by this fraction while this batch size's drafting cost is
+    # borrowed from another batch size (drafting and pass widths grow with the batch, unmeasured)
+    start_optimism: float = 2.0  # a request's first decision counts this many extra accepted rounds
+    # at every depth: the carried estimates come from other text, and a bet not taken is never
+    # measured (rounds of its own confirm or undo it)...
+    optimism_max_catch_up: float = 2.0  # ...when the drafter's catch-up on the prompt costs at most
+    # this many plain steps (at batch 16 an EAGLE head's costs 14: exploring there is not cheap)
     carry_rounds: float = 8.0  # a request with the same sampling settings starts from the previous
     # request's acceptance estimates, worth at most this many rounds
+    recheck_margin: float = 0.25  # while the bet's predicted lead over plain decoding is below this,
+    # run a plain round every probe_every rounds: the plain cost it is compared with is otherwise
+    # never measured again, and one slow early measurement would keep a losing bet going
+    catch_up_rounds: int = 16  # a start's catch-up is charged over this many speculative rounds
+    probe_budget: float = 0.05  # a probe may cost at most this share of the plain rounds since the
+    # last one: its own extra pass and drafting, plus the drafter's catch-up on every token it has
+    # not seen (an EAGLE head reads the whole prompt on its first draft: 0.3 s at batch 16 here)
+
+
+def cut_after_drafting_is_exact(trees: list[DraftTree]) -> bool:
+    """Whether a round's trees may be cut shallower by what they hold (verify_depth). Yes for
+    deterministic drafts: the verifier is exact for any rule that picks a deterministic token,
+    cuts included. No for sampled ones: keeping a node by what was drawn there skews the draws the
+    verifier takes to come from draft_probs (tests/test_adaptive.py enumerates both)."""
+    return all(t.draft_probs is None or bool((t.kinds == DETERMINISTIC).all()) for t in trees)
 
 
 def batch_bucket(batch: int) -> int:
@@ -142,12 +94,19 @@ class AdaptiveDrafter(Drafter):
         self.name = f"adaptive({inner.name})"
         self.needs = inner.needs
         self.settings = settings or AdaptiveSettings()
-        self.depth_log: list[int] = []  # depth chosen each round (for reports and tests)
-        # Kept across requests (the machine's costs): seconds vs batch * block tokens, and per
-        # batch bucket seconds vs depth requested (> 0).
-        self.verify_cost = CostTable(self.settings.decay)
+        self.depth_log: list[int] = []  # depth verified each round (for reports and tests)
+        # Kept across requests (the machine's costs): seconds of a target pass by rows x block
+        # width, and per batch bucket seconds vs depth requested (> 0).
+        self.verify_cost = PassCost(self.settings.decay)
         self.draft_costs: dict[int, OnlineLinearFit] = {}
-        self._carried = None  # (sampling, acceptance state) of the last request
+        # Seconds a drafter spends catching up on tokens it has not seen (after a plain stretch,
+        # and the prompt in its first draft), by those tokens summed over rows.
+        self.catch_up_cost = OnlineLinearFit(self.settings.decay, proportional=True)
+        # Seconds of a round outside drafting and the target pass (the engine's bookkeeping),
+        # by batch size: paid once per round, so it favours fewer, longer rounds.
+        self.round_overhead = CostTable(self.settings.decay)
+        self._carried: list[tuple] = []  # (sampling, acceptance state) of recent requests, newest last
+        self.full_bets = 0  # speculative rounds at full depth this decoder has measured
 
     def max_depth(self) -> int:
         return self.inner.max_depth()
@@ -157,34 +116,45 @@ class AdaptiveDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator):
         if self.sampling is not None:  # a previous request on this decoder
-            self._carried = (self.sampling, self._acceptance_state())
+            self._carried = [c for c in self._carried if c[0] != self.sampling][-7:]
+            self._carried.append((self.sampling, self._acceptance_state()))
         super().begin(prompts, sampling, generator)
         self.inner.begin(prompts, sampling, generator)
         s = self.settings
         D = max(1, self.inner.max_depth())
         self.accepted_count = [0.0] * D  # decayed counts of row-rounds that accepted depth d+1...
         self.offered_count = [0.0] * D  # ...out of those that reached depth d with d+1 on offer
-        self.nodes_upto = [float(d + 1) for d in range(D)]  # chain until trees are seen
+        # Block width beyond the root (the widest row's nodes) of a round drafted d+1 deep, as
+        # drafted at that limit (EAGLE's trees stay as wide when shallower) and, until that is
+        # measured, as counted within deeper drafts. A chain until trees are seen.
+        self.width_at_limit: list[float | None] = [None] * D
+        self.width_within = [float(d + 1) for d in range(D)]
         self.proposal_rate = 1.0  # decayed share of rows with a non-empty tree in speculative rounds
-        if self._carried is not None and self._carried[0] == sampling:
-            self._resume(self._carried[1])
+        for carried_sampling, state in self._carried:  # the last request with these settings
+            if carried_sampling == sampling:
+                self._resume(state)
+        self.optimism = s.start_optimism  # for this request's first decision only
         self.rounds_since_probe = 0
+        self.rounds_since_plain = 0  # rounds since a pass verified nothing (what plain decoding costs)
         self.previous_depth = 0
         self.probe_interval = float(s.probe_every)
         self.probing = False  # the last round was a probe
         self.depth_log = []
         self._last = None
+        self._round = None  # (start time, batch, verify seconds) of the last observed round
+        self.drafted_upto = [0] * len(prompts)  # per row, context length at the inner drafter's last draft
 
     def _acceptance_state(self) -> tuple:
-        return (list(self.accepted_count), list(self.offered_count), list(self.nodes_upto), self.proposal_rate)
+        return (list(self.accepted_count), list(self.offered_count), list(self.width_at_limit),
+                list(self.width_within), self.proposal_rate)
 
     def _resume(self, state: tuple) -> None:
         """Start from the last request's acceptance, scaled down to carry_rounds rounds' worth."""
-        accepted, offered, nodes, rate = state
+        accepted, offered, at_limit, within, rate = state
         scale = min(1.0, self.settings.carry_rounds / max(max(offered, default=0.0), 1e-9))
         self.accepted_count = [a * scale for a in accepted]
         self.offered_count = [o * scale for o in offered]
-        self.nodes_upto, self.proposal_rate = list(nodes), rate
+        self.width_at_limit, self.width_within, self.proposal_rate = list(at_limit), list(within), rate
 
     def draft_cost(self, batch: int) -> OnlineLinearFit:
         """The drafting-cost fit for this batch size: its own bucket's once measured, else the
@@ -204,6 +174,7 @@ class AdaptiveDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.inner.keep_rows(indices)
+        self.drafted_upto = [self.drafted_upto[i] for i in indices]
 
     def report(self) -> dict:
         return {"depths": self.depth_log, "acceptance_estimate": [round(a, 3) for a in self.acceptance],
@@ -212,92 +183,205 @@ class AdaptiveDrafter(Drafter):
     # -- the bet ----------------------------------------------------------------------------
     @property
     def acceptance(self) -> list[float]:
+        """Per depth, measured acceptance shrunk toward a prior: prior_acceptance at depth 1, the
+        estimate one level up below it. Probes draft one level only; with a flat prior a drafter
+        whose deep levels were never measured (EAGLE-3 accepts ~0.9 at every depth) looked no
+        better than a coin below depth 1 and stayed off."""
         s = self.settings
-        return [(a + s.prior_acceptance * s.prior_weight) / (o + s.prior_weight)
-                for a, o in zip(self.accepted_count, self.offered_count)]
+        out, prior, extra = [], s.prior_acceptance, self.optimism
+        for a, o in zip(self.accepted_count, self.offered_count):
+            prior = (a + extra + prior * s.prior_weight) / (o + extra + s.prior_weight)
+            out.append(prior)
+        return out
+
+    def reach(self) -> list[float]:
+        """reach[j]: chance that a row's draft at depth j+1 is accepted (all above it were)."""
+        out, r = [], 1.0
+        for a in self.acceptance:
+            r *= a
+            out.append(r)
+        return out
 
     def expected_tokens(self, depth: int) -> float:
         """Per row: 1 + r * (a1 + a1*a2 + ...), r = the share of rows that get a proposal at all
         (n-gram lookup often has none; acceptance is measured on the rows that had one)."""
-        total, reach = 0.0, 1.0
-        for a in self.acceptance[:depth]:
-            reach *= a
-            total += reach
-        return 1.0 + self.proposal_rate * total
+        return 1.0 + self.proposal_rate * sum(self.reach()[:depth])
+
+    def width(self, depth: int) -> float:
+        """Expected block width beyond the root of a round drafted `depth` deep."""
+        at_limit = self.width_at_limit[depth - 1]
+        return at_limit if at_limit is not None else self.width_within[depth - 1]
 
     def expected_seconds(self, depth: int, batch: int) -> float:
-        """Drafting, then the target pass: widened to 1 + nodes tokens per row when any row has a
-        proposal, a plain step when none has (n-gram lookup often finds no match)."""
+        """Drafting, then the target pass: widened to 1 + width tokens per row when any row has a
+        proposal, a plain step when none has (n-gram lookup often finds no match); and the
+        engine's own share of a round."""
+        overhead = self.round_overhead.predict(batch)
         if depth == 0:
-            return self.verify_cost.predict(batch)
-        nodes = self.nodes_upto[depth - 1]
+            return self.verify_cost.predict(batch, 1) + overhead
         widened = 1.0 - (1.0 - self.proposal_rate) ** batch  # chance that some row proposes
-        return (self.draft_cost(batch).predict(depth) + widened * self.verify_cost.predict(batch * (1 + nodes))
-                + (1.0 - widened) * self.verify_cost.predict(batch))
+        return (self.draft_cost(batch).predict(depth) + overhead
+                + widened * self.verify_cost.predict(batch, 1 + self.width(depth))
+                + (1.0 - widened) * self.verify_cost.predict(batch, 1))
 
-    def choose_depth(self, batch: int) -> int:
+    def probe_cost(self, batch: int, unseen_tokens: int, depth: int) -> float:
+        """Expected seconds a probe `depth` deep adds to a plain round: the drafter's catch-up, the
+        drafting and the wider pass, less the plain steps its expected extra tokens save."""
+        plain = self.expected_seconds(0, batch)
+        extra = self.catch_up_cost.predict(unseen_tokens) + self.expected_seconds(depth, batch) - plain
+        return extra - (self.expected_tokens(depth) - 1.0) * plain
+
+    def choose_depth(self, batch: int, unseen_tokens: int = 0) -> int:
+        """unseen_tokens: tokens (summed over rows) the drafter would first have to catch up on."""
         D = self.inner.max_depth()
         if D == 0 or not self.verify_cost.seen:
             return 0  # first round: measure plain decoding
-        if not self.draft_cost(batch).seen:
-            return D  # nothing known about drafting yet: measure the full bet
+        if not self.draft_cost(batch).seen or self.full_bets < self.settings.measure_rounds:
+            return D  # nothing (or little) known about drafting and acceptance yet: measure the full bet
         s = self.settings
-        rates = [self.expected_tokens(d) / max(self.expected_seconds(d, batch), 1e-9) for d in range(D + 1)]
+        # Starting to speculate after plain rounds first pays for the drafter's catch-up on every
+        # token it has not seen (the whole prompt in a request's first draft); charged over the
+        # next catch_up_rounds rounds, so a thin lead does not buy a costly start.
+        start = self.catch_up_cost.predict(unseen_tokens) / s.catch_up_rounds if self.previous_depth == 0 else 0.0
+        rates = [1.0 / max(self.expected_seconds(0, batch), 1e-9)] + [
+            self.expected_tokens(d) / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
-        if rates[best] < rates[0] * (1 + s.min_gain):
+        own_costs = batch_bucket(batch) in self.draft_costs
+        if rates[best] < rates[0] * (1 + (s.min_gain if own_costs else s.new_batch_gain)):
             best = 0
+        if best and rates[best] < rates[0] * (1 + s.recheck_margin) and self.rounds_since_plain >= s.probe_every:
+            return 0  # a thin lead: measure the plain alternative again
         if best:
             self.probe_interval = float(s.probe_every)  # speculation pays again: probe early next time
         elif self.probing:  # a probe that did not pay: wait longer before the next one
             self.probe_interval = min(float(s.max_probe_every), self.probe_interval * s.probe_backoff)
-        self.probing = best == 0 and self.rounds_since_probe >= self.probe_interval
-        if self.probing:
-            return min(D, s.probe_depth)
+        self.probing = False
+        if best == 0 and self.rounds_since_probe >= self.probe_interval:
+            # Probe the bet that came closest, or shallower, as deep as the budget allows: a
+            # one-level probe says nothing about the deeper levels an EAGLE bet lives on.
+            budget = self.rounds_since_probe * self.verify_cost.predict(batch, 1) * s.probe_budget
+            closest = max(range(1, D + 1), key=lambda d: rates[d])
+            for depth in range(closest, 0, -1):
+                if self.probe_cost(batch, unseen_tokens, depth) <= budget:
+                    self.probing = True
+                    return depth
+        return best
+
+    def verify_depth(self, trees: list[DraftTree]) -> int:
+        """After drafting: how deep to verify the trees actually drafted. The drafting is paid for;
+        what is left to choose is the pass, and its width is now known, not estimated: one row
+        with a long n-gram match widens the pass of a whole batch of rows without one, and an
+        EAGLE tree drafted shallow is as wide as a deep one. Expected tokens count the rows that
+        have a proposal, each to its own depth."""
+        deepest = max((max(t.depths(), default=0) for t in trees), default=0)
+        if deepest == 0:
+            return 0
+        batch, reach = len(trees), self.reach()
+        rows_reaching = [0] * deepest  # rows with a node at depth j+1
+        widths = [0] * deepest  # widest row's node count at depth <= j+1
+        for t in trees:
+            counts = [0] * deepest
+            for x in t.depths():
+                counts[x - 1] += 1
+            total = 0
+            for j in range(deepest):
+                rows_reaching[j] += counts[j] > 0
+                total += counts[j]
+                widths[j] = max(widths[j], total)
+        overhead = self.round_overhead.predict(batch)
+        plain = batch / max(self.verify_cost.predict(batch, 1) + overhead, 1e-12)
+        best, best_rate, tokens = 0, plain * (1 + self.settings.min_gain), float(batch)
+        for d in range(1, deepest + 1):
+            tokens += rows_reaching[d - 1] * reach[d - 1]
+            rate = tokens / max(self.verify_cost.predict(batch, 1 + widths[d - 1]) + overhead, 1e-12)
+            if rate > best_rate:
+                best, best_rate = d, rate
         return best
 
     # -- the Drafter lifecycle ----------------------------------------------------------------
     def propose(self, contexts):
-        depth = self.choose_depth(len(contexts))
-        self.depth_log.append(depth)
+        now = time.perf_counter()
+        if self._round is not None:  # the last round, less what drafting and the pass took
+            started, batch, verify_seconds = self._round
+            self.round_overhead.add(batch, max(0.0, now - started - self._last[1] - verify_seconds))
+        self._round, self._round_started = None, now
+        unseen = sum(len(c) - seen for c, seen in zip(contexts, self.drafted_upto))
+        if self.optimism and self.catch_up_cost.predict(unseen) > (
+                self.settings.optimism_max_catch_up * self.verify_cost.predict(len(contexts), 1)):
+            self.optimism = 0.0
+        depth = self.choose_depth(len(contexts), unseen)
+        self.optimism = 0.0
         self.rounds_since_probe = 0 if depth else self.rounds_since_probe + 1
         if depth == 0:
-            self._last = (0, 0.0, None)
+            self.depth_log.append(0)
+            self._last = (0, 0.0, None, 0.0, 0)
             return [DraftTree.empty() for _ in contexts]
         self.inner.depth_limit = depth
         t0 = time.perf_counter()
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
-        self._last = (depth, time.perf_counter() - t0, trees)
+        seconds = time.perf_counter() - t0
+        self.drafted_upto = [len(c) for c in contexts]
+        self._record_width(depth, trees)
+        share = sum(t.size > 0 for t in trees) / len(trees)  # as drafted, before any cut below
+        verified = depth
+        # Measuring rounds and probes run as chosen: a cut by today's estimates would keep them
+        # from measuring what the estimates lack.
+        measuring = not self.draft_cost(len(contexts)).seen or self.full_bets < self.settings.measure_rounds
+        if not self.probing and not measuring and cut_after_drafting_is_exact(trees):
+            verified = self.verify_depth(trees)
+            if verified < depth:
+                trees = [t.truncated_to_depth(verified) for t in trees]
+        self.depth_log.append(verified)
+        self._last = (depth, seconds, trees, share, unseen)
         return trees
+
+    def _record_width(self, depth: int, trees: list[DraftTree]) -> None:
+        """Block widths as drafted: at this limit, and within it for every shallower depth."""
+        if not any(t.size for t in trees):
+            return
+        decay = self.settings.decay
+        within = [0] * depth
+        for t in trees:
+            depths = t.depths()
+            for d in range(depth):
+                within[d] = max(within[d], sum(1 for x in depths if x <= d + 1))
+        for d in range(depth):
+            self.width_within[d] = decay * self.width_within[d] + (1 - decay) * within[d]
+        seen = self.width_at_limit[depth - 1]
+        self.width_at_limit[depth - 1] = within[-1] if seen is None else decay * seen + (1 - decay) * within[-1]
 
     def observe(self, feedback):
         self.inner.observe(feedback)
-        depth, draft_seconds, trees = self._last
+        depth, draft_seconds, trees, share, unseen = self._last
         batch = len(feedback.emitted)
-        self.verify_cost.add(batch * feedback.block_tokens, feedback.verify_seconds)
+        self.verify_cost.add(batch, feedback.block_tokens, feedback.verify_seconds)
+        self._round = (self._round_started, batch, feedback.verify_seconds)
+        self.rounds_since_plain = 0 if feedback.block_tokens == 1 else self.rounds_since_plain + 1
         previous, self.previous_depth = self.previous_depth, depth
         if depth == 0:
             return
+        self.full_bets += max((max(t.depths(), default=0) for t in trees), default=0) == self.inner.max_depth()
         # After a plain round a drafter first catches up on what it has not seen (the whole prompt
         # in the first speculative round, every token of a plain stretch before a probe): a
         # one-time cost, not what the next round's drafting will cost. Fit steady rounds only.
         if previous > 0:
             self.record_draft_cost(batch, depth, draft_seconds)
+        elif self.draft_cost(batch).seen:  # what catching up cost beyond a steady round's drafting
+            self.catch_up_cost.add(unseen, max(0.0, draft_seconds - self.draft_cost(batch).predict(depth)))
+        decay = self.settings.decay
+        self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
         self._update_acceptance(trees, feedback)
 
     def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:
+        """Depth d+1 was on offer to a row whose tree reaches it and whose path reached depth d.
+        Every depth's counts decay each speculative round, offered or not: a depth measured low
+        once and never offered again (bets stayed shallower) drifts back toward the level above
+        instead of keeping the bets shallow for good."""
         decay = self.settings.decay
-        if trees:
-            share = sum(t.size > 0 for t in trees) / len(trees)
-            self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
+        deepest = [max(t.depths(), default=0) for t in trees]
+        accepted = [len(path) for path in feedback.accepted_nodes]
         for d in range(len(self.accepted_count)):
-            reached = offered = 0
-            for tree, path in zip(trees, feedback.accepted_nodes):
-                if len(path) >= d and any(x == d + 1 for x in tree.depths()):  # depth d+1 was on offer
-                    offered += 1
-                    reached += len(path) > d
-            if offered:
-                self.accepted_count[d] = decay * self.accepted_count[d] + reached
-                self.offered_count[d] = decay * self.offered_count[d] + offered
-            counts = [sum(1 for x in t.depths() if x <= d + 1) for t in trees if t.size]
-            if counts:
-                self.nodes_upto[d] = decay * self.nodes_upto[d] + (1 - decay) * sum(counts) / len(counts)
+            offered = sum(1 for n, a in zip(deepest, accepted) if n > d and a >= d)
+            reached = sum(1 for n, a in zip(deepest, accepted) if n > d and a > d)
+            self.accepted_count[d] = decay * self.accepted_count[d] + reached
+            self.offered_count[d] = decay * self.offered_count[d] + offered

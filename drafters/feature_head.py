@@ -96,7 +96,10 @@ class FeatureHeadDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self.lm.reset(len(prompts))
         self.prompts = prompts
-        self.pending_features = [torch.zeros(0, self.feature_width, device=self.device) for _ in prompts]
+        # Per row, the target's features not yet fed to the head, as the chunks they came in:
+        # joined once, when the head catches up (joining every round copied a whole plain stretch
+        # again and again, 5% of a batch-16 request that never drafted).
+        self.pending_features: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.pending_tokens: list[list[int]] = [[] for _ in prompts]
 
     def observe_prefill(self, target_hidden):
@@ -116,8 +119,8 @@ class FeatureHeadDrafter(Drafter):
 
     def _add_entries(self, b: int, features: torch.Tensor, tokens: list[int]) -> None:
         n = min(len(features), len(tokens))  # fewer tokens when EOS / length cut the round short
-        self.pending_features[b] = torch.cat([self.pending_features[b], features[:n].to(self.pending_features[b])])
-        self.pending_tokens[b] = self.pending_tokens[b] + list(tokens[:n])
+        self.pending_features[b].append(features[:n])
+        self.pending_tokens[b] += tokens[:n]
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
@@ -141,16 +144,20 @@ class FeatureHeadDrafter(Drafter):
         if T == 0:
             width = self.vocab_size if self.vocab_map is None else len(self.vocab_map)  # the head's logits
             return torch.zeros(B, d, device=self.device), torch.zeros(B, width, device=self.device), ready
-        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=self.pending_features[0].dtype)
-        for b, f in enumerate(self.pending_features):
-            features[b, : len(f)] = f
+        chunks = [c for row in self.pending_features for c in row]
+        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=chunks[0].dtype)
+        for b, row in enumerate(self.pending_features):
+            at = 0
+            for chunk in row:
+                features[b, at : at + len(chunk)] = chunk
+                at += len(chunk)
         block = TreeBlock.chains(tokens, self.device)
         last = torch.tensor([max(len(t) - 1, 0) for t in tokens], device=self.device)
         logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, block.tokens),
                                          logits_at=last)
         self.lm.accept([list(range(len(t))) for t in tokens])
         rows = torch.arange(B, device=self.device)
-        self.pending_features = [f[:0] for f in self.pending_features]
+        self.pending_features = [[] for _ in tokens]
         self.pending_tokens = [[] for _ in tokens]
         return hidden[-1][rows, last], logits[:, : self.vocab_size], ready
 

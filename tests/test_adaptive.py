@@ -28,19 +28,40 @@ def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():
     assert flat.predict(1) == pytest.approx(0.010) and proportional.predict(1) == pytest.approx(0.002)
 
 
-def test_cost_table_follows_measured_sizes_and_never_falls():
-    """A CPU's pass cost is not a line in its size (2-4 tokens can cost more than 5): measured sizes
-    are taken as measured, others interpolated, and a bigger pass is never priced below a smaller."""
+def test_cost_table_takes_measured_sizes_as_measured():
+    """A CPU's pass cost is not even monotone in its size (at batch 1 here 2-3 tokens cost more
+    than 5): measured sizes are priced as measured, others interpolated, and sizes past the largest
+    extrapolated along the average slope from the smallest, never downward."""
     table = CostTable(decay=1.0)
     for x, y in ((1, 0.010), (4, 0.016), (5, 0.012), (13, 0.014)):
         table.add(x, y)
     assert table.predict(1) == pytest.approx(0.010) and table.predict(4) == pytest.approx(0.016)
-    assert table.predict(5) == pytest.approx(0.016)  # measured cheaper than 4: priced as 4
-    assert table.predict(9) == pytest.approx(0.016) and table.predict(2) == pytest.approx(0.012)
-    assert table.predict(21) >= table.predict(13) >= table.predict(5)
-    table.add(21, 0.020)
-    assert table.predict(29) == pytest.approx(0.020 + 0.004 / 8 * 8)  # along the last two measured
+    assert table.predict(5) == pytest.approx(0.012)  # cheaper than 4, as measured
+    assert table.predict(9) == pytest.approx(0.013) and table.predict(2) == pytest.approx(0.012)
+    assert table.predict(25) == pytest.approx(0.014 + 0.004 / 12 * 12)  # slope from size 1 to 13
+    falling = CostTable(decay=1.0)
+    falling.add(2, 0.020)
+    falling.add(5, 0.015)
+    assert falling.predict(9) == pytest.approx(0.015)  # flat, never falling past the largest
     assert CostTable().predict(3) == 0.0 and not CostTable().seen
+
+
+def test_pass_cost_tells_rows_from_tokens():
+    """One row of 16 tokens is not 16 rows of one token: each batch size has its own widths, and a
+    width it has not measured is scaled from its widest measured one along the shape of all passes."""
+    from draftsman.drafters.adaptive import PassCost
+
+    cost = PassCost(decay=1.0)
+    for width in (1, 4, 16):
+        cost.add(1, width, 0.010 + 0.0005 * width)  # batch 1: cheap tokens
+    cost.add(16, 1, 0.030)  # batch 16: one token per row already costs 3x
+    assert cost.predict(16, 1) == pytest.approx(0.030)
+    assert cost.predict(1, 16) == pytest.approx(0.018)
+    # Width 4 at batch 16 is unmeasured: 0.030 times the token-count table's growth from 16 to 64
+    # tokens (batch 1 x 16 at 0.018 is the nearest measured; 16 tokens cost 0.030 or 0.018).
+    growth = cost.by_tokens.predict(64) / cost.by_tokens.predict(16)
+    assert cost.predict(16, 4) == pytest.approx(0.030 * growth) and growth >= 1.0
+    assert cost.predict(3, 2) == pytest.approx(cost.by_tokens.predict(6))  # batch never seen
 
 
 def register_always_wrong():
@@ -132,10 +153,10 @@ def test_choose_depth_follows_the_estimates():
         def max_depth(self):
             return 4
 
-    drafter = AdaptiveDrafter(Inner(), AdaptiveSettings(probe_every=1000))
+    drafter = AdaptiveDrafter(Inner(), AdaptiveSettings(probe_every=1000, measure_rounds=0))
     drafter.begin([[1]], SamplingParams(), torch.Generator())
     for x in (1, 2, 5):
-        drafter.verify_cost.add(x, 1.0 + 0.1 * (x - 1))
+        drafter.verify_cost.add(1, x, 1.0 + 0.1 * (x - 1))
     drafter.record_draft_cost(1, 4, 0.0)
     drafter.offered_count = [100.0] * 4
     drafter.accepted_count = [100.0] * 4  # every draft accepted: bet the most
@@ -171,4 +192,179 @@ def test_a_second_request_starts_from_what_the_first_measured(tiny_models):
     dec.generate(input_ids=[[8, 9]], max_new_tokens=40)
     assert dec.drafter.depth_log[:16] == [0] * 16, dec.drafter.depth_log  # the second knows
     dec.drafter.begin([[1]], SamplingParams(temperature=1.0), torch.Generator())
-    assert dec.drafter.acceptance == [0.5] * D and dec.drafter.verify_cost.seen
+    assert dec.drafter.offered_count == [0.0] * D and dec.drafter.verify_cost.seen  # from the prior again
+
+
+def _controlled(max_depth: int, **settings):
+    """An AdaptiveDrafter past its measuring rounds, with no timings: estimates are set by hand."""
+    from draftsman.drafters.adaptive import AdaptiveSettings
+    from draftsman.verifier.sampling import SamplingParams
+
+    class Inner(Drafter):
+        name = "inner_test"
+        trees: list = []
+
+        def max_depth(self):
+            return max_depth
+
+        def propose(self, contexts):
+            return list(self.trees)
+
+    drafter = AdaptiveDrafter(Inner(), AdaptiveSettings(probe_every=1000, measure_rounds=0, **settings))
+    drafter.begin([[1]], SamplingParams(), torch.Generator())
+    drafter.record_draft_cost(16, max_depth, 0.0)
+    drafter.optimism = 0.0  # past the request's first decision
+    return drafter
+
+
+def _chain(n, start=3):
+    return DraftTree.chain(list(range(start, start + n)))
+
+
+def test_one_wide_row_does_not_widen_the_whole_batch():
+    """After drafting, the pass is priced by the trees actually drafted: the batch is padded to
+    its widest row, so one row's 18-node n-gram tree among 15 rows without a match would make
+    every row pay 19 tokens for a few expected tokens. The round goes plain; with a match in
+    every row the full depth pays."""
+    drafter = _controlled(6)
+    for width in (1, 7, 19):  # batch 16: a step costs 20 ms, and 5 ms per extra token per row
+        drafter.verify_cost.add(16, width, 0.020 + 0.005 * (width - 1))
+    drafter.offered_count = [100.0] * 6
+    drafter.accepted_count = [95.0] * 6
+    three_chains = [-1, 0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10, -1, 12, 13, 14, 15, 16]
+    wide = DraftTree(torch.arange(3, 21), torch.tensor(three_chains), torch.zeros(18, dtype=torch.long))
+    assert wide.size == 18 and max(wide.depths()) == 6
+    assert drafter.verify_depth([wide] + [DraftTree.empty()] * 15) == 0
+    assert drafter.verify_depth([_chain(6)] * 16) == 6
+    # Through propose: the inner drafter's trees are cut to what verify_depth chose.
+    drafter.inner.trees = [wide] + [DraftTree.empty()] * 15
+    drafter.choose_depth = lambda batch, unseen=0: 6
+    assert all(t.size == 0 for t in drafter.propose([[1, 2]] * 16)) and drafter.depth_log[-1] == 0
+
+
+def test_sampled_trees_are_never_cut_after_drafting():
+    """verify_depth would drop these trees, but they were sampled: whether a node is kept must not
+    depend on what was drawn, so the round verifies them as drafted."""
+    from draftsman.drafters.base import IID
+
+    drafter = _controlled(2)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 3, 0.200)  # a wide pass is ruinous: a deterministic tree would be cut
+    q = torch.full((2, 8), 1 / 8)
+    sampled = DraftTree.chain([1, 2], kind=IID, draft_probs=q)
+    drafter.inner.trees = [sampled] * 16
+    drafter.choose_depth = lambda batch, unseen=0: 2
+    assert drafter.verify_depth([sampled] * 16) == 0
+    assert [t.size for t in drafter.propose([[1, 2]] * 16)] == [2] * 16
+    drafter.inner.trees = [_chain(2)] * 16
+    assert [t.size for t in drafter.propose([[1, 2]] * 16)] == [0] * 16
+
+
+@pytest.mark.parametrize("kind_name", ["deterministic", "iid"])
+def test_cutting_by_drafted_tokens_is_exact_only_for_deterministic_drafts(kind_name):
+    """Why the guard above: exact enumeration of one round of the real verifier, where the tree
+    is cut to depth 1 whenever its depth-2 token is 0 (a rule that looks at what was drafted, as
+    verify_depth does). Deterministic drafts stay exactly the target's distribution; sampled ones
+    do not."""
+    from draftsman.drafters.adaptive import cut_after_drafting_is_exact
+    from draftsman.drafters.base import DETERMINISTIC, IID
+    from draftsman.verifier.sampling import SamplingParams
+    from exact_enumeration import ToyWorld, draw_tree, enumerate_outcomes, path_tokens, total_variation_from_target
+    from draftsman.verifier.rejection import verify_sampled
+    from draftsman.verifier.sampling import processed_probs  # noqa: F401 (ToyWorld uses it)
+    from draftsman.verifier.tree import pack_drafts
+
+    kind = DETERMINISTIC if kind_name == "deterministic" else IID
+    world = ToyWorld(3, SamplingParams(temperature=1.0), seed=5)
+    parents = [-1, 0]
+
+    def one_round(coin):
+        tree = draw_tree(world, parents, [kind, kind], coin)
+        if int(tree.tokens[1]) == 0:
+            tree = tree.truncated_to_depth(1)
+        toks = tree.tokens.tolist()
+        contexts = [()] + [path_tokens(parents[: tree.size], toks, i) for i in range(tree.size)]
+        target = torch.stack([world.target_probs(c) for c in contexts])[None]
+        verdict = verify_sampled(target, pack_drafts([tree], world.vocab, "cpu", prob_dtype=torch.float64), coin)
+        path = verdict.accepted[0, : int(verdict.num_accepted[0])].tolist()
+        return tuple(tree.tokens[path].tolist()) + (int(verdict.next_token[0]),)
+
+    tv = total_variation_from_target(world, enumerate_outcomes(one_round), 3)
+    probe = draw_tree(world, parents, [kind, kind], None if kind == DETERMINISTIC else _FirstCoin())
+    if kind == DETERMINISTIC:
+        assert cut_after_drafting_is_exact([probe]) and tv < 1e-12, tv
+    else:
+        assert not cut_after_drafting_is_exact([probe]) and tv > 1e-3, tv
+
+
+class _FirstCoin:
+    """Draws token 0 wherever asked (to build one sampled tree for the guard)."""
+
+    def sample(self, probs, mask):
+        return torch.zeros(1, dtype=torch.long)
+
+
+def test_deeper_levels_start_from_the_level_above():
+    """Unmeasured depths are shrunk toward the estimate one level up, not a flat 0.5: probes draft
+    one level only, and a drafter that accepts 90% there is not assumed a coin below it."""
+    drafter = _controlled(4)
+    drafter.offered_count = [50.0, 0.0, 0.0, 0.0]
+    drafter.accepted_count = [45.0, 0.0, 0.0, 0.0]
+    assert drafter.acceptance[0] == pytest.approx(45.5 / 51)
+    assert drafter.acceptance[1:] == pytest.approx([45.5 / 51] * 3)
+    drafter.offered_count[1], drafter.accepted_count[1] = 50.0, 5.0  # measured low at depth 2
+    assert drafter.acceptance[1] < 0.15 and drafter.acceptance[3] == pytest.approx(drafter.acceptance[1])
+
+
+def test_a_costly_catch_up_keeps_a_thin_lead_from_starting():
+    """Starting to speculate after plain rounds first pays the drafter's catch-up (an EAGLE head
+    reading the whole prompt). A lead of a few percent does not buy a start that costs 16 rounds'
+    worth of that lead; the same lead with nothing to catch up, or once speculating, does."""
+    drafter = _controlled(1)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 2, 0.030)
+    drafter.offered_count, drafter.accepted_count = [100.0], [60.0]  # E = 1.6 tokens for 0.030 s
+    assert drafter.choose_depth(16, unseen_tokens=0) == 1  # 1.6 / 0.030 = 53 vs 50 tokens/s
+    drafter.catch_up_cost.add(4096, 0.300)
+    assert drafter.choose_depth(16, unseen_tokens=4096) == 0
+    drafter.previous_depth = 1  # already speculating: the drafter is caught up
+    assert drafter.choose_depth(16, unseen_tokens=4096) == 1
+
+
+def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
+    """A one-level probe says nothing about the levels a deep bet lives on. When plain decoding
+    wins narrowly, the probe drafts the closest bet's depth, if its expected cost (what it adds
+    to a plain round, less the plain steps its expected tokens save, plus the drafter's catch-up)
+    fits the budget: probe_budget of the plain rounds since the last probe."""
+    drafter = _controlled(4)
+    for width in (1, 2, 3, 4, 5):
+        drafter.verify_cost.add(16, width, 0.020 + 0.002 * (width - 1))
+    drafter.draft_costs = {}
+    drafter.record_draft_cost(16, 1, 0.022)  # 20 ms a round to start drafting, 2 ms a level
+    drafter.record_draft_cost(16, 4, 0.028)
+    drafter.offered_count = [20.0] * 4
+    drafter.accepted_count = [14.0] * 4  # 0.69 a level: depth 4 makes 48.7 tokens/s, plain 50
+    drafter.rounds_since_probe = drafter.probe_interval = 16
+    assert drafter.choose_depth(16, unseen_tokens=0) == 4 and drafter.probing
+    drafter.catch_up_cost.add(1000, 0.020)  # catching up on 1000 tokens: over the 16 ms budget
+    assert drafter.choose_depth(16, unseen_tokens=1000) == 0 and not drafter.probing
+    drafter.rounds_since_probe = 32  # twice the rounds, twice the budget
+    assert drafter.choose_depth(16, unseen_tokens=1000) == 4 and drafter.probing
+
+
+def test_a_request_starts_with_the_benefit_of_the_doubt():
+    """The first decision of a request counts start_optimism extra accepted rounds: carried
+    estimates just below break-even start a bet (its own rounds then decide); later decisions on
+    the same estimates do not."""
+    drafter = _controlled(2)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 3, 0.025)
+    drafter.record_draft_cost(16, 2, 0.020)
+    drafter.offered_count, drafter.accepted_count = [8.0, 8.0], [3.0, 3.0]
+    assert drafter.choose_depth(16) == 0  # 39% a level: just short of paying
+    drafter.optimism = drafter.settings.start_optimism
+    drafter.inner.trees = [_chain(2)] * 16
+    drafter.propose([[1, 2]] * 16)
+    assert drafter.depth_log[-1] > 0 and drafter.optimism == 0.0
+    drafter.previous_depth = 0
+    assert drafter.choose_depth(16) == 0

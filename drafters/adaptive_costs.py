@@ -1,0 +1,122 @@
+"""Cost models for adaptive speculation (drafters/adaptive.py): what a drafting call and a target
+pass cost on this machine, learnt online from the rounds that ran."""
+from __future__ import annotations
+
+
+class OnlineLinearFit:
+    """y ~ a + b*x by exponentially weighted least squares (recent rounds count most).
+    While only one x has been seen the line is flat (a fixed cost dominates: verification), or,
+    with proportional=True, through the origin (a cost that grows with x from nothing: drafting
+    d levels costs about d times one level, so depth 1 is not priced like the depth measured)."""
+
+    def __init__(self, decay: float = 0.9, proportional: bool = False):
+        self.decay = decay
+        self.proportional = proportional
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.sw, self.sx, self.sy = d * self.sw + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    @property
+    def seen(self) -> bool:
+        return self.sw > 0
+
+    def predict(self, x: float) -> float:
+        if not self.seen:
+            return 0.0
+        mean_x, mean_y = self.sx / self.sw, self.sy / self.sw
+        var = self.sxx / self.sw - mean_x ** 2
+        if var <= 1e-12 * max(1.0, mean_x ** 2):  # one size seen so far
+            return mean_y * x / mean_x if self.proportional and mean_x > 0 else mean_y
+        slope = max(0.0, (self.sxy / self.sw - mean_x * mean_y) / var)  # costs never fall with size
+        return max(0.0, mean_y + slope * (x - mean_x))
+
+
+class CostTable:
+    """Seconds of a target pass by its size (batch x block tokens), measured size by size.
+
+    On a CPU the cost is far from a line in the size, and not even monotone: on the 2-core machine
+    at batch 1 (256-token context) passes over 1, 2, 3, 5, 8, 16 tokens took 11.5, 17.0, 20.7,
+    14.2, 14.6, 17.3 ms (kernel choices). So each size seen keeps its own decayed mean, taken as
+    measured; an unseen size is interpolated between its measured neighbours, or extrapolated past
+    the largest along the average slope from the smallest (the slope between the last two
+    measured sizes is mostly noise)."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.sums: dict[int, list[float]] = {}  # size -> [decayed sum of seconds, decayed count]
+        self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
+
+    def add(self, x: float, y: float) -> None:
+        entry = self.sums.setdefault(int(x), [0.0, 0.0])
+        entry[0] = self.decay * entry[0] + y
+        entry[1] = self.decay * entry[1] + 1
+        self._curve = None
+
+    @property
+    def seen(self) -> bool:
+        return bool(self.sums)
+
+    def _sizes_and_costs(self) -> tuple[list[int], list[float]]:
+        """Measured sizes, ascending, with their mean costs. Computed once per round: choose_depth
+        prices every depth with it."""
+        if self._curve is None:
+            sizes = sorted(self.sums)
+            self._curve = sizes, [self.sums[k][0] / self.sums[k][1] for k in sizes]
+        return self._curve
+
+    def predict(self, x: float) -> float:
+        if not self.sums:
+            return 0.0
+        sizes, means = self._sizes_and_costs()
+        if x <= sizes[0]:
+            return means[0]
+        for (x0, y0), (x1, y1) in zip(zip(sizes, means), zip(sizes[1:], means[1:])):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if len(sizes) == 1:
+            return means[0]
+        slope = max(0.0, (means[-1] - means[0]) / (sizes[-1] - sizes[0]))
+        return means[-1] + slope * (x - sizes[-1])
+
+    def sizes(self) -> list[int]:
+        """Measured sizes, ascending."""
+        return self._sizes_and_costs()[0]
+
+
+class PassCost:
+    """Seconds of a target pass by its shape: batch rows x block width (the root plus the widest
+    row's tree; narrower rows are padded to it).
+
+    Rows are not tokens: on the 2-core CPU a one-token step over 16 rows costs about 23 ms and one
+    row with 16 tokens about 15 ms (every row attends over its own cache), so a table keyed by
+    rows x width alone mispriced one shape by the other. Each batch size keeps a CostTable over
+    widths; a width past the widest it has measured is scaled from that one along the shape of
+    all passes by token count, and a batch size never seen (rows finish and the batch shrinks)
+    is priced by token count alone until it has rounds of its own."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.by_batch: dict[int, CostTable] = {}
+        self.by_tokens = CostTable(decay)
+
+    def add(self, batch: int, width: int, seconds: float) -> None:
+        self.by_batch.setdefault(batch, CostTable(self.decay)).add(width, seconds)
+        self.by_tokens.add(batch * width, seconds)
+
+    @property
+    def seen(self) -> bool:
+        return self.by_tokens.seen
+
+    def predict(self, batch: int, width: float) -> float:
+        table = self.by_batch.get(batch)
+        if table is None:
+            return self.by_tokens.predict(batch * width)
+        widest = table.sizes()[-1]
+        if width <= widest:
+            return table.predict(width)
+        at_widest = self.by_tokens.predict(batch * widest)
+        growth = self.by_tokens.predict(batch * width) / at_widest if at_widest > 0 else 1.0
+        return table.predict(widest) * max(1.0, growth)
