@@ -55,6 +55,9 @@ class AdaptiveSettings:
     decay: float = 0.95  # weight of past rounds in every running estimate
     min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
     # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
+    stop_margin: float = 0.05  # once speculating, stop when the bet falls this far below plain
+    # decoding: two early rejections (a hard start, the bet's own noise) moved an EAGLE-3 bet
+    # from 5% ahead to 3% behind and kept it off for the rest of a request it would have won
     new_batch_gain: float = 0.25  # ...or by this fraction while this batch size's drafting cost is
     # borrowed from another batch size (drafting and pass widths grow with the batch, unmeasured)
     start_optimism: float = 2.0  # a request's first decision counts this many extra accepted rounds
@@ -247,7 +250,11 @@ class AdaptiveDrafter(Drafter):
             self.expected_tokens(d) / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
         own_costs = batch_bucket(batch) in self.draft_costs
-        if rates[best] < rates[0] * (1 + (s.min_gain if own_costs else s.new_batch_gain)):
+        if self.previous_depth > 0:  # speculating: go on unless it has fallen clearly behind
+            margin = -s.stop_margin
+        else:
+            margin = s.min_gain if own_costs else s.new_batch_gain
+        if rates[best] < rates[0] * (1 + margin):
             best = 0
         if best and rates[best] < rates[0] * (1 + s.recheck_margin) and self.rounds_since_plain >= s.probe_every:
             return 0  # a thin lead: measure the plain alternative again
@@ -290,7 +297,8 @@ class AdaptiveDrafter(Drafter):
                 widths[j] = max(widths[j], total)
         overhead = self.round_overhead.predict(batch)
         plain = batch / max(self.verify_cost.predict(batch, 1) + overhead, 1e-12)
-        best, best_rate, tokens = 0, plain * (1 + self.settings.min_gain), float(batch)
+        margin = -self.settings.stop_margin if self.previous_depth > 0 else self.settings.min_gain
+        best, best_rate, tokens = 0, plain * (1 + margin), float(batch)
         for d in range(1, deepest + 1):
             tokens += rows_reaching[d - 1] * reach[d - 1]
             rate = tokens / max(self.verify_cost.predict(batch, 1 + widths[d - 1]) + overhead, 1e-12)
