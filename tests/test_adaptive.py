@@ -271,7 +271,6 @@ def test_cutting_by_drafted_tokens_is_exact_only_for_deterministic_drafts(kind_n
     from draftsman.verifier.sampling import SamplingParams
     from exact_enumeration import ToyWorld, draw_tree, enumerate_outcomes, path_tokens, total_variation_from_target
     from draftsman.verifier.rejection import verify_sampled
-    from draftsman.verifier.sampling import processed_probs  # noqa: F401 (ToyWorld uses it)
     from draftsman.verifier.tree import pack_drafts
 
     kind = DETERMINISTIC if kind_name == "deterministic" else IID
