@@ -99,10 +99,11 @@ def test_zero_acceptance_means_zero_drafts(tiny_models):
     # Once acceptance has been measured near zero, plain rounds dominate; probes are rare.
     later = depths[len(depths) // 2:]
     assert later.count(0) >= 0.85 * len(later), depths
-    # Probes draft one level, and each fruitless probe doubles the wait (16, 32, 64 rounds...):
-    # over the last ~75 rounds at most two probes remain (one every 16 rounds would be four or five).
-    probes = [d for d in later if d]
-    assert set(probes) <= {1} and len(probes) <= 2, depths
+    # Each fruitless probe (probe_rounds rounds in a row, at the closest bet's depth: one level
+    # for a drafter whose every level fails) doubles the wait (16, 32, 64 rounds...): over the last
+    # ~75 rounds at most two probes remain (one every 16 rounds would be four or five).
+    probes = "".join("x" if d else " " for d in later).split()
+    assert {d for d in later if d} <= {1} and len(probes) <= 2, depths
 
 
 def test_full_acceptance_keeps_drafting(tiny_models):
@@ -332,10 +333,11 @@ def test_a_costly_catch_up_keeps_a_thin_lead_from_starting():
 
 def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
     """A one-level probe says nothing about the levels a deep bet lives on. When plain decoding
-    wins narrowly, the probe drafts the closest bet's depth, if its expected cost (what it adds
-    to a plain round, less the plain steps its expected tokens save, plus the drafter's catch-up)
-    fits the budget: probe_budget of the plain rounds since the last probe."""
-    drafter = _controlled(4)
+    wins narrowly, the probe drafts the closest bet's depth for probe_rounds rounds, if its
+    expected cost (what those rounds add to plain ones, less the plain steps their expected tokens
+    save, plus the drafter's catch-up) fits the budget: probe_budget of the plain rounds since the
+    last probe."""
+    drafter = _controlled(4, probe_rounds=3)
     for width in (1, 2, 3, 4, 5):
         drafter.verify_cost.add(16, width, 0.020 + 0.002 * (width - 1))
     drafter.draft_costs = {}
@@ -343,12 +345,19 @@ def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
     drafter.record_draft_cost(16, 4, 0.028)
     drafter.offered_count = [20.0] * 4
     drafter.accepted_count = [14.0] * 4  # 0.69 a level: depth 4 makes 48.7 tokens/s, plain 50
-    drafter.rounds_since_probe = drafter.probe_interval = 16
-    assert drafter.choose_depth(16, unseen_tokens=0) == 4 and drafter.probing
+
+    def probe(rounds_since_probe, unseen_tokens):
+        drafter.probing, drafter.probe_left, drafter.probe_interval = False, 0, 16
+        drafter.rounds_since_probe = rounds_since_probe
+        return drafter.choose_depth(16, unseen_tokens)
+
+    assert probe(16, unseen_tokens=0) == 4 and drafter.probing
+    # A probe bets probe_rounds rounds in a row (one round is one noisy sample), then stops.
+    assert [drafter.choose_depth(16) for _ in range(3)] == [4] * (drafter.settings.probe_rounds - 1) + [0]
+    assert drafter.probe_interval == 32  # it did not pay: the next one waits twice as long
     drafter.catch_up_cost.add(1000, 0.020)  # catching up on 1000 tokens: over the 16 ms budget
-    assert drafter.choose_depth(16, unseen_tokens=1000) == 0 and not drafter.probing
-    drafter.rounds_since_probe = 32  # twice the rounds, twice the budget
-    assert drafter.choose_depth(16, unseen_tokens=1000) == 4 and drafter.probing
+    assert probe(16, unseen_tokens=1000) == 0 and not drafter.probing
+    assert probe(32, unseen_tokens=1000) == 4 and drafter.probing  # twice the rounds, twice the budget
 
 
 def test_a_request_starts_with_the_benefit_of_the_doubt():
