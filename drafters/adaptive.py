@@ -48,10 +48,10 @@ class AdaptiveSettings:
     measure_rounds: int = 4  # a new decoder bets the full depth this many rounds before choosing:
     # with one or two rounds an unlucky first rejection kept a good drafter (EAGLE-3) off
     probe_every: int = 16  # rounds of plain decoding before the first probe...
-    probe_rounds: int = 1  # a probe bets this many rounds in a row (3 let draft_model-adaptive
-    # find its 1.09x on continuation prompts, but cost 0.85-0.91x at batch 4: kept at 1)
     probe_backoff: float = 2.0  # ...times this after every probe that did not pay...
     max_probe_every: int = 256  # ...up to this many rounds
+    probe_rounds: int = 1  # a probe bets this many rounds in a row (3 let draft_model-adaptive
+    # find its 1.09x on continuation prompts, but cost 0.85-0.91x at batch 4: kept at 1)
     prior_acceptance: float = 0.5  # per-depth acceptance before anything is measured...
     prior_weight: float = 1.0  # ...worth this many observed rounds
     decay: float = 0.95  # weight of past rounds in every running estimate
@@ -190,9 +190,9 @@ class AdaptiveDrafter(Drafter):
     @property
     def acceptance(self) -> list[float]:
         """Per depth, measured acceptance shrunk toward a prior: prior_acceptance at depth 1, the
-        estimate one level up below it. Probes draft one level only; with a flat prior a drafter
-        whose deep levels were never measured (EAGLE-3 accepts ~0.9 at every depth) looked no
-        better than a coin below depth 1 and stayed off."""
+        estimate one level up below it (with a flat prior, a drafter whose deep levels had not been
+        measured, EAGLE-3 accepting ~0.9 at every depth, looked no better than a coin below depth 1
+        and stayed off). A request's first decision adds `optimism` accepted rounds at each depth."""
         s = self.settings
         out, prior, extra = [], s.prior_acceptance, self.optimism
         for a, o in zip(self.accepted_count, self.offered_count):
