@@ -35,9 +35,10 @@ class OnlineLinearFit:
 
 
 class CostTable:
-    """Seconds of a target pass by its size (batch x block tokens), measured size by size.
+    """Seconds by a size (a pass's width or token count; a round's batch size), measured size by
+    size.
 
-    On a CPU the cost is far from a line in the size, and not even monotone: on the 2-core machine
+    On a CPU a pass's cost is far from a line in its size, and not even monotone: on the 2-core machine
     at batch 1 (256-token context) passes over 1, 2, 3, 5, 8, 16 tokens took 11.5, 17.0, 20.7,
     14.2, 14.6, 17.3 ms (kernel choices). So each size seen keeps its own decayed mean, taken as
     measured; an unseen size is interpolated between its measured neighbours, or extrapolated past
