@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsman.drafters.base import DETERMINISTIC, IID, WITHOUT_REPLACEMENT, DraftTree
+from draftsman.drafters.base import DETERMINISTIC, IID, DraftTree
 from draftsman.verifier.rejection import Coin, verify_sampled
 from draftsman.verifier.sampling import SamplingParams, processed_probs
 from draftsman.verifier.tree import pack_drafts
