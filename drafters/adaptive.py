@@ -28,8 +28,8 @@ the doubt (`start_optimism`) when starting is cheap. A new decoder first bets th
 `probe_every` re-measures the alternative. While d = 0 wins it probes now and then
 (`probe_rounds` rounds) at the depth of the bet that came closest (or shallower), each fruitless
 probe doubling the wait, and only when the probe's expected cost (catch-up included) is a small
-share of the plain rounds since the last one. Every round also pays the engine's own bookkeeping (measured). Enabled with `adaptive: true`
-in any drafter's config.
+share of the plain rounds since the last one. Every round also pays the engine's own bookkeeping
+(measured). Enabled with `adaptive: true` in any drafter's config.
 
 The wrapper changes how deep the proposals are, never what is emitted: exactness is the
 verifier's.
@@ -84,6 +84,24 @@ def cut_after_drafting_is_exact(trees: list[DraftTree]) -> bool:
     cuts included. No for sampled ones: keeping a node by what was drawn there skews the draws the
     verifier takes to come from draft_probs (tests/test_adaptive.py enumerates both)."""
     return all(t.draft_probs is None or bool((t.kinds == DETERMINISTIC).all()) for t in trees)
+
+
+def depth_counts(trees: list[DraftTree], depth: int) -> list[list[int]]:
+    """Per tree, its node count at each depth 1..depth: a round's shapes, read once and shared by
+    the width estimate, the after-drafting cut and the acceptance update."""
+    out = []
+    for t in trees:
+        counts = [0] * depth
+        for x in t.depths():
+            if x <= depth:
+                counts[x - 1] += 1
+        out.append(counts)
+    return out
+
+
+def deepest(counts: list[int]) -> int:
+    """The depth of a tree's deepest node, from its depth_counts row."""
+    return max((j + 1 for j, n in enumerate(counts) if n), default=0)
 
 
 def batch_bucket(batch: int) -> int:
@@ -230,6 +248,20 @@ class AdaptiveDrafter(Drafter):
                 + widened * self.verify_cost.predict(batch, 1 + self.width(depth))
                 + (1.0 - widened) * self.verify_cost.predict(batch, 1))
 
+    def required_gain(self, batch: int) -> float:
+        """How far a bet must beat plain decoding (before and after drafting alike): min_gain to
+        start, new_batch_gain while this batch size's drafting cost is borrowed, and once
+        speculating it goes on until it falls stop_margin behind."""
+        s = self.settings
+        if self.previous_depth > 0:
+            return -s.stop_margin
+        return s.min_gain if batch_bucket(batch) in self.draft_costs else s.new_batch_gain
+
+    def measuring(self, batch: int) -> bool:
+        """A new decoder's first rounds, or a batch size with no drafting cost to borrow: bet the
+        full depth as drafted, to measure it."""
+        return not self.draft_cost(batch).seen or self.full_bets < self.settings.measure_rounds
+
     def probe_cost(self, batch: int, unseen_tokens: int, depth: int) -> float:
         """Expected seconds a probe `depth` deep adds to as many plain rounds: the drafter's
         catch-up once, and each round's drafting and wider pass less the plain steps its expected
@@ -243,7 +275,7 @@ class AdaptiveDrafter(Drafter):
         D = self.inner.max_depth()
         if D == 0 or not self.verify_cost.seen:
             return 0  # first round: measure plain decoding
-        if not self.draft_cost(batch).seen or self.full_bets < self.settings.measure_rounds:
+        if self.measuring(batch):
             return D  # nothing (or little) known about drafting and acceptance yet: measure the full bet
         s = self.settings
         # Starting to speculate after plain rounds first pays for the drafter's catch-up on every
@@ -253,12 +285,7 @@ class AdaptiveDrafter(Drafter):
         rates = [1.0 / max(self.expected_seconds(0, batch), 1e-9)] + [
             self.expected_tokens(d) / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
-        own_costs = batch_bucket(batch) in self.draft_costs
-        if self.previous_depth > 0:  # speculating: go on unless it has fallen clearly behind
-            margin = -s.stop_margin
-        else:
-            margin = s.min_gain if own_costs else s.new_batch_gain
-        if rates[best] < rates[0] * (1 + margin):
+        if rates[best] < rates[0] * (1 + self.required_gain(batch)):
             best = 0
         if best and rates[best] < rates[0] * (1 + s.recheck_margin) and self.rounds_since_plain >= s.probe_every:
             return 0  # a thin lead: measure the plain alternative again
@@ -283,32 +310,22 @@ class AdaptiveDrafter(Drafter):
                     return depth
         return 0
 
-    def verify_depth(self, trees: list[DraftTree]) -> int:
-        """After drafting: how deep to verify the trees actually drafted. The drafting is paid for;
-        what is left to choose is the pass, and its width is now known, not estimated: one row
-        with a long n-gram match widens the pass of a whole batch of rows without one, and an
-        EAGLE tree drafted shallow is as wide as a deep one. Expected tokens count the rows that
-        have a proposal, each to its own depth."""
-        deepest = max((max(t.depths(), default=0) for t in trees), default=0)
-        if deepest == 0:
+    def verify_depth(self, counts: list[list[int]]) -> int:
+        """After drafting: how deep to verify the trees actually drafted (their depth_counts). The
+        drafting is paid for; what is left to choose is the pass, and its width is now known, not
+        estimated: one row with a long n-gram match widens the pass of a whole batch of rows
+        without one, and an EAGLE tree drafted shallow is as wide as a deep one. Expected tokens
+        count the rows that have a proposal, each to its own depth."""
+        depth = max(map(deepest, counts), default=0)
+        if depth == 0:
             return 0
-        batch, reach = len(trees), self.reach()
-        rows_reaching = [0] * deepest  # rows with a node at depth j+1
-        widths = [0] * deepest  # widest row's node count at depth <= j+1
-        for t in trees:
-            counts = [0] * deepest
-            for x in t.depths():
-                counts[x - 1] += 1
-            total = 0
-            for j in range(deepest):
-                rows_reaching[j] += counts[j] > 0
-                total += counts[j]
-                widths[j] = max(widths[j], total)
+        batch, reach = len(counts), self.reach()
+        rows_reaching = [sum(row[j] > 0 for row in counts) for j in range(depth)]  # rows with a node at depth j+1
+        widths = [max(sum(row[: j + 1]) for row in counts) for j in range(depth)]  # widest row at depth <= j+1
         overhead = self.round_overhead.predict(batch)
         plain = batch / max(self.verify_cost.predict(batch, 1) + overhead, 1e-12)
-        margin = -self.settings.stop_margin if self.previous_depth > 0 else self.settings.min_gain
-        best, best_rate, tokens = 0, plain * (1 + margin), float(batch)
-        for d in range(1, deepest + 1):
+        best, best_rate, tokens = 0, plain * (1 + self.required_gain(batch)), float(batch)
+        for d in range(1, depth + 1):
             tokens += rows_reaching[d - 1] * reach[d - 1]
             rate = tokens / max(self.verify_cost.predict(batch, 1 + widths[d - 1]) + overhead, 1e-12)
             if rate > best_rate:
@@ -338,30 +355,26 @@ class AdaptiveDrafter(Drafter):
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
         seconds = time.perf_counter() - t0
         self.drafted_upto = [len(c) for c in contexts]
-        self._record_width(depth, trees)
+        counts = depth_counts(trees, depth)
+        self._record_width(depth, counts)
         share = sum(t.size > 0 for t in trees) / len(trees)  # as drafted, before any cut below
         verified = depth
         # Measuring rounds and probes run as chosen: a cut by today's estimates would keep them
         # from measuring what the estimates lack.
-        measuring = not self.draft_cost(len(contexts)).seen or self.full_bets < self.settings.measure_rounds
-        if not self.probing and not measuring and cut_after_drafting_is_exact(trees):
-            verified = self.verify_depth(trees)
+        if not self.probing and not self.measuring(len(contexts)) and cut_after_drafting_is_exact(trees):
+            verified = self.verify_depth(counts)
             if verified < depth:
                 trees = [t.truncated_to_depth(verified) for t in trees]
         self.depth_log.append(verified)
-        self._last = (depth, seconds, trees, share, unseen)
+        self._last = (depth, seconds, [min(deepest(row), verified) for row in counts], share, unseen)
         return trees
 
-    def _record_width(self, depth: int, trees: list[DraftTree]) -> None:
+    def _record_width(self, depth: int, counts: list[list[int]]) -> None:
         """Block widths as drafted: at this limit, and within it for every shallower depth."""
-        if not any(t.size for t in trees):
+        if not any(map(any, counts)):
             return
         decay = self.settings.decay
-        within = [0] * depth
-        for t in trees:
-            depths = t.depths()
-            for d in range(depth):
-                within[d] = max(within[d], sum(1 for x in depths if x <= d + 1))
+        within = [max(sum(row[: d + 1]) for row in counts) for d in range(depth)]
         for d in range(depth):
             self.width_within[d] = decay * self.width_within[d] + (1 - decay) * within[d]
         seen = self.width_at_limit[depth - 1]
@@ -369,7 +382,7 @@ class AdaptiveDrafter(Drafter):
 
     def observe(self, feedback):
         self.inner.observe(feedback)
-        depth, draft_seconds, trees, share, unseen = self._last
+        depth, draft_seconds, reached_depths, share, unseen = self._last
         batch = len(feedback.emitted)
         self.verify_cost.add(batch, feedback.block_tokens, feedback.verify_seconds)
         self._round = (self._round_started, batch, feedback.verify_seconds)
@@ -377,7 +390,7 @@ class AdaptiveDrafter(Drafter):
         previous, self.previous_depth = self.previous_depth, depth
         if depth == 0:
             return
-        self.full_bets += max((max(t.depths(), default=0) for t in trees), default=0) == self.inner.max_depth()
+        self.full_bets += max(reached_depths) == self.inner.max_depth()
         # After a plain round a drafter first catches up on what it has not seen (the whole prompt
         # in the first speculative round, every token of a plain stretch before a probe): a
         # one-time cost, not what the next round's drafting will cost. Fit steady rounds only.
@@ -387,18 +400,18 @@ class AdaptiveDrafter(Drafter):
             self.catch_up_cost.add(unseen, max(0.0, draft_seconds - self.draft_cost(batch).predict(depth)))
         decay = self.settings.decay
         self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
-        self._update_acceptance(trees, feedback)
+        self._update_acceptance(reached_depths, feedback)
 
-    def _update_acceptance(self, trees: list[DraftTree], feedback) -> None:
-        """Depth d+1 was on offer to a row whose tree reaches it and whose path reached depth d.
+    def _update_acceptance(self, tree_depths: list[int], feedback) -> None:
+        """Depth d+1 was on offer to a row whose tree (as verified) reaches it and whose path
+        reached depth d.
         Every depth's counts decay each speculative round, offered or not: a depth measured low
         once and never offered again (bets stayed shallower) drifts back toward the level above
         instead of keeping the bets shallow for good."""
         decay = self.settings.decay
-        deepest = [max(t.depths(), default=0) for t in trees]
         accepted = [len(path) for path in feedback.accepted_nodes]
         for d in range(len(self.accepted_count)):
-            offered = sum(1 for n, a in zip(deepest, accepted) if n > d and a >= d)
-            reached = sum(1 for n, a in zip(deepest, accepted) if n > d and a > d)
+            offered = sum(1 for n, a in zip(tree_depths, accepted) if n > d and a >= d)
+            reached = sum(1 for n, a in zip(tree_depths, accepted) if n > d and a > d)
             self.accepted_count[d] = decay * self.accepted_count[d] + reached
             self.offered_count[d] = decay * self.offered_count[d] + offered

@@ -144,8 +144,8 @@ class FeatureHeadDrafter(Drafter):
         if T == 0:
             width = self.vocab_size if self.vocab_map is None else len(self.vocab_map)  # the head's logits
             return torch.zeros(B, d, device=self.device), torch.zeros(B, width, device=self.device), ready
-        chunks = [c for row in self.pending_features for c in row]
-        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=chunks[0].dtype)
+        dtype = next(chunk for row in self.pending_features for chunk in row).dtype
+        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=dtype)
         for b, row in enumerate(self.pending_features):
             at = 0
             for chunk in row:

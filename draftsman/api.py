@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter

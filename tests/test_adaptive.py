@@ -8,7 +8,7 @@ import torch
 
 import draftsman
 from draftsman.drafters import Drafter, DraftTree, register
-from draftsman.drafters.adaptive import AdaptiveDrafter, CostTable, OnlineLinearFit
+from draftsman.drafters.adaptive import AdaptiveDrafter, CostTable, OnlineLinearFit, depth_counts
 
 
 def test_online_fit_recovers_a_line_and_never_predicts_falling_costs():
@@ -235,8 +235,8 @@ def test_one_wide_row_does_not_widen_the_whole_batch():
     three_chains = [-1, 0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10, -1, 12, 13, 14, 15, 16]
     wide = DraftTree(torch.arange(3, 21), torch.tensor(three_chains), torch.zeros(18, dtype=torch.long))
     assert wide.size == 18 and max(wide.depths()) == 6
-    assert drafter.verify_depth([wide] + [DraftTree.empty()] * 15) == 0
-    assert drafter.verify_depth([_chain(6)] * 16) == 6
+    assert drafter.verify_depth(depth_counts([wide] + [DraftTree.empty()] * 15, 6)) == 0
+    assert drafter.verify_depth(depth_counts([_chain(6)] * 16, 6)) == 6
     # Through propose: the inner drafter's trees are cut to what verify_depth chose.
     drafter.inner.trees = [wide] + [DraftTree.empty()] * 15
     drafter.choose_depth = lambda batch, unseen=0: 6
@@ -255,7 +255,7 @@ def test_sampled_trees_are_never_cut_after_drafting():
     sampled = DraftTree.chain([1, 2], kind=IID, draft_probs=q)
     drafter.inner.trees = [sampled] * 16
     drafter.choose_depth = lambda batch, unseen=0: 2
-    assert drafter.verify_depth([sampled] * 16) == 0
+    assert drafter.verify_depth(depth_counts([sampled] * 16, 2)) == 0
     assert [t.size for t in drafter.propose([[1, 2]] * 16)] == [2] * 16
     drafter.inner.trees = [_chain(2)] * 16
     assert [t.size for t in drafter.propose([[1, 2]] * 16)] == [0] * 16
