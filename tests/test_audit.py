@@ -87,7 +87,10 @@ def skip_first_greedy_check(monkeypatch):
     ({"name": "draft_model", "k": 3}, SamplingParams(1.0)),
     ({"name": "draft_model", "k": 3}, SamplingParams(0.9, top_k=20, top_p=0.9)),
     ({"name": "cascade"}, SamplingParams(1.0)),
-], ids=["none", "ngram", "draft_model", "draft_model_topk_topp", "cascade"])
+    # Adaptive speculation picks each round's depth from timings: whatever it picks (here it
+    # speculated, tau about 1.3 in the sampled rounds), the samples must stay the target's.
+    ({"name": "draft_model", "k": 3, "adaptive": True}, SamplingParams(1.0)),
+], ids=["none", "ngram", "draft_model", "draft_model_topk_topp", "cascade", "draft_model_adaptive"])
 def test_correct_configurations_pass(plain, close, drafter, sampling):
     if drafter["name"] == "draft_model":
         drafter = {**drafter, "path": str(close)}
@@ -98,7 +101,8 @@ def test_correct_configurations_pass(plain, close, drafter, sampling):
     assert result["passed"], format_report(result)
     assert result["greedy"]["tokens"] == 32 and not result["greedy"]["prompts"][0]["mismatches"]
     assert len(result["sampling"]["tests"]) == 3  # token 1, token 2, tokens 1-2
-    if drafter["name"] == "draft_model":  # (ngram's guesses are rarely sampled by a random model)
+    if drafter["name"] == "draft_model" and not drafter.get("adaptive"):  # (ngram's guesses are
+        # rarely sampled by a random model; adaptive may rightly decode plainly on a slow machine)
         assert min(result["sampling"]["tau"]) > 1.0 and not result["warnings"], "the accept path must have run"
     if drafter["name"] == "cascade":  # the report says which child drafted
         assert result["greedy"]["tau"] > 1.0
