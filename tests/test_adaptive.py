@@ -337,7 +337,7 @@ def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
     expected cost (what those rounds add to plain ones, less the plain steps their expected tokens
     save, plus the drafter's catch-up) fits the budget: probe_budget of the plain rounds since the
     last probe."""
-    drafter = _controlled(4, probe_rounds=3)
+    drafter = _controlled(4, probe_rounds=3, probe_budget=0.05)  # 16 rounds x 20 ms x 5% = 16 ms
     for width in (1, 2, 3, 4, 5):
         drafter.verify_cost.add(16, width, 0.020 + 0.002 * (width - 1))
     drafter.draft_costs = {}

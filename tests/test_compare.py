@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import statistics
 
 import pytest
 import yaml
@@ -250,3 +251,40 @@ def test_cost_profile_prints_pass_times_and_break_even_acceptance(tiny_models, c
     # Free drafts verified at no extra cost pay at any acceptance; at twice the cost, a chain of
     # depth 1 needs a = 1 (E = 1 + a tokens for 2x the time).
     assert break_even(1.0, 1.0, 1) < 1e-6 and break_even(1.0, 2.0, 1) > 0.999
+
+
+class _DriftingContender:
+    """Takes `cost` seconds of a fake clock that runs 10% slower with every call anyone makes,
+    like a machine heating up: only adjacent runs see the same machine."""
+
+    clock = {"calls": 0}
+
+    def __init__(self, label: str, cost: float):
+        self.label, self.cost = label, cost
+
+    def run(self, prompts, max_new_tokens, temperature, seed):
+        from draftsman.bench.runner import Run
+        self.clock["calls"] += 1
+        return Run([[0] * max_new_tokens for _ in prompts], self.cost * 1.1 ** self.clock["calls"])
+
+
+def test_batch_sweep_pairs_each_contender_with_its_own_baseline_runs():
+    from draftsman.bench.compare import _plan
+    from draftsman.bench.runner import batch_sweep
+    _DriftingContender.clock["calls"] = 0
+    contenders = [_DriftingContender("none", 1.0)] + [_DriftingContender(f"same{i}", 1.0) for i in range(5)]
+    contenders.append(_DriftingContender("twice_as_fast", 0.5))
+    ticks = []
+    sweep = batch_sweep(contenders, [[1, 2, 3]], [1, 4], max_new_tokens=8, temperature=0.0, repeats=2, seed=0,
+                        baseline="none", tick=lambda: ticks.append(1))
+    for b in (1, 4):
+        for c in contenders[1:]:
+            t, base = sweep[b][c.label]
+            truth = 1.0 / c.cost
+            # Pair by pair (A B, then B A) the drift cancels to within a few percent; the last
+            # contender sits 12+ calls from a baseline measured once per repeat (1.1^12 ~ 3x).
+            assert abs(statistics.median(t.speedups(base)) / truth - 1) < 0.01, (b, c.label)
+        everything, same = sweep[b]["none"]
+        assert everything is same and len(everything.rep_tokens) == 2 * 6  # one baseline run per pair
+    cfg = {"temperatures": [], "batch_sizes": [1, 4], "repeats": 2}
+    assert len(ticks) == _plan(cfg, {}, len(contenders), 0)

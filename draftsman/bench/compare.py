@@ -67,14 +67,15 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
     bar.set_description(f"batch sweep T={sweep_t:g}")
     sweep = batch_sweep(ours, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
-                        temperature=sweep_t, repeats=cfg["repeats"], seed=cfg["seed"], tick=bar.update)
+                        temperature=sweep_t, repeats=cfg["repeats"], seed=cfg["seed"], baseline=baseline,
+                        tick=bar.update)
     bar.close()
     points = []
     for b, tallies in sweep.items():
         for o in ours:
-            t = tallies[o.label]
+            t, paired_base = tallies[o.label]
             points.append({"drafter": o.label, "batch_size": b, "tokens_per_s": t.tokens_per_s,
-                           "speedup": statistics.median(t.speedups(tallies[baseline])), "tau": t.tau,
+                           "speedup": statistics.median(t.speedups(paired_base)), "tau": t.tau,
                            "new_tokens": t.new_tokens})
     return {
         "command": command,
@@ -116,7 +117,8 @@ def _plan(cfg: dict, encoded: dict, n_ours: int, n_peers: int) -> int:
         n = n_ours + (n_peers if temperature == 0 else 0)
         for ids in encoded.values():
             total += n * (2 + cfg["repeats"] * len(ids))  # warm-up + timed + memory
-    return total + len(cfg["batch_sizes"]) * n_ours * (1 + cfg["repeats"])
+    paired_runs = 2 * (n_ours - 1) if n_ours > 1 else 1  # each contender beside its own baseline run
+    return total + len(cfg["batch_sizes"]) * (n_ours + cfg["repeats"] * paired_runs)
 
 
 def _divergences(target, prompts: list[Prompt], ids, expected: list[list[int]], got: list[list[int]]) -> list[dict]:

@@ -148,22 +148,32 @@ def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_toke
 
 
 def batch_sweep(contenders: list, rows: list[list[int]], batch_sizes: list[int], *, max_new_tokens: int,
-                temperature: float, repeats: int, seed: int,
-                tick: Callable[[], None] = lambda: None) -> dict[int, dict[str, Tally]]:
-    """{batch size: {label: Tally}}: one batch of the first b rows (cycled when there are fewer),
-    each contender on it `repeats` times, interleaved."""
+                temperature: float, repeats: int, seed: int, baseline: str,
+                tick: Callable[[], None] = lambda: None) -> dict[int, dict[str, tuple[Tally, Tally]]]:
+    """{batch size: {label: (its Tally, its baseline Tally)}} on one batch of the first b rows
+    (cycled when there are fewer). A batch runs for seconds, so a baseline measured once per
+    repeat sits tens of seconds away from most contenders on a machine whose speed drifts by
+    5-15% over that time: every contender is paired with its own baseline runs, A B B A, and
+    its speedup is taken pair by pair. The baseline's own entry holds all its runs."""
+    base = next(c for c in contenders if c.label == baseline)
+    others = [c for c in contenders if c is not base]
     out = {}
     for b in batch_sizes:
         batch = [rows[j % len(rows)] for j in range(b)]
-        tallies = {c.label: Tally() for c in contenders}
         for c in contenders:  # warm-up at this batch size
             c.run(batch, min(4, max_new_tokens), temperature, seed)
             tick()
+        everything, pairs = Tally(), {c.label: (Tally(), Tally()) for c in others}
         for rep in range(repeats):
-            for c in _order(contenders, rep % 2 == 1):
-                tallies[c.label].add(c.run(batch, max_new_tokens, temperature, seed), rep)
-                tick()
-        out[b] = tallies
+            for c in others or [None]:  # (a sweep of the baseline alone still measures it)
+                for runner in _order([base, c] if c else [base], rep % 2 == 1):
+                    run = runner.run(batch, max_new_tokens, temperature, seed)
+                    if c:
+                        pairs[c.label][runner is base].add(run, rep)
+                    if runner is base:
+                        everything.add(run, len(everything.rep_tokens))
+                    tick()
+        out[b] = {baseline: (everything, everything), **pairs}
     return out
 
 
