@@ -55,6 +55,10 @@ class AdaptiveSettings:
     prior_acceptance: float = 0.5  # per-depth acceptance before anything is measured...
     prior_weight: float = 1.0  # ...worth this many observed rounds
     decay: float = 0.95  # weight of past rounds in every running estimate
+    cost_window: int = 8  # a pass width's (a batch size's) cost: the lower quartile of its last
+    # this many rounds (timing noise is one-sided: stalls)...
+    forget_cost_after: int = 64  # ...and one not measured in this many rounds is priced from its
+    # neighbours again: one measured during a stall would otherwise never be retried
     min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
     # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
     stop_margin: float = 0.05  # once speculating, stop when the bet falls this far below plain
@@ -122,14 +126,14 @@ class AdaptiveDrafter(Drafter):
         self.depth_log: list[int] = []  # depth verified each round (for reports and tests)
         # Kept across requests (the machine's costs): seconds of a target pass by rows x block
         # width, and per batch bucket seconds vs depth requested (> 0).
-        self.verify_cost = PassCost(self.settings.decay)
+        self.verify_cost = PassCost(self.settings.cost_window, self.settings.forget_cost_after)
         self.draft_costs: dict[int, OnlineLinearFit] = {}
         # Seconds a drafter spends catching up on tokens it has not seen (after a plain stretch,
         # and the prompt in its first draft), by those tokens summed over rows.
         self.catch_up_cost = OnlineLinearFit(self.settings.decay, proportional=True)
         # Seconds of a round outside drafting and the target pass (the engine's bookkeeping),
         # by batch size: paid once per round, so it favours fewer, longer rounds.
-        self.round_overhead = CostTable(self.settings.decay)
+        self.round_overhead = CostTable(self.settings.cost_window, self.settings.forget_cost_after)
         self._carried: list[tuple] = []  # (sampling, acceptance state) of recent requests, newest last
         self.full_bets = 0  # speculative rounds at full depth this decoder has measured
 

@@ -2,6 +2,8 @@
 pass cost on this machine, learnt online from the rounds that ran."""
 from __future__ import annotations
 
+from collections import deque
+
 
 class OnlineLinearFit:
     """y ~ a + b*x by exponentially weighted least squares (recent rounds count most).
@@ -40,36 +42,53 @@ class CostTable:
 
     On a CPU a pass's cost is far from a line in its size, and not even monotone: on the 2-core machine
     at batch 1 (256-token context) passes over 1, 2, 3, 5, 8, 16 tokens took 11.5, 17.0, 20.7,
-    14.2, 14.6, 17.3 ms (kernel choices). So each size seen keeps its own decayed mean, taken as
+    14.2, 14.6, 17.3 ms (kernel choices). So each size seen keeps its own estimate, taken as
     measured; an unseen size is interpolated between its measured neighbours, or extrapolated past
     the largest along the average slope from the smallest (the slope between the last two
-    measured sizes is mostly noise)."""
+    measured sizes is mostly noise).
 
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
-        self.sums: dict[int, list[float]] = {}  # size -> [decayed sum of seconds, decayed count]
+    Timing noise is one-sided (a machine stalls; it never runs faster than its kernels), and a
+    stall lasts seconds: an 8-token pass measured only during one read 45 ms instead of 15, priced
+    itself out of every later decision, was never measured again, and its bets stayed off for the
+    rest of the run. So a size's estimate is the lower quartile of its last `window` samples (two
+    clean samples undo a stall), and a size not measured in the last `forget_after` samples is
+    forgotten and priced from its neighbours again, at the cost of a re-measurement now and then.
+    Nothing is forgotten while fewer than two sizes are in use: a run of plain rounds would
+    otherwise price every wider pass like a plain one."""
+
+    def __init__(self, window: int = 8, forget_after: int = 64):
+        self.window = window
+        self.forget_after = forget_after
+        self.recent: dict[int, deque[float]] = {}  # size -> its last `window` samples
+        self.last_added: dict[int, int] = {}  # size -> sample number of its latest sample
+        self.samples = 0
         self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
 
     def add(self, x: float, y: float) -> None:
-        entry = self.sums.setdefault(int(x), [0.0, 0.0])
-        entry[0] = self.decay * entry[0] + y
-        entry[1] = self.decay * entry[1] + 1
+        size = int(x)
+        self.recent.setdefault(size, deque(maxlen=self.window)).append(y)
+        self.samples += 1
+        self.last_added[size] = self.samples
+        stale = [k for k, n in self.last_added.items() if self.samples - n >= self.forget_after]
+        if len(self.recent) - len(stale) >= 2:  # from one size the extrapolation is flat: keep them
+            for k in stale:
+                del self.recent[k], self.last_added[k]
         self._curve = None
 
     @property
     def seen(self) -> bool:
-        return bool(self.sums)
+        return bool(self.recent)
 
     def _sizes_and_costs(self) -> tuple[list[int], list[float]]:
         """Measured sizes, ascending, with their mean costs. Computed once per round: choose_depth
         prices every depth with it."""
         if self._curve is None:
-            sizes = sorted(self.sums)
-            self._curve = sizes, [self.sums[k][0] / self.sums[k][1] for k in sizes]
+            sizes = sorted(self.recent)
+            self._curve = sizes, [sorted(self.recent[k])[(len(self.recent[k]) - 1) // 4] for k in sizes]
         return self._curve
 
     def predict(self, x: float) -> float:
-        if not self.sums:
+        if not self.recent:
             return 0.0
         sizes, means = self._sizes_and_costs()
         if x <= sizes[0]:
@@ -98,13 +117,13 @@ class PassCost:
     all passes by token count, and a batch size never seen (rows finish and the batch shrinks)
     is priced by token count alone until it has rounds of its own."""
 
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
+    def __init__(self, window: int = 8, forget_after: int = 64):
+        self.window, self.forget_after = window, forget_after
         self.by_batch: dict[int, CostTable] = {}
-        self.by_tokens = CostTable(decay)
+        self.by_tokens = CostTable(window, forget_after)
 
     def add(self, batch: int, width: int, seconds: float) -> None:
-        self.by_batch.setdefault(batch, CostTable(self.decay)).add(width, seconds)
+        self.by_batch.setdefault(batch, CostTable(self.window, self.forget_after)).add(width, seconds)
         self.by_tokens.add(batch * width, seconds)
 
     @property

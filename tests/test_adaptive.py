@@ -32,18 +32,44 @@ def test_cost_table_takes_measured_sizes_as_measured():
     """A CPU's pass cost is not even monotone in its size (at batch 1 here 2-3 tokens cost more
     than 5): measured sizes are priced as measured, others interpolated, and sizes past the largest
     extrapolated along the average slope from the smallest, never downward."""
-    table = CostTable(decay=1.0)
+    table = CostTable()
     for x, y in ((1, 0.010), (4, 0.016), (5, 0.012), (13, 0.014)):
         table.add(x, y)
     assert table.predict(1) == pytest.approx(0.010) and table.predict(4) == pytest.approx(0.016)
     assert table.predict(5) == pytest.approx(0.012)  # cheaper than 4, as measured
     assert table.predict(9) == pytest.approx(0.013) and table.predict(2) == pytest.approx(0.012)
     assert table.predict(25) == pytest.approx(0.014 + 0.004 / 12 * 12)  # slope from size 1 to 13
-    falling = CostTable(decay=1.0)
+    falling = CostTable()
     falling.add(2, 0.020)
     falling.add(5, 0.015)
     assert falling.predict(9) == pytest.approx(0.015)  # flat, never falling past the largest
     assert CostTable().predict(3) == 0.0 and not CostTable().seen
+
+
+def test_a_size_not_measured_for_a_while_is_priced_from_its_neighbours_again():
+    """A width measured only during a stall (45 ms for a 15 ms pass) would price itself out of
+    every later decision and never be measured again: after forget_after samples of other sizes it
+    is forgotten and extrapolated from the sizes in use, so a bet at that width is tried again."""
+    table = CostTable(forget_after=4)
+    table.add(1, 0.011)
+    table.add(7, 0.045)  # the stall
+    for x, y in ((1, 0.011), (3, 0.020), (1, 0.011)):
+        table.add(x, y)
+    assert table.predict(7) == pytest.approx(0.045)  # 3 samples since: still as measured
+    table.add(3, 0.020)
+    assert 7 not in table.recent and table.predict(7) == pytest.approx(0.020 + 0.0045 * 4)  # slope 1 -> 3
+    assert table.sizes() == [1, 3]  # sizes still in use are kept
+    stalled = CostTable()  # a size measured through a stall, then twice cleanly
+    for y in (0.045,) * 6 + (0.015,):
+        stalled.add(7, y)
+    assert stalled.predict(7) == pytest.approx(0.045)  # one clean sample could be luck...
+    stalled.add(7, 0.015)
+    assert stalled.predict(7) == pytest.approx(0.015)  # ...two: the lower quartile of the last 8
+    plain_only = CostTable(forget_after=4)
+    plain_only.add(5, 0.015)
+    for _ in range(8):
+        plain_only.add(1, 0.011)  # plain rounds only: a one-size table would price width 5 flat
+    assert plain_only.predict(5) == pytest.approx(0.015)
 
 
 def test_pass_cost_tells_rows_from_tokens():
@@ -51,7 +77,7 @@ def test_pass_cost_tells_rows_from_tokens():
     width it has not measured is scaled from its widest measured one along the shape of all passes."""
     from draftsman.drafters.adaptive import PassCost
 
-    cost = PassCost(decay=1.0)
+    cost = PassCost()
     for width in (1, 4, 16):
         cost.add(1, width, 0.010 + 0.0005 * width)  # batch 1: cheap tokens
     cost.add(16, 1, 0.030)  # batch 16: one token per row already costs 3x
