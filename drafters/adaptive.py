@@ -57,8 +57,8 @@ class AdaptiveSettings:
     decay: float = 0.95  # weight of past rounds in every running estimate
     cost_window: int = 8  # a pass width's (a batch size's) cost: the lower quartile of its last
     # this many rounds (timing noise is one-sided: stalls)...
-    forget_cost_after: int = 64  # ...and one not measured in this many rounds is priced from its
-    # neighbours again: one measured during a stall would otherwise never be retried
+    forget_cost_after: int = 64  # ...and one not measured in this many rounds is doubted (priced at
+    # most like the nearest smaller width in use): one measured during a stall is tried again
     min_gain: float = 0.03  # speculate only if the bet beats plain decoding by this fraction:
     # timings are noisy, and a near-tie is better left to the plain path (no draft state to keep)
     stop_margin: float = 0.05  # once speculating, stop when the bet falls this far below plain

@@ -51,10 +51,14 @@ class CostTable:
     stall lasts seconds: an 8-token pass measured only during one read 45 ms instead of 15, priced
     itself out of every later decision, was never measured again, and its bets stayed off for the
     rest of the run. So a size's estimate is the lower quartile of its last `window` samples (two
-    clean samples undo a stall), and a size not measured in the last `forget_after` samples is
-    forgotten and priced from its neighbours again, at the cost of a re-measurement now and then.
-    Nothing is forgotten while fewer than two sizes are in use: a run of plain rounds would
-    otherwise price every wider pass like a plain one."""
+    clean samples undo a short stall), and a size not measured in the last `forget_after` samples
+    is doubted: priced at most like the nearest smaller size still in use, so that a bet on it is
+    tried again (and measured afresh: a doubted size's old samples are dropped when a new one
+    comes). A size that really costs more goes back to its price after one round. Not deleted
+    and re-extrapolated: on this CPU passes of 2-3 tokens cost more than 9-17, so a line from the
+    small widths in use priced a forgotten 10-token EAGLE pass at 80 ms instead of 15. Nothing is
+    doubted while fewer than two sizes are in use (a run of plain rounds would price every wider
+    pass like a plain one)."""
 
     def __init__(self, window: int = 8, forget_after: int = 64):
         self.window = window
@@ -64,15 +68,17 @@ class CostTable:
         self.samples = 0
         self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
 
+    def _doubted(self) -> set[int]:
+        stale = {k for k, n in self.last_added.items() if self.samples - n >= self.forget_after}
+        return stale if len(self.recent) - len(stale) >= 2 else set()
+
     def add(self, x: float, y: float) -> None:
         size = int(x)
+        if size in self._doubted():
+            del self.recent[size]  # its samples are old news
         self.recent.setdefault(size, deque(maxlen=self.window)).append(y)
         self.samples += 1
         self.last_added[size] = self.samples
-        stale = [k for k, n in self.last_added.items() if self.samples - n >= self.forget_after]
-        if len(self.recent) - len(stale) >= 2:  # from one size the extrapolation is flat: keep them
-            for k in stale:
-                del self.recent[k], self.last_added[k]
         self._curve = None
 
     @property
@@ -80,11 +86,18 @@ class CostTable:
         return bool(self.recent)
 
     def _sizes_and_costs(self) -> tuple[list[int], list[float]]:
-        """Measured sizes, ascending, with their mean costs. Computed once per round: choose_depth
-        prices every depth with it."""
+        """Measured sizes, ascending, with their costs (doubted ones capped). Computed once per
+        round: choose_depth prices every depth with it."""
         if self._curve is None:
             sizes = sorted(self.recent)
-            self._curve = sizes, [sorted(self.recent[k])[(len(self.recent[k]) - 1) // 4] for k in sizes]
+            costs = [sorted(self.recent[k])[(len(self.recent[k]) - 1) // 4] for k in sizes]
+            doubted, in_use = self._doubted(), None
+            for i, k in enumerate(sizes):
+                if k not in doubted:
+                    in_use = costs[i]
+                elif in_use is not None:
+                    costs[i] = min(costs[i], in_use)
+            self._curve = sizes, costs
         return self._curve
 
     def predict(self, x: float) -> float:
