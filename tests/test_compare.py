@@ -79,6 +79,8 @@ def test_quick_run_writes_files_with_consistent_numbers(quick_run, capsys):
     assert set(peers) == {(p, c) for p in ("hf_generate", "hf_assisted", "hf_prompt_lookup") for c in cats}
     for (name, _), p in peers.items():
         assert p["tokens_per_s"] > 0 and 0 <= p["same_as_ours"] <= p["prompts"]
+        assert p["counterparts"] and next(iter(p["counterparts"])) == p["counterpart"]
+        assert p["counterparts"][p["counterpart"]] == p["counterpart_over_peer"] > 0
     # Plain HF generate and our plain decoding are the same greedy decoding of the same weights.
     assert all(p["same_as_ours"] == p["prompts"] for (name, _), p in peers.items() if name == "hf_generate")
 

@@ -148,7 +148,10 @@ def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts
     t = tallies[p.label]
     div = _divergences(target, prompts, ids, plain.outputs, t.outputs)
     counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram"}[p.label]
-    mine = next((o.label for o in ours if o.name == counterpart_name), None)
+    # Every drafter of ours with the same name (say draft_model fixed and adaptive): the first is
+    # `counterpart` (kept for scripts that read it), all of them are in `counterparts`.
+    mine_all = [o.label for o in ours if o.name == counterpart_name]
+    mine = mine_all[0] if mine_all else None
     return {
         "peer": p.label, "category": category, "temperature": 0, "prompts": len(prompts),
         "tokens_per_s": t.tokens_per_s, "speedup": statistics.median(t.speedups(plain)),
@@ -156,6 +159,7 @@ def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts
         "same_as_ours": len(prompts) - len(div), "divergences": div,
         "counterpart": mine,
         "counterpart_over_peer": statistics.median(tallies[mine].speedups(t)) if mine else None,
+        "counterparts": {label: statistics.median(tallies[label].speedups(t)) for label in mine_all},
         "peak_memory_mb": _mb(static_bytes, t.peak_bytes), "extra_parameters": p.extra_parameters,
     }
 

@@ -89,7 +89,7 @@ def markdown(results: dict) -> str:
                   "| peer | category | tokens/s | vs our `none` | vs hf_generate | ours vs peer | output = ours |",
                   "|---|---|---|---|---|---|---|"]
         for p in results["peers"]:
-            ours = f"{p['counterpart']} {p['counterpart_over_peer']:.2f}x" if p["counterpart"] else "-"
+            ours = ", ".join(f"{label} {ratio:.2f}x" for label, ratio in p["counterparts"].items()) or "-"
             lines.append(f"| {p['peer']} | {p['category']} | {p['tokens_per_s']:.1f} | {p['speedup']:.2f}x | "
                          f"{p['speedup_vs_hf_generate']:.2f}x | {ours} | {p['same_as_ours']}/{p['prompts']} |")
         settings = "; ".join(f"{k}: {v or 'defaults'}" for k, v in results["peer_settings"].items())
