@@ -4,7 +4,8 @@ A contender is anything with `label`, `kind`, `extra_parameters` and
 `run(prompts, max_new_tokens, temperature, seed) -> Run`: one of our drafters (`Ours`, a Decoder)
 or a Hugging Face peer (peers.py). Per prompt the contenders run one after another, in an order
 that flips every prompt and every repeat (A B C, C B A, ...), after one warm-up call each.
-Throughput is computed per repeat; medians over repeats are what get reported.
+Throughput is computed per repeat; medians over repeats are what get reported. In the batch sweep,
+where one call lasts seconds, each contender runs beside its own baseline call instead.
 """
 from __future__ import annotations
 
@@ -169,7 +170,8 @@ def batch_sweep(contenders: list, rows: list[list[int]], batch_sizes: list[int],
                 for runner in _order([base, c] if c else [base], rep % 2 == 1):
                     run = runner.run(batch, max_new_tokens, temperature, seed)
                     if c:
-                        pairs[c.label][runner is base].add(run, rep)
+                        contender_tally, its_baseline = pairs[c.label]
+                        (its_baseline if runner is base else contender_tally).add(run, rep)
                     if runner is base:
                         everything.add(run, len(everything.rep_tokens))
                     tick()
