@@ -77,3 +77,22 @@ def test_seeded_runs_are_reproducible(tiny_models, medium_draft):
     c = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=20, temperature=1.0, seed=6)
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
+
+
+def test_kept_hidden_states_are_each_rows_kept_slots():
+    """The drafter is fed, per row, the target's states at exactly the slots it kept (the root and
+    its accepted path, in order), whatever the other rows kept."""
+    import torch
+
+    from draftsman.verifier.engine import SpeculativeEngine
+
+    engine = object.__new__(SpeculativeEngine)
+    engine.device = torch.device("cpu")
+    hidden = {2: torch.randn(3, 6, 4), 5: torch.randn(3, 6, 4)}
+    for keep in ([[0], [0], [0]], [[0, 1, 2], [0, 1, 2], [0, 1, 2]], [[0, 2, 5], [0], [0, 1]], [[], [], []]):
+        kept = engine._kept_hidden(hidden, keep)
+        for row, slots in enumerate(keep):
+            assert set(kept[row]) == (set(hidden) if slots else set())
+            for layer, h in kept[row].items():
+                assert torch.equal(h, hidden[layer][row, slots])
+    assert engine._kept_hidden({}, [[0]]) == []
