@@ -96,6 +96,9 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     assert cli.main(["compare", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "unknown compare config key(s) ['repeat']" in err and "'repeats'" in err
+    bad.write_text("target: {path: nowhere}\nsweep_repeats: 0\n")
+    assert cli.main(["compare", "--config", str(bad)]) == 2
+    assert "sweep_repeats must be an integer >= 1 or null" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unique `label`"):
         load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}, {"name": "ngram", "k": 8}]})
     cfg = load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram", "label": "ng"}]})

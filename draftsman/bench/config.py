@@ -28,6 +28,8 @@ DEFAULTS: dict[str, Any] = {
     "batch_category": None,  # rows of the batch sweep: one category, or None = mixed (round-robin)
     "max_new_tokens": 64,
     "repeats": 3,  # timed passes over the prompts; medians are taken over them
+    "sweep_repeats": None,  # timed pairs per batch-sweep cell; None = repeats (one batch is one
+    #                         call of a few seconds, so a cell's median needs more of them)
     "seed": 0,
     "peers": True,  # also time Hugging Face generate (plain, assisted, prompt lookup) at T=0
     "out": "results/compare",  # output folder, relative to the current directory
@@ -165,6 +167,9 @@ def _validate(cfg: dict) -> None:
     for key in ("max_new_tokens", "repeats"):
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    r = cfg["sweep_repeats"]
+    if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 1):
+        raise ValueError(f"sweep_repeats must be an integer >= 1 or null (= repeats), got {r!r}")
     n = cfg["prompts_per_category"]
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"prompts_per_category must be an integer >= 1 or null, got {n!r}")
