@@ -147,10 +147,8 @@ class FeatureHeadDrafter(Drafter):
         dtype = next(chunk for row in self.pending_features for chunk in row).dtype
         features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=dtype)
         for b, row in enumerate(self.pending_features):
-            at = 0
-            for chunk in row:
-                features[b, at : at + len(chunk)] = chunk
-                at += len(chunk)
+            if row:
+                features[b, : len(tokens[b])] = torch.cat(row)
         block = TreeBlock.chains(tokens, self.device)
         last = torch.tensor([max(len(t) - 1, 0) for t in tokens], device=self.device)
         logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, block.tokens),

@@ -291,5 +291,5 @@ def test_batch_sweep_pairs_each_contender_with_its_own_baseline_runs():
             assert abs(statistics.median(t.speedups(base)) / truth - 1) < 0.01, (b, c.label)
         everything, same = sweep[b]["none"]
         assert everything is same and len(everything.rep_tokens) == 2 * 6  # one baseline run per pair
-    cfg = {"temperatures": [], "batch_sizes": [1, 4], "repeats": 2}
+    cfg = {"temperatures": [], "batch_sizes": [1, 4], "repeats": 2, "sweep_repeats": 2}
     assert len(ticks) == _plan(cfg, {}, len(contenders), 0)

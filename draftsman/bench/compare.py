@@ -67,8 +67,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
     bar.set_description(f"batch sweep T={sweep_t:g}")
     sweep = batch_sweep(ours, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
-                        temperature=sweep_t, repeats=cfg["sweep_repeats"] or cfg["repeats"], seed=cfg["seed"],
-                        baseline=baseline,
+                        temperature=sweep_t, repeats=cfg["sweep_repeats"], seed=cfg["seed"], baseline=baseline,
                         tick=bar.update)
     bar.close()
     points = []
@@ -119,8 +118,7 @@ def _plan(cfg: dict, encoded: dict, n_ours: int, n_peers: int) -> int:
         for ids in encoded.values():
             total += n * (2 + cfg["repeats"] * len(ids))  # warm-up + timed + memory
     paired_runs = 2 * (n_ours - 1) if n_ours > 1 else 1  # each contender beside its own baseline run
-    sweep_repeats = cfg.get("sweep_repeats") or cfg["repeats"]
-    return total + len(cfg["batch_sizes"]) * (n_ours + sweep_repeats * paired_runs)
+    return total + len(cfg["batch_sizes"]) * (n_ours + cfg["sweep_repeats"] * paired_runs)
 
 
 def _divergences(target, prompts: list[Prompt], ids, expected: list[list[int]], got: list[list[int]]) -> list[dict]:

@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # --quick: a smoke run that finishes in seconds on tiny models.
-QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "batch_sizes": [1, 2]}
+QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_repeats": 1, "batch_sizes": [1, 2]}
 
 
 # Drafters whose checkpoint is bundled in zoo/: (drafter name, zoo folder, options). Each joins
@@ -94,6 +94,8 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
     if cfg["prompts"] is None:
         cfg["prompts"] = str(BUNDLED_PROMPTS)
     _validate(cfg)
+    if cfg["sweep_repeats"] is None:
+        cfg["sweep_repeats"] = cfg["repeats"]
     return cfg
 
 
