@@ -31,13 +31,13 @@ def default_aux_layers(num_layers: int) -> list[int]:
     raise ValueError(f"an EAGLE-3 head fuses three distinct layers; this target has {n} layer(s)")
 
 
-def _midlayer_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-                      position_embeddings=None, **kwargs):
-    """hidden_states (..., 2d) = [embedding; h]; returns (..., d), the pre-norm output."""
+def _midlayer_forward(self, hidden_states, **kwargs):
+    """hidden_states (..., 2d) = [embedding; h]; returns (..., d), the pre-norm output. Every other
+    argument (mask, positions, the KV cache under either of its transformers 5.x names) goes to the
+    attention unchanged, as the original layer's forward passes it."""
     embedding, feature = hidden_states.chunk(2, dim=-1)
     x = torch.cat([self.input_layernorm(embedding), self.hidden_norm(feature)], dim=-1)
-    attended, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
-                                 cache=cache, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    attended, _ = self.self_attn(hidden_states=x, **kwargs)
     h = feature + attended
     return h + self.mlp(self.post_attention_layernorm(h))
 

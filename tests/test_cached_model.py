@@ -148,3 +148,14 @@ def test_logits_at_one_position_per_row(tiny_models, arch):
     picked, _ = some.forward(TreeBlock.chains(prompts, "cpu"), logits_at=last)
     assert picked.shape == (3, all_logits.shape[-1])
     torch.testing.assert_close(picked, all_logits[torch.arange(3), last], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_the_cache_goes_by_the_name_the_installed_model_takes(tiny_models, arch):
+    """transformers 5.x renamed `past_key_values` to `cache`; an older release silently ignores
+    `cache=` and decodes without a cache, so the name must be one the forward declares."""
+    import inspect
+
+    from draftsman.verifier.hf_compat import cache_kwarg
+    model = load_for_reference(tiny_models[arch][0])
+    assert cache_kwarg(model) in inspect.signature(model.forward).parameters

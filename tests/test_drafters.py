@@ -126,12 +126,12 @@ def test_hidden_states_of_the_accepted_path_reach_the_drafter(tiny_models):
     target = tiny_models["llama"][0]
     dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "hidden_recorder_test"}})
     dec.generate(input_ids=[[3, 3, 3, 3]], max_new_tokens=10)
-    model = load_for_reference(target)
+    model = load_for_reference(target).to(dec.device)
     for context, emitted, hidden in seen:
         # Kept slots: the root (last context token) and the accepted drafts (all but the last emitted).
         fed = context + emitted[:-1]
         with torch.no_grad():
-            full = model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states[-1][0]
+            full = model(input_ids=torch.tensor([fed], device=dec.device), output_hidden_states=True).hidden_states[-1][0]
         assert hidden.shape[0] == len(emitted)
         assert torch.allclose(hidden, full[len(context) - 1:], atol=1e-4)
 

@@ -51,8 +51,8 @@ def untrained(tiny_models, tmp_path_factory):
     return folders
 
 
-def _decoder(target, drafter=None):
-    return draftsman.load({"target": {"path": str(target)}, "drafter": drafter or {"name": "none"}})
+def _decoder(target, drafter=None, device="auto"):
+    return draftsman.load({"target": {"path": str(target), "device": device}, "drafter": drafter or {"name": "none"}})
 
 
 @pytest.mark.parametrize("kind", ["eagle", "mtp", "eagle3"])
@@ -152,7 +152,7 @@ def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
 
 def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
     dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]),
-                                             "top_k": 3, "depth": 4, "total_tokens": 10})
+                                             "top_k": 3, "depth": 4, "total_tokens": 10}, device="cpu")
     drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
     contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
     drafter.begin(contexts, SamplingParams(0.0), torch.Generator())
@@ -179,7 +179,7 @@ def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperatur
     target_dir = tiny_models["llama"][0]
     extra = {"top_k": 4, "total_tokens": 12} if kind != "mtp" else {}
     name = "eagle" if kind == "eagle3" else kind
-    dec = _decoder(target_dir, {"name": name, "path": str(trained[kind][0]), **extra})
+    dec = _decoder(target_dir, {"name": name, "path": str(trained[kind][0]), **extra}, device="cpu")
     drafter, target = dec.drafter, load_for_reference(target_dir)
     seen: dict = {}
     checks = []
@@ -255,7 +255,7 @@ def test_eagle3_drafting_reproduces_the_training_time_test(trained, tiny_models)
     from draftsman.training.eagle3 import aux_target_pass, unroll
 
     target_dir = tiny_models["llama"][0]
-    dec = _decoder(target_dir, {"name": "eagle", "path": str(trained["eagle3"][0])})
+    dec = _decoder(target_dir, {"name": "eagle", "path": str(trained["eagle3"][0])}, device="cpu")
     drafter, target = dec.drafter, load_for_reference(target_dir)
     # Greedy trees rank by the calibrated confidences; sampled rounds by the head's own.
     scale = json.loads((trained["eagle3"][0] / "config.json").read_text())["greedy_score_scale"]

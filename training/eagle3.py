@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from ..verifier.hf_compat import cache_kwarg
+
 
 @torch.no_grad()
 def aux_target_pass(target, x: torch.Tensor, layers, autocast):
@@ -50,7 +52,7 @@ def unroll(head, aux: torch.Tensor, x: torch.Tensor, steps: int) -> list[torch.T
         positions = (torch.arange(n, device=x.device) + j)[None].expand(B, n)
         mask = _ttt_mask(n, j, module.fuse.weight.dtype, x.device).expand(B, 1, n, (j + 1) * n)
         features, logits = head(features, padded[:, 1 + j: 1 + j + n], position_ids=positions, attention_mask=mask,
-                                cache=cache, use_cache=True)
+                                use_cache=True, **{cache_kwarg(module.body): cache})
         out.append(logits)
     return out
 

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
 from .tree import TreeBlock
 
 
@@ -127,15 +128,22 @@ class CachedLM:
             mask = torch.zeros(B, 1, T, S + T, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
         inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        if logits_at is not None:  # the LM head runs on one position per row only
+        if logits_at is not None:
+            logits_at = logits_at.to(self.device)
+        if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
             inputs["logits_to_keep"] = logits_at[:, None]
+        inputs[cache_kwarg(self.model)] = self.cache
         out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
-                         cache=self.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+                         use_cache=True, output_hidden_states=bool(hidden_layers))
         pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
         self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
         self._pending = block
         hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
-        return (out.logits if logits_at is None else out.logits[:, 0]), hidden
+        if logits_at is None:
+            return out.logits, hidden
+        if PER_ROW_LOGITS_TO_KEEP:
+            return out.logits[:, 0], hidden
+        return out.logits[torch.arange(B, device=self.device), logits_at], hidden
 
     def accept(self, keep: list[list[int]]) -> None:
         """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""

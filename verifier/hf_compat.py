@@ -1,0 +1,34 @@
+"""What differs between the transformers 5.x releases that pyproject admits.
+
+The KV-cache argument of the models' forward (and of their layers and attention modules) was
+renamed from `past_key_values` to `cache` during 5.x; newer releases still take the old name with a
+deprecation warning until 5.40, older ones ignore an unknown `cache=` and silently run without one.
+So the cache is passed by whatever name the installed model's forward declares.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=None)
+def _cache_kwarg_of(forward_owner: type) -> str:
+    params = inspect.signature(forward_owner.forward).parameters  # follows functools.wraps decorators
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """'cache' or 'past_key_values': the name `model.forward` takes its KV cache by."""
+    return _cache_kwarg_of(type(model))
+
+
+def _takes_per_row_logits_to_keep() -> bool:
+    # Releases with modeling_utils.slice_logits_to_keep accept a (B, k) index tensor (one set of
+    # positions per row); older ones index every row with the whole tensor.
+    from transformers import modeling_utils
+    return hasattr(modeling_utils, "slice_logits_to_keep")
+
+
+PER_ROW_LOGITS_TO_KEEP = _takes_per_row_logits_to_keep()
