@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device run: the test suite on CUDA, then `draftsman compare` on the bundled models.
+# Made for the lent GPU machine (no package index there; zoo/ weights arrive packed, see
+# pack_zoo.py), but runs anywhere:  OUT=/tmp/gpu-out bash scripts/gpu/run.sh [compare flags...]
+# Everything it writes lands in $OUT/gpu-run.tgz (the device tool returns at most 8 files).
+#   BUDGET_S     seconds for the whole script (default 480); the compare gets what the suite leaves
+#   SUITE_S      seconds for the suite (default 150)
+# Measured on an H200 lease (2026-11-30): machine start + transfer ~40 s; the suite on 8 workers
+# passes ~85% of its tests in 100 s; bench-zoo-gpu.yaml at T=0 with 3 prompts per category and
+# batch sizes 1,4,16 takes 3.5 min, the whole config (T=0 and 1, 4 prompts, batch 1-16) ~7.5 min.
+#   CONFIG       bench config (default configs/bench-zoo-gpu.yaml)
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:?set OUT to a folder}
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-480}
+SUITE_S=${SUITE_S:-150}
+CONFIG=${CONFIG:-configs/bench-zoo-gpu.yaml}
+LOG=$OUT/run; mkdir -p "$LOG"
+stage() { echo "== $(( $(date +%s) - START ))s: $*"; }
+pack_up() { tar czf "$OUT/gpu-run.tgz" -C "$OUT" run && rm -rf "$LOG"; stage "packed $OUT/gpu-run.tgz"; }
+trap pack_up EXIT
+
+stage "environment"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
+  nproc; } | tee "$LOG/env.txt"
+
+if [ -f .gpu/zoo.pack ]; then stage "unpack zoo"; python3 scripts/gpu/pack_zoo.py unpack .gpu/zoo.pack || exit 1; fi
+stage "install"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$LOG/install.log" 2>&1 \
+  || { cat "$LOG/install.log"; exit 1; }
+
+# The packaging tests build a wheel in an isolated environment, which needs a package index.
+stage "suite (xdist, 8 workers, ${SUITE_S}s at most)"
+# -v logs each test as it ends, so a suite cut off by its timeout still names what failed.
+timeout "$SUITE_S" python3 -m pytest tests -v -n 8 -p xdist -p no:cacheprovider -rfE \
+  --deselect tests/test_packaging.py > "$LOG/pytest.log" 2>&1
+echo "pytest exit $?" | tee -a "$LOG/pytest.log"
+pkill -f 'exec(eval(sys.stdin.readline()))' 2>/dev/null  # xdist workers outlive a timed-out pytest
+grep -E "FAILED|ERROR" "$LOG/pytest.log" | head -n 20; grep -cE "PASSED" "$LOG/pytest.log"
+
+LEFT=$(( BUDGET_S - ($(date +%s) - START) - 20 ))
+stage "compare ($CONFIG, ${LEFT}s at most)"
+timeout "$LEFT" python3 -m draftsman compare --config "$CONFIG" --out "$LOG/compare" "$@" > "$LOG/compare.md" 2> "$LOG/compare.err"
+echo "compare exit $?" | tee -a "$LOG/compare.err"
+tail -c 3000 "$LOG/compare.err" | tr '\r' '\n' | tail -n 8
+head -c 6000 "$LOG/compare.md"
