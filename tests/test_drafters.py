@@ -131,7 +131,8 @@ def test_hidden_states_of_the_accepted_path_reach_the_drafter(tiny_models):
         # Kept slots: the root (last context token) and the accepted drafts (all but the last emitted).
         fed = context + emitted[:-1]
         with torch.no_grad():
-            full = model(input_ids=torch.tensor([fed], device=dec.device), output_hidden_states=True).hidden_states[-1][0]
+            ids = torch.tensor([fed], device=dec.device)
+            full = model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
         assert hidden.shape[0] == len(emitted)
         assert torch.allclose(hidden, full[len(context) - 1:], atol=1e-4)
 

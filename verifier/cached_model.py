@@ -142,6 +142,10 @@ class CachedLM:
         if logits_at is None:
             return out.logits, hidden
         if PER_ROW_LOGITS_TO_KEEP:
+            if out.logits.shape[:2] != (B, 1):  # the feature test in hf_compat guessed wrong
+                raise RuntimeError(f"logits_to_keep with one position per row gave logits of shape "
+                                   f"{tuple(out.logits.shape)}, not ({B}, 1, V): this transformers release "
+                                   "needs verifier/hf_compat.PER_ROW_LOGITS_TO_KEEP = False")
             return out.logits[:, 0], hidden
         return out.logits[torch.arange(B, device=self.device), logits_at], hidden
 

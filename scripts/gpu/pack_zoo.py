@@ -50,7 +50,8 @@ def unpack(src: Path) -> None:
         for size in e["sizes"]:
             parts.append(bytes(data[pos : pos + size]))
             pos += size
-        header, low, high = parts[0], np.frombuffer(parts[1], np.uint8), np.frombuffer(lzma.decompress(parts[2]), np.uint8)
+        header, low = parts[0], np.frombuffer(parts[1], np.uint8)
+        high = np.frombuffer(lzma.decompress(parts[2]), np.uint8)
         raw = header + np.stack([low, high], 1).tobytes()
         if hashlib.sha256(raw).hexdigest() != e["sha256"]:
             raise SystemExit(f"{e['path']}: checksum mismatch after unpacking")
