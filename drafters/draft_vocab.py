@@ -20,9 +20,19 @@ def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, draft
     return torch.tensor(sorted(order[:n]), dtype=torch.long, device=device)
 
 
-def shrunk_linear(full: torch.nn.Module, keep: torch.Tensor) -> torch.nn.Linear:
-    """A bias-free copy of an LM head with only the rows in `keep`."""
-    weight = full.weight.data
-    small = torch.nn.Linear(weight.shape[1], len(keep), bias=False, device=weight.device, dtype=weight.dtype)
-    small.weight.data = weight[keep].clone()
+class OwnDtypeLinear(torch.nn.Linear):
+    """A Linear that casts its input to its own weight's dtype: a bfloat16 copy of the LM head can
+    then read a float32 final norm's output (MTP shares the target's norm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype))
+
+
+def shrunk_linear(full: torch.nn.Module, keep: torch.Tensor | None = None,
+                  dtype: torch.dtype | None = None) -> torch.nn.Linear:
+    """A bias-free copy of an LM head with only the rows in `keep` (None: all), in `dtype`."""
+    weight = full.weight.data if keep is None else full.weight.data[keep]
+    dtype = dtype or weight.dtype
+    small = OwnDtypeLinear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
+    small.weight.data = weight.to(dtype).clone()
     return small.requires_grad_(False)

@@ -110,6 +110,11 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "mtp", "draft_vocab": 64},
     {"name": "eagle", "heads": "eagle3"},  # the same tree from an EAGLE-3 head (own 200-token vocabulary)
     {"name": "eagle", "heads": "eagle3", "top_k": 1, "depth": 4, "total_tokens": 4},
+    # Heads drafting in bfloat16 on a float32 target: own LM-head copy, shrunk or whole, and EAGLE-3
+    {"name": "eagle", "dtype": "bfloat16"},
+    {"name": "eagle", "draft_vocab": 64, "dtype": "bfloat16"},
+    {"name": "mtp", "dtype": "bfloat16"},
+    {"name": "eagle", "heads": "eagle3", "dtype": "bfloat16"},
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
@@ -135,7 +140,8 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
         FeatureHead.for_target(load_for_reference(tiny_models["gpt2"][0]), "eagle3")
 
 
-@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64}), ("eagle3", {})])
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64}), ("eagle3", {}),
+                                         ("mtp", {"dtype": "bfloat16"})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     """With draft_vocab, mtp samples from a distribution over 64 tokens: q must be that
     distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong."""
@@ -230,6 +236,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "x", "draft_vocab": 0}, "draft_vocab must be between 1 and"),
     ({"name": "eagle", "path": "eagle3", "draft_vocab": 64}, "has its own draft vocabulary .200 tokens.; leave draft_vocab"),
     ({"name": "mtp", "path": "eagle3"}, "holds 'eagle3' heads, not 'mtp' heads"),
+    ({"name": "eagle", "path": "x", "dtype": "bf16"}, r"unknown dtype 'bf16'; valid dtypes: \['bfloat16'"),
 ])
 def test_bad_options_are_named(trained, tiny_models, options, message):
     if options.get("path") in ("x", "eagle3"):
@@ -282,3 +289,14 @@ def test_eagle3_drafting_reproduces_the_training_time_test(trained, tiny_models)
         visible[0, 0, slots] = True  # the depth-1 node just grown
         feature, logits = drafter.grow(feature, x[:, i + 3: i + 4], 2, visible)
         torch.testing.assert_close(logits[0, 0], steps[2][0, i], atol=1e-4, rtol=1e-4)
+
+
+def test_a_bfloat16_head_leaves_the_target_as_it_was(trained, tiny_models):
+    """The EAGLE-1/2 head reads the target's own LM head; drafting in bfloat16 must give it a copy,
+    not cast the target's (which would change what the verifier computes)."""
+    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]), "dtype": "bfloat16"})
+    target_params = {p.dtype for p in dec.target.parameters()}
+    assert target_params == {torch.float32}
+    head_lm = dec.drafter.head.body.get_output_embeddings()
+    assert head_lm.weight.dtype == torch.bfloat16 and head_lm is not dec.target.get_output_embeddings()
+    assert dec.drafter.head.fuse.weight.dtype == torch.bfloat16

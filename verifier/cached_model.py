@@ -70,9 +70,12 @@ class SlotLayer(DynamicLayer):
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None):
+        """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
+        head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so)."""
         self.model = model
         self.device = next(model.parameters()).device
+        self.dtype = dtype or model.dtype
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
@@ -124,7 +127,7 @@ class CachedLM:
             if also_visible is not None:
                 prefix_ok = prefix_ok | also_visible
             allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
-            dtype = self.model.dtype
+            dtype = self.dtype
             mask = torch.zeros(B, 1, T, S + T, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
         inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
