@@ -46,13 +46,14 @@ def unroll(head, aux: torch.Tensor, x: torch.Tensor, steps: int) -> list[torch.T
     n = L - 1
     padded = torch.cat([x, x[:, -1:].expand(B, steps)], dim=1)  # tokens past the end: ignored by the loss
     cache = DynamicCache(config=module.body.config)
+    cache_arg = {cache_kwarg(module.body): cache}
     features = aux[:, :n]
     out = []
     for j in range(steps):
         positions = (torch.arange(n, device=x.device) + j)[None].expand(B, n)
         mask = _ttt_mask(n, j, module.fuse.weight.dtype, x.device).expand(B, 1, n, (j + 1) * n)
         features, logits = head(features, padded[:, 1 + j: 1 + j + n], position_ids=positions, attention_mask=mask,
-                                use_cache=True, **{cache_kwarg(module.body): cache})
+                                use_cache=True, **cache_arg)
         out.append(logits)
     return out
 

@@ -76,6 +76,7 @@ class CachedLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
+        self.cache_kwarg = cache_kwarg(model)  # 'cache' or 'past_key_values', by transformers release
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
@@ -133,9 +134,9 @@ class CachedLM:
         inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if logits_at is not None:
             logits_at = logits_at.to(self.device)
-        if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
-            inputs["logits_to_keep"] = logits_at[:, None]
-        inputs[cache_kwarg(self.model)] = self.cache
+            if PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
+                inputs["logits_to_keep"] = logits_at[:, None]
+        inputs[self.cache_kwarg] = self.cache
         out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
                          use_cache=True, output_hidden_states=bool(hidden_layers))
         pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)

@@ -67,7 +67,7 @@ class GenerationStats:
             self.accepted_at_depth[d] += int(d < num_accepted)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -140,13 +140,13 @@ class SpeculativeEngine:
 
         while active:
             # 2. Draft, clipped so no row runs past max_new_tokens or the context.
-            _sync(self.device)
+            synchronize(self.device)
             t0 = time.perf_counter()
             trees = self.drafter.propose([contexts[r] for r in active])
             for i, r in enumerate(active):
                 room = min(max_new_tokens - len(outputs[r]), self.max_context - len(contexts[r]))
                 trees[i] = trees[i].truncated_to_depth(room - 1)
-            _sync(self.device)
+            synchronize(self.device)
             t1 = time.perf_counter()
 
             # 3. One target pass over every row's root + tree, then accept/reject.
@@ -155,7 +155,7 @@ class SpeculativeEngine:
             accepted = verdict.accepted.tolist()
             num_accepted = verdict.num_accepted.tolist()
             next_token = verdict.next_token.tolist()
-            _sync(self.device)
+            synchronize(self.device)
             t2 = time.perf_counter()
 
             # 4. Commit: emitted tokens, EOS / length / context stops, cache and drafter rollback.
@@ -191,7 +191,7 @@ class SpeculativeEngine:
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             stats.drafter_report = self.drafter.report()
-            _sync(self.device)
+            synchronize(self.device)
             stats.total_seconds = time.perf_counter() - t_start
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin):

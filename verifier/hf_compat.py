@@ -8,20 +8,15 @@ So the cache is passed by whatever name the installed model's forward declares.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
 
 import torch
 
 
-@lru_cache(maxsize=None)
-def _cache_kwarg_of(forward_owner: type) -> str:
-    params = inspect.signature(forward_owner.forward).parameters  # follows functools.wraps decorators
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def cache_kwarg(model: torch.nn.Module) -> str:
-    """'cache' or 'past_key_values': the name `model.forward` takes its KV cache by."""
-    return _cache_kwarg_of(type(model))
+    """'cache' or 'past_key_values': the name `model.forward` takes its KV cache by. Reads the
+    signature (through functools.wraps decorators): look it up once per model, not per call."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _takes_per_row_logits_to_keep() -> bool:

@@ -20,7 +20,7 @@ import torch
 
 from ..models import load_causal_lm
 from ..verifier.cached_model import CachedLM
-from ..verifier.engine import _sync
+from ..verifier.engine import synchronize
 from ..verifier.tree import TreeBlock
 
 
@@ -36,10 +36,10 @@ def time_pass(model, batch: int, tokens: int, cached: int, repeats: int) -> floa
                              lm.device)
     times = []
     for _ in range(repeats + 1):
-        _sync(lm.device)
+        synchronize(lm.device)
         t0 = time.perf_counter()
         lm.forward(block)
-        _sync(lm.device)  # CUDA runs asynchronously: without this only the launches are timed
+        synchronize(lm.device)  # CUDA runs asynchronously: without this only the launches are timed
         times.append(time.perf_counter() - t0)
         lm.rollback(lm.lengths.clone())  # drop the pending slots: every repeat sees the same cache
     return statistics.median(times[1:])
