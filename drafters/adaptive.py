@@ -18,8 +18,13 @@ keeps online estimates of every term and, each round:
    no longer makes a whole batch of rows without one pay for a wide pass. Only for deterministic
    drafts: cutting sampled ones by what was drawn would skew them (cut_after_drafting_is_exact).
 
+After a request that bet and still ran slower than plain decoding, its batch size's bar rises
+toward how far the request fell short of its bets' prediction (_learn_from_outcome): a ragged
+batch's last rounds and short requests' catch-ups show only over a whole request.
+
 Costs belong to the machine (kept across requests on a Decoder): the target pass by rows x width
-(PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token.
+(PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token, and
+those per-batch-size bars.
 Acceptance belongs to the drafter, the target and the sampling settings: a request starts from the
 estimates of the last request with the same settings, worth `carry_rounds` rounds; an unmeasured
 depth starts from the estimate one level up, and a request's first decision gets the benefit of
@@ -39,7 +44,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .adaptive_costs import CostTable, OnlineLinearFit, PassCost  # noqa: F401 (CostTable: public)
+from .adaptive_costs import CostTable, OnlineLinearFit, PassCost, lockstep_plain_seconds  # noqa: F401
 from .base import DETERMINISTIC, Drafter, DraftTree
 
 
@@ -82,6 +87,13 @@ class AdaptiveSettings:
     # not seen (an EAGLE head reads the whole prompt on its first draft: 0.3 s at batch 16 here).
     # It is what a request that never pays loses to probing: 5% cost draft_model 0.94-0.95x at
     # batch 8 (one late probe's catch-up on 8 prompts), 3% 0.99-1.02x
+    min_plain_samples: int = 3  # a batch size's plain step priced from fewer rounds than this is
+    # measured again (a plain round every probe_every rounds) whatever the bet's lead: its one
+    # sample, a request's cold first step, read 28 ms for a 20 ms step at batch 8 and made EAGLE-3
+    # bets look 30% ahead while they ran 7% behind
+    outcome_weight: float = 0.5  # how far one request's outcome moves its batch size's gain penalty
+    outcome_min_bets: int = 2  # only requests with this many bets (probes and measuring rounds
+    # aside) teach it
 
 
 def cut_after_drafting_is_exact(trees: list[DraftTree]) -> bool:
@@ -135,6 +147,11 @@ class AdaptiveDrafter(Drafter):
         # by batch size: paid once per round, so it favours fewer, longer rounds.
         self.round_overhead = CostTable(self.settings.cost_window, self.settings.forget_cost_after)
         self._carried: list[tuple] = []  # (sampling, acceptance state) of recent requests, newest last
+        # By batch bucket and sampling settings: extra gain a bet must promise, learnt from how
+        # far requests' realized speed fell short of what their bets predicted
+        # (_learn_from_outcome). By sampling too: bets at T=1 missing their predictions on noisy
+        # acceptance kept a batch-1 decoder plain at T=0.
+        self.gain_penalty: dict[tuple, float] = {}
         self.full_bets = 0  # speculative rounds at full depth this decoder has measured
 
     def max_depth(self) -> int:
@@ -145,6 +162,7 @@ class AdaptiveDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator):
         if self.sampling is not None:  # a previous request on this decoder
+            self._learn_from_outcome()
             self._carried = [c for c in self._carried if c[0] != self.sampling][-7:]
             self._carried.append((self.sampling, self._acceptance_state()))
         super().begin(prompts, sampling, generator)
@@ -173,6 +191,15 @@ class AdaptiveDrafter(Drafter):
         self._last = None
         self._round = None  # (start time, batch, verify seconds) of the last observed round
         self.drafted_upto = [0] * len(prompts)  # per row, context length at the inner drafter's last draft
+        # This request's outcome (_learn_from_outcome): its batch bucket and sampling settings,
+        # tokens per original row, seconds spent, and what its bets predicted (sums over rounds of
+        # predicted seconds, and of predicted seconds x predicted speed over plain decoding).
+        self.request_key = (batch_bucket(len(prompts)), sampling)
+        self.row_ids = list(range(len(prompts)))
+        self.row_tokens = [0] * len(prompts)
+        self.spent_seconds = self.predicted_seconds = self.predicted_plain_seconds = 0.0
+        self.rounds_done = self.bet_rounds = 0
+        self._belief = (0.0, 1.0, False)  # this round's (predicted seconds, predicted gain, a bet?)
 
     def _acceptance_state(self) -> tuple:
         return (list(self.accepted_count), list(self.offered_count), list(self.width_at_limit),
@@ -205,9 +232,11 @@ class AdaptiveDrafter(Drafter):
     def keep_rows(self, indices):
         self.inner.keep_rows(indices)
         self.drafted_upto = [self.drafted_upto[i] for i in indices]
+        self.row_ids = [self.row_ids[i] for i in indices]
 
     def report(self) -> dict:
         return {"depths": self.depth_log, "acceptance_estimate": [round(a, 3) for a in self.acceptance],
+                "gain_penalty": {f"batch {b}, {s}": round(p, 3) for (b, s), p in self.gain_penalty.items()},
                 "inner": self.inner.report()}
 
     # -- the bet ----------------------------------------------------------------------------
@@ -259,9 +288,10 @@ class AdaptiveDrafter(Drafter):
         start, new_batch_gain while this batch size's drafting cost is borrowed, and once
         speculating it goes on until it falls stop_margin behind."""
         s = self.settings
+        penalty = self.gain_penalty.get(self.request_key, 0.0)
         if self.previous_depth > 0:
-            return -s.stop_margin
-        return s.min_gain if batch_bucket(batch) in self.draft_costs else s.new_batch_gain
+            return penalty - s.stop_margin
+        return penalty + (s.min_gain if batch_bucket(batch) in self.draft_costs else s.new_batch_gain)
 
     def measuring(self, batch: int) -> bool:
         """A new decoder's first rounds, or a batch size with no drafting cost to borrow: bet the
@@ -273,7 +303,10 @@ class AdaptiveDrafter(Drafter):
         catch-up once, and each round's drafting and wider pass less the plain steps its expected
         extra tokens save."""
         plain = self.expected_seconds(0, batch)
-        per_round = self.expected_seconds(depth, batch) - plain - (self.expected_tokens(depth) - 1.0) * plain
+        # A round's seconds less the plain steps its expected tokens save; the batch size's gain
+        # penalty (what bets here have realized below their prediction) priced in as extra time.
+        penalty = self.gain_penalty.get(self.request_key, 0.0)
+        per_round = self.expected_seconds(depth, batch) * (1.0 + penalty) - self.expected_tokens(depth) * plain
         return self.catch_up_cost.predict(unseen_tokens) + self.settings.probe_rounds * per_round
 
     def choose_depth(self, batch: int, unseen_tokens: int = 0) -> int:
@@ -293,8 +326,10 @@ class AdaptiveDrafter(Drafter):
         best = max(range(D + 1), key=lambda d: rates[d])
         if rates[best] < rates[0] * (1 + self.required_gain(batch)):
             best = 0
-        if best and rates[best] < rates[0] * (1 + s.recheck_margin) and self.rounds_since_plain >= s.probe_every:
-            return 0  # a thin lead: measure the plain alternative again
+        doubtful = (rates[best] < rates[0] * (1 + s.recheck_margin)
+                     or self.verify_cost.sample_count(batch, 1) < s.min_plain_samples)
+        if best and doubtful and self.rounds_since_plain >= s.probe_every:
+            return 0  # a thin lead, or a plain step barely measured: measure the plain alternative again
         if best:
             self.probe_interval = float(s.probe_every)  # speculation pays again: probe early next time
             self.probing, self.probe_left = False, 0
@@ -350,6 +385,7 @@ class AdaptiveDrafter(Drafter):
                 self.settings.optimism_max_catch_up * self.verify_cost.predict(len(contexts), 1)):
             self.optimism = 0.0
         depth = self.choose_depth(len(contexts), unseen)
+        self._belief = self._predict(depth, len(contexts), unseen)
         self.optimism = 0.0
         self.rounds_since_probe = 0 if depth else self.rounds_since_probe + 1
         if depth == 0:
@@ -375,6 +411,40 @@ class AdaptiveDrafter(Drafter):
         self._last = (depth, seconds, [min(deepest(row), verified) for row in counts], share, unseen)
         return trees
 
+    def _predict(self, depth: int, batch: int, unseen: int) -> tuple[float, float, bool]:
+        """What the model expects of this round: seconds, speed over plain decoding, and whether
+        it is a bet it believes in (not a measuring round or a probe)."""
+        plain = self.expected_seconds(0, batch)
+        if depth == 0:
+            return plain, 1.0, False
+        seconds = self.expected_seconds(depth, batch)
+        if self.previous_depth == 0:
+            seconds += self.catch_up_cost.predict(unseen)
+        gain = self.expected_tokens(depth) * plain / max(seconds, 1e-12)
+        return seconds, gain, not self.probing and not self.measuring(batch)
+
+    def _learn_from_outcome(self) -> None:
+        """After a request that bet and still ran slower than plain decoding (its measured
+        seconds against plain steps for the same tokens, rows in lockstep): move its batch size's
+        gain penalty toward how far it fell short of what its bets predicted. The per-round
+        model misses what only shows over a request: a batch runs until its slowest row (a few
+        rows alone in the last rounds), and catch-ups land in requests that are short. At batch 8
+        on the 2-core CPU, EAGLE-3 bets predicted 1.08x and the requests ran 0.92x."""
+        s = self.settings
+        if self.bet_rounds < s.outcome_min_bets or self.spent_seconds <= 0:
+            return
+        plain = lockstep_plain_seconds(self.row_tokens, lambda rows: self.expected_seconds(0, rows))
+        realized = plain / self.spent_seconds
+        predicted = self.predicted_plain_seconds / max(self.predicted_seconds, 1e-12)
+        # Only a request that ran slower than plain decoding teaches a shortfall: the penalty
+        # guards the floor. Per request, predictions miss by +-30% either way at batch 1 (how
+        # well this prompt suits n-gram lookup); a request that still beat plain decoding only
+        # lets the penalty fade.
+        shortfall = predicted - realized if realized < 1.0 else 0.0
+        old = self.gain_penalty.get(self.request_key, 0.0)
+        self.gain_penalty[self.request_key] = max(
+            0.0, (1 - s.outcome_weight) * old + s.outcome_weight * shortfall)
+
     def _record_width(self, depth: int, counts: list[list[int]]) -> None:
         """Block widths as drafted: at this limit, and within it for every shallower depth."""
         if not any(map(any, counts)):
@@ -390,6 +460,7 @@ class AdaptiveDrafter(Drafter):
         self.inner.observe(feedback)
         depth, draft_seconds, reached_depths, share, unseen = self._last
         batch = len(feedback.emitted)
+        self._count_outcome(feedback, draft_seconds, batch)
         self.verify_cost.add(batch, feedback.block_tokens, feedback.verify_seconds)
         self._round = (self._round_started, batch, feedback.verify_seconds)
         self.rounds_since_plain = 0 if feedback.block_tokens == 1 else self.rounds_since_plain + 1
@@ -407,6 +478,16 @@ class AdaptiveDrafter(Drafter):
         decay = self.settings.decay
         self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
         self._update_acceptance(reached_depths, feedback)
+
+    def _count_outcome(self, feedback, draft_seconds: float, batch: int) -> None:
+        for i, tokens in enumerate(feedback.emitted):
+            self.row_tokens[self.row_ids[i]] += len(tokens)
+        self.spent_seconds += draft_seconds + feedback.verify_seconds + self.round_overhead.predict(batch)
+        seconds, gain, bet = self._belief
+        self.predicted_seconds += seconds
+        self.predicted_plain_seconds += seconds * gain
+        self.rounds_done += 1
+        self.bet_rounds += bet
 
     def _update_acceptance(self, tree_depths: list[int], feedback) -> None:
         """Depth d+1 was on offer to a row whose tree (as verified) reaches it and whose path

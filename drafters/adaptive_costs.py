@@ -3,6 +3,7 @@ pass cost on this machine, learnt online from the rounds that ran."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 
 class OnlineLinearFit:
@@ -118,6 +119,10 @@ class CostTable:
         """Measured sizes, ascending."""
         return self._sizes_and_costs()[0]
 
+    def sample_count(self, size: int) -> int:
+        """How many recent samples this size's estimate rests on."""
+        return len(self.recent.get(int(size), ()))
+
 
 class PassCost:
     """Seconds of a target pass by its shape: batch rows x block width (the root plus the widest
@@ -143,6 +148,10 @@ class PassCost:
     def seen(self) -> bool:
         return self.by_tokens.seen
 
+    def sample_count(self, batch: int, width: int) -> int:
+        table = self.by_batch.get(batch)
+        return table.sample_count(width) if table else 0
+
     def predict(self, batch: int, width: float) -> float:
         table = self.by_batch.get(batch)
         if table is None:
@@ -153,3 +162,16 @@ class PassCost:
         at_widest = self.by_tokens.predict(batch * widest)
         growth = self.by_tokens.predict(batch * width) / at_widest if at_widest > 0 else 1.0
         return table.predict(widest) * max(1.0, growth)
+
+
+def lockstep_plain_seconds(tokens_per_row: list[int], step_seconds: Callable[[int], float]) -> float:
+    """Seconds plain decoding would take to emit these tokens: one step per token with every row
+    in lockstep, the batch shrinking as rows finish; step_seconds(rows) prices one step. (A
+    speculative batch is ragged: its last rounds run a few rows that plain decoding finished with
+    the rest.)"""
+    total, previous = 0.0, 0
+    counts = sorted(n for n in tokens_per_row if n > 0)
+    for i, n in enumerate(counts):
+        total += (n - previous) * step_seconds(len(counts) - i)
+        previous = n
+    return total

@@ -408,3 +408,72 @@ def test_a_request_starts_with_the_benefit_of_the_doubt():
     assert drafter.depth_log[-1] > 0 and drafter.optimism == 0.0
     drafter.previous_depth = 0
     assert drafter.choose_depth(16) == 0
+
+
+def test_plain_seconds_for_a_ragged_batch_run_rows_in_lockstep():
+    from draftsman.drafters.adaptive_costs import lockstep_plain_seconds
+    # Rows needing 3 and 5 tokens: 3 steps of 2 rows, then 2 steps of 1 row.
+    assert lockstep_plain_seconds([5, 0, 3], lambda rows: float(rows)) == 3 * 2.0 + 2 * 1.0
+    assert lockstep_plain_seconds([], lambda rows: 1.0) == 0.0
+
+
+def test_a_batch_size_whose_bets_ran_slower_than_predicted_demands_more_gain():
+    """The per-round model misses what shows over a whole request (a ragged batch's last rounds
+    with a few rows, catch-ups in short requests). A request that bet, predicted 1.2x and ran
+    0.8x raises its batch size's bar by half the shortfall; bets at that size then need their
+    predicted lead to beat it, other batch sizes and sampling settings are untouched, and requests
+    that did not bet, or still beat plain decoding, do not raise it."""
+    from draftsman.verifier.sampling import SamplingParams
+    drafter = _controlled(1)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 2, 0.025)
+    drafter.offered_count, drafter.accepted_count = [100.0], [50.0]  # 1.5 tokens for 25 ms: 1.2x
+    drafter.begin([[1]] * 16, drafter.sampling, torch.Generator())
+    drafter.optimism = 0.0
+    assert drafter.choose_depth(16) == 1
+
+    def finish_request(predicted_gain: float, realized_gain: float, bet_rounds: int = 20):
+        # 20 rounds at 25 ms; every row emitted what a plain step per token would take 0.02 s for.
+        drafter.rounds_done, drafter.bet_rounds = 20, bet_rounds
+        drafter.predicted_seconds = 20 * 0.025
+        drafter.predicted_plain_seconds = predicted_gain * drafter.predicted_seconds
+        drafter.row_tokens = [30] * 16
+        drafter.spent_seconds = 30 * 0.020 / realized_gain
+        drafter.begin([[1]] * 16, drafter.sampling, torch.Generator())
+        drafter.optimism = 0.0
+
+    finish_request(predicted_gain=1.2, realized_gain=0.8)
+    key = (16, drafter.sampling)
+    assert drafter.gain_penalty == {key: pytest.approx(0.2)}
+    assert drafter.choose_depth(16) == 0  # 1.2x predicted no longer clears 1 + 3% + 20%
+    drafter.begin([[1]] * 2, drafter.sampling, torch.Generator())  # another batch size: its own bar
+    assert drafter.required_gain(2) == drafter.settings.new_batch_gain
+    drafter.begin([[1]] * 16, drafter.sampling, torch.Generator())  # (a request that bet in no round)
+    assert drafter.gain_penalty == {key: pytest.approx(0.2)}
+    finish_request(predicted_gain=1.2, realized_gain=0.8, bet_rounds=1)  # one bet: no lesson
+    assert drafter.gain_penalty == {key: pytest.approx(0.2)}
+    finish_request(predicted_gain=1.6, realized_gain=1.1)  # short of its prediction, ahead of plain
+    assert drafter.gain_penalty == {key: pytest.approx(0.1)}  # the penalty only fades
+    assert drafter.choose_depth(16) == 1
+    # Other sampling settings keep their own bar (bets at T=1 miss by more, on noisier acceptance).
+    drafter.begin([[1]] * 16, SamplingParams(temperature=1.0), torch.Generator())
+    assert drafter.required_gain(16) == drafter.settings.min_gain
+
+
+def test_a_plain_step_measured_once_is_measured_again_before_bets_rely_on_it():
+    """A batch size's plain step priced from one round (often a request's cold first step) can be
+    far off, and a bet with a wide predicted lead never runs a plain round to correct it."""
+    drafter = _controlled(1)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 2, 0.021)
+    drafter.offered_count, drafter.accepted_count = [100.0], [50.0]  # a 43% lead
+    drafter.rounds_since_plain = drafter.settings.probe_every
+    assert drafter.choose_depth(16) == 0
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 1, 0.020)
+    assert drafter.choose_depth(16) == 1
+    drafter.rounds_since_plain = 0
+    drafter.verify_cost = type(drafter.verify_cost)()
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 2, 0.021)
+    assert drafter.choose_depth(16) == 1  # (only every probe_every rounds)

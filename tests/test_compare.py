@@ -293,3 +293,27 @@ def test_batch_sweep_pairs_each_contender_with_its_own_baseline_runs():
         assert everything is same and len(everything.rep_tokens) == 2 * 6  # one baseline run per pair
     cfg = {"temperatures": [], "batch_sizes": [1, 4], "repeats": 2, "sweep_repeats": 2}
     assert len(ticks) == _plan(cfg, {}, len(contenders), 0)
+
+
+def test_batch_sweep_measures_small_batches_on_several_prompts():
+    # One prompt per batch-1 cell measured how well the drafter suits that prompt, not the batch size.
+    from draftsman.bench.runner import Run, batch_sweep, sweep_batch
+    seen = []
+
+    class Recorder:
+        def __init__(self, label):
+            self.label = label
+
+        def run(self, prompts, max_new_tokens, temperature, seed):
+            if max_new_tokens == 8:  # timed runs (warm-ups ask for fewer tokens)
+                seen.append((self.label, [p[0] for p in prompts]))
+            return Run([[0] * max_new_tokens for _ in prompts], 1.0)
+
+    rows = [[i] for i in range(5)]
+    batch_sweep([Recorder("none"), Recorder("x")], rows, [1, 2], max_new_tokens=8, temperature=0.0, repeats=3,
+                seed=0, baseline="none")
+    x_batches = [b for label, b in seen if label == "x"]
+    assert x_batches == [[0], [1], [2], [0, 1], [2, 3], [4, 0]]
+    # Each contender's batch is the one its paired baseline run had.
+    assert [b for label, b in seen if label == "none"] == x_batches
+    assert sweep_batch(rows, 4, 1) == [[4], [0], [1], [2]]

@@ -148,24 +148,31 @@ def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_toke
     return tallies
 
 
+def sweep_batch(rows: list[list[int]], batch_size: int, rep: int) -> list[list[int]]:
+    """The batch a sweep's repeat `rep` runs at this batch size: the next batch_size rows."""
+    return [rows[(rep * batch_size + j) % len(rows)] for j in range(batch_size)]
+
+
 def batch_sweep(contenders: list, rows: list[list[int]], batch_sizes: list[int], *, max_new_tokens: int,
                 temperature: float, repeats: int, seed: int, baseline: str,
                 tick: Callable[[], None] = lambda: None) -> dict[int, dict[str, tuple[Tally, Tally]]]:
-    """{batch size: {label: (its Tally, its baseline Tally)}} on one batch of the first b rows
-    (cycled when there are fewer). A batch runs for seconds, so a baseline measured once per
-    repeat sits tens of seconds away from most contenders on a machine whose speed drifts by
-    5-15% over that time: every contender is paired with its own baseline runs, A B B A, and
-    its speedup is taken pair by pair. The baseline's own entry holds all its runs."""
+    """{batch size: {label: (its Tally, its baseline Tally)}}. Repeat r runs the batch of rows
+    r*b .. r*b + b - 1 (cycled), so a small batch size is measured on `repeats` different prompts,
+    not on one prompt that a drafter happens to suit or not (one row at batch 1 made an adaptive
+    drafter that never drafted read 0.92x). A batch runs for seconds, so a baseline measured once
+    per repeat sits tens of seconds away from most contenders on a machine whose speed drifts by
+    5-15% over that time: every contender is paired with its own baseline runs on the same batch,
+    A B B A, and its speedup is taken pair by pair. The baseline's own entry holds all its runs."""
     base = next(c for c in contenders if c.label == baseline)
     others = [c for c in contenders if c is not base]
     out = {}
     for b in batch_sizes:
-        batch = [rows[j % len(rows)] for j in range(b)]
         for c in contenders:  # warm-up at this batch size
-            c.run(batch, min(4, max_new_tokens), temperature, seed)
+            c.run(sweep_batch(rows, b, 0), min(4, max_new_tokens), temperature, seed)
             tick()
         everything, pairs = Tally(), {c.label: (Tally(), Tally()) for c in others}
         for rep in range(repeats):
+            batch = sweep_batch(rows, b, rep)
             for c in others or [None]:  # (a sweep of the baseline alone still measures it)
                 for runner in _order([base, c] if c else [base], rep % 2 == 1):
                     run = runner.run(batch, max_new_tokens, temperature, seed)
