@@ -158,8 +158,8 @@ def batch_sweep(contenders: list, rows: list[list[int]], batch_sizes: list[int],
                 tick: Callable[[], None] = lambda: None) -> dict[int, dict[str, tuple[Tally, Tally]]]:
     """{batch size: {label: (its Tally, its baseline Tally)}}. Repeat r runs the batch of rows
     r*b .. r*b + b - 1 (cycled), so a small batch size is measured on `repeats` different prompts,
-    not on one prompt that a drafter happens to suit or not (one row at batch 1 made an adaptive
-    drafter that never drafted read 0.92x). A batch runs for seconds, so a baseline measured once
+    not on one prompt that a drafter happens to suit or not (the first row of the bundled set, on
+    which fixed n-gram lookup found almost nothing: tau 1.05). A batch runs for seconds, so a baseline measured once
     per repeat sits tens of seconds away from most contenders on a machine whose speed drifts by
     5-15% over that time: every contender is paired with its own baseline runs on the same batch,
     A B B A, and its speedup is taken pair by pair. The baseline's own entry holds all its runs."""
