@@ -93,7 +93,10 @@ class AdaptiveSettings:
     # bets look 30% ahead while they ran 7% behind
     outcome_weight: float = 0.5  # how far one request's outcome moves its batch size's gain penalty
     outcome_min_bets: int = 2  # only requests with this many bets (probes and measuring rounds
-    # aside) teach it
+    # aside) teach it...
+    outcome_fade: float = 0.25  # ...and one with fewer lets it fade by this share: a bar above every
+    # bet's predicted gain is otherwise never lowered (one unlucky batch-1 request kept
+    # eagle3-adaptive plain for the rest of a run in which fixed eagle3 ran 1.49x)
 
 
 def cut_after_drafting_is_exact(trees: list[DraftTree]) -> bool:
@@ -432,6 +435,8 @@ class AdaptiveDrafter(Drafter):
         on the 2-core CPU, EAGLE-3 bets predicted 1.08x and the requests ran 0.92x."""
         s = self.settings
         if self.bet_rounds < s.outcome_min_bets or self.spent_seconds <= 0:
+            if self.request_key in self.gain_penalty:
+                self.gain_penalty[self.request_key] *= 1.0 - s.outcome_fade
             return
         plain = lockstep_plain_seconds(self.row_tokens, lambda rows: self.expected_seconds(0, rows))
         realized = plain / self.spent_seconds
