@@ -20,7 +20,8 @@ keeps online estimates of every term and, each round:
 
 After a request that bet and still ran slower than plain decoding, its batch size's bar rises
 toward how far the request fell short of its bets' prediction (_learn_from_outcome): a ragged
-batch's last rounds and short requests' catch-ups show only over a whole request.
+batch's last rounds and short requests' catch-ups show only over a whole request. Requests that
+beat plain decoding, or did not bet, let the bar fade.
 
 Costs belong to the machine (kept across requests on a Decoder): the target pass by rows x width
 (PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token, and
@@ -429,7 +430,8 @@ class AdaptiveDrafter(Drafter):
     def _learn_from_outcome(self) -> None:
         """After a request that bet and still ran slower than plain decoding (its measured
         seconds against plain steps for the same tokens, rows in lockstep): move its batch size's
-        gain penalty toward how far it fell short of what its bets predicted. The per-round
+        gain penalty toward how far it fell short of what its bets predicted. Other requests let
+        it fade (halved by one that beat plain decoding, a quarter off by one without bets). The per-round
         model misses what only shows over a request: a batch runs until its slowest row (a few
         rows alone in the last rounds), and catch-ups land in requests that are short. At batch 8
         on the 2-core CPU, EAGLE-3 bets predicted 1.08x and the requests ran 0.92x."""
