@@ -173,5 +173,5 @@ class Drafter:
 
     def report(self) -> dict:
         """Drafter-specific statistics of the current generate call (e.g. which child of a cascade
-        proposed what); copied into GenerationStats.drafter_report after every round."""
+        proposed what); copied into GenerationStats.drafter_report when the generate call ends."""
         return {}

@@ -138,61 +138,63 @@ class SpeculativeEngine:
         if layers:
             self.drafter.observe_prefill(prefill_hidden)
 
-        while active:
-            # 2. Draft, clipped so no row runs past max_new_tokens or the context.
-            synchronize(self.device)
-            t0 = time.perf_counter()
-            trees = self.drafter.propose([contexts[r] for r in active])
-            for i, r in enumerate(active):
-                room = min(max_new_tokens - len(outputs[r]), self.max_context - len(contexts[r]))
-                trees[i] = trees[i].truncated_to_depth(room - 1)
-            synchronize(self.device)
-            t1 = time.perf_counter()
+        try:
+            while active:
+                # 2. Draft, clipped so no row runs past max_new_tokens or the context.
+                synchronize(self.device)
+                t0 = time.perf_counter()
+                trees = self.drafter.propose([contexts[r] for r in active])
+                for i, r in enumerate(active):
+                    room = min(max_new_tokens - len(outputs[r]), self.max_context - len(contexts[r]))
+                    trees[i] = trees[i].truncated_to_depth(room - 1)
+                synchronize(self.device)
+                t1 = time.perf_counter()
 
-            # 3. One target pass over every row's root + tree, then accept/reject.
-            roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-            verdict, hidden, block_tokens = self._verify(roots, trees, sampling, coin)
-            accepted = verdict.accepted.tolist()
-            num_accepted = verdict.num_accepted.tolist()
-            next_token = verdict.next_token.tolist()
-            synchronize(self.device)
-            t2 = time.perf_counter()
+                # 3. One target pass over every row's root + tree, then accept/reject.
+                roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
+                verdict, hidden, block_tokens = self._verify(roots, trees, sampling, coin)
+                accepted = verdict.accepted.tolist()
+                num_accepted = verdict.num_accepted.tolist()
+                next_token = verdict.next_token.tolist()
+                synchronize(self.device)
+                t2 = time.perf_counter()
 
-            # 4. Commit: emitted tokens, EOS / length / context stops, cache and drafter rollback.
-            keep_slots, emitted_rows, paths, still = [], [], [], []
-            for i, r in enumerate(active):
-                path = accepted[i][: num_accepted[i]]
-                tokens = trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
-                emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
-                outputs[r] += emitted
-                contexts[r] += emitted
-                stats.accepted_per_round[r].append(num_accepted[i])
-                stats._count_depths(trees[i], num_accepted[i])
-                stats.new_tokens += len(emitted)
-                keep_slots.append([0] + [n + 1 for n in path])
-                if emitted:
-                    yield r, emitted
-                emitted_rows.append(emitted)
-                paths.append(path)
-                if reason:
-                    stats.finish_reasons[r] = reason
-                else:
-                    still.append(i)
-            self.target.accept(keep_slots)
-            feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots),
-                                     verify_seconds=t2 - t1, block_tokens=block_tokens)
-            self.drafter.observe(feedback)
-            stats.rounds += 1
-            stats.row_rounds += len(active)
-            if len(still) < len(active):
-                self.target.select_rows(still)
-                self.drafter.keep_rows(still)
-                active = [active[i] for i in still]
-            stats.draft_seconds += t1 - t0
-            stats.verify_seconds += t2 - t1
+                # 4. Commit: emitted tokens, EOS / length / context stops, cache and drafter rollback.
+                keep_slots, emitted_rows, paths, still = [], [], [], []
+                for i, r in enumerate(active):
+                    path = accepted[i][: num_accepted[i]]
+                    tokens = trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
+                    emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
+                    outputs[r] += emitted
+                    contexts[r] += emitted
+                    stats.accepted_per_round[r].append(num_accepted[i])
+                    stats._count_depths(trees[i], num_accepted[i])
+                    stats.new_tokens += len(emitted)
+                    keep_slots.append([0] + [n + 1 for n in path])
+                    if emitted:
+                        yield r, emitted
+                    emitted_rows.append(emitted)
+                    paths.append(path)
+                    if reason:
+                        stats.finish_reasons[r] = reason
+                    else:
+                        still.append(i)
+                self.target.accept(keep_slots)
+                feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots),
+                                         verify_seconds=t2 - t1, block_tokens=block_tokens)
+                self.drafter.observe(feedback)
+                stats.rounds += 1
+                stats.row_rounds += len(active)
+                if len(still) < len(active):
+                    self.target.select_rows(still)
+                    self.drafter.keep_rows(still)
+                    active = [active[i] for i in still]
+                stats.draft_seconds += t1 - t0
+                stats.verify_seconds += t2 - t1
+                synchronize(self.device)
+                stats.total_seconds = time.perf_counter() - t_start
+        finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
-            synchronize(self.device)
-            stats.total_seconds = time.perf_counter() - t_start
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin):
         """One target pass over every row's root + tree and the verdict. Plain rounds and greedy
