@@ -33,9 +33,11 @@ demo: install
 	$(PYTHON) -m draftsman demo
 
 # Trains zoo/python-target and zoo/python-draft from the Python stdlib: ~1.5 h on CPU. Resumable:
-# rerunning continues from the last checkpoint; finished stages are skipped.
+# rerunning continues from the last checkpoint; finished stages are skipped. Then counts the
+# target's most frequent picks for the draft model's draft_vocab (seconds).
 zoo: install
 	$(PYTHON) -m draftsman.training.pretrain --config training/configs/pretrain.yaml
+	$(PYTHON) -m draftsman vocab --target zoo/python-target --out zoo/python-draft
 
 # Optional: needs ruff (pip install ruff); not part of `make test`.
 lint:

@@ -157,6 +157,7 @@ class AdaptiveDrafter(Drafter):
         # acceptance kept a batch-1 decoder plain at T=0.
         self.gain_penalty: dict[tuple, float] = {}
         self.full_bets = 0  # speculative rounds at full depth this decoder has measured
+        self._empty = DraftTree.empty()  # every row's tree in a plain round (trees are never modified)
 
     def max_depth(self) -> int:
         return self.inner.max_depth()
@@ -270,6 +271,15 @@ class AdaptiveDrafter(Drafter):
         (n-gram lookup often has none; acceptance is measured on the rows that had one)."""
         return 1.0 + self.proposal_rate * sum(self.reach()[:depth])
 
+    def expected_tokens_by_depth(self) -> list[float]:
+        """expected_tokens(d) for d = 0..max_depth, from one pass over the acceptance estimates
+        (choose_depth prices every depth each round, plain rounds included)."""
+        out, total = [1.0], 0.0
+        for r in self.reach():
+            total += r
+            out.append(1.0 + self.proposal_rate * total)
+        return out
+
     def width(self, depth: int) -> float:
         """Expected block width beyond the root of a round drafted `depth` deep."""
         at_limit = self.width_at_limit[depth - 1]
@@ -325,8 +335,9 @@ class AdaptiveDrafter(Drafter):
         # token it has not seen (the whole prompt in a request's first draft); charged over the
         # next catch_up_rounds rounds, so a thin lead does not buy a costly start.
         start = self.catch_up_cost.predict(unseen_tokens) / s.catch_up_rounds if self.previous_depth == 0 else 0.0
+        tokens = self.expected_tokens_by_depth()
         rates = [1.0 / max(self.expected_seconds(0, batch), 1e-9)] + [
-            self.expected_tokens(d) / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
+            tokens[d] / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
         best = max(range(D + 1), key=lambda d: rates[d])
         if rates[best] < rates[0] * (1 + self.required_gain(batch)):
             best = 0
@@ -395,7 +406,7 @@ class AdaptiveDrafter(Drafter):
         if depth == 0:
             self.depth_log.append(0)
             self._last = (0, 0.0, None, 0.0, 0)
-            return [DraftTree.empty() for _ in contexts]
+            return [self._empty] * len(contexts)
         self.inner.depth_limit = depth
         t0 = time.perf_counter()
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]

@@ -1,11 +1,18 @@
-"""A reduced draft vocabulary (as EAGLE-3 uses): heads rank candidates among the N tokens the
-target picks most, so their LM head is N rows instead of the whole vocabulary, which is most of
-what a head's drafting step costs. The order is counted on training text when heads are evaluated
-(`tokens_by_frequency` in the heads' config.json). Exactness does not depend on it: drafts are
-proposals, whatever set they come from."""
+"""A reduced draft vocabulary (as EAGLE-3 uses): a drafter ranks candidates among the N tokens the
+target picks most, so its LM head is N rows instead of the whole vocabulary, which is most of what
+a small drafter's step costs. The order is counted on training text (`tokens_by_frequency`): in
+the heads' config.json when heads are evaluated, or in a tokens_by_frequency.json that
+`draftsman vocab` writes for a draft model. Exactness does not depend on it: drafts are
+proposals, whatever set they come from, and a sampled draft's q is the distribution over the N
+tokens it was drawn from, placed in the full vocabulary."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+ORDER_FILE = "tokens_by_frequency.json"
 
 
 def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, drafter: str, kind: str,
@@ -15,9 +22,48 @@ def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, draft
     if order is None:
         raise ValueError(f"{drafter}: the heads in '{path}' carry no token frequencies, so draft_vocab cannot be "
                          f"used; add them with `draftsman train {kind} --config FILE --eval-only`")
+    return top_tokens(order, n, vocab_size, drafter, device)
+
+
+def top_tokens(order: list[int], n: int, vocab_size: int, drafter: str, device) -> torch.Tensor:
+    """Sorted ids of the first n tokens of `order` (most frequent first)."""
     if not 1 <= n <= vocab_size:
         raise ValueError(f"{drafter}: draft_vocab must be between 1 and the vocabulary size {vocab_size}, got {n}")
     return torch.tensor(sorted(order[:n]), dtype=torch.long, device=device)
+
+
+def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:
+    """The token order in `source`: a JSON file (`draftsman vocab` writes one), or a folder holding
+    tokens_by_frequency.json or a heads config.json trained for the same target."""
+    path = Path(source)
+    out = path / ORDER_FILE if path.is_dir() else path
+    fix = (f"write one with `draftsman vocab --target TARGET_FOLDER --out {out}`, or set vocab_order to a heads "
+           "folder trained for this target")
+    if path.is_dir():
+        candidates = [path / ORDER_FILE, path / "config.json"]
+        path = next((c for c in candidates if c.is_file() and "tokens_by_frequency" in json.loads(c.read_text())),
+                    None)
+        if path is None:
+            raise ValueError(f"{drafter}: draft_vocab needs token frequencies, and '{source}' has neither "
+                             f"{ORDER_FILE} nor a config.json with tokens_by_frequency; {fix}")
+    elif not path.is_file():
+        raise ValueError(f"{drafter}: vocab_order '{source}' does not exist; {fix}")
+    data = json.loads(path.read_text())
+    order = data.get("tokens_by_frequency") if isinstance(data, dict) else data
+    if not isinstance(order, list) or not order or not all(isinstance(t, int) for t in order):
+        raise ValueError(f"{drafter}: '{path}' holds no list of token ids under tokens_by_frequency; {fix}")
+    if not all(0 <= t < vocab_size for t in order):
+        raise ValueError(f"{drafter}: '{path}' was counted for another vocabulary (token ids up to {max(order)}; the "
+                         f"target has {vocab_size} tokens); {fix}")
+    return order
+
+
+def full_vocab(probs: torch.Tensor, vocab_map: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """(..., n) probabilities over a shrunk LM head's rows -> (..., vocab_size), zero elsewhere: the
+    q a sampled draft was drawn from, as the verifier reads it."""
+    if vocab_map is None:
+        return probs
+    return probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, vocab_map, probs)
 
 
 class OwnDtypeLinear(torch.nn.Linear):

@@ -21,7 +21,7 @@ from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree, TargetNeeds
-from .draft_vocab import frequent_tokens, shrunk_linear
+from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
 
 
@@ -72,10 +72,7 @@ class FeatureHeadDrafter(Drafter):
 
     def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., n) probabilities over the head's logits -> (..., V) over the target's vocabulary."""
-        if self.vocab_map is None:
-            return probs
-        out = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
-        return out.index_copy_(-1, self.vocab_map, probs)
+        return full_vocab(probs, self.vocab_map, self.vocab_size)
 
     def max_depth(self) -> int:
         return self.options.depth

@@ -231,6 +231,20 @@ def _run_train(argv: list[str]) -> int:
     return heads.main(argv)
 
 
+# --------------------------------------------------------------------------- vocab
+
+def _add_vocab_args(p: argparse.ArgumentParser) -> None:
+    from .training import vocab
+
+    vocab.add_arguments(p)
+
+
+def _run_vocab(args: argparse.Namespace) -> int:
+    from .training import vocab
+
+    return vocab.run(args)
+
+
 # --------------------------------------------------------------------------- export
 
 def _add_export_args(p: argparse.ArgumentParser) -> None:
@@ -259,6 +273,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
     "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
               "exit 1 on a failure", _add_audit_args, _run_audit),
     "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp --config FILE", None, _run_train),
+    "vocab": ("count the tokens the target picks most, for a draft model's draft_vocab", _add_vocab_args,
+              _run_vocab),
     "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
                _run_export),
 }

@@ -20,11 +20,11 @@ def demo_drafters() -> dict[str, dict]:
     drafters = {
         "none": {"name": "none"},
         "ngram": {"name": "ngram"},
-        "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4},
+        # The target's greedy picks fall within its 1024 most frequent tokens (100% on training
+        # text), so greedy drafting among those skips seven eighths of the LM head.
+        "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4, "draft_vocab": 1024},
     }
-    # Heads trained for the bundled target, when they are there. Their picks fall within the 1024
-    # most frequent tokens (100% of the target's greedy picks on training text), so drafting
-    # among those skips seven eighths of the LM head.
+    # Heads trained for the bundled target, when they are there, with the same draft vocabulary.
     for name, folder in (("medusa", "python-medusa"), ("eagle", "python-eagle"), ("mtp", "python-mtp")):
         path = zoo.heads_path(folder)
         if path is not None:

@@ -41,9 +41,10 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_r
 
 # Drafters whose checkpoint is bundled in zoo/: (drafter name, zoo folder, options). Each joins
 # the default comparison once its folder exists and its drafter is registered.
-# Heads draft among the 1024 tokens the target picks most (100% of its greedy picks on training
-# text); Medusa verifies an 8-node tree (on a CPU a 16-node pass costs more than it gains).
-BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4}),
+# Heads and the draft model draft among the 1024 tokens the target picks most (100% of its greedy
+# picks on training text); Medusa verifies an 8-node tree (on a CPU a 16-node pass costs more than
+# it gains).
+BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024}),
                     ("medusa", "python-medusa", {"draft_vocab": 1024, "tree_budget": 8}),
                     ("eagle", "python-eagle", {"draft_vocab": 1024}),
                     ("eagle", "python-eagle3", {"label": "eagle3"}),  # EAGLE-3 head: its own draft vocabulary

@@ -1,0 +1,169 @@
+"""`draft_model` with `draft_vocab`: its LM head keeps N rows, so a drafted token is an index into
+those rows that must be mapped back to a token id, and a sampled draft's q lives on N tokens that
+must be placed in the full vocabulary. Greedy output equals the target's, sampled output follows
+the target's marginals, a misplaced q is caught, and `draftsman vocab` writes the order."""
+import json
+import shutil
+
+import pytest
+import torch
+
+import draftsman
+from draftsman import cli
+from draftsman.drafters import draft_model as draft_model_module
+from draftsman.verifier.sampling import SamplingParams
+
+from test_engine_sampling import ALPHA, PROMPT, ROWS, exact_marginals, fit_pvalue
+from tiny_models import load_for_reference, perturbed_copy
+
+NEW_TOKENS = 30
+PROMPTS = [[5, 9, 13, 2, 40], [7, 7, 8], [1, 2, 3, 4, 5, 1, 2, 3, 4], [60, 61, 62, 63]]
+
+
+def write_order(folder, order):
+    (folder / "tokens_by_frequency.json").write_text(json.dumps({"tokens_by_frequency": order}))
+
+
+@pytest.fixture(scope="module")
+def greedy_case(tiny_models, tmp_path_factory):
+    """A draft model close to the llama target whose order file leads with the tokens the target
+    emits on PROMPTS, then the rest (a stand-in for counting its picks on training text)."""
+    target = tiny_models["llama"][0]
+    model = load_for_reference(target)
+    expected = []
+    for p in PROMPTS:
+        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        expected.append(out[0, len(p):].tolist())
+    V = model.config.vocab_size
+    emitted = list(dict.fromkeys(t for row in expected for t in row))
+    draft = perturbed_copy(target, tmp_path_factory.mktemp("close-vocab"), noise=0.05)
+    write_order(draft, emitted + [t for t in reversed(range(V)) if t not in set(emitted)])
+    return target, draft, expected, len(emitted)
+
+
+def load(target, **drafter):
+    return draftsman.load({"target": {"path": str(target)},
+                           "drafter": {"name": "draft_model", "k": 4, **drafter},
+                           "generation": {"max_new_tokens": NEW_TOKENS}})
+
+
+@pytest.mark.parametrize("extra, min_tau", [({}, 2.0), ({"top_k": 3, "total_tokens": 8}, 2.0),
+                                            ({"min_confidence": 0.6}, 1.5)],  # rows stop early: shorter drafts
+                         ids=["chain", "tree", "confidence"])
+def test_greedy_output_equals_the_target(greedy_case, extra, min_tau):
+    target, draft, expected, n = greedy_case
+    dec = load(target, path=str(draft), draft_vocab=n + 4, **extra)
+    assert dec.drafter.lm.model.get_output_embeddings().weight.shape[0] == n + 4  # the head did shrink
+    batched = dec.generate(input_ids=PROMPTS, temperature=0.0)
+    assert batched.token_ids == expected
+    assert [dec.generate(input_ids=[p], temperature=0.0).token_ids[0] for p in PROMPTS] == expected
+    # Drafts are mapped from head rows back to token ids: unmapped, almost none would be accepted.
+    assert batched.stats.tau > min_tau, batched.stats.tau
+
+
+def test_tokens_outside_the_draft_vocabulary_still_come_from_the_target(greedy_case):
+    """A draft vocabulary that misses most emitted tokens costs acceptance, never output."""
+    target, draft, expected, n = greedy_case
+    dec = load(target, path=str(draft), draft_vocab=max(1, n // 4))
+    assert dec.generate(input_ids=PROMPTS, temperature=0.0).token_ids == expected
+
+
+@pytest.fixture(scope="module")
+def sampling_case(tiny_models, tmp_path_factory):
+    """A medium draft model and an order led by the target's most likely first tokens at PROMPT."""
+    target = tiny_models["llama"][0]
+    draft = perturbed_copy(target, tmp_path_factory.mktemp("medium-vocab"), noise=0.3)
+    with torch.no_grad():
+        logits = load_for_reference(target)(input_ids=torch.tensor([PROMPT])).logits[0, -1]
+    write_order(draft, logits.argsort(descending=True).tolist())
+    return target, draft
+
+
+def sample(target, draft, params):
+    dec = draftsman.load({"target": {"path": str(target)},
+                          "drafter": {"name": "draft_model", "path": str(draft), "k": 3, "draft_vocab": 40,
+                                      "draft_vocab_sampling": True}})
+    out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=params.temperature,
+                       top_k=params.top_k, top_p=params.top_p, seed=123)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    p1, p2 = exact_marginals(load_for_reference(target), PROMPT, params, dec.engine.eos_token_ids)
+    return out, fit_pvalue(first, p1), fit_pvalue(second, p2)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.9, top_k=20, top_p=0.9)],
+                         ids=["T1", "T0.9_topk20_topp0.9"])
+def test_sampling_follows_the_target(sampling_case, params):
+    out, p_first, p_second = sample(*sampling_case, params)
+    assert out.stats.tau > 1.05, "both accept and reject paths must be exercised"
+    assert p_first > ALPHA and p_second > ALPHA
+
+
+def test_sampled_rounds_keep_the_whole_head_unless_asked(greedy_case):
+    """The order counts greedy picks; sampled tokens spread beyond them, so by default a sampled
+    request drafts from the whole vocabulary and the next greedy one from the N rows again."""
+    target, draft, expected, n = greedy_case
+    dec = load(target, path=str(draft), draft_vocab=n)
+    width = lambda: dec.drafter.lm.model.get_output_embeddings().weight.shape[0]  # noqa: E731
+    dec.generate(input_ids=PROMPTS, temperature=1.0, seed=1)
+    assert width() == load_for_reference(target).config.vocab_size and dec.drafter.vocab_map is None
+    assert dec.generate(input_ids=PROMPTS, temperature=0.0).token_ids == expected
+    assert width() == n
+
+
+def test_a_misplaced_q_is_caught(sampling_case, monkeypatch):
+    """The broken variant: q placed on the wrong token ids (shifted by one row of the map). The
+    verifier then divides by the wrong probabilities and the output leaves the target's law."""
+    def misplaced(probs, vocab_map, vocab_size):
+        return probs.new_zeros(*probs.shape[:-1], vocab_size).index_copy_(-1, vocab_map.roll(1), probs)
+
+    monkeypatch.setattr(draft_model_module, "full_vocab", misplaced)
+    _, p_first, _ = sample(*sampling_case, SamplingParams(1.0))
+    assert p_first < ALPHA
+
+
+# ----------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("options, message", [
+    ({"vocab_order": "x"}, "vocab_order only applies with draft_vocab; set draft_vocab too"),
+    ({"draft_vocab_sampling": True}, "draft_vocab_sampling only applies with draft_vocab"),
+    ({"draft_vocab": 8}, r"draft_vocab needs token frequencies, and '.*' has neither tokens_by_frequency.json"
+                         r" nor a config.json with tokens_by_frequency; write one with `draftsman vocab"),
+    ({"draft_vocab": 8, "vocab_order": "/no/such/order.json"}, "vocab_order '/no/such/order.json' does not exist"),
+])
+def test_bad_draft_vocab_settings_name_the_fix(tiny_models, options, message):
+    target, draft = tiny_models["llama"]
+    with pytest.raises(ValueError, match=message):
+        load(target, path=str(draft), **options)
+
+
+def test_an_order_counted_for_another_vocabulary_is_refused(tiny_models, tmp_path):
+    target, _ = tiny_models["llama"]
+    order = tmp_path / "order.json"
+    order.write_text(json.dumps({"tokens_by_frequency": list(range(100_000))}))
+    with pytest.raises(ValueError, match="counted for another vocabulary .token ids up to 99999; the target has"):
+        load(target, path=str(tiny_models["llama"][1]), draft_vocab=8, vocab_order=str(order))
+
+
+def test_draft_vocab_must_fit_the_vocabulary(greedy_case):
+    target, draft, _, _ = greedy_case
+    with pytest.raises(ValueError, match="draft_vocab must be between 1 and the vocabulary size"):
+        load(target, path=str(draft), draft_vocab=0)
+
+
+# ----------------------------------------------------------------------------- draftsman vocab
+
+def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tiny_corpus, tmp_path, capsys):
+    target, draft = tiny_models["llama"]
+    folder = shutil.copytree(draft, tmp_path / "draft")
+    code = cli.main(["vocab", "--target", str(target), "--out", str(folder), "--corpus-root", str(tiny_corpus),
+                     "--work-dir", str(tmp_path / "work"), "--tokens", "2048", "--seq-len", "64", "--threads", "1"])
+    assert code == 0 and "coverage" in capsys.readouterr().out
+    written = json.loads((folder / "tokens_by_frequency.json").read_text())
+    V = load_for_reference(target).config.vocab_size
+    assert sorted(written["tokens_by_frequency"]) == list(range(V))  # every token, once
+    assert set(written["coverage"]) == {"256", "1024", "2048", "4096"}
+    dec = load(target, path=str(folder), draft_vocab=16)  # read from the folder by default
+    expected = written["tokens_by_frequency"][:16]
+    assert sorted(dec.drafter.vocab_map.tolist()) == sorted(expected)

@@ -1,0 +1,61 @@
+"""`draftsman vocab --target FOLDER --out FILE`: which tokens the target picks most (greedy), counted
+on the training split of the corpus, never on held-out text. A drafter with `draft_vocab: N` keeps
+only the first N of that order in its LM head (drafters/draft_vocab.py). Heads carry the order in
+their config.json already; a separate draft model gets it from this file (by default
+`<draft model folder>/tokens_by_frequency.json`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..drafters.draft_vocab import ORDER_FILE
+from .heads import DEFAULTS, target_token_frequencies, token_streams
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="the target model folder whose greedy picks are counted")
+    p.add_argument("--out", required=True, help=f"JSON file to write, or a folder (then {ORDER_FILE} in it)")
+    p.add_argument("--corpus-root", default=None, help="text corpus (default: this interpreter's stdlib, "
+                                                       "train split, as the bundled models use)")
+    p.add_argument("--tokens", type=int, default=DEFAULTS["eval_tokens"], help="training tokens the target reads")
+    p.add_argument("--seq-len", type=int, default=256, help="window length of each target pass")
+    p.add_argument("--work-dir", default=DEFAULTS["work_dir"], help="token caches of the corpus")
+    p.add_argument("--threads", type=int, default=DEFAULTS["threads"])
+
+
+def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models import check_model_folder
+
+    folder = check_model_folder(target, "--target")
+    cfg = {**DEFAULTS, "target": str(folder), "corpus_root": corpus_root, "eval_tokens": tokens,
+           "seq_len": seq_len, "work_dir": work_dir}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # The target runs as heads training runs it (bf16 autocast), so the order matches the heads'.
+    # Plain torch.autocast, not an Accelerator: its process-wide state would pin mixed precision
+    # for any training later in the same process.
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    train_stream, _ = token_streams(cfg, AutoTokenizer.from_pretrained(folder))
+    frequent = target_token_frequencies(cfg, model, train_stream, autocast)
+    return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],
+            "counted_on": f"greedy picks of {folder.name} on {tokens} training-split tokens "
+                          f"(windows of {seq_len})"}
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir)
+    out = Path(args.out)
+    if out.is_dir():
+        out = out / ORDER_FILE
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out)  # a kill mid-write leaves no half file for a drafter to read
+    print(f"wrote {out}: coverage of the target's picks by the first N tokens {result['coverage']}")
+    return 0
