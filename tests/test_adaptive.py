@@ -363,6 +363,24 @@ def test_a_costly_catch_up_keeps_a_thin_lead_from_starting():
     assert drafter.choose_depth(16, unseen_tokens=4096) == 1
 
 
+def test_a_catch_up_measured_during_a_stall_does_not_keep_a_paying_drafter_off():
+    """Only a start measures a catch-up again. One stalled measurement (seconds for a prompt) would
+    keep every later start and probe off for good; it counts at most as what the target's own pass
+    over the same tokens costs, and a drafter that pays clearly starts anyway."""
+    drafter = _controlled(4)
+    for width in (1, 2, 3, 4, 5):
+        drafter.verify_cost.add(1, width, 0.012 + 0.001 * (width - 1))
+    drafter.draft_costs = {}
+    drafter.record_draft_cost(1, 4, 0.010)
+    drafter.offered_count, drafter.accepted_count = [50.0] * 4, [45.0] * 4  # 0.9 a level
+    drafter.catch_up_cost.add(200, 5.0)  # a 200-token prompt "took" 5 s
+    assert drafter.catch_up_seconds(1, 200) == pytest.approx(drafter.verify_cost.predict(1, 201))
+    assert drafter.catch_up_seconds(1, 200) < 0.3
+    assert drafter.choose_depth(1, unseen_tokens=200) == 4
+    drafter.offered_count, drafter.accepted_count = [50.0] * 4, [10.0] * 4  # 0.2 a level: never pays
+    assert drafter.choose_depth(1, unseen_tokens=200) == 0
+
+
 def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
     """A one-level probe says nothing about the levels a deep bet lives on. When plain decoding
     wins narrowly, the probe drafts the closest bet's depth for probe_rounds rounds, if its
