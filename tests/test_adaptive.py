@@ -381,6 +381,24 @@ def test_a_catch_up_measured_during_a_stall_does_not_keep_a_paying_drafter_off()
     assert drafter.choose_depth(1, unseen_tokens=200) == 0
 
 
+def test_rounds_that_verify_a_tree_pay_their_own_overhead():
+    """The engine's share of a round is larger when it verifies a tree (packing, accepted paths,
+    a head's features). Priced like a plain round's, a bet that loses looked like a win."""
+    drafter = _controlled(2)
+    drafter.verify_cost.add(16, 1, 0.020)
+    drafter.verify_cost.add(16, 3, 0.024)
+    drafter.draft_costs = {}
+    drafter.record_draft_cost(16, 2, 0.004)
+    drafter.offered_count, drafter.accepted_count = [50.0, 50.0], [25.0, 25.0]  # E(2) = 1.75
+    drafter.round_overhead.add(16, 0.002)
+    assert drafter.expected_seconds(2, 16) == pytest.approx(0.030)  # tree rounds unmeasured: as plain
+    assert drafter.choose_depth(16) == 2  # 1.75 / 0.030 = 58 tokens/s against 1 / 0.022 = 45
+    drafter.tree_overhead.add(16, 0.012)
+    assert drafter.expected_seconds(0, 16) == pytest.approx(0.022)
+    assert drafter.expected_seconds(2, 16) == pytest.approx(0.040)
+    assert drafter.choose_depth(16) == 0  # 1.75 / 0.040 = 44 tokens/s: below plain decoding
+
+
 def test_a_probe_bets_as_deep_as_the_closest_bet_when_that_is_cheap():
     """A one-level probe says nothing about the levels a deep bet lives on. When plain decoding
     wins narrowly, the probe drafts the closest bet's depth for probe_rounds rounds, if its
