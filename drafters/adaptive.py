@@ -24,8 +24,9 @@ batch's last rounds and short requests' catch-ups show only over a whole request
 beat plain decoding, or did not bet, let the bar fade.
 
 Costs belong to the machine (kept across requests on a Decoder): the target pass by rows x width
-(PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token, and
-those per-batch-size bars.
+(PassCost: rows are not tokens), drafting per batch-size bucket, catch-up per unseen token (at
+most what the target's pass over those tokens costs), the engine's share of a round (plain rounds
+and rounds that verify a tree apart), and those per-batch-size bars.
 Acceptance belongs to the drafter, the target and the sampling settings: a request starts from the
 estimates of the last request with the same settings, worth `carry_rounds` rounds; an unmeasured
 depth starts from the estimate one level up, and a request's first decision gets the benefit of
