@@ -151,8 +151,9 @@ class AdaptiveDrafter(Drafter):
         # Seconds of a round outside drafting and the target pass (the engine's bookkeeping),
         # by batch size: paid once per round, so it favours fewer, longer rounds. Rounds that
         # verify a tree pay more (packing it, the accepted paths, an EAGLE head's features) and
-        # keep their own table: one table for both, its lower quartile taken from the plain rounds,
-        # priced EAGLE-3's bets at batch 8 ~8% cheaper than they ran (0.92x of plain decoding).
+        # keep their own table. With one table for both (its lower quartile from the plain
+        # rounds), EAGLE-3 kept betting at batch 8 and ran 0.92x of plain decoding; with two it
+        # mostly stayed plain there (0.97x).
         self.round_overhead = CostTable(self.settings.cost_window, self.settings.forget_cost_after)
         self.tree_overhead = CostTable(self.settings.cost_window, self.settings.forget_cost_after)
         self._carried: list[tuple] = []  # (sampling, acceptance state) of recent requests, newest last
