@@ -210,7 +210,7 @@ class AdaptiveDrafter(Drafter):
         self.row_ids = list(range(len(prompts)))
         self.row_tokens = [0] * len(prompts)
         self.spent_seconds = self.predicted_seconds = self.predicted_plain_seconds = 0.0
-        self.rounds_done = self.bet_rounds = 0
+        self.bet_rounds = 0
         self._belief = (0.0, 1.0, False)  # this round's (predicted seconds, predicted gain, a bet?)
 
     def _acceptance_state(self) -> tuple:
@@ -276,7 +276,7 @@ class AdaptiveDrafter(Drafter):
     def expected_tokens(self, depth: int) -> float:
         """Per row: 1 + r * (a1 + a1*a2 + ...), r = the share of rows that get a proposal at all
         (n-gram lookup often has none; acceptance is measured on the rows that had one)."""
-        return 1.0 + self.proposal_rate * sum(self.reach()[:depth])
+        return self.expected_tokens_by_depth()[depth]
 
     def expected_tokens_by_depth(self) -> list[float]:
         """expected_tokens(d) for d = 0..max_depth, from one pass over the acceptance estimates
@@ -538,7 +538,6 @@ class AdaptiveDrafter(Drafter):
         seconds, gain, bet = self._belief
         self.predicted_seconds += seconds
         self.predicted_plain_seconds += seconds * gain
-        self.rounds_done += 1
         self.bet_rounds += bet
 
     def _update_acceptance(self, tree_depths: list[int], feedback) -> None:

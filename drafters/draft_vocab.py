@@ -39,16 +39,17 @@ def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:
     out = path / ORDER_FILE if path.is_dir() else path
     fix = (f"write one with `draftsman vocab --target TARGET_FOLDER --out {out}`, or set vocab_order to a heads "
            "folder trained for this target")
-    if path.is_dir():
-        candidates = [path / ORDER_FILE, path / "config.json"]
-        path = next((c for c in candidates if c.is_file() and "tokens_by_frequency" in json.loads(c.read_text())),
-                    None)
-        if path is None:
+    if path.is_dir():  # its own order file, else a heads config.json that carries the order
+        found = [(c, json.loads(c.read_text())) for c in (path / ORDER_FILE, path / "config.json") if c.is_file()]
+        found = [(c, data) for c, data in found if isinstance(data, dict) and "tokens_by_frequency" in data]
+        if not found:
             raise ValueError(f"{drafter}: draft_vocab needs token frequencies, and '{source}' has neither "
                              f"{ORDER_FILE} nor a config.json with tokens_by_frequency; {fix}")
-    elif not path.is_file():
+        path, data = found[0]
+    elif path.is_file():
+        data = json.loads(path.read_text())
+    else:
         raise ValueError(f"{drafter}: vocab_order '{source}' does not exist; {fix}")
-    data = json.loads(path.read_text())
     order = data.get("tokens_by_frequency") if isinstance(data, dict) else data
     if not isinstance(order, list) or not order or not all(isinstance(t, int) for t in order):
         raise ValueError(f"{drafter}: '{path}' holds no list of token ids under tokens_by_frequency; {fix}")

@@ -470,7 +470,7 @@ def test_a_batch_size_whose_bets_ran_slower_than_predicted_demands_more_gain():
 
     def finish_request(predicted_gain: float, realized_gain: float, bet_rounds: int = 20):
         # 20 rounds at 25 ms; every row emitted what a plain step per token would take 0.02 s for.
-        drafter.rounds_done, drafter.bet_rounds = 20, bet_rounds
+        drafter.bet_rounds = bet_rounds
         drafter.predicted_seconds = 20 * 0.025
         drafter.predicted_plain_seconds = predicted_gain * drafter.predicted_seconds
         drafter.row_tokens = [30] * 16
