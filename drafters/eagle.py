@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models import resolve_dtype
+from ..models import check_dtype_name
 from .dynamic_tree import dynamic_tree
 from .feature_head import FeatureHeadDrafter
 from .registry import register
@@ -28,11 +28,11 @@ class EagleDrafter(FeatureHeadDrafter):
         top_k: int = 4  # children per expanded node, and nodes expanded per depth
         total_tokens: int = 12  # nodes kept in the verified tree (the target pass's size)
         draft_vocab: int | None = None  # EAGLE-1/2 heads: draft among the N tokens the target picks most (None = all)
-        dtype: str | None = None  # the head's compute dtype, e.g. bfloat16 (default: the target's)
+        dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
 
         def __post_init__(self):
             if self.dtype is not None:
-                resolve_dtype(self.dtype)  # an unknown name fails here, with the valid ones listed
+                check_dtype_name(self.dtype)
             if not self.path:
                 raise ValueError("eagle: set drafter.path to a trained EAGLE head folder (draftsman train eagle)")
             for key in ("depth", "top_k", "total_tokens"):

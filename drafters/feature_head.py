@@ -35,7 +35,7 @@ class FeatureHeadDrafter(Drafter):
         self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kinds)
         # The head may compute in another dtype than the target (bfloat16 reads half the bytes of
         # float32: a CPU head call ran ~3x faster). Drafts only: the verifier keeps output exact.
-        dtype = resolve_dtype(options.dtype) if options.dtype else target.dtype
+        dtype = resolve_dtype(options.dtype, target.device) if options.dtype else target.dtype
         if dtype != torch.float32:  # heads load in float32
             self.head.cast_parameters(dtype)
         self.device = target.device

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models import resolve_dtype
+from ..models import check_dtype_name
 from ..verifier.sampling import draw, processed_probs
 from .base import DETERMINISTIC, IID, DraftTree
 from .feature_head import FeatureHeadDrafter
@@ -27,11 +27,11 @@ class MTPDrafter(FeatureHeadDrafter):
         path: str | None = None  # folder of a trained MTP module (draftsman train mtp)
         depth: int = 3  # tokens drafted per round
         draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
-        dtype: str | None = None  # the head's compute dtype, e.g. bfloat16 (default: the target's)
+        dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
 
         def __post_init__(self):
             if self.dtype is not None:
-                resolve_dtype(self.dtype)  # an unknown name fails here, with the valid ones listed
+                check_dtype_name(self.dtype)
             if not self.path:
                 raise ValueError("mtp: set drafter.path to a trained MTP module folder (draftsman train mtp)")
             if self.depth < 1:

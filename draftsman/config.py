@@ -18,7 +18,7 @@ import yaml
 DEFAULTS: dict[str, dict[str, Any]] = {
     "target": {
         "path": None,  # local Hugging Face model folder (required)
-        "dtype": "float32",  # float32 | bfloat16 | float16 | float64; verification math is float32+ anyway
+        "dtype": "float32",  # float32 | bfloat16 | float16 | float64 | auto (bfloat16 where native); verification math is float32+ anyway
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "attn_implementation": None,  # None = the model's default (sdpa where available)
     },

@@ -3,6 +3,7 @@ errors that say what is wrong and how to fix it."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,11 +19,37 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def native_bfloat16(device: str | torch.device) -> bool:
+    """Whether bfloat16 math runs natively here. A CPU without it (AVX2 only) emulates it: a
+    512x512 matmul took 98 ms in bfloat16 against 16 ms in float32 on such a 2-core machine, and a
+    head drafting in bfloat16 there is slower, not faster."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # oneDNN's own check (AVX512 / AMX)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def check_dtype_name(name: str) -> None:
+    """Fail early, at config time, on a dtype name resolve_dtype would not know."""
+    if name != "auto" and name not in DTYPES:
+        raise ValueError(f"unknown dtype '{name}'; valid dtypes: {sorted(DTYPES) + ['auto']}")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype name, or "auto": bfloat16 where the device runs it natively, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype '{dtype}'; valid dtypes: {sorted(DTYPES)}")
+    if dtype == "auto":
+        return torch.bfloat16 if native_bfloat16(device) else torch.float32
+    check_dtype_name(dtype)
+    if DTYPES[dtype] == torch.bfloat16 and not native_bfloat16(device):
+        warnings.warn(f"dtype bfloat16 on {torch.device(device)}, which has no native bfloat16 math: it runs "
+                      "several times slower than float32 here; use dtype: auto or float32", stacklevel=2)
     return DTYPES[dtype]
 
 
@@ -38,7 +65,7 @@ def check_model_folder(path: str | os.PathLike, what: str) -> Path:
 
 def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
     p = check_model_folder(path, what)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype))
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype, device))
     return model.to(resolve_device(device)).eval()
 
 
