@@ -300,3 +300,48 @@ def test_a_bfloat16_head_leaves_the_target_as_it_was(trained, tiny_models):
     head_lm = dec.drafter.head.body.get_output_embeddings()
     assert head_lm.weight.dtype == torch.bfloat16 and head_lm is not dec.target.get_output_embeddings()
     assert dec.drafter.head.fuse.weight.dtype == torch.bfloat16
+
+
+def test_learning_rate_warms_up_then_decays_by_steps_or_by_the_clock():
+    from draftsman.training.heads import DEFAULTS, learning_rate_factor
+    cfg = {**DEFAULTS, "warmup_steps": 10, "max_steps": 100, "lr_schedule": "cosine", "min_lr_ratio": 0.1}
+    assert learning_rate_factor(cfg, 0, 0.0) == pytest.approx(0.1 * 1.0)  # warmup: 1/10 of the way
+    assert learning_rate_factor(cfg, 50, 0.0) == pytest.approx(0.55)  # half way down the cosine
+    assert learning_rate_factor(cfg, 100, 0.0) == pytest.approx(0.1)  # ends at min_lr_ratio
+    cfg["max_minutes"] = 10  # the clock binds first: 5 of 10 minutes gone at step 20
+    assert learning_rate_factor(cfg, 20, 300.0) == pytest.approx(0.55)
+    assert learning_rate_factor({**cfg, "lr_schedule": "constant"}, 50, 300.0) == 1.0
+    with pytest.raises(ValueError, match="lr_schedule must be constant or cosine"):
+        train({"kind": "eagle3", "target": "x", "out": "y", "lr_schedule": "linear"})
+
+
+def test_training_continues_from_given_heads(trained, tiny_models, tiny_corpus, tmp_path):
+    """init_from: the heads start as the folder's (shape and draft vocabulary included), so the
+    first logged loss and accuracy, after 10 steps, are the trained head's, not a fresh head's."""
+    folder, first = trained["eagle3"]
+    cfg = {"kind": "eagle3", "target": str(tiny_models["llama"][0]), "out": str(tmp_path / "continued"),
+           "init_from": str(folder), "work_dir": str(tmp_path / "work"), "corpus_root": str(tiny_corpus),
+           "threads": 1, "mixed_precision": "no", "seq_len": 64, "batch_size": 4, "lr": 1e-3,
+           "warmup_steps": 2, "max_steps": 10, "lr_schedule": "cosine", "eval_tokens": 256, "eval_depths": 3,
+           "draft_vocab": 50, "ttt_steps": 3, "seed": 1}  # (draft_vocab is the folder's 200, not this)
+    metrics = train(cfg)
+    (_, loss, accuracy), (_, fresh_loss, fresh_accuracy) = metrics["curve"][0], first["curve"][0]
+    assert loss < fresh_loss and accuracy[0] > 3 * fresh_accuracy[0]  # (measured: 0.23 against 0.02)
+    saved = json.loads((tmp_path / "continued" / "config.json").read_text())
+    assert saved["draft_vocab_size"] == 200
+    with pytest.raises(FileNotFoundError, match="init_from: no heads config.json in"):
+        train({**cfg, "init_from": str(tmp_path / "nowhere")})
+    with pytest.raises(ValueError, match="mtp"):  # heads of another kind are refused
+        train({**cfg, "init_from": str(trained["mtp"][0])})
+
+
+def test_dtype_auto_takes_bfloat16_only_where_it_is_native(monkeypatch):
+    from draftsman import models
+    monkeypatch.setattr(models, "native_bfloat16", lambda device: False)
+    assert models.resolve_dtype("auto", "cpu") == torch.float32
+    with pytest.warns(UserWarning, match="no native bfloat16 math"):
+        assert models.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    monkeypatch.setattr(models, "native_bfloat16", lambda device: True)
+    assert models.resolve_dtype("auto", "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'bf16'.*'auto'"):
+        models.resolve_dtype("bf16")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -50,6 +51,9 @@ DEFAULTS = {
     "batch_size": 8,
     "lr": 1e-3,
     "warmup_steps": 20,
+    "lr_schedule": "constant",  # after warmup: constant | cosine (down to lr * min_lr_ratio at the end)
+    "min_lr_ratio": 0.1,  # cosine: the final learning rate as a fraction of lr
+    "init_from": None,  # a heads folder of this kind and target to continue from (its shape wins; None = fresh)
     "max_steps": 2000,
     "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
     "checkpoint_minutes": 3.0,
@@ -73,6 +77,11 @@ def load_config(raw) -> dict:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
+    if cfg["lr_schedule"] not in ("constant", "cosine"):
+        raise ValueError(f"lr_schedule must be constant or cosine, got {cfg['lr_schedule']!r}")
+    if cfg["init_from"] and not Path(cfg["init_from"], "config.json").is_file():
+        raise FileNotFoundError(f"init_from: no heads config.json in {cfg['init_from']}; point it at a "
+                                f"folder written by `draftsman train {cfg['kind']}`, or set init_from: null")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
@@ -226,6 +235,30 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
     return ev
 
 
+def load_heads(cfg: dict, folder, target):
+    """Heads of cfg['kind'] saved in `folder`, refused if they were trained for another target."""
+    from ..heads.feature_head import FeatureHead
+    from ..heads.medusa import MedusaHeads
+    if cfg["kind"] == "medusa":
+        return MedusaHeads.load(folder, target)[0]
+    return FeatureHead.load(folder, target, kind=cfg["kind"])[0]
+
+
+def learning_rate_factor(cfg: dict, step: int, elapsed_seconds: float) -> float:
+    """Multiplier of cfg['lr'] at `step`: linear warmup, then constant or cosine. The cosine's
+    progress is the larger of the step and wall-clock fractions, so a run cut by max_minutes still
+    ends its decay (on CPU the clock, not max_steps, usually binds)."""
+    warm = min(1.0, (step + 1) / cfg["warmup_steps"])
+    if cfg["lr_schedule"] == "constant":
+        return warm
+    progress = step / cfg["max_steps"]
+    if cfg["max_minutes"]:
+        progress = max(progress, elapsed_seconds / (cfg["max_minutes"] * 60))
+    progress = min(1.0, progress)
+    floor = cfg["min_lr_ratio"]
+    return warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def evaluate_only(config) -> dict:
     """Held-out agreement of heads already in `out` (and, for Medusa, the tree recalibrated with
     this config's tree_budget, written back into the heads' config): the evaluation and
@@ -233,18 +266,12 @@ def evaluate_only(config) -> dict:
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..heads.feature_head import FeatureHead
-    from ..heads.medusa import MedusaHeads
-
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
     train_stream, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
-    if cfg["kind"] == "medusa":
-        heads, _ = MedusaHeads.load(cfg["out"], target)
-    else:
-        heads, _ = FeatureHead.load(cfg["out"], target, kind=cfg["kind"])
+    heads = load_heads(cfg, cfg["out"], target)
     return {"kind": cfg["kind"],
             "heldout_agreement": evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream)}
 
@@ -263,7 +290,11 @@ def train(config) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream = token_streams(cfg, tokenizer)
     frequent = target_token_frequencies(cfg, target, train_stream, acc.autocast)  # once: build and save use it
-    heads = build_heads(cfg, target, frequent["order"])
+    if cfg["init_from"]:  # continue training: shape and draft vocabulary come from those heads
+        heads = load_heads(cfg, cfg["init_from"], target).train()
+        acc.print(f"[{cfg['kind']}] starting from the heads in {cfg['init_from']}")
+    else:
+        heads = build_heads(cfg, target, frequent["order"])
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
     state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
@@ -279,7 +310,7 @@ def train(config) -> dict:
     noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1)
 
     def lr_at(step):
-        return cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
+        return cfg["lr"] * learning_rate_factor(cfg, step, time.time() - t_start)
 
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
