@@ -47,7 +47,8 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
     sweep_t = 0 if 0 in cfg["temperatures"] else cfg["temperatures"][0]
     sweep_rows = encoded[cfg["batch_category"]] if cfg["batch_category"] else _mixed(list(encoded.values()))
-    bar = tqdm(total=_plan(cfg, encoded, len(ours), len(peers)), unit="run", disable=not progress,
+    swept = [o for o in ours if cfg["sweep_drafters"] is None or o.label in cfg["sweep_drafters"] or o.label == baseline]
+    bar = tqdm(total=_plan(cfg, encoded, len(ours), len(peers), len(swept)), unit="run", disable=not progress,
                dynamic_ncols=True)
 
     cells, peer_rows = [], []
@@ -66,13 +67,13 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
                                            weights + p.extra_parameters * elem))
 
     bar.set_description(f"batch sweep T={sweep_t:g}")
-    sweep = batch_sweep(ours, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
+    sweep = batch_sweep(swept, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
                         temperature=sweep_t, repeats=cfg["sweep_repeats"], seed=cfg["seed"], baseline=baseline,
                         tick=bar.update)
     bar.close()
     points = []
     for b, tallies in sweep.items():
-        for o in ours:
+        for o in swept:
             t, paired_base = tallies[o.label]
             points.append({"drafter": o.label, "batch_size": b, "tokens_per_s": t.tokens_per_s,
                            "speedup": statistics.median(t.speedups(paired_base)), "tau": t.tau,
@@ -110,15 +111,15 @@ def _mixed(groups: list[list[list[int]]]) -> list[list[int]]:
     return out
 
 
-def _plan(cfg: dict, encoded: dict, n_ours: int, n_peers: int) -> int:
+def _plan(cfg: dict, encoded: dict, n_ours: int, n_peers: int, n_swept: int) -> int:
     """Calls the run will make, for the progress bar."""
     total = 0
     for temperature in cfg["temperatures"]:
         n = n_ours + (n_peers if temperature == 0 else 0)
         for ids in encoded.values():
             total += n * (2 + cfg["repeats"] * len(ids))  # warm-up + timed + memory
-    paired_runs = 2 * (n_ours - 1) if n_ours > 1 else 1  # each contender beside its own baseline run
-    return total + len(cfg["batch_sizes"]) * (n_ours + cfg["sweep_repeats"] * paired_runs)
+    paired_runs = 2 * (n_swept - 1) if n_swept > 1 else 1  # each contender beside its own baseline run
+    return total + len(cfg["batch_sizes"]) * (n_swept + cfg["sweep_repeats"] * paired_runs)
 
 
 def _divergences(target, prompts: list[Prompt], ids, expected: list[list[int]], got: list[list[int]]) -> list[dict]:

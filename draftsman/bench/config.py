@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "batch_category": None,  # rows of the batch sweep: one category, or None = mixed (round-robin)
     "max_new_tokens": 64,
     "repeats": 3,  # timed passes over the prompts; medians are taken over them
+    "sweep_drafters": None,  # labels of the drafters the batch sweep runs (and `none`); None = all
     "sweep_repeats": None,  # timed pairs per batch-sweep cell; None = repeats (one batch is one
     #                         call of a few seconds, so a cell's median needs more of them)
     "seed": 0,
@@ -157,6 +158,14 @@ def _validate(cfg: dict) -> None:
                          "choose another `label`")
     if not any(d["name"] == "none" for d in drafters):
         drafters.insert(0, {"name": "none"})  # the baseline every speedup is measured against
+
+    swept = cfg["sweep_drafters"]
+    if swept is not None:
+        if not isinstance(swept, list) or not all(isinstance(x, str) for x in swept):
+            raise ValueError(f"sweep_drafters must be a list of drafter labels or null (= all), got {swept!r}")
+        unknown = sorted(set(swept) - set(labels) - {"none"})
+        if unknown:
+            raise ValueError(f"sweep_drafters names {unknown}, not among the drafters' labels {labels}")
 
     for key in ("temperatures", "batch_sizes"):
         v = cfg[key]
