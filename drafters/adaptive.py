@@ -18,6 +18,11 @@ keeps online estimates of every term and, each round:
    no longer makes a whole batch of rows without one pay for a wide pass. Only for deterministic
    drafts: cutting sampled ones by what was drawn would skew them (cut_after_drafting_is_exact).
 
+For a batch both decisions price rows in lockstep (depth_rates, verify_depth): the request lasts
+until its slowest row is done, so each row keeps its own acceptance and proposal rate
+(adaptive_rows.py) and a bet is worth what it saves of the time until every row has its
+remaining tokens (the engine sets token_budget), not the batch's average tokens per round.
+
 After a request that bet and still ran slower than plain decoding, its batch size's bar rises
 toward how far the request fell short of its bets' prediction (_learn_from_outcome): a ragged
 batch's last rounds and short requests' catch-ups show only over a whole request. Requests that
@@ -46,7 +51,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .adaptive_costs import CostTable, OnlineLinearFit, PassCost, lockstep_plain_seconds  # noqa: F401
+from .adaptive_costs import (CostTable, OnlineLinearFit, PassCost, lockstep_plain_seconds,  # noqa: F401
+                             lockstep_seconds, priced_on_grid)
+from .adaptive_rows import RowEstimates
 from .base import DETERMINISTIC, Drafter, DraftTree
 
 
@@ -96,6 +103,8 @@ class AdaptiveSettings:
     outcome_weight: float = 0.5  # how far one request's outcome moves its batch size's gain penalty
     outcome_min_bets: int = 2  # only requests with this many bets (probes and measuring rounds
     # aside) teach it...
+    row_prior_rounds: float = 4.0  # a row's own acceptance and proposal rate count against this
+    # many rounds of the batch's: the row that gains least sets how many rounds a batch runs
     outcome_fade: float = 0.25  # ...and one with fewer lets it fade by this share: a bar above every
     # bet's predicted gain is otherwise never lowered (one unlucky batch-1 request kept
     # eagle3-adaptive plain for the rest of a run in which fixed eagle3 ran 1.49x)
@@ -125,6 +134,17 @@ def depth_counts(trees: list[DraftTree], depth: int) -> list[list[int]]:
 def deepest(counts: list[int]) -> int:
     """The depth of a tree's deepest node, from its depth_counts row."""
     return max((j + 1 for j, n in enumerate(counts) if n), default=0)
+
+
+def expected_gains(counts: list[list[int]], reach: list[list[float]], depth: int) -> list[list[float]]:
+    """Per verified depth d = 0..depth, per row, expected tokens of the round: 1 plus the reach of
+    each level its tree has nodes at (counts: depth_counts; reach: per row, by depth)."""
+    row_gains = [1.0] * len(counts)
+    out = [list(row_gains)]
+    for j in range(depth):
+        row_gains = [g + (r[j] if row[j] > 0 else 0.0) for g, row, r in zip(row_gains, counts, reach)]
+        out.append(row_gains)
+    return out
 
 
 def batch_bucket(batch: int) -> int:
@@ -188,6 +208,7 @@ class AdaptiveDrafter(Drafter):
         self.width_at_limit: list[float | None] = [None] * D
         self.width_within = [float(d + 1) for d in range(D)]
         self.proposal_rate = 1.0  # decayed share of rows with a non-empty tree in speculative rounds
+        self.rows = RowEstimates(len(prompts), D, s.decay, s.row_prior_rounds)  # the same, row by row
         for carried_sampling, state in self._carried:  # the last request with these settings
             if carried_sampling == sampling:
                 self._resume(state)
@@ -212,6 +233,7 @@ class AdaptiveDrafter(Drafter):
         self.spent_seconds = self.predicted_seconds = self.predicted_plain_seconds = 0.0
         self.bet_rounds = 0
         self._belief = (0.0, 1.0, False)  # this round's (predicted seconds, predicted gain, a bet?)
+        self._rates: list[float] | None = None  # this round's depth_rates, once computed
 
     def _acceptance_state(self) -> tuple:
         return (list(self.accepted_count), list(self.offered_count), list(self.width_at_limit),
@@ -243,6 +265,7 @@ class AdaptiveDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.inner.keep_rows(indices)
+        self.rows.keep(indices)
         self.drafted_upto = [self.drafted_upto[i] for i in indices]
         self.row_ids = [self.row_ids[i] for i in indices]
 
@@ -296,13 +319,19 @@ class AdaptiveDrafter(Drafter):
         """Drafting, then the target pass: widened to 1 + width tokens per row when any row has a
         proposal, a plain step when none has (n-gram lookup often finds no match); and the
         engine's own share of a round."""
+        return self.expected_seconds_by_depth(batch, [depth])[0]
+
+    def expected_seconds_by_depth(self, batch: int, depths=None) -> list[float]:
+        """expected_seconds(d, batch) for each d in depths (default 0..max depth), the parts that
+        do not depend on d priced once."""
+        depths = range(self.inner.max_depth() + 1) if depths is None else depths
         plain = self.verify_cost.predict(batch, 1) + self.overhead(batch, tree=False)
-        if depth == 0:
-            return plain
+        if not any(depths):
+            return [plain] * len(depths)
         widened = 1.0 - (1.0 - self.proposal_rate) ** batch  # chance that some row proposes
-        return (self.draft_cost(batch).predict(depth)
-                + widened * (self.verify_cost.predict(batch, 1 + self.width(depth)) + self.overhead(batch, tree=True))
-                + (1.0 - widened) * plain)
+        drafting, tree_overhead = self.draft_cost(batch), self.overhead(batch, tree=True)
+        return [plain if d == 0 else drafting.predict(d) + (1.0 - widened) * plain
+                + widened * (self.verify_cost.predict(batch, 1 + self.width(d)) + tree_overhead) for d in depths]
 
     def overhead(self, batch: int, tree: bool) -> float:
         """The engine's share of a round that verifies a tree, or of a plain one (a tree round's
@@ -350,6 +379,49 @@ class AdaptiveDrafter(Drafter):
         per_round = self.expected_seconds(depth, batch) * (1.0 + penalty) - self.expected_tokens(depth) * plain
         return self.catch_up_seconds(batch, unseen_tokens) + self.settings.probe_rounds * per_round
 
+    def remaining_tokens(self) -> list[float]:
+        """Per active row, the tokens it may still emit (token_budget, set by the engine); all
+        alike when the budget is unknown (lockstep times then only compare rows' speeds)."""
+        if not self.token_budget:
+            return [1.0] * len(self.rows)
+        return [max(0.0, self.token_budget - self.row_tokens[r]) for r in self.row_ids]
+
+    def depth_rates(self, batch: int, unseen_tokens: int = 0) -> list[float]:
+        """Tokens per second of the rest of the request if every round from now on drafted d deep,
+        d = 0..max depth (0 = plain decoding). Rows run in lockstep: row by row expected tokens
+        (RowEstimates) set when each row is done (lockstep_seconds). With one row, or rows alike,
+        that is E(d) / cost(d) for a round. At batch 8 on the 2-core CPU, rates from the batch's
+        average had n-gram bets predict gains while requests ran at 0.91x of plain decoding: the
+        rows without a match still took a round per token, each round a wider pass.
+        Starting to speculate after plain rounds first pays for the drafter's catch-up on every
+        token it has not seen (the whole prompt in a request's first draft); charged over the
+        next catch_up_rounds rounds, so a thin lead does not buy a costly start."""
+        D = self.inner.max_depth()
+        start = self.catch_up_seconds(batch, unseen_tokens) / self.settings.catch_up_rounds if self.previous_depth == 0 else 0.0
+        tokens, seconds = self.expected_tokens_by_depth(), self.expected_seconds_by_depth(batch)
+        self._rates = [1.0 / max(seconds[0], 1e-9)] + [
+            tokens[d] / max(seconds[d] + start, 1e-9) for d in range(1, D + 1)]
+        bar = self._rates[0] * (1 + self.required_gain(batch))
+        if batch == 1 or len(self.rows) != batch or max(self._rates[1:], default=0.0) < bar:
+            # One row; estimates set by hand; or a bet that loses even on the batch's average
+            # (which rows in lockstep only lower, the tail of a ragged batch aside): done.
+            return self._rates
+        remaining = self.remaining_tokens()
+        per_row = self.rows.tokens_by_depth(self.acceptance, self.proposal_rate)
+        by_rows: dict[int, list[float]] = {}  # rows -> expected_seconds_by_depth(rows)
+
+        def priced(rows: int) -> list[float]:
+            if rows not in by_rows:
+                by_rows[rows] = self.expected_seconds_by_depth(rows)
+            return by_rows[rows]
+
+        self._rates = []
+        for d in range(D + 1):
+            extra = start if d else 0.0
+            price = priced_on_grid(lambda rows: priced(rows)[d] + extra, batch)
+            self._rates.append(sum(remaining) / max(lockstep_seconds(remaining, [row[d] for row in per_row], price), 1e-12))
+        return self._rates
+
     def choose_depth(self, batch: int, unseen_tokens: int = 0) -> int:
         """unseen_tokens: tokens (summed over rows) the drafter would first have to catch up on."""
         D = self.inner.max_depth()
@@ -358,13 +430,7 @@ class AdaptiveDrafter(Drafter):
         if self.measuring(batch):
             return D  # nothing (or little) known about drafting and acceptance yet: measure the full bet
         s = self.settings
-        # Starting to speculate after plain rounds first pays for the drafter's catch-up on every
-        # token it has not seen (the whole prompt in a request's first draft); charged over the
-        # next catch_up_rounds rounds, so a thin lead does not buy a costly start.
-        start = self.catch_up_seconds(batch, unseen_tokens) / s.catch_up_rounds if self.previous_depth == 0 else 0.0
-        tokens = self.expected_tokens_by_depth()
-        rates = [1.0 / max(self.expected_seconds(0, batch), 1e-9)] + [
-            tokens[d] / max(self.expected_seconds(d, batch) + start, 1e-9) for d in range(1, D + 1)]
+        rates = self.depth_rates(batch, unseen_tokens)
         best = max(range(D + 1), key=lambda d: rates[d])
         if rates[best] < rates[0] * (1 + self.required_gain(batch)):
             best = 0
@@ -393,27 +459,53 @@ class AdaptiveDrafter(Drafter):
                     return depth
         return 0
 
-    def verify_depth(self, counts: list[list[int]]) -> int:
+    def verify_depth(self, counts: list[list[int]], drafted_depth: int | None = None) -> int:
         """After drafting: how deep to verify the trees actually drafted (their depth_counts). The
         drafting is paid for; what is left to choose is the pass, and its width is now known, not
         estimated: one row with a long n-gram match widens the pass of a whole batch of rows
-        without one, and an EAGLE tree drafted shallow is as wide as a deep one. Expected tokens
-        count the rows that have a proposal, each to its own depth."""
+        without one, and an EAGLE tree drafted shallow is as wide as a deep one.
+        A depth's worth is the seconds of the rest of the request its expected tokens save (rows
+        in lockstep, later rounds drafting `drafted_depth` deep), per second of this pass: tokens
+        that only a row far ahead of the others gains save little. With one row, or rows alike,
+        that is expected tokens per second of the pass."""
         depth = max(map(deepest, counts), default=0)
         if depth == 0:
             return 0
-        batch, reach = len(counts), self.reach()
-        rows_reaching = [sum(row[j] > 0 for row in counts) for j in range(depth)]  # rows with a node at depth j+1
+        batch = len(counts)
         widths = [max(sum(row[: j + 1]) for row in counts) for j in range(depth)]  # widest row at depth <= j+1
-        plain = batch / max(self.verify_cost.predict(batch, 1) + self.overhead(batch, tree=False), 1e-12)
-        best, best_rate, tokens = 0, plain * (1 + self.required_gain(batch)), float(batch)
+        costs = [self.verify_cost.predict(batch, 1) + self.overhead(batch, tree=False)]
         overhead = self.overhead(batch, tree=True)
-        for d in range(1, depth + 1):
-            tokens += rows_reaching[d - 1] * reach[d - 1]
-            rate = tokens / max(self.verify_cost.predict(batch, 1 + widths[d - 1]) + overhead, 1e-12)
-            if rate > best_rate:
-                best, best_rate = d, rate
+        costs += [self.verify_cost.predict(batch, 1 + widths[d]) + overhead for d in range(depth)]
+        # Expected tokens per row, as the batch's average acceptance has them...
+        gained = expected_gains(counts, [self.reach()] * batch, depth)
+        best = self._best_rate([sum(g) for g in gained], costs, batch)
+        if best and batch > 1 and len(self.rows) == batch:
+            # ...and, where that says verify, by each row's own acceptance, as seconds saved
+            # (which rows in lockstep only lower, the tail of a ragged batch aside).
+            gained = expected_gains(counts, self.rows.reach(self.acceptance), depth)
+            best = self._best_rate(self._lockstep_savings(gained, drafted_depth or depth), costs, batch)
         return best
+
+    def _best_rate(self, worth: list[float], costs: list[float], batch: int) -> int:
+        """The depth with the most worth per second, if it beats verifying nothing by the
+        required gain; else 0."""
+        rates = [w / max(c, 1e-12) for w, c in zip(worth, costs)]
+        best, best_rate = 0, rates[0] * (1 + self.required_gain(batch))
+        for d in range(1, len(rates)):
+            if rates[d] > best_rate:
+                best, best_rate = d, rates[d]
+        return best
+
+    def _lockstep_savings(self, gained: list[list[float]], later_depth: int) -> list[float]:
+        """Per verified depth d, the seconds of the rest of the request that this round's expected
+        tokens (gained[d][row]) save: rows in lockstep, later rounds drafting later_depth deep."""
+        later = min(later_depth, self.inner.max_depth())
+        per_round = [row[later] for row in self.rows.tokens_by_depth(self.acceptance, self.proposal_rate)]
+        round_seconds = priced_on_grid(lambda rows: self.expected_seconds(later, rows), len(per_round))
+        remaining = self.remaining_tokens()
+        rest = lockstep_seconds(remaining, per_round, round_seconds)
+        return [rest - lockstep_seconds([max(0.0, left - g) for left, g in zip(remaining, row_gains)],
+                                        per_round, round_seconds) for row_gains in gained]
 
     # -- the Drafter lifecycle ----------------------------------------------------------------
     def propose(self, contexts):
@@ -423,7 +515,7 @@ class AdaptiveDrafter(Drafter):
             measured = max(0.0, now - started - self._last[1] - verify_seconds)
             (self.tree_overhead if tree else self.round_overhead).add(batch, measured)
             self.spent_seconds += measured - self._overhead_charged  # the request's outcome: as measured
-        self._round, self._round_started = None, now
+        self._round, self._round_started, self._rates = None, now, None
         unseen = sum(len(c) - seen for c, seen in zip(contexts, self.drafted_upto))
         if self.optimism and self.catch_up_seconds(len(contexts), unseen) > (
                 self.settings.optimism_max_catch_up * self.verify_cost.predict(len(contexts), 1)):
@@ -434,7 +526,7 @@ class AdaptiveDrafter(Drafter):
         self.rounds_since_probe = 0 if depth else self.rounds_since_probe + 1
         if depth == 0:
             self.depth_log.append(0)
-            self._last = (0, 0.0, None, 0.0, 0)
+            self._last = (0, 0.0, None, 0.0, 0, None)
             return [self._empty] * len(contexts)
         self.inner.depth_limit = depth
         t0 = time.perf_counter()
@@ -443,16 +535,17 @@ class AdaptiveDrafter(Drafter):
         self.drafted_upto = [len(c) for c in contexts]
         counts = depth_counts(trees, depth)
         self._record_width(depth, counts)
-        share = sum(t.size > 0 for t in trees) / len(trees)  # as drafted, before any cut below
+        proposed = [t.size > 0 for t in trees]  # as drafted, before any cut below
+        share = sum(proposed) / len(trees)
         verified = depth
         # Measuring rounds and probes run as chosen: a cut by today's estimates would keep them
         # from measuring what the estimates lack.
         if not self.probing and not self.measuring(len(contexts)) and cut_after_drafting_is_exact(trees):
-            verified = self.verify_depth(counts)
+            verified = self.verify_depth(counts, depth)
             if verified < depth:
                 trees = [t.truncated_to_depth(verified) for t in trees]
         self.depth_log.append(verified)
-        self._last = (depth, seconds, [min(deepest(row), verified) for row in counts], share, unseen)
+        self._last = (depth, seconds, [min(deepest(row), verified) for row in counts], share, unseen, proposed)
         return trees
 
     def _predict(self, depth: int, batch: int, unseen: int) -> tuple[float, float, bool]:
@@ -464,7 +557,10 @@ class AdaptiveDrafter(Drafter):
         seconds = self.expected_seconds(depth, batch)
         if self.previous_depth == 0:
             seconds += self.catch_up_seconds(batch, unseen)
-        gain = self.expected_tokens(depth) * plain / max(seconds, 1e-12)
+        if self._rates is not None:  # the rates the decision compared (rows in lockstep)
+            gain = self._rates[depth] / max(self._rates[0], 1e-12)
+        else:
+            gain = self.expected_tokens(depth) * plain / max(seconds, 1e-12)
         return seconds, gain, not self.probing and not self.measuring(batch)
 
     def _learn_from_outcome(self) -> None:
@@ -505,7 +601,7 @@ class AdaptiveDrafter(Drafter):
 
     def observe(self, feedback):
         self.inner.observe(feedback)
-        depth, draft_seconds, reached_depths, share, unseen = self._last
+        depth, draft_seconds, reached_depths, share, unseen, proposed = self._last
         batch = len(feedback.emitted)
         self._count_outcome(feedback, draft_seconds, batch)
         self.verify_cost.add(batch, feedback.block_tokens, feedback.verify_seconds)
@@ -527,6 +623,7 @@ class AdaptiveDrafter(Drafter):
         decay = self.settings.decay
         self.proposal_rate = decay * self.proposal_rate + (1 - decay) * share
         self._update_acceptance(reached_depths, feedback)
+        self.rows.update(reached_depths, [len(path) for path in feedback.accepted_nodes], proposed)
 
     def _count_outcome(self, feedback, draft_seconds: float, batch: int) -> None:
         for i, tokens in enumerate(feedback.emitted):

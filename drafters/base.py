@@ -143,6 +143,8 @@ class Drafter:
     # Set by a wrapper (adaptive speculation) before `propose`: drafters that can draft less when
     # asked honour it; others may ignore it (the engine truncates their trees anyway).
     depth_limit: int | None = None
+    # Set by the engine before `begin`: the request's max_new_tokens (how long rows still run).
+    token_budget: int | None = None
     sampling: "SamplingParams | None" = None  # the current request's, set by begin()
 
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:

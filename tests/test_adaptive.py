@@ -520,3 +520,86 @@ def test_a_plain_step_measured_once_is_measured_again_before_bets_rely_on_it():
     drafter.verify_cost.add(16, 1, 0.020)
     drafter.verify_cost.add(16, 2, 0.021)
     assert drafter.choose_depth(16) == 1  # (only every probe_every rounds)
+
+
+def test_lockstep_seconds_follow_the_slowest_row():
+    from draftsman.drafters.adaptive_costs import lockstep_seconds, priced_on_grid
+    # Rows needing 12 and 12 tokens at 3 and 1 tokens a round: 4 rounds of 2 rows, then 8 of 1.
+    assert lockstep_seconds([12, 12], [3.0, 1.0], lambda rows: float(rows)) == 4 * 2.0 + 8 * 1.0
+    # Priced at 1, 2, 4, 8 and the top only, linear in between.
+    calls = []
+    price = priced_on_grid(lambda rows: calls.append(rows) or float(rows * rows), 12)
+    assert sorted(calls) == [1, 2, 4, 8, 12]
+    assert price(8) == 64.0 and price(10) == 64.0 + (144.0 - 64.0) / 2 and price(1) == 1.0
+
+
+def _rows_controlled(batch: int, max_depth: int):
+    """_controlled, begun on `batch` rows of a 64-token request, each row with its own estimates."""
+    drafter = _controlled(max_depth)
+    drafter.token_budget = 64
+    drafter.begin([[1, 2]] * batch, drafter.sampling, torch.Generator())
+    drafter.optimism = 0.0
+    drafter.record_draft_cost(batch, max_depth, 0.0)
+    for rows in range(1, batch + 1):  # a step costs 10 ms + 1 ms a row; each extra token 20% more
+        for width in (1, 2, 3, 4, 5):
+            drafter.verify_cost.add(rows, width, (0.010 + 0.001 * rows) * (1 + 0.2 * (width - 1)))
+    return drafter
+
+
+def test_the_row_that_gains_least_decides_a_batch_bet():
+    """A batch runs until its slowest row is done. Half the rows of this batch of 8 get a proposal
+    every round and the drafts are always accepted; the other half never get one. The batch's
+    average (1 + 0.5 * 4 tokens for a 1.8x wider pass) promises 1.7x, but the rows without a
+    proposal still need a round per token, each round now wider: plain decoding. With a proposal
+    in every row the bet is taken. Pricing by the average (a row's own rounds weighed as nothing)
+    is the broken variant, caught."""
+    drafter = _rows_controlled(8, 4)
+    drafter.offered_count = [100.0] * 4
+    drafter.accepted_count = [100.0] * 4
+    drafter.proposal_rate = 0.5
+    drafter.rows.rounds = [50.0] * 8
+    drafter.rows.proposed = [50.0, 0.0] * 4
+    for i in range(8):
+        drafter.rows.offered[i] = [50.0] * 4 if i % 2 == 0 else [0.0] * 4
+        drafter.rows.accepted[i] = list(drafter.rows.offered[i])
+    assert drafter.choose_depth(8) == 0
+    tokens = drafter.expected_tokens(4) * drafter.expected_seconds(0, 8) / drafter.expected_seconds(4, 8)
+    assert tokens > 1.5  # what the average promised
+
+    averaged = _rows_controlled(8, 4)
+    averaged.settings.row_prior_rounds = 1e9  # rows priced as the batch: the broken variant
+    averaged.offered_count, averaged.accepted_count = drafter.offered_count, drafter.accepted_count
+    averaged.proposal_rate, averaged.rows = 0.5, drafter.rows
+    averaged.rows.prior_rounds = 1e9
+    assert averaged.choose_depth(8) == 4
+    averaged.rows.prior_rounds = drafter.settings.row_prior_rounds
+
+    drafter.proposal_rate = 1.0
+    drafter.rows.proposed = [50.0] * 8
+    drafter.rows.offered = [[50.0] * 4 for _ in range(8)]
+    drafter.rows.accepted = [[50.0] * 4 for _ in range(8)]
+    assert drafter.choose_depth(8) == 4
+
+
+def test_after_drafting_tokens_only_rows_far_ahead_gain_are_not_verified():
+    """The same batch after drafting: four rows drafted 4-token chains that would all be accepted,
+    four drafted nothing. Verifying the chains widens every row's pass 1.8x for rows that finish
+    early anyway; the rows without a match set the request's length: the round goes plain. When
+    the rows that drafted nothing are nearly done, the chains are worth verifying."""
+    drafter = _rows_controlled(8, 4)
+    drafter.offered_count = [100.0] * 4
+    drafter.accepted_count = [100.0] * 4
+    drafter.proposal_rate = 0.5
+    drafter.rows.rounds = [50.0] * 8
+    drafter.rows.proposed = [50.0, 0.0] * 4
+    for i in range(8):
+        drafter.rows.offered[i] = [50.0] * 4 if i % 2 == 0 else [0.0] * 4
+        drafter.rows.accepted[i] = list(drafter.rows.offered[i])
+    trees = [_chain(4), DraftTree.empty()] * 4
+    counts = depth_counts(trees, 4)
+    assert drafter.verify_depth(counts, 4) == 0
+    drafter.rows.prior_rounds = 1e9  # rows priced as the batch's average: the broken variant verifies
+    assert drafter.verify_depth(counts, 4) == 4
+    drafter.rows.prior_rounds = drafter.settings.row_prior_rounds
+    drafter.row_tokens = [0, 62] * 4  # the rows without a match have 2 tokens left
+    assert drafter.verify_depth(counts, 4) == 4

@@ -134,6 +134,7 @@ class SpeculativeEngine:
             self.target.accept([list(range(len(p) - 1)) for p in contexts])
             prefill_hidden = [{k: h[b, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
                               for b, p in enumerate(contexts)]
+        self.drafter.token_budget = max_new_tokens
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)

@@ -1,0 +1,62 @@
+"""Per-row acceptance for adaptive speculation (drafters/adaptive.py).
+
+A batch runs in lockstep until its slowest row is done: the rows of one request differ (one prompt
+is copy-heavy and n-gram lookup matches it every round, another never), and the row that gains
+least from a bet sets how many rounds the request takes. So besides the batch-wide estimates,
+each row keeps its own decayed counts, weighed against `prior_rounds` rounds of the batch's."""
+from __future__ import annotations
+
+
+class RowEstimates:
+    def __init__(self, rows: int, depth: int, decay: float, prior_rounds: float):
+        self.decay, self.prior_rounds = decay, prior_rounds
+        self.accepted = [[0.0] * depth for _ in range(rows)]  # per row, as AdaptiveDrafter.accepted_count
+        self.offered = [[0.0] * depth for _ in range(rows)]
+        self.proposed = [0.0] * rows  # decayed speculative rounds in which the row had a proposal...
+        self.rounds = [0.0] * rows  # ...out of these
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def keep(self, indices: list[int]) -> None:
+        for name in ("accepted", "offered", "proposed", "rounds"):
+            setattr(self, name, [getattr(self, name)[i] for i in indices])
+
+    def update(self, tree_depths: list[int], accepted: list[int], proposed: list[bool]) -> None:
+        """One speculative round: per row, the depth its verified tree reached, the length of its
+        accepted path, and whether it had a proposal at all (as drafted)."""
+        d = self.decay
+        for i, (n, a, p) in enumerate(zip(tree_depths, accepted, proposed)):
+            self.proposed[i] = d * self.proposed[i] + p
+            self.rounds[i] = d * self.rounds[i] + 1
+            for j in range(len(self.accepted[i])):
+                self.offered[i][j] = d * self.offered[i][j] + (n > j and a >= j)
+                self.accepted[i][j] = d * self.accepted[i][j] + (n > j and a > j)
+
+    def reach(self, acceptance: list[float]) -> list[list[float]]:
+        """Per row, the chance its draft at depth j+1 is accepted (all above it were), from its own
+        counts shrunk toward the batch's `acceptance` by depth."""
+        k, out = self.prior_rounds, []
+        for acc, off in zip(self.accepted, self.offered):
+            r, row = 1.0, []
+            for a, o, batch_a in zip(acc, off, acceptance):
+                r *= (a + k * batch_a) / (o + k)
+                row.append(r)
+            out.append(row)
+        return out
+
+    def proposal_rates(self, batch_rate: float) -> list[float]:
+        k = self.prior_rounds
+        return [(p + k * batch_rate) / (n + k) for p, n in zip(self.proposed, self.rounds)]
+
+    def tokens_by_depth(self, acceptance: list[float], batch_rate: float) -> list[list[float]]:
+        """Per row, expected tokens of a round drafted d deep, d = 0..max depth:
+        1 + rate * (r1 + r1*r2 + ...) with the row's own proposal rate and reach."""
+        out = []
+        for rate, reach in zip(self.proposal_rates(batch_rate), self.reach(acceptance)):
+            total, row = 0.0, [1.0]
+            for r in reach:
+                total += r
+                row.append(1.0 + rate * total)
+            out.append(row)
+        return out
