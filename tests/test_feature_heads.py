@@ -345,3 +345,10 @@ def test_dtype_auto_takes_bfloat16_only_where_it_is_native(monkeypatch):
     assert models.resolve_dtype("auto", "cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'bf16'.*'auto'"):
         models.resolve_dtype("bf16")
+    # Training's autocast follows the same rule.
+    from draftsman.training.pretrain import resolve_mixed_precision
+    assert resolve_mixed_precision("auto") == "bf16"
+    monkeypatch.setattr(models, "native_bfloat16", lambda device: False)
+    assert resolve_mixed_precision("auto") == "no"
+    with pytest.warns(UserWarning, match="mixed_precision bf16 on a .* without native bf16"):
+        assert resolve_mixed_precision("bf16") == "bf16"

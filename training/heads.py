@@ -22,7 +22,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
-from .pretrain import atomic_torch_save, heldout_windows, train_batch, versions
+from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp")
 
@@ -33,7 +33,7 @@ DEFAULTS = {
     "work_dir": "zoo/.work",  # token caches and resumable checkpoints
     "seed": 0,
     "threads": 2,  # torch.set_num_threads on CPU
-    "mixed_precision": "bf16",  # autocast for the frozen target's forward: "no" or "bf16"
+    "mixed_precision": "auto",  # autocast for the frozen target's forward: "no", "bf16", or "auto" (bf16 where native)
     "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
     "num_heads": 4,  # medusa
@@ -268,7 +268,7 @@ def evaluate_only(config) -> dict:
 
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
-    acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
+    acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
     train_stream, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
@@ -284,7 +284,7 @@ def train(config) -> dict:
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
-    acc = Accelerator(mixed_precision=cfg["mixed_precision"], cpu=not torch.cuda.is_available())
+    acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
