@@ -233,7 +233,7 @@ class AdaptiveDrafter(Drafter):
         self.spent_seconds = self.predicted_seconds = self.predicted_plain_seconds = 0.0
         self.bet_rounds = 0
         self._belief = (0.0, 1.0, False)  # this round's (predicted seconds, predicted gain, a bet?)
-        self._rates: list[float] | None = None  # this round's depth_rates, once computed
+        self._lockstep_scale: list[float] | None = None  # this round's lockstep / average gain by depth
 
     def _acceptance_state(self) -> tuple:
         return (list(self.accepted_count), list(self.offered_count), list(self.width_at_limit),
@@ -399,13 +399,14 @@ class AdaptiveDrafter(Drafter):
         D = self.inner.max_depth()
         start = self.catch_up_seconds(batch, unseen_tokens) / self.settings.catch_up_rounds if self.previous_depth == 0 else 0.0
         tokens, seconds = self.expected_tokens_by_depth(), self.expected_seconds_by_depth(batch)
-        self._rates = [1.0 / max(seconds[0], 1e-9)] + [
+        rates = [1.0 / max(seconds[0], 1e-9)] + [
             tokens[d] / max(seconds[d] + start, 1e-9) for d in range(1, D + 1)]
-        bar = self._rates[0] * (1 + self.required_gain(batch))
-        if batch == 1 or len(self.rows) != batch or max(self._rates[1:], default=0.0) < bar:
+        self._lockstep_scale = None
+        bar = rates[0] * (1 + self.required_gain(batch))
+        if batch == 1 or len(self.rows) != batch or max(rates[1:], default=0.0) < bar:
             # One row; estimates set by hand; or a bet that loses even on the batch's average
             # (which rows in lockstep only lower, the tail of a ragged batch aside): done.
-            return self._rates
+            return rates
         remaining = self.remaining_tokens()
         per_row = self.rows.tokens_by_depth(self.acceptance, self.proposal_rate)
         by_rows: dict[int, list[float]] = {}  # rows -> expected_seconds_by_depth(rows)
@@ -415,12 +416,14 @@ class AdaptiveDrafter(Drafter):
                 by_rows[rows] = self.expected_seconds_by_depth(rows)
             return by_rows[rows]
 
-        self._rates = []
+        average, rates = rates, []
         for d in range(D + 1):
             extra = start if d else 0.0
             price = priced_on_grid(lambda rows: priced(rows)[d] + extra, batch)
-            self._rates.append(sum(remaining) / max(lockstep_seconds(remaining, [row[d] for row in per_row], price), 1e-12))
-        return self._rates
+            rates.append(sum(remaining) / max(lockstep_seconds(remaining, [row[d] for row in per_row], price), 1e-12))
+        self._lockstep_scale = [(lock / rates[0]) / max(avg / average[0], 1e-12)
+                                for lock, avg in zip(rates, average)]
+        return rates
 
     def choose_depth(self, batch: int, unseen_tokens: int = 0) -> int:
         """unseen_tokens: tokens (summed over rows) the drafter would first have to catch up on."""
@@ -515,7 +518,7 @@ class AdaptiveDrafter(Drafter):
             measured = max(0.0, now - started - self._last[1] - verify_seconds)
             (self.tree_overhead if tree else self.round_overhead).add(batch, measured)
             self.spent_seconds += measured - self._overhead_charged  # the request's outcome: as measured
-        self._round, self._round_started, self._rates = None, now, None
+        self._round, self._round_started, self._lockstep_scale = None, now, None
         unseen = sum(len(c) - seen for c, seen in zip(contexts, self.drafted_upto))
         if self.optimism and self.catch_up_seconds(len(contexts), unseen) > (
                 self.settings.optimism_max_catch_up * self.verify_cost.predict(len(contexts), 1)):
@@ -557,10 +560,9 @@ class AdaptiveDrafter(Drafter):
         seconds = self.expected_seconds(depth, batch)
         if self.previous_depth == 0:
             seconds += self.catch_up_seconds(batch, unseen)
-        if self._rates is not None:  # the rates the decision compared (rows in lockstep)
-            gain = self._rates[depth] / max(self._rates[0], 1e-12)
-        else:
-            gain = self.expected_tokens(depth) * plain / max(seconds, 1e-12)
+        gain = self.expected_tokens(depth) * plain / max(seconds, 1e-12)
+        if self._lockstep_scale is not None:  # what rows in lockstep took off the decision's gain
+            gain *= self._lockstep_scale[depth]
         return seconds, gain, not self.probing and not self.measuring(batch)
 
     def _learn_from_outcome(self) -> None:
