@@ -546,13 +546,9 @@ def _rows_controlled(batch: int, max_depth: int):
     return drafter
 
 
-def test_the_row_that_gains_least_decides_a_batch_bet():
-    """A batch runs until its slowest row is done. Half the rows of this batch of 8 get a proposal
-    every round and the drafts are always accepted; the other half never get one. The batch's
-    average (1 + 0.5 * 4 tokens for a 1.8x wider pass) promises 1.7x, but the rows without a
-    proposal still need a round per token, each round now wider: plain decoding. With a proposal
-    in every row the bet is taken. Pricing by the average (a row's own rounds weighed as nothing)
-    is the broken variant, caught."""
+def _half_matching_batch():
+    """A batch of 8 in which rows 0, 2, 4, 6 got a proposal in each of their rounds, all of it
+    accepted, and the other rows never got one."""
     drafter = _rows_controlled(8, 4)
     drafter.offered_count = [100.0] * 4
     drafter.accepted_count = [100.0] * 4
@@ -562,17 +558,22 @@ def test_the_row_that_gains_least_decides_a_batch_bet():
     for i in range(8):
         drafter.rows.offered[i] = [50.0] * 4 if i % 2 == 0 else [0.0] * 4
         drafter.rows.accepted[i] = list(drafter.rows.offered[i])
+    return drafter
+
+
+def test_the_row_that_gains_least_decides_a_batch_bet():
+    """A batch runs until its slowest row is done. The batch's average (1 + 0.5 * 4 tokens for a
+    1.8x wider pass) promises 1.7x, but the rows without a proposal still need a round per token,
+    each round now wider: plain decoding. With a proposal in every row the bet is taken. Pricing
+    rows by the batch's average (a row's own rounds weighed as nothing) is the broken variant,
+    caught."""
+    drafter = _half_matching_batch()
     assert drafter.choose_depth(8) == 0
     tokens = drafter.expected_tokens(4) * drafter.expected_seconds(0, 8) / drafter.expected_seconds(4, 8)
     assert tokens > 1.5  # what the average promised
-
-    averaged = _rows_controlled(8, 4)
-    averaged.settings.row_prior_rounds = 1e9  # rows priced as the batch: the broken variant
-    averaged.offered_count, averaged.accepted_count = drafter.offered_count, drafter.accepted_count
-    averaged.proposal_rate, averaged.rows = 0.5, drafter.rows
-    averaged.rows.prior_rounds = 1e9
-    assert averaged.choose_depth(8) == 4
-    averaged.rows.prior_rounds = drafter.settings.row_prior_rounds
+    drafter.rows.prior_rounds = 1e9  # the broken variant bets
+    assert drafter.choose_depth(8) == 4
+    drafter.rows.prior_rounds = drafter.settings.row_prior_rounds
 
     drafter.proposal_rate = 1.0
     drafter.rows.proposed = [50.0] * 8
@@ -586,15 +587,7 @@ def test_after_drafting_tokens_only_rows_far_ahead_gain_are_not_verified():
     four drafted nothing. Verifying the chains widens every row's pass 1.8x for rows that finish
     early anyway; the rows without a match set the request's length: the round goes plain. When
     the rows that drafted nothing are nearly done, the chains are worth verifying."""
-    drafter = _rows_controlled(8, 4)
-    drafter.offered_count = [100.0] * 4
-    drafter.accepted_count = [100.0] * 4
-    drafter.proposal_rate = 0.5
-    drafter.rows.rounds = [50.0] * 8
-    drafter.rows.proposed = [50.0, 0.0] * 4
-    for i in range(8):
-        drafter.rows.offered[i] = [50.0] * 4 if i % 2 == 0 else [0.0] * 4
-        drafter.rows.accepted[i] = list(drafter.rows.offered[i])
+    drafter = _half_matching_batch()
     trees = [_chain(4), DraftTree.empty()] * 4
     counts = depth_counts(trees, 4)
     assert drafter.verify_depth(counts, 4) == 0
