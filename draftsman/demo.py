@@ -29,10 +29,10 @@ def demo_drafters() -> dict[str, dict]:
         path = zoo.heads_path(folder)
         if path is not None:
             drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024,
-                              **({"tree_budget": 8} if name == "medusa" else {})}
+                              **({"tree_budget": 8} if name == "medusa" else {"dtype": "auto"})}
     path = zoo.heads_path("python-eagle3")  # the eagle drafter on an EAGLE-3 head (its own draft vocabulary)
-    if path is not None:
-        drafters["eagle3"] = {"name": "eagle", "path": str(path)}
+    if path is not None:  # (dtype auto: the feature heads draft in bfloat16 where the machine runs it natively)
+        drafters["eagle3"] = {"name": "eagle", "path": str(path), "dtype": "auto"}
     return drafters
 
 
