@@ -596,3 +596,51 @@ def test_after_drafting_tokens_only_rows_far_ahead_gain_are_not_verified():
     drafter.rows.prior_rounds = drafter.settings.row_prior_rounds
     drafter.row_tokens = [0, 62] * 4  # the rows without a match have 2 tokens left
     assert drafter.verify_depth(counts, 4) == 4
+
+
+def test_each_row_keeps_its_own_estimates_through_a_batch(tiny_models):
+    """Through real batched generation: rows 0 and 2 have an oracle's drafts, rows 1 and 3 never
+    get one. The output is plain greedy decoding's; the per-row estimates follow the active rows as
+    they finish, and the rows with drafts show the higher proposal rate."""
+    target = str(tiny_models["llama"][0])
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14], [20]]
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=prompts, max_new_tokens=30)
+    known = {tuple(p): p + out for p, out in zip(prompts, plain.token_ids)}
+
+    @register
+    class HalfOracle(Drafter):
+        name = "half_oracle_test"
+
+        @dataclass
+        class Options:
+            k: int = 4
+
+        def __init__(self, options, target):
+            self.k = options.k
+
+        def max_depth(self):
+            return self.k
+
+        def propose(self, contexts):
+            trees = []
+            for c in contexts:
+                row = next(i for i, p in enumerate(prompts) if tuple(c[: len(p)]) == tuple(p))
+                full = known[tuple(prompts[row])]
+                trees.append(DraftTree.chain(full[len(c): len(c) + self.k]) if row % 2 == 0 else DraftTree.empty())
+            return trees
+
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "half_oracle_test", "adaptive": True}})
+    seen = []
+    observe = dec.drafter.observe
+
+    def recording(feedback):
+        observe(feedback)
+        seen.append((len(feedback.emitted), len(dec.drafter.rows), list(dec.drafter.row_ids),
+                     dec.drafter.rows.proposal_rates(dec.drafter.proposal_rate)))
+    dec.drafter.observe = recording
+    out = dec.generate(input_ids=prompts, max_new_tokens=30)
+    assert out.token_ids == plain.token_ids
+    assert all(active == rows for active, rows, _, _ in seen)
+    assert any(ids == [1, 3] for _, _, ids, _ in seen)  # the rows with drafts finished first
+    full_batch = [rates for active, _, ids, rates in seen if ids == [0, 1, 2, 3]]
+    assert full_batch and full_batch[-1][0] > full_batch[-1][1] and full_batch[-1][2] > full_batch[-1][3]
