@@ -295,7 +295,7 @@ def test_batch_sweep_pairs_each_contender_with_its_own_baseline_runs():
         everything, same = sweep[b]["none"]
         assert everything is same and len(everything.rep_tokens) == 2 * 6  # one baseline run per pair
     cfg = {"temperatures": [], "batch_sizes": [1, 4], "repeats": 2, "sweep_repeats": 2}
-    assert len(ticks) == _plan(cfg, {}, len(contenders), 0)
+    assert len(ticks) == _plan(cfg, {}, len(contenders), 0, len(contenders))
 
 
 def test_batch_sweep_measures_small_batches_on_several_prompts():
