@@ -320,3 +320,28 @@ def test_batch_sweep_measures_small_batches_on_several_prompts():
     # Each contender's batch is the one its paired baseline run had.
     assert [b for label, b in seen if label == "none"] == x_batches
     assert sweep_batch(rows, 4, 1) == [[4], [0], [1], [2]]
+
+
+def test_the_sweep_reports_an_interval_for_each_median_of_pairs():
+    """The sign-test interval: order statistics 4 and 13 of 16 pairs, none below 6 pairs; it holds
+    the true median of a known distribution about as often as it says (seeded, 400 draws)."""
+    import random
+
+    from draftsman.bench.report import _sweep_cell
+    from draftsman.bench.runner import median_interval
+
+    values = [1.0 + 0.01 * i for i in range(16)]
+    random.Random(0).shuffle(values)
+    assert median_interval(values) == (1.03, 1.12)
+    assert median_interval(values[:5]) is None and median_interval(values[:6]) == (min(values[:6]), max(values[:6]))
+    rng = random.Random(1)
+    covered = sum(lo <= 1.0 <= hi for lo, hi in (median_interval([rng.gauss(1.0, 0.1) for _ in range(16)])
+                                                 for _ in range(400)))
+    assert 0.95 * 400 <= covered <= 400  # 97.9% nominal
+    # A broken interval (the middle two order statistics) covers far less and is caught.
+    narrow = sum(sorted(v)[7] <= 1.0 <= sorted(v)[8] for v in ([rng.gauss(1.0, 0.1) for _ in range(16)]
+                                                                for _ in range(400)))
+    assert narrow < 0.5 * 400
+    cell = {"tokens_per_s": 311.4, "speedup": 0.897, "speedup_low": 0.85, "speedup_high": 0.97}
+    assert _sweep_cell(cell) == "311.4 (0.90x; 0.85-0.97)"
+    assert _sweep_cell({**cell, "speedup_low": None, "speedup_high": None}) == "311.4 (0.90x)"

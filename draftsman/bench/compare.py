@@ -18,7 +18,7 @@ from .config import drafter_label, drafter_options
 from .memory import PeakMemory
 from .peers import build_peers
 from .prompts_set import Prompt, by_category, read_prompts
-from .runner import Ours, Tally, batch_sweep, first_divergence, time_interleaved
+from .runner import Ours, Tally, batch_sweep, first_divergence, median_interval, time_interleaved
 
 
 def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = True) -> dict:
@@ -75,9 +75,11 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     for b, tallies in sweep.items():
         for o in swept:
             t, paired_base = tallies[o.label]
+            pairs = t.speedups(paired_base)
+            low, high = median_interval(pairs) or (None, None)
             points.append({"drafter": o.label, "batch_size": b, "tokens_per_s": t.tokens_per_s,
-                           "speedup": statistics.median(t.speedups(paired_base)), "tau": t.tau,
-                           "new_tokens": t.new_tokens})
+                           "speedup": statistics.median(pairs), "speedup_low": low, "speedup_high": high,
+                           "pair_speedups": pairs, "tau": t.tau, "new_tokens": t.new_tokens})
     return {
         "command": command,
         "config": cfg,

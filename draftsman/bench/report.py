@@ -11,7 +11,7 @@ CELL_COLUMNS = ["drafter", "name", "category", "temperature", "prompts", "repeat
                 "verify_frac", "other_frac", "peak_memory_mb", "working_memory_mb", "extra_parameters", "mismatches"]
 PEER_COLUMNS = ["peer", "category", "temperature", "prompts", "tokens_per_s", "speedup", "speedup_vs_hf_generate",
                 "counterpart", "counterpart_over_peer", "same_as_ours", "peak_memory_mb", "extra_parameters"]
-SWEEP_COLUMNS = ["drafter", "batch_size", "tokens_per_s", "speedup", "tau", "new_tokens"]
+SWEEP_COLUMNS = ["drafter", "batch_size", "tokens_per_s", "speedup", "speedup_low", "speedup_high", "tau", "new_tokens"]
 
 
 def write_all(results: dict, out: Path) -> list[Path]:
@@ -100,12 +100,13 @@ def markdown(results: dict) -> str:
         labels = list(dict.fromkeys(p["drafter"] for p in sweep["points"]))
         at = {(p["drafter"], p["batch_size"]): p for p in sweep["points"]}
         lines += ["", f"### Batch sweep (T={sweep['temperature']:g}, rows: {sweep['rows']}): total tokens/s "
-                      "(speedup over `none`)", "",
+                      "(speedup over `none`; 95% interval)", "",
+                  "speedup = median of the pairs' ratios (each drafter beside its own `none` runs); interval = "
+                  "the sign-test interval of that median, shown from 6 pairs on.", "",
                   "| drafter | " + " | ".join(f"batch {b}" for b in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
         for label in labels:
-            cells = [f"{at[label, b]['tokens_per_s']:.1f} ({at[label, b]['speedup']:.2f}x)" for b in sizes]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(_sweep_cell(at[label, b]) for b in sizes) + " |")
     if div:
         lines += ["", "### Outputs that differ from plain decoding at T=0", ""]
         for who, cat, d in div:
@@ -115,6 +116,14 @@ def markdown(results: dict) -> str:
     lines += ["", f"peak memory: target weights + drafter weights + {results['memory_method']}"]
     lines += [f"note: {n}" for n in results["notes"]]
     return "\n".join(lines)
+
+
+def _sweep_cell(point: dict) -> str:
+    """'total tokens/s (speedup; low-high)', the interval where the sweep had enough pairs (and
+    not for the baseline, whose pairs are itself)."""
+    low, high = point.get("speedup_low"), point.get("speedup_high")
+    interval = f"; {low:.2f}-{high:.2f}" if low is not None and high is not None and low != high else ""
+    return f"{point['tokens_per_s']:.1f} ({point['speedup']:.2f}x{interval})"
 
 
 def _human(n: int) -> str:
@@ -213,6 +222,11 @@ def _plot_sweep(plt, results, path: Path) -> Path | None:
         xs = [p["batch_size"] for p in pts]
         a.plot(xs, [p["tokens_per_s"] for p in pts], marker="o", label=label)
         b.plot(xs, [p["speedup"] for p in pts], marker="o", label=label)
+        spans = [(p["speedup"] - p["speedup_low"], p["speedup_high"] - p["speedup"]) if p.get("speedup_low")
+                 is not None else (0.0, 0.0) for p in pts]
+        if any(lo or hi for lo, hi in spans):  # the 95% intervals of the medians
+            b.errorbar(xs, [p["speedup"] for p in pts], yerr=list(zip(*spans)), fmt="none", capsize=2,
+                       ecolor=b.lines[-1].get_color(), alpha=0.6)
     sizes = sorted({p["batch_size"] for p in sweep["points"]})
     for ax in (a, b):
         ax.set_xscale("log", base=2)
