@@ -54,12 +54,12 @@ class CostTable:
     rest of the run. So a size's estimate is the lower quartile of its last `window` samples (two
     clean samples undo a short stall), and a size not measured in the last `forget_after` samples
     is doubted: priced at most like the nearest smaller size still in use, so that a bet on it is
-    tried again (and measured afresh: a doubted size's old samples are dropped when a new one
-    comes). A size that really costs more goes back to its price after one round. Not deleted
-    and re-extrapolated: on this CPU passes of 2-3 tokens cost more than 9-17, so a line from the
-    small widths in use priced a forgotten 10-token EAGLE pass at 80 ms instead of 15. Nothing is
-    doubted while fewer than two sizes are in use (a run of plain rounds would price every wider
-    pass like a plain one)."""
+    tried again (and measured afresh: a size's samples older than `forget_after` are dropped when
+    a new one comes, doubted or not). A size that really costs more goes back to its price after
+    one round. Not deleted and re-extrapolated: on this CPU passes of 2-3 tokens cost more than
+    9-17, so a line from the small widths in use priced a forgotten 10-token EAGLE pass at 80 ms
+    instead of 15. Nothing is doubted while fewer than two sizes are in use (a run of plain rounds
+    would price every wider pass like a plain one)."""
 
     def __init__(self, window: int = 8, forget_after: int = 64):
         self.window = window
@@ -75,8 +75,8 @@ class CostTable:
 
     def add(self, x: float, y: float) -> None:
         size = int(x)
-        if size in self._doubted():
-            del self.recent[size]  # its samples are old news
+        if size in self.recent and self.age(size) >= self.forget_after:
+            del self.recent[size]  # its samples are old news, doubted or not
         self.recent.setdefault(size, deque(maxlen=self.window)).append(y)
         self.samples += 1
         self.last_added[size] = self.samples
@@ -123,6 +123,11 @@ class CostTable:
         """How many recent samples this size's estimate rests on."""
         return len(self.recent.get(int(size), ()))
 
+    def age(self, size: int) -> float:
+        """Samples of any size added since this size's latest one (inf if never measured)."""
+        n = self.last_added.get(int(size))
+        return float("inf") if n is None else self.samples - n
+
 
 class PassCost:
     """Seconds of a target pass by its shape: batch rows x block width (the root plus the widest
@@ -151,6 +156,11 @@ class PassCost:
     def sample_count(self, batch: int, width: int) -> int:
         table = self.by_batch.get(batch)
         return table.sample_count(width) if table else 0
+
+    def age(self, batch: int, width: int) -> float:
+        """Rounds at this batch size since a pass of this width was last measured there."""
+        table = self.by_batch.get(batch)
+        return table.age(width) if table else float("inf")
 
     def predict(self, batch: int, width: float) -> float:
         table = self.by_batch.get(batch)

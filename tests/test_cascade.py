@@ -13,6 +13,7 @@ from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import exact_marginals, fit_pvalue
 from tiny_models import load_for_reference, perturbed_copy
+from toy_drafters import ToyDrafter
 
 NEW_TOKENS = 30
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 10], [5, 6, 5, 6, 5, 6], [40, 41, 42, 43, 40, 41]]
@@ -96,19 +97,9 @@ def test_later_children_are_asked_only_when_a_row_needs_them(plain):
     calls = {"propose": 0, "observe": 0, "keep_rows": 0, "begin": 0}
 
     @register
-    class Always(Drafter):
+    class Always(ToyDrafter):
         name = "always_test"
         needs = TargetNeeds(hidden_state_layers=(-1,))
-
-        @dataclass
-        class Options:
-            k: int = 2
-
-        def __init__(self, options, target):
-            self.k = options.k
-
-        def max_depth(self):
-            return self.k
 
         def propose(self, contexts):
             return [DraftTree.chain([c[-1]] * self.k) for c in contexts]

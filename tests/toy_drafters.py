@@ -1,0 +1,18 @@
+"""A base for the toy drafters tests register: the `k` option, the constructor and `max_depth`
+that every one of them would otherwise repeat. A subclass sets `name` and writes `propose`."""
+from dataclasses import dataclass
+
+from draftsman.drafters import Drafter
+
+
+class ToyDrafter(Drafter):
+    @dataclass
+    class Options:
+        k: int = 4  # draft length
+
+    def __init__(self, options, target):
+        self.k = options.k
+        self.vocab = target.vocab_size
+
+    def max_depth(self):
+        return self.k
