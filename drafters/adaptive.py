@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .adaptive_costs import (CostTable, OnlineLinearFit, PassCost, lockstep_plain_seconds,  # noqa: F401
                              lockstep_seconds, priced_on_grid)
@@ -111,6 +112,15 @@ class AdaptiveSettings:
     outcome_fade: float = 0.25  # ...and one with fewer lets it fade by this share: a bar above every
     # bet's predicted gain is otherwise never lowered (one unlucky batch-1 request kept
     # eagle3-adaptive plain for the rest of a run in which fixed eagle3 ran 1.49x)
+
+
+class RoundPrediction(NamedTuple):
+    """What the cost model expected of a round, kept until its outcome is counted."""
+    seconds: float  # the round's drafting, pass and catch-up
+    plain_step: float  # a plain step's seconds at this batch size
+    tokens: float  # expected tokens per row
+    lockstep_scale: float  # what rows in lockstep take off the tokens' worth
+    bet: bool  # a bet the model believes in (not a measuring round or a probe)
 
 
 def cut_after_drafting_is_exact(trees: list[DraftTree]) -> bool:
@@ -235,8 +245,7 @@ class AdaptiveDrafter(Drafter):
         self.row_tokens = [0] * len(prompts)
         self.spent_seconds = self.predicted_seconds = self.predicted_plain_seconds = 0.0
         self.bet_rounds = 0
-        # This round's prediction: (seconds, plain step, tokens a row, lockstep scale, a bet?).
-        self._belief = (0.0, 0.0, 1.0, 1.0, False)
+        self._belief = RoundPrediction(0.0, 0.0, 1.0, 1.0, False)
         self._lockstep_scale: list[float] | None = None  # this round's lockstep / average gain by depth
 
     def _acceptance_state(self) -> tuple:
@@ -560,18 +569,17 @@ class AdaptiveDrafter(Drafter):
         self._last = (depth, seconds, [min(deepest(row), verified) for row in counts], share, unseen, proposed)
         return trees
 
-    def _predict(self, depth: int, batch: int, unseen: int) -> tuple[float, float, float, float, bool]:
-        """What the model expects of this round: its seconds, a plain step's seconds, tokens per
-        row, what rows in lockstep take off their worth, and whether it is a bet it believes in
-        (not a measuring round or a probe)."""
+    def _predict(self, depth: int, batch: int, unseen: int) -> RoundPrediction:
+        """What the model expects of this round."""
         plain = self.expected_seconds(0, batch)
         if depth == 0:
-            return plain, plain, 1.0, 1.0, False
+            return RoundPrediction(plain, plain, 1.0, 1.0, False)
         seconds = self.expected_seconds(depth, batch)
         if self.previous_depth == 0:
             seconds += self.catch_up_seconds(batch, unseen)
         scale = self._lockstep_scale[depth] if self._lockstep_scale is not None else 1.0
-        return seconds, plain, self.expected_tokens(depth), scale, not self.probing and not self.measuring(batch)
+        return RoundPrediction(seconds, plain, self.expected_tokens(depth), scale,
+                               not self.probing and not self.measuring(batch))
 
     def _learn_from_outcome(self) -> None:
         """After a request that bet and still ran slower than plain decoding (its measured
@@ -652,11 +660,11 @@ class AdaptiveDrafter(Drafter):
         # pay. Rows in lockstep: as expected, or the ragged tail (the rows left alone after the
         # rest are done, each of its rounds worth a token) would pass for gains.
         # See _learn_from_outcome.
-        seconds, plain, expected, scale, bet = self._belief
-        tokens = sum(map(len, feedback.emitted)) / max(1, batch) if len(self.row_tokens) == 1 else expected
-        self.predicted_seconds += seconds
-        self.predicted_plain_seconds += tokens * plain * scale
-        self.bet_rounds += bet
+        belief = self._belief
+        tokens = sum(map(len, feedback.emitted)) / max(1, batch) if len(self.row_tokens) == 1 else belief.tokens
+        self.predicted_seconds += belief.seconds
+        self.predicted_plain_seconds += tokens * belief.plain_step * belief.lockstep_scale
+        self.bet_rounds += belief.bet
 
     def _update_acceptance(self, tree_depths: list[int], feedback) -> None:
         """Depth d+1 was on offer to a row whose tree (as verified) reaches it and whose path

@@ -522,7 +522,8 @@ def test_a_ragged_batch_teaches_its_tail_to_the_bar():
     for rows in (1, 2):
         drafter.verify_cost.add(rows, 1, 0.010)
     drafter.begin([[1]] * 2, drafter.sampling, torch.Generator())
-    belief = (0.012, 0.010, 2.0, 1.0, True)  # 12 ms for 2 tokens a row against a 10 ms plain step
+    from draftsman.drafters.adaptive import RoundPrediction
+    belief = RoundPrediction(seconds=0.012, plain_step=0.010, tokens=2.0, lockstep_scale=1.0, bet=True)
 
     def round_(emitted):
         drafter._belief = belief
