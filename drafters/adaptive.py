@@ -94,6 +94,7 @@ class AdaptiveSettings:
     # run a plain round every probe_every rounds: the plain cost it is compared with is otherwise
     # never measured again, and one slow early measurement would keep a losing bet going
     catch_up_rounds: int = 16  # a start's catch-up is charged over this many speculative rounds
+    # (fewer if the request has fewer left: catch_up_spread)
     probe_budget: float = 0.03  # a probe may cost at most this share of the plain rounds since the
     # last one: its own extra pass and drafting, plus the drafter's catch-up on every token it has
     # not seen (an EAGLE head reads the whole prompt on its first draft: 0.3 s at batch 16 here).
@@ -408,12 +409,14 @@ class AdaptiveDrafter(Drafter):
         rows without a match still took a round per token, each round a wider pass.
         Starting to speculate after plain rounds first pays for the drafter's catch-up on every
         token it has not seen (the whole prompt in a request's first draft); charged over the
-        next catch_up_rounds rounds, so a thin lead does not buy a costly start."""
+        next catch_up_rounds rounds (or the rounds left, if fewer), so a thin lead does not buy a costly
+        start, nor does a start near the request's end."""
         D = self.inner.max_depth()
-        start = self.catch_up_seconds(batch, unseen_tokens) / self.settings.catch_up_rounds if self.previous_depth == 0 else 0.0
         tokens, seconds = self.expected_tokens_by_depth(), self.expected_seconds_by_depth(batch)
+        catch_up = self.catch_up_seconds(batch, unseen_tokens) if self.previous_depth == 0 else 0.0
+        start = [0.0] + [catch_up / self.catch_up_spread(tokens[d]) for d in range(1, D + 1)]  # per round
         rates = [1.0 / max(seconds[0], 1e-9)] + [
-            tokens[d] / max(seconds[d] + start, 1e-9) for d in range(1, D + 1)]
+            tokens[d] / max(seconds[d] + start[d], 1e-9) for d in range(1, D + 1)]
         self._lockstep_scale = None
         bar = rates[0] * (1 + self.required_gain(batch))
         if batch == 1 or len(self.rows) != batch or max(rates[1:], default=0.0) < bar:
@@ -431,12 +434,23 @@ class AdaptiveDrafter(Drafter):
 
         average, rates = rates, []
         for d in range(D + 1):
-            extra = start if d else 0.0
-            price = priced_on_grid(lambda rows: priced(rows)[d] + extra, batch)
+            price = priced_on_grid(lambda rows: priced(rows)[d] + start[d], batch)
             rates.append(sum(remaining) / max(lockstep_seconds(remaining, [row[d] for row in per_row], price), 1e-12))
         self._lockstep_scale = [(lock / rates[0]) / max(avg / average[0], 1e-12)
                                 for lock, avg in zip(rates, average)]
         return rates
+
+    def catch_up_spread(self, tokens_per_round: float) -> float:
+        """How many rounds a start's catch-up is charged over: catch_up_rounds, or the rounds the
+        request has left at tokens_per_round per row if fewer (its longest-running row's remaining
+        tokens; token_budget unknown: catch_up_rounds). A start near a request's end has no
+        rounds to pay its catch-up back: at batch 8, draft_model started 12 rounds before the end
+        of a 64-token request, catching up on 2213 tokens (57 ms, three plain steps) for two bets."""
+        rounds = float(self.settings.catch_up_rounds)
+        if not self.token_budget:
+            return rounds
+        left = max(self.remaining_tokens(), default=0.0) / max(tokens_per_round, 1.0)
+        return max(1.0, min(rounds, left))
 
     def choose_depth(self, batch: int, unseen_tokens: int = 0) -> int:
         """unseen_tokens: tokens (summed over rows) the drafter would first have to catch up on."""

@@ -343,6 +343,26 @@ def test_a_costly_catch_up_keeps_a_thin_lead_from_starting():
     assert drafter.choose_depth(16, unseen_tokens=4096) == 1
 
 
+def test_a_start_near_the_end_of_a_request_must_pay_its_catch_up_back_in_the_rounds_left():
+    """A start's catch-up is charged over catch_up_rounds rounds, or over the rounds the request
+    has left if fewer: a lead that repays it over 16 rounds does not over the last four."""
+    drafter = _controlled(1)
+    drafter.verify_cost.add(1, 1, 0.020)
+    drafter.verify_cost.add(1, 2, 0.024)
+    drafter.record_draft_cost(1, 1, 0.0)
+    drafter.offered_count, drafter.accepted_count = [100.0], [60.0]  # E = 1.6 tokens for 0.024 s: 1.33x
+    drafter.catch_up_cost.add(200, 0.040)  # two plain steps: 1.6 / (0.024 + 0.040 / 16) = 1.21x
+    drafter.token_budget = 64
+    assert drafter.catch_up_spread(1.6) == 16
+    assert drafter.choose_depth(1, unseen_tokens=200) == 1
+    drafter.row_tokens = [58]  # 6 tokens left: about 4 rounds at 1.6 tokens a round
+    assert drafter.catch_up_spread(1.6) == pytest.approx(6 / 1.6)
+    assert drafter.choose_depth(1, unseen_tokens=200) == 0  # 1.6 / (0.024 + 0.040 / 3.75) = 0.92x
+    assert drafter.choose_depth(1, unseen_tokens=0) == 1  # nothing to catch up on: the lead stands
+    drafter.previous_depth = 1  # already speculating: no catch-up to pay
+    assert drafter.choose_depth(1, unseen_tokens=200) == 1
+
+
 def test_a_catch_up_measured_during_a_stall_does_not_keep_a_paying_drafter_off():
     """Only a start measures a catch-up again. One stalled measurement (seconds for a prompt) would
     keep every later start and probe off for good; it counts at most as what the target's own pass
