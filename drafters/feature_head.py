@@ -19,8 +19,9 @@ import torch
 from ..heads.feature_head import FeatureHead
 from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
+from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
-from .base import Drafter, DraftTree, TargetNeeds
+from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
 
@@ -91,6 +92,40 @@ class FeatureHeadDrafter(Drafter):
         """Steps 2 and 3's drafting: from the root's predicted feature (B, d) and logits (B, n),
         grow up to `depth` levels; rows with ready[b] False get an empty tree."""
         raise NotImplementedError
+
+    def draft_chain(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor) -> list[DraftTree]:
+        """A chain of `depth` tokens, the head fed its own output features beyond depth 1. Greedy:
+        each token is the head's argmax (deterministic). Sampling: each is drawn from the head's
+        distribution after the request's processing (temperature, top-k, top-p), and that
+        distribution, placed in the full vocabulary, is the node's q: the verifier's rejection
+        sampling stays exact."""
+        B = feature.shape[0]
+        tokens, probs = [], []
+        visible = None
+        for d in range(1, depth + 1):
+            p = processed_probs(logits, self.sampling)  # over the head's logits (all, or a draft vocabulary)
+            index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            token = self.token_ids(index)
+            tokens.append(token)
+            probs.append(p)
+            if d == depth:
+                break
+            slots_before = self.lm.num_slots
+            feature, logits = self.grow(feature[:, None], token[:, None], d, visible)
+            feature, logits = feature[:, 0], logits[:, 0]
+            seen = torch.zeros(B, 1, self.lm.num_slots, dtype=torch.bool, device=self.device)
+            if visible is not None:
+                seen[..., : visible.shape[-1]] = visible
+            seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
+            visible = seen
+        chain = torch.stack(tokens, 1)  # (B, depth)
+        ready = ready.tolist()
+        if self.sampling.greedy:
+            return [DraftTree.chain(chain[b], DETERMINISTIC, device=self.device) if ready[b]
+                    else DraftTree.empty(self.device) for b in range(B)]
+        q = self.full_vocab(torch.stack(probs, 1))  # (B, depth, V): what each token was drawn from
+        return [DraftTree.chain(chain[b], IID, q[b], device=self.device) if ready[b]
+                else DraftTree.empty(self.device) for b in range(B)]
 
     def extra_parameters(self) -> int:
         return self._parameters

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..models import check_dtype_name
-from ..verifier.sampling import draw, processed_probs
-from .base import DETERMINISTIC, IID, DraftTree
 from .feature_head import FeatureHeadDrafter
 from .registry import register
 
@@ -38,30 +34,4 @@ class MTPDrafter(FeatureHeadDrafter):
                 raise ValueError(f"mtp: depth must be >= 1, got {self.depth}")
 
     def draft(self, feature, logits, depth, ready):
-        B = feature.shape[0]
-        tokens, probs = [], []
-        visible = None
-        for d in range(1, depth + 1):
-            p = processed_probs(logits, self.sampling)  # over the head's logits (all, or draft_vocab)
-            index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
-            token = self.token_ids(index)
-            tokens.append(token)
-            probs.append(p)
-            if d == depth:
-                break
-            slots_before = self.lm.num_slots
-            feature, logits = self.grow(feature[:, None], token[:, None], d, visible)
-            feature, logits = feature[:, 0], logits[:, 0]
-            seen = torch.zeros(B, 1, self.lm.num_slots, dtype=torch.bool, device=self.device)
-            if visible is not None:
-                seen[..., : visible.shape[-1]] = visible
-            seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
-            visible = seen
-        chain = torch.stack(tokens, 1)  # (B, depth)
-        ready = ready.tolist()
-        if self.sampling.greedy:
-            return [DraftTree.chain(chain[b], DETERMINISTIC, device=self.device) if ready[b]
-                    else DraftTree.empty(self.device) for b in range(B)]
-        q = self.full_vocab(torch.stack(probs, 1))  # (B, depth, V): what each token was drawn from
-        return [DraftTree.chain(chain[b], IID, q[b], device=self.device) if ready[b]
-                else DraftTree.empty(self.device) for b in range(B)]
+        return self.draft_chain(feature, logits, depth, ready)

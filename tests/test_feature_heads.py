@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import draftsman
+from draftsman.drafters.base import DETERMINISTIC, IID
 from draftsman.heads.feature_head import FeatureHead
 from draftsman.training.heads import train
 from draftsman.verifier.cached_model import CachedLM
@@ -141,10 +142,13 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
 
 
 @pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64}), ("eagle3", {}),
-                                         ("mtp", {"dtype": "bfloat16"})])
+                                         ("mtp", {"dtype": "bfloat16"}), ("eagle", {"sampled_rounds": "tree"}),
+                                         ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     """With draft_vocab, mtp samples from a distribution over 64 tokens: q must be that
-    distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong."""
+    distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong. So
+    must an EAGLE-3 head's, drawn over its own 200-token vocabulary (eagle's sampled chain, the
+    default), and the top-k tree at temperature 1 (`sampled_rounds: tree`) stays exact too."""
     target = tiny_models["llama"][0]
     prompt = [1, 2, 3, 4, 5, 1, 2, 3]
     dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(trained[kind][0]), **extra})
@@ -180,7 +184,36 @@ def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
     assert drafter.lm.num_slots == drafter.lm.lengths.max()  # the grown slots were dropped
 
 
-@pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0), ("eagle3", 0.0)])
+@pytest.mark.parametrize("sampled_rounds", ["chain", "tree"])
+def test_sampled_rounds_draft_a_chain_from_the_head_or_the_top_k_tree(trained, tiny_models, sampled_rounds):
+    """At temperature 1 `eagle` drafts, by default, a chain drawn from the EAGLE-3 head's processed
+    distribution, each node carrying that distribution (placed in the full vocabulary) as q;
+    `sampled_rounds: tree` keeps the deterministic top-k tree. Greedy rounds draft the tree either way."""
+    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle3"][0]), "depth": 3,
+                                             "top_k": 2, "total_tokens": 5, "sampled_rounds": sampled_rounds}, device="cpu")
+    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
+    with torch.no_grad():
+        hidden = [{k: states[k][0] for k in drafter.needs.hidden_state_layers}
+                  for states in (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
+                                 for c in contexts)]
+    for temperature in (1.0, 0.0):
+        drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
+        drafter.observe_prefill(hidden)
+        for tree in drafter.propose(contexts):
+            if temperature > 0 and sampled_rounds == "chain":
+                assert tree.size == 3 and tree.parents.tolist() == [-1, 0, 1] and (tree.kinds == IID).all()
+                q = tree.draft_probs
+                assert q.shape == (3, drafter.vocab_size)
+                torch.testing.assert_close(q.sum(-1), torch.ones(3, dtype=q.dtype))
+                assert bool((q[torch.arange(3), tree.tokens] > 0).all())  # each token drawn from its row
+                assert bool((q[:, ~torch.isin(torch.arange(drafter.vocab_size), drafter.vocab_map)] == 0).all())
+            else:
+                assert tree.size == 5 and (tree.kinds == DETERMINISTIC).all() and tree.draft_probs is None
+        drafter.forget_grown()
+
+
+@pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0), ("eagle3", 0.0), ("eagle3", 1.0)])
 def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperature):
     target_dir = tiny_models["llama"][0]
     extra = {"top_k": 4, "total_tokens": 12} if kind != "mtp" else {}
@@ -237,6 +270,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "eagle3", "draft_vocab": 64}, "has its own draft vocabulary .200 tokens.; leave draft_vocab"),
     ({"name": "mtp", "path": "eagle3"}, "holds 'eagle3' heads, not 'mtp' heads"),
     ({"name": "eagle", "path": "x", "dtype": "bf16"}, r"unknown dtype 'bf16'; valid dtypes: \['bfloat16'"),
+    ({"name": "eagle", "path": "x", "sampled_rounds": "beam"}, r"sampled_rounds must be one of \['chain', 'tree'\]"),
 ])
 def test_bad_options_are_named(trained, tiny_models, options, message):
     if options.get("path") in ("x", "eagle3"):
