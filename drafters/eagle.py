@@ -1,5 +1,6 @@
 """`eagle`: an EAGLE-2 dynamic draft tree (drafters/dynamic_tree.py) from an EAGLE head
-(heads/feature_head.py, kind eagle or eagle3). Every node is a deterministic top-k choice: the
+(heads/feature_head.py, kind eagle or eagle3). Every node of the tree is a deterministic top-k
+choice, and every node of a sampled chain (below) carries the distribution it was drawn from: the
 shared verifier keeps the output exact at any temperature.
 
 When the request samples (temperature > 0), a deterministic token x is accepted with the target's
