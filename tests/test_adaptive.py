@@ -251,7 +251,7 @@ def test_one_wide_row_does_not_widen_the_whole_batch():
     assert drafter.verify_depth(depth_counts([_chain(6)] * 16, 6)) == 6
     # Through propose: the inner drafter's trees are cut to what verify_depth chose.
     drafter.inner.trees = [wide] + [DraftTree.empty()] * 15
-    drafter.choose_depth = lambda batch, unseen=0: 6
+    drafter.choose_depth = lambda batch, unseen=0, in_stretch=False: 6
     assert all(t.size == 0 for t in drafter.propose([[1, 2]] * 16)) and drafter.depth_log[-1] == 0
 
 
@@ -266,7 +266,7 @@ def test_sampled_trees_are_never_cut_after_drafting():
     q = torch.full((2, 8), 1 / 8)
     sampled = DraftTree.chain([1, 2], kind=IID, draft_probs=q)
     drafter.inner.trees = [sampled] * 16
-    drafter.choose_depth = lambda batch, unseen=0: 2
+    drafter.choose_depth = lambda batch, unseen=0, in_stretch=False: 2
     assert drafter.verify_depth(depth_counts([sampled] * 16, 2)) == 0
     assert [t.size for t in drafter.propose([[1, 2]] * 16)] == [2] * 16
     drafter.inner.trees = [_chain(2)] * 16
@@ -361,6 +361,33 @@ def test_a_start_near_the_end_of_a_request_must_pay_its_catch_up_back_in_the_rou
     assert drafter.choose_depth(1, unseen_tokens=0) == 1  # nothing to catch up on: the lead stands
     drafter.previous_depth = 1  # already speculating: no catch-up to pay
     assert drafter.choose_depth(1, unseen_tokens=200) == 1
+
+
+def test_a_plain_stretch_prices_the_bets_every_few_rounds_not_every_round():
+    """A plain round verifies nothing, so the estimates behind the bets stay put: a request's
+    rounds reuse the last prices for plain_reprice_every rounds in all, then price afresh (at batch
+    16 pricing cost 1.1 ms a round, 4% of a plain step). A bet ends the stretch; a direct call
+    always prices afresh."""
+    drafter = _controlled(1)
+    drafter.verify_cost.add(1, 1, 0.020)
+    drafter.verify_cost.add(1, 2, 0.030)
+    drafter.record_draft_cost(1, 1, 0.0)
+    drafter.offered_count, drafter.accepted_count = [100.0], [10.0]  # 1.1 tokens for 0.030 s: plain wins
+    priced_at = []
+    price = drafter.depth_rates
+    drafter.depth_rates = lambda *args: priced_at.append(len(drafter.depth_log)) or price(*args)
+    for _ in range(9):
+        assert drafter.choose_depth(1, in_stretch=True) == 0
+        drafter.depth_log.append(0)  # the round ran plain, as propose records it
+    assert priced_at == [0, 4, 8]
+    assert drafter.choose_depth(1) == 0 and priced_at[-1] == 9  # a direct call: afresh
+    drafter.accepted_count = [95.0]  # the estimates move (in a run, only a bet or a probe moves them)...
+    drafter.inner.trees = [_chain(1)]
+    drafter.propose([[1, 2]])  # ...and this round, priced on the stretch's stale estimates, stays plain
+    assert drafter.depth_log[-1] == 0 and priced_at[-1] == 9
+    drafter.depth_log += [0, 0, 0]
+    drafter.propose([[1, 2]])  # four rounds on: priced afresh, and the bet starts
+    assert priced_at[-1] == 13 and drafter.depth_log[-1] == 1 and drafter._stretch is None
 
 
 def test_a_catch_up_measured_during_a_stall_does_not_keep_a_paying_drafter_off():
