@@ -41,11 +41,15 @@ class EagleDrafter(FeatureHeadDrafter):
         top_k: int = 4  # children per expanded node, and nodes expanded per depth
         total_tokens: int = 12  # nodes kept in the verified tree (the target pass's size)
         draft_vocab: int | None = None  # EAGLE-1/2 heads: draft among the N tokens the target picks most (None = all)
+        draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
         sampled_rounds: str = "chain"  # temperature > 0: "chain" draws `depth` tokens from the head's
         # distribution (q known: exact); "tree" keeps the deterministic top-k tree of greedy rounds
 
         def __post_init__(self):
+            if self.draft_vocab_sampling and self.draft_vocab is None:
+                raise ValueError("eagle: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
+                                 "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if self.sampled_rounds not in SAMPLED_ROUNDS:

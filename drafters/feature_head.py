@@ -50,22 +50,41 @@ class FeatureHeadDrafter(Drafter):
                                  f"({self.head.config.draft_vocab_size} tokens); leave draft_vocab unset")
             ids = self.head.draft_token_ids
             self.vocab_map = None if len(ids) == self.vocab_size else ids
+            self.output_layers = None
         else:
-            self.vocab_map = None if draft_vocab is None else self._shrink_lm_head(path, draft_vocab, dtype)
-            if self.vocab_map is None and dtype != target.dtype:  # the target's own LM head: read a copy
-                self.head.body.set_output_embeddings(shrunk_linear(self.head.body.get_output_embeddings(), None, dtype))
+            self.output_layers = self._lm_heads(path, draft_vocab, getattr(options, "draft_vocab_sampling", False),
+                                                dtype, target.dtype)
+            self._use_head(greedy=True)
         self.lm = CachedLM(self.head.body, dtype)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
         self._parameters = sum(p.numel() for p in self.head.parameters())
 
-    def _shrink_lm_head(self, path: str, draft_vocab: int, dtype: torch.dtype) -> torch.Tensor:
-        """The head's LM head keeps the `draft_vocab` most frequent tokens' rows (drafters/draft_vocab.py).
-        Returns the token id of each kept row; the target keeps its own LM head."""
-        keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name,
-                               self.head.config.kind, self.device)
-        self.head.body.set_output_embeddings(shrunk_linear(self.head.body.get_output_embeddings(), keep, dtype))
-        return keep
+    def _lm_heads(self, path: str, draft_vocab: int | None, draft_vocab_sampling: bool, dtype: torch.dtype,
+                  target_dtype: torch.dtype) -> dict:
+        """The LM heads an EAGLE-1/2 or MTP head reads out through, by round kind (greedy: True), as
+        (output layer, row -> token id or None), as draft_model keeps them. The target's own LM head
+        (a copy when the head computes in another dtype); under draft_vocab, greedy rounds read only
+        the rows of the N tokens the target picks most (drafters/draft_vocab.py), and sampled rounds
+        too with draft_vocab_sampling. Sampled tokens spread beyond the greedy picks: at T=1 the
+        bundled EAGLE-1 head drew a chain with tau 1.90-2.02 among 1024 tokens, 2.24-2.64 among all."""
+        target_head = self.head.body.get_output_embeddings()
+        heads = {}
+        if draft_vocab is not None:
+            keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name,
+                                   self.head.config.kind, self.device)
+            heads[True] = (shrunk_linear(target_head, keep, dtype), keep)
+            if draft_vocab_sampling:
+                heads[False] = heads[True]
+        if len(heads) < 2:
+            whole = (target_head if dtype == target_dtype else shrunk_linear(target_head, None, dtype), None)
+            heads.setdefault(True, whole)
+            heads.setdefault(False, whole)
+        return heads
+
+    def _use_head(self, greedy: bool) -> None:
+        layer, self.vocab_map = self.output_layers[greedy]
+        self.head.body.set_output_embeddings(layer)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices into the head's logits -> token ids (they differ under draft_vocab)."""
@@ -132,6 +151,8 @@ class FeatureHeadDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
+        if self.output_layers is not None:
+            self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:

@@ -23,9 +23,13 @@ class MTPDrafter(FeatureHeadDrafter):
         path: str | None = None  # folder of a trained MTP module (draftsman train mtp)
         depth: int = 3  # tokens drafted per round
         draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
+        draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
 
         def __post_init__(self):
+            if self.draft_vocab_sampling and self.draft_vocab is None:
+                raise ValueError("mtp: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
+                                 "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if not self.path:

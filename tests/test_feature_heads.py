@@ -141,11 +141,12 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
         FeatureHead.for_target(load_for_reference(tiny_models["gpt2"][0]), "eagle3")
 
 
-@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64}), ("eagle3", {}),
+@pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64, "draft_vocab_sampling": True}),
+                                         ("eagle", {"draft_vocab": 64}), ("eagle3", {}),
                                          ("mtp", {"dtype": "bfloat16"}), ("eagle", {"sampled_rounds": "tree"}),
                                          ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
-    """With draft_vocab, mtp samples from a distribution over 64 tokens: q must be that
+    """With draft_vocab_sampling, mtp samples from a distribution over 64 tokens: q must be that
     distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong. So
     must an EAGLE-3 head's, drawn over its own 200-token vocabulary (eagle's sampled chain, the
     default), and the top-k tree at temperature 1 (`sampled_rounds: tree`) stays exact too."""
@@ -213,6 +214,34 @@ def test_sampled_rounds_draft_a_chain_from_the_head_or_the_top_k_tree(trained, t
         drafter.forget_grown()
 
 
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("draft_vocab_sampling", [False, True])
+def test_draft_vocab_restricts_sampled_rounds_only_when_asked(trained, tiny_models, kind, draft_vocab_sampling):
+    """Under draft_vocab greedy rounds read the 64 rows the target picks most; sampled rounds read
+    the whole LM head (their draws spread beyond the greedy picks) unless draft_vocab_sampling."""
+    dec = _decoder(tiny_models["llama"][0], {"name": kind, "path": str(trained[kind][0]), "depth": 3, "draft_vocab": 64,
+                                             "draft_vocab_sampling": draft_vocab_sampling}, device="cpu")
+    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    keep = drafter.output_layers[True][1]
+    outside = ~torch.isin(torch.arange(drafter.vocab_size), keep)
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
+    with torch.no_grad():
+        hidden = [{-1: target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states[-1][0]}
+                  for c in contexts]
+    for temperature in (0.0, 1.0):
+        drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
+        drafter.observe_prefill(hidden)
+        trees = drafter.propose(contexts)
+        if temperature == 0:
+            assert all(not bool(outside[t.tokens].any()) for t in trees)  # greedy picks among the 64
+            continue
+        mass_outside = torch.stack([t.draft_probs[:, outside].sum(-1) for t in trees])
+        if draft_vocab_sampling:
+            assert float(mass_outside.max()) == 0.0
+        else:
+            assert float(mass_outside.min()) > 0.0  # a trained head still spreads mass beyond the 64
+
+
 @pytest.mark.parametrize("kind,temperature", [("eagle", 0.0), ("mtp", 1.0), ("eagle3", 0.0), ("eagle3", 1.0)])
 def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperature):
     target_dir = tiny_models["llama"][0]
@@ -270,6 +299,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "eagle3", "draft_vocab": 64}, "has its own draft vocabulary .200 tokens.; leave draft_vocab"),
     ({"name": "mtp", "path": "eagle3"}, "holds 'eagle3' heads, not 'mtp' heads"),
     ({"name": "eagle", "path": "x", "dtype": "bf16"}, r"unknown dtype 'bf16'; valid dtypes: \['bfloat16'"),
+    ({"name": "mtp", "path": "x", "draft_vocab_sampling": True}, "draft_vocab_sampling only applies with draft_vocab"),
     ({"name": "eagle", "path": "x", "sampled_rounds": "beam"}, r"sampled_rounds must be one of \['chain', 'tree'\]"),
 ])
 def test_bad_options_are_named(trained, tiny_models, options, message):
