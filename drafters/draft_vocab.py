@@ -15,6 +15,13 @@ import torch
 ORDER_FILE = "tokens_by_frequency.json"
 
 
+def check_sampling_option(drafter: str, draft_vocab: int | None, draft_vocab_sampling: bool) -> None:
+    """draft_vocab_sampling (sampled rounds draft among the N tokens too) needs draft_vocab."""
+    if draft_vocab_sampling and draft_vocab is None:
+        raise ValueError(f"{drafter}: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
+                         "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
+
+
 def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, drafter: str, kind: str,
                     device) -> torch.Tensor:
     """Sorted token ids of the n most frequent target picks (the rows a shrunk LM head keeps)."""

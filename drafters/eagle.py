@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..models import check_dtype_name
 from .dynamic_tree import dynamic_tree
+from .draft_vocab import check_sampling_option
 from .feature_head import FeatureHeadDrafter
 from .registry import register
 
@@ -47,9 +48,7 @@ class EagleDrafter(FeatureHeadDrafter):
         # distribution (q known: exact); "tree" keeps the deterministic top-k tree of greedy rounds
 
         def __post_init__(self):
-            if self.draft_vocab_sampling and self.draft_vocab is None:
-                raise ValueError("eagle: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
-                                 "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
+            check_sampling_option("eagle", self.draft_vocab, self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if self.sampled_rounds not in SAMPLED_ROUNDS:

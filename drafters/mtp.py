@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models import check_dtype_name
+from .draft_vocab import check_sampling_option
 from .feature_head import FeatureHeadDrafter
 from .registry import register
 
@@ -27,9 +28,7 @@ class MTPDrafter(FeatureHeadDrafter):
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
 
         def __post_init__(self):
-            if self.draft_vocab_sampling and self.draft_vocab is None:
-                raise ValueError("mtp: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
-                                 "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
+            check_sampling_option("mtp", self.draft_vocab, self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if not self.path:
