@@ -252,7 +252,7 @@ class AdaptiveDrafter(Drafter):
         self.bet_rounds = 0
         self._belief = RoundPrediction(0.0, 0.0, 1.0, 1.0, False)
         self._lockstep_scale: list[float] | None = None  # this round's lockstep / average gain by depth
-        self._stretch: tuple | None = None  # ((batch, rows), round, rates, lockstep scale) priced in a plain stretch
+        self._stretch: tuple | None = None  # (batch, round, rates, lockstep scale) priced in a plain stretch
 
     def _acceptance_state(self) -> tuple:
         return (list(self.accepted_count), list(self.offered_count), list(self.width_at_limit),
@@ -419,7 +419,9 @@ class AdaptiveDrafter(Drafter):
         D = self.inner.max_depth()
         tokens, seconds = self.expected_tokens_by_depth(), self.expected_seconds_by_depth(batch)
         catch_up = self.catch_up_seconds(batch, unseen_tokens) if self.previous_depth == 0 else 0.0
-        start = [0.0] + [catch_up / self.catch_up_spread(tokens[d]) for d in range(1, D + 1)]  # per round
+        start = [0.0] * (D + 1)  # per round, by depth
+        if catch_up:
+            start[1:] = [catch_up / self.catch_up_spread(tokens[d]) for d in range(1, D + 1)]
         rates = [1.0 / max(seconds[0], 1e-9)] + [
             tokens[d] / max(seconds[d] + start[d], 1e-9) for d in range(1, D + 1)]
         self._lockstep_scale = None
@@ -462,17 +464,17 @@ class AdaptiveDrafter(Drafter):
         plain_reprice_every rounds after, reused in between (with their lockstep scale). A plain
         round verifies nothing, so the acceptance and proposal estimates behind the bets do not
         move; only the plain step's newest samples, the rows' remaining tokens and the unseen
-        tokens do, a few rounds' worth. A new batch size or a row leaving prices afresh."""
-        key, round_no = (batch, len(self.rows)), len(self.depth_log)
+        tokens do, a few rounds' worth. A new batch size (a row leaving) prices afresh; a round that
+        drafts clears the prices (propose), so prices found here were made in this plain stretch."""
+        round_no = len(self.depth_log)
         cached = self._stretch
-        if (cached is not None and self.previous_depth == 0 and cached[0] == key
-                and round_no - cached[1] < self.settings.plain_reprice_every):
+        if cached is not None and cached[0] == batch and round_no - cached[1] < self.settings.plain_reprice_every:
             self._lockstep_scale = cached[3]
             return cached[2]
         rates = self.depth_rates(batch, unseen_tokens)
         # A request's first decision is priced with optimism: not for the rounds after it.
         fresh_stretch = self.previous_depth == 0 and not self.optimism
-        self._stretch = (key, round_no, rates, self._lockstep_scale) if fresh_stretch else None
+        self._stretch = (batch, round_no, rates, self._lockstep_scale) if fresh_stretch else None
         return rates
 
     def choose_depth(self, batch: int, unseen_tokens: int = 0, in_stretch: bool = False) -> int:

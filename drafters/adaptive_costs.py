@@ -70,7 +70,7 @@ class CostTable:
         self._curve: tuple[list[int], list[float]] | None = None  # sizes and costs, rebuilt after add()
 
     def _doubted(self) -> set[int]:
-        stale = {k for k, n in self.last_added.items() if self.samples - n >= self.forget_after}
+        stale = {k for k in self.last_added if self.age(k) >= self.forget_after}
         return stale if len(self.recent) - len(stale) >= 2 else set()
 
     def add(self, x: float, y: float) -> None:

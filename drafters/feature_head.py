@@ -30,7 +30,7 @@ class FeatureHeadDrafter(Drafter):
     head_kinds: tuple[str, ...] = ()  # the kinds of heads folder this drafter loads
 
     def __init__(self, options, target):
-        """options: the subclass's Options (path, depth, draft_vocab at least)."""
+        """options: the subclass's Options (path, depth, draft_vocab, draft_vocab_sampling at least)."""
         self.options = options
         path, draft_vocab = options.path, options.draft_vocab
         self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kinds)
@@ -52,8 +52,7 @@ class FeatureHeadDrafter(Drafter):
             self.vocab_map = None if len(ids) == self.vocab_size else ids
             self.output_layers = None
         else:
-            self.output_layers = self._lm_heads(path, draft_vocab, getattr(options, "draft_vocab_sampling", False),
-                                                dtype, target.dtype)
+            self.output_layers = self._lm_heads(path, draft_vocab, options.draft_vocab_sampling, dtype, target.dtype)
             self._use_head(greedy=True)
         self.lm = CachedLM(self.head.body, dtype)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
