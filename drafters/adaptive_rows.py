@@ -52,11 +52,22 @@ class RowEstimates:
     def tokens_by_depth(self, acceptance: list[float], batch_rate: float) -> list[list[float]]:
         """Per row, expected tokens of a round drafted d deep, d = 0..max depth:
         1 + rate * (r1 + r1*r2 + ...) with the row's own proposal rate and reach."""
-        out = []
+        return self.token_moments_by_depth(acceptance, batch_rate)[0]
+
+    def token_moments_by_depth(self, acceptance: list[float], batch_rate: float
+                               ) -> tuple[list[list[float]], list[list[float]]]:
+        """Per row, the mean (tokens_by_depth) and the variance of a round's tokens drafted d deep,
+        d = 0..max depth. A row accepts at least j drafted tokens with chance rate * r_j, so
+        E[A^2] = sum over j of (2j - 1) * rate * r_j for its accepted tokens A."""
+        means, variances = [], []
         for rate, reach in zip(self.proposal_rates(batch_rate), self.reach(acceptance)):
-            total, row = 0.0, [1.0]
-            for r in reach:
-                total += r
-                row.append(1.0 + rate * total)
-            out.append(row)
-        return out
+            first = second = 0.0
+            mean, var = [1.0], [0.0]
+            for j, r in enumerate(reach, start=1):
+                first += rate * r
+                second += (2 * j - 1) * rate * r
+                mean.append(1.0 + first)
+                var.append(max(0.0, second - first * first))
+            means.append(mean)
+            variances.append(var)
+        return means, variances

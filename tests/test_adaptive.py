@@ -1,5 +1,6 @@
 """Adaptive speculation: the cost model stops drafting when drafts never win, keeps drafting when
 they do, and the output stays the target's own."""
+import math
 import time
 
 import pytest
@@ -77,6 +78,36 @@ def test_a_size_not_measured_for_a_while_is_tried_again():
     for _ in range(8):
         plain_only.add(1, 0.011)  # plain rounds only: width 5 must not be priced like a plain step
     assert plain_only.predict(5) == pytest.approx(0.015)
+
+
+def test_a_size_that_stays_dear_is_doubted_less_and_less_often():
+    """At batch 16 a wide pass is measured about once a request: doubted after every
+    forget_after samples, a 7-wide n-gram pass (2.6x a plain step) was priced like a narrow one
+    again in every request. A doubted size whose new sample confirms its price waits twice as long
+    before the next doubt, up to max_forget_after; one that comes back cheaper (its old price was
+    a stall) starts over at forget_after."""
+    table = CostTable(forget_after=4, max_forget_after=16)
+    table.add(7, 0.026)
+
+    def narrow_rounds(n):  # widths 1 and 2 stay in use
+        for i in range(n):
+            table.add(1 + i % 2, 0.010 + 0.002 * (i % 2))
+
+    def doubted_after(rounds, price=0.026):
+        narrow_rounds(rounds - 1)
+        kept = table.predict(7) == pytest.approx(price)
+        narrow_rounds(1)
+        return kept and table.predict(7) == pytest.approx(0.012)  # priced like width 2, in use
+
+    assert doubted_after(4)
+    table.add(7, 0.026)  # measured again: as dear as before
+    assert doubted_after(8)
+    table.add(7, 0.026)
+    assert doubted_after(16)
+    table.add(7, 0.026)
+    assert doubted_after(16)  # no longer than max_forget_after
+    table.add(7, 0.015)  # cheaper this time: the old price was a stall, so the wait starts over
+    assert doubted_after(4, price=0.015)
 
 
 def test_pass_cost_tells_rows_from_tokens():
@@ -638,7 +669,96 @@ def test_lockstep_seconds_follow_the_slowest_row():
     assert price(8) == 64.0 and price(10) == 64.0 + (144.0 - 64.0) / 2 and price(1) == 1.0
 
 
-def _rows_controlled(batch: int, max_depth: int):
+def test_rows_whose_tokens_vary_keep_a_batch_waiting_for_the_unluckiest():
+    """A row's tokens per round vary (an n-gram row gains nothing in most rounds, six tokens in a
+    few), so rows finish at scattered rounds and the batch waits for the last: t tokens at mean m
+    and variance v per round take t/m rounds, give or take sqrt(t*v/m^3), and the last of b rows
+    comes expected_largest_normal(b) deviations late."""
+    from draftsman.drafters.adaptive_costs import expected_largest_normal, lockstep_seconds
+    assert expected_largest_normal(1) == 0.0
+    assert expected_largest_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-4)
+    assert expected_largest_normal(16) == pytest.approx(1.766, abs=1e-3)
+    step = lambda rows: 1.0  # noqa: E731
+    # 16 rows of 64 tokens at 2 a round, variance 1: 32 rounds on average, the last row later.
+    late = 32 + expected_largest_normal(16) * math.sqrt(64 * 1.0 / 2 ** 3)
+    assert lockstep_seconds([64] * 16, [2.0] * 16, step, [1.0] * 16) == pytest.approx(late)
+    assert lockstep_seconds([64] * 16, [2.0] * 16, step) == pytest.approx(32)  # no variance given
+    assert lockstep_seconds([64], [2.0], step, [1.0]) == pytest.approx(32)  # one row waits for no other
+
+
+def test_token_moments_match_an_enumeration():
+    """A row's tokens in a round drafted d deep: 1 plus A accepted tokens, A >= j with chance
+    rate * reach_j. The mean and variance token_moments_by_depth gives equal those of the
+    distribution of A written out."""
+    from draftsman.drafters.adaptive_rows import RowEstimates
+    rows = RowEstimates(2, 3, 0.95, 4.0)
+    rows.rounds, rows.proposed = [10.0, 10.0], [9.0, 2.0]
+    rows.offered = [[10.0, 8.0, 6.0], [2.0, 1.0, 1.0]]
+    rows.accepted = [[8.0, 6.0, 3.0], [1.0, 1.0, 0.0]]
+    acceptance, batch_rate = [0.7, 0.6, 0.5], 0.5
+    means, variances = rows.token_moments_by_depth(acceptance, batch_rate)
+    for rate, reach, mean, var in zip(rows.proposal_rates(batch_rate), rows.reach(acceptance), means, variances):
+        for d in range(4):
+            at_least = [1.0] + [rate * r for r in reach[:d]] + [0.0]  # P(A >= j), j = 0..d+1
+            p = [at_least[j] - at_least[j + 1] for j in range(d + 1)]  # P(A = j)
+            m = sum(j * pj for j, pj in enumerate(p))
+            assert mean[d] == pytest.approx(1 + m)
+            assert var[d] == pytest.approx(sum((j - m) ** 2 * pj for j, pj in enumerate(p)))
+
+
+def test_a_batch_bet_that_only_pays_for_the_average_row_goes_plain():
+    """Every row of a batch of 16 has a one-token proposal half the time, each accepted; drafting
+    widens the pass 1.42x. Each row's expected tokens promise 1.05x, but the last of 16 rows to
+    finish takes about four rounds more than the average row: 1.02x, short of the 3% a bet must
+    gain, so plain decoding. One row waits for no other: the same bet is taken at batch 1.
+    Lockstep without the scatter (the broken variant) bets at batch 16, caught."""
+    import draftsman.drafters.adaptive as adaptive
+    assert _half_proposing(16).choose_depth(16) == 0
+    assert _half_proposing(1).choose_depth(1) == 1
+    scattered = adaptive.lockstep_seconds
+    adaptive.lockstep_seconds = lambda remaining, per_round, price, variance=None: scattered(
+        remaining, per_round, price)
+    try:
+        assert _half_proposing(16).choose_depth(16) == 1  # the broken variant bets
+    finally:
+        adaptive.lockstep_seconds = scattered
+
+
+def test_a_probe_in_lockstep_is_credited_only_with_the_tokens_every_row_gains():
+    """A probe round ends a lockstep batch sooner only by the tokens every row gains. With rows
+    that each accept a one-token draft half the time, at batch 16 that is 0.5^16 of a token: the
+    probe costs its whole wider pass (42% of a plain step), which 8 plain rounds' 3% budget does
+    not cover and 16 rounds' does. One row gains its half token: the same probe pays for itself.
+    Credited with the rows' average (the broken variant), the batch-16 probe passes for free."""
+    one, batch = _half_proposing(1), _half_proposing(16)
+    assert one.probe_cost(1, 0, 1) < 0
+    plain = batch.expected_seconds(0, 16)
+    assert batch.probe_cost(16, 0, 1) == pytest.approx(batch.expected_seconds(1, 16) - plain, rel=1e-3)
+    assert batch.probe_cost(16, 0, 1) == pytest.approx(0.42 * plain, rel=1e-3)
+
+    def probes_after(rounds):
+        batch.probing, batch.probe_left, batch.probe_interval = False, 0, rounds
+        batch.rounds_since_probe = rounds
+        return batch.choose_depth(16)
+
+    assert probes_after(8) == 0 and probes_after(16) == 1
+    batch.probe_savings = lambda rows, depth: batch.expected_tokens(depth) - 1.0  # the broken variant
+    assert batch.probe_cost(16, 0, 1) < 0 and probes_after(8) == 1
+
+
+def _half_proposing(batch: int):
+    """`batch` rows of a 64-token request, each with a one-token proposal half the time, each
+    accepted; drafting widens the pass 1.42x."""
+    drafter = _rows_controlled(batch, 1, widening=0.42)
+    drafter.offered_count, drafter.accepted_count = [100.0], [100.0]
+    drafter.proposal_rate = 0.5
+    drafter.rows.rounds, drafter.rows.proposed = [50.0] * batch, [25.0] * batch
+    drafter.rows.offered = [[50.0] for _ in range(batch)]
+    drafter.rows.accepted = [[50.0] for _ in range(batch)]
+    return drafter
+
+
+def _rows_controlled(batch: int, max_depth: int, widening: float = 0.2):
     """_controlled, begun on `batch` rows of a 64-token request, each row with its own estimates."""
     drafter = _controlled(max_depth)
     drafter.token_budget = 64
@@ -647,7 +767,7 @@ def _rows_controlled(batch: int, max_depth: int):
     drafter.record_draft_cost(batch, max_depth, 0.0)
     for rows in range(1, batch + 1):  # a step costs 10 ms + 1 ms a row; each extra token 20% more
         for width in (1, 2, 3, 4, 5):
-            drafter.verify_cost.add(rows, width, (0.010 + 0.001 * rows) * (1 + 0.2 * (width - 1)))
+            drafter.verify_cost.add(rows, width, (0.010 + 0.001 * rows) * (1 + widening * (width - 1)))
     return drafter
 
 
