@@ -765,7 +765,7 @@ def _rows_controlled(batch: int, max_depth: int, widening: float = 0.2):
     drafter.begin([[1, 2]] * batch, drafter.sampling, torch.Generator())
     drafter.optimism = 0.0
     drafter.record_draft_cost(batch, max_depth, 0.0)
-    for rows in range(1, batch + 1):  # a step costs 10 ms + 1 ms a row; each extra token 20% more
+    for rows in range(1, batch + 1):  # a step costs 10 ms + 1 ms a row; each extra token `widening` more
         for width in (1, 2, 3, 4, 5):
             drafter.verify_cost.add(rows, width, (0.010 + 0.001 * rows) * (1 + widening * (width - 1)))
     return drafter
