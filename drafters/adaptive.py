@@ -453,7 +453,7 @@ class AdaptiveDrafter(Drafter):
             # (which rows in lockstep only lower, the tail of a ragged batch aside): done.
             return rates
         remaining = self.remaining_tokens()
-        per_row, spread = self.rows.token_moments_by_depth(self.acceptance, self.proposal_rate)
+        per_row, spread = self.row_token_moments()
         by_rows: dict[int, list[float]] = {}  # rows -> expected_seconds_by_depth(rows)
 
         def priced(rows: int) -> list[float]:
@@ -465,11 +465,19 @@ class AdaptiveDrafter(Drafter):
         for d in range(D + 1):
             price = priced_on_grid(lambda rows: priced(rows)[d] + start[d], batch)
             seconds_d = lockstep_seconds(remaining, [row[d] for row in per_row], price,
-                                         [row[d] for row in spread] if self.token_budget else None)
+                                         spread and [row[d] for row in spread])
             rates.append(sum(remaining) / max(seconds_d, 1e-12))
         self._lockstep_scale = [(lock / rates[0]) / max(avg / average[0], 1e-12)
                                 for lock, avg in zip(rates, average)]
         return rates
+
+    def row_token_moments(self) -> tuple[list[list[float]], list[list[float]] | None]:
+        """Per row, by depth, the mean and variance of a round's tokens (RowEstimates), for
+        lockstep_seconds. The variance only when the token budget is known: the scatter of rows'
+        finishing rounds grows with their tokens left, and without it rows are only compared by
+        speed (remaining_tokens)."""
+        means, variances = self.rows.token_moments_by_depth(self.acceptance, self.proposal_rate)
+        return means, variances if self.token_budget else None
 
     def catch_up_spread(self, tokens_per_round: float) -> float:
         """How many rounds a start's catch-up is charged over: catch_up_rounds, or the rounds the
@@ -586,11 +594,9 @@ class AdaptiveDrafter(Drafter):
         """Per verified depth d, the seconds of the rest of the request that this round's expected
         tokens (gained[d][row]) save: rows in lockstep, later rounds drafting later_depth deep."""
         later = min(later_depth, self.inner.max_depth())
-        means, variances = self.rows.token_moments_by_depth(self.acceptance, self.proposal_rate)
+        means, variances = self.row_token_moments()
         per_round = [row[later] for row in means]
-        # The scatter of rows' finishing rounds grows with their tokens left: unknown, rows are
-        # only compared by speed (remaining_tokens).
-        spread = [row[later] for row in variances] if self.token_budget else None
+        spread = variances and [row[later] for row in variances]
         round_seconds = priced_on_grid(lambda rows: self.expected_seconds(later, rows), len(per_round))
         remaining = self.remaining_tokens()
         rest = lockstep_seconds(remaining, per_round, round_seconds, spread)

@@ -25,7 +25,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
-from .draft_vocab import full_vocab, read_token_order, shrunk_linear, top_tokens
+from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
 from .registry import register
 
@@ -54,10 +54,8 @@ class DraftModelDrafter(Drafter):
                     raise ValueError(f"draft_model: {key} must be >= 1, got {getattr(self, key)}")
             if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
                 raise ValueError(f"draft_model: min_confidence must be in [0, 1], got {self.min_confidence}")
-            for key in ("vocab_order", "draft_vocab_sampling"):
-                if getattr(self, key) and self.draft_vocab is None:
-                    raise ValueError(f"draft_model: {key} only applies with draft_vocab; set draft_vocab too "
-                                     f"(e.g. draft_vocab: 1024) or drop {key}")
+            check_needs_draft_vocab("draft_model", self.draft_vocab, vocab_order=self.vocab_order,
+                                    draft_vocab_sampling=self.draft_vocab_sampling)
 
     def __init__(self, options: "DraftModelDrafter.Options", target):
         self.options = options

@@ -15,11 +15,13 @@ import torch
 ORDER_FILE = "tokens_by_frequency.json"
 
 
-def check_sampling_option(drafter: str, draft_vocab: int | None, draft_vocab_sampling: bool) -> None:
-    """draft_vocab_sampling (sampled rounds draft among the N tokens too) needs draft_vocab."""
-    if draft_vocab_sampling and draft_vocab is None:
-        raise ValueError(f"{drafter}: draft_vocab_sampling only applies with draft_vocab; set draft_vocab too "
-                         "(e.g. draft_vocab: 1024) or drop draft_vocab_sampling")
+def check_needs_draft_vocab(drafter: str, draft_vocab: int | None, **options) -> None:
+    """Options that only mean something under draft_vocab (draft_vocab_sampling, vocab_order): set
+    without it, a named error rather than a silent no-op."""
+    for key, value in options.items():
+        if value and draft_vocab is None:
+            raise ValueError(f"{drafter}: {key} only applies with draft_vocab; set draft_vocab too "
+                             f"(e.g. draft_vocab: 1024) or drop {key}")
 
 
 def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, drafter: str, kind: str,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..models import check_dtype_name
 from .dynamic_tree import dynamic_tree
-from .draft_vocab import check_sampling_option
+from .draft_vocab import check_needs_draft_vocab
 from .feature_head import FeatureHeadDrafter
 from .registry import register
 
@@ -48,7 +48,7 @@ class EagleDrafter(FeatureHeadDrafter):
         # distribution (q known: exact); "tree" keeps the deterministic top-k tree of greedy rounds
 
         def __post_init__(self):
-            check_sampling_option("eagle", self.draft_vocab, self.draft_vocab_sampling)
+            check_needs_draft_vocab("eagle", self.draft_vocab, draft_vocab_sampling=self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if self.sampled_rounds not in SAMPLED_ROUNDS:

@@ -68,18 +68,17 @@ class FeatureHeadDrafter(Drafter):
         too with draft_vocab_sampling. Sampled tokens spread beyond the greedy picks: at T=1 the
         bundled EAGLE-1 head drew a chain with tau 1.90-2.02 among 1024 tokens, 2.24-2.64 among all."""
         target_head = self.head.body.get_output_embeddings()
-        heads = {}
-        if draft_vocab is not None:
-            keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name,
-                                   self.head.config.kind, self.device)
-            heads[True] = (shrunk_linear(target_head, keep, dtype), keep)
-            if draft_vocab_sampling:
-                heads[False] = heads[True]
-        if len(heads) < 2:
-            whole = (target_head if dtype == target_dtype else shrunk_linear(target_head, None, dtype), None)
-            heads.setdefault(True, whole)
-            heads.setdefault(False, whole)
-        return heads
+
+        def whole():
+            return target_head if dtype == target_dtype else shrunk_linear(target_head, None, dtype), None
+
+        if draft_vocab is None:
+            greedy = whole()
+            return {True: greedy, False: greedy}
+        keep = frequent_tokens(self.head_config, path, draft_vocab, self.vocab_size, self.name,
+                               self.head.config.kind, self.device)
+        greedy = (shrunk_linear(target_head, keep, dtype), keep)
+        return {True: greedy, False: greedy if draft_vocab_sampling else whole()}
 
     def _use_head(self, greedy: bool) -> None:
         layer, self.vocab_map = self.output_layers[greedy]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models import check_dtype_name
-from .draft_vocab import check_sampling_option
+from .draft_vocab import check_needs_draft_vocab
 from .feature_head import FeatureHeadDrafter
 from .registry import register
 
@@ -28,7 +28,7 @@ class MTPDrafter(FeatureHeadDrafter):
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
 
         def __post_init__(self):
-            check_sampling_option("mtp", self.draft_vocab, self.draft_vocab_sampling)
+            check_needs_draft_vocab("mtp", self.draft_vocab, draft_vocab_sampling=self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
             if not self.path:

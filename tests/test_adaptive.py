@@ -706,7 +706,7 @@ def test_token_moments_match_an_enumeration():
             assert var[d] == pytest.approx(sum((j - m) ** 2 * pj for j, pj in enumerate(p)))
 
 
-def test_a_batch_bet_that_only_pays_for_the_average_row_goes_plain():
+def test_a_batch_bet_that_only_pays_for_the_average_row_goes_plain(monkeypatch):
     """Every row of a batch of 16 has a one-token proposal half the time, each accepted; drafting
     widens the pass 1.42x. Each row's expected tokens promise 1.05x, but the last of 16 rows to
     finish takes about four rounds more than the average row: 1.02x, short of the 3% a bet must
@@ -716,12 +716,9 @@ def test_a_batch_bet_that_only_pays_for_the_average_row_goes_plain():
     assert _half_proposing(16).choose_depth(16) == 0
     assert _half_proposing(1).choose_depth(1) == 1
     scattered = adaptive.lockstep_seconds
-    adaptive.lockstep_seconds = lambda remaining, per_round, price, variance=None: scattered(
-        remaining, per_round, price)
-    try:
-        assert _half_proposing(16).choose_depth(16) == 1  # the broken variant bets
-    finally:
-        adaptive.lockstep_seconds = scattered
+    monkeypatch.setattr(adaptive, "lockstep_seconds", lambda remaining, per_round, price, variance=None:
+                        scattered(remaining, per_round, price))
+    assert _half_proposing(16).choose_depth(16) == 1  # the broken variant bets
 
 
 def test_a_probe_in_lockstep_is_credited_only_with_the_tokens_every_row_gains():
