@@ -80,7 +80,7 @@ class DraftModelDrafter(Drafter):
             self._parameters += len(keep) * model.get_output_embeddings().weight.shape[1]  # the rows' own copy
             if options.draft_vocab_sampling:
                 self.output_layers[False] = self.output_layers[True]
-        self.lm = CachedLM(model)
+        self.lm = CachedLM(model, direct=True)
         self._use_head(greedy=True)
         self.context = context_length(model.config)
 

@@ -54,7 +54,7 @@ class FeatureHeadDrafter(Drafter):
         else:
             self.output_layers = self._lm_heads(path, draft_vocab, options.draft_vocab_sampling, dtype, target.dtype)
             self._use_head(greedy=True)
-        self.lm = CachedLM(self.head.body, dtype)
+        self.lm = CachedLM(self.head.body, dtype, direct=True)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
         self._parameters = sum(p.numel() for p in self.head.parameters())

@@ -4,7 +4,9 @@ selection and compaction) equals a fresh prefill; a batch equals its rows run al
 import pytest
 import torch
 
+from draftsman.drafters.dynamic_tree import grow_level
 from draftsman.verifier.cached_model import CachedLM
+from draftsman.verifier.direct_forward import DirectForward
 from draftsman.verifier.tree import TreeBlock
 
 from tiny_models import load_for_reference
@@ -159,3 +161,67 @@ def test_the_cache_goes_by_the_name_the_installed_model_takes(tiny_models, arch)
     from draftsman.verifier.hf_compat import cache_kwarg
     model = load_for_reference(tiny_models[arch][0])
     assert cache_kwarg(model) in inspect.signature(model.forward).parameters
+
+
+class _PositionsDropped(DirectForward):
+    """Broken on purpose: every token at position 0, so the rotary table never moves a key."""
+
+    def __call__(self, cache, mask, position_ids, **inputs):
+        return super().__call__(cache, mask, torch.zeros_like(position_ids), **inputs)
+
+
+def _direct_and_wrapped_outputs(model, broken: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same calls through a direct and a wrapped CachedLM, as a drafter makes them: a ragged
+    prefill read at one position per row, a tree with the last hidden state, a path accepted, a
+    level grown from inputs_embeds with its ancestors' slots visible, then a rollback and a chain.
+    Returns (direct, wrapped) pairs of logits and of last hidden states."""
+    direct, wrapped = CachedLM(model, direct=True), CachedLM(model)
+    assert direct.direct is not None and wrapped.direct is None
+    if broken:
+        direct.direct = _PositionsDropped(model, direct.cache_kwarg)
+    prompts = [[5, 6, 7, 8, 9, 10], [1, 2], [3, 4, 5]]
+    tree = tree_block([[11, 12, 13, 14, 15, 16, 17, 18]] * 3)
+    embed = model.get_input_embeddings()
+    pairs = []
+    for lm in (direct, wrapped):
+        lm.reset(3)
+        out = [lm.forward(TreeBlock.chains(prompts, "cpu"), logits_at=torch.tensor([5, 1, 2]))[0]]
+        lm.accept([list(range(len(p))) for p in prompts])
+        logits, hidden = lm.forward(tree, (-1,))
+        out += [logits, hidden[-1]]
+        lm.accept([[0, 1, 4, 6], [0, 3, 7], [0]])
+        level = torch.tensor([[20, 21], [22, 23], [24, 25]])
+        logits, hidden = lm.forward(TreeBlock.chains([[19]] * 3, "cpu"), (-1,))
+        visible = torch.zeros(3, 2, lm.num_slots, dtype=torch.bool)
+        visible[:, :, -1] = True  # both nodes are children of the uncommitted [19]
+        grown = grow_level(lm, level, 2, visible, (-1,), embed(level))
+        out += [logits, hidden[-1], grown[0], grown[1][-1]]
+        lm.rollback(lm.lengths.clone())
+        out.append(lm.forward(TreeBlock.chains([[7, 8], [9], [10, 11, 12]], "cpu"))[0])
+        pairs.append(out)
+    return list(zip(*pairs))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_direct_forward_gives_what_the_model_gives(tiny_models, arch):
+    """Drafters call the layers without Hugging Face's wrappers (verifier/direct_forward.py): the
+    logits and last states must be the model's own, through holes, trees and grown levels."""
+    model = load_for_reference(tiny_models[arch][0])
+    for got, expected in _direct_and_wrapped_outputs(model):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_the_direct_forward_comparison_catches_a_path_that_drops_positions(tiny_models):
+    model = load_for_reference(tiny_models["llama"][0])
+    worst = max((got - expected).abs().max().item()
+                for got, expected in _direct_and_wrapped_outputs(model, broken=True))
+    assert worst > 1e-2
+
+
+def test_a_model_of_another_family_runs_through_its_own_forward(tiny_models):
+    model = load_for_reference(tiny_models["gpt2"][0])
+    lm = CachedLM(model, direct=True)
+    assert lm.direct is None  # GPT-2 has no rotary table: its forward is not the order direct calls
+    lm.reset(1)
+    logits, hidden = lm.forward(TreeBlock.chains([[5, 6, 7]], "cpu"), (-1,))
+    assert logits.shape[:2] == (1, 3) and hidden[-1].shape[:2] == (1, 3)

@@ -416,3 +416,30 @@ def test_dtype_auto_takes_bfloat16_only_where_it_is_native(monkeypatch):
     assert resolve_mixed_precision("auto") == "no"
     with pytest.warns(UserWarning, match="mixed_precision bf16 on a .* without native bf16"):
         assert resolve_mixed_precision("bf16") == "bf16"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp", "eagle3"])
+def test_heads_draft_the_same_trees_with_or_without_the_direct_forward(trained, tiny_models, kind):
+    """Heads call their layer directly (verifier/direct_forward.py); mtp reads its feature after
+    the target's final norm, eagle3 through its own readout: every tree must be as through the
+    Hugging Face forward."""
+    name = "eagle" if kind == "eagle3" else kind
+    dec = _decoder(tiny_models["llama"][0], {"name": name, "path": str(trained[kind][0])}, device="cpu")
+    drafter = dec.drafter
+    direct = drafter.lm.direct
+    assert direct is not None
+    drafted = {}
+    propose = drafter.propose
+
+    def record(contexts):
+        trees = propose(contexts)
+        drafted[mode].append([(t.tokens.tolist(), t.parents.tolist()) for t in trees])
+        return trees
+
+    drafter.propose = record
+    for mode in ("direct", "wrapped"):
+        drafter.lm.direct = direct if mode == "direct" else None
+        drafted[mode] = []
+        dec.generate(input_ids=PROMPTS, max_new_tokens=16, temperature=0.0)
+    assert len(drafted["direct"]) >= 4 and any(tokens for round_ in drafted["direct"] for tokens, _ in round_)
+    assert drafted["direct"] == drafted["wrapped"]

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .direct_forward import DirectForward
 from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
 from .tree import TreeBlock
 
@@ -70,13 +71,16 @@ class SlotLayer(DynamicLayer):
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False):
         """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
-        head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so)."""
+        head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so).
+        direct: call the model's layers without Hugging Face's wrappers where its family allows
+        (verifier/direct_forward.py); for drafters only, the target runs its own forward."""
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
         self.cache_kwarg = cache_kwarg(model)  # 'cache' or 'past_key_values', by transformers release
+        self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct else None
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
@@ -119,7 +123,8 @@ class CachedLM:
         B, T = block.tokens.shape
         S = self.num_slots
         position_ids = self.lengths[:, None] + block.depth + depth_offset  # (B, T)
-        if also_visible is None and self._dense() and block.is_full_chain():
+        direct = self.direct if set(hidden_layers) <= {-1} else None  # it returns the last state only
+        if direct is None and also_visible is None and self._dense() and block.is_full_chain():
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask).
             mask = None
@@ -131,17 +136,21 @@ class CachedLM:
             dtype = self.dtype
             mask = torch.zeros(B, 1, T, S + T, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-        inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if logits_at is not None:
             logits_at = logits_at.to(self.device)
-            if PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
-                inputs["logits_to_keep"] = logits_at[:, None]
+        if direct is not None:
+            logits, last = direct(self.cache, mask, position_ids, logits_at=logits_at,
+                                  **({"input_ids": block.tokens} if inputs_embeds is None else
+                                     {"inputs_embeds": inputs_embeds}))
+            self._add_pending(block)
+            return logits, {-1: last} if hidden_layers else {}
+        inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
+            inputs["logits_to_keep"] = logits_at[:, None]
         inputs[self.cache_kwarg] = self.cache
         out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
                          use_cache=True, output_hidden_states=bool(hidden_layers))
-        pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
-        self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
-        self._pending = block
+        self._add_pending(block)
         hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
         if logits_at is None:
             return out.logits, hidden
@@ -152,6 +161,13 @@ class CachedLM:
                                    "needs verifier/hf_compat.PER_ROW_LOGITS_TO_KEEP = False")
             return out.logits[:, 0], hidden
         return out.logits[torch.arange(B, device=self.device), logits_at], hidden
+
+    def _add_pending(self, block: TreeBlock) -> None:
+        """The block's slots join the cache as pending (position -1) until accept()."""
+        B, T = block.tokens.shape
+        pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
+        self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
+        self._pending = block
 
     def accept(self, keep: list[list[int]]) -> None:
         """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""
