@@ -224,7 +224,8 @@ def test_adaptive_must_be_a_bool(tiny_models):
 def test_a_second_request_starts_from_what_the_first_measured(tiny_models):
     """Costs are the machine's and acceptance the drafter's: the second request on a Decoder does
     not re-measure plain decoding and the full bet; a drafter that never matches stays off from
-    round 1. Other sampling settings start acceptance from the prior again (costs stay)."""
+    round 1. Other sampling settings start acceptance from the prior again and measure it (costs
+    stay)."""
     from draftsman.verifier.sampling import SamplingParams
 
     register_always_wrong()
@@ -237,6 +238,13 @@ def test_a_second_request_starts_from_what_the_first_measured(tiny_models):
     assert dec.drafter.depth_log[:16] == [0] * 16, dec.drafter.depth_log  # the second knows
     dec.drafter.begin([[1]], SamplingParams(temperature=1.0), torch.Generator())
     assert dec.drafter.offered_count == [0.0] * D and dec.drafter.verify_cost.seen  # from the prior again
+    # ...and measure the full bet again: from the 0.5 prior alone an EAGLE-3 head that ran 1.2-1.3x
+    # at T=1 bet its first round there and then stayed plain.
+    dec.generate(input_ids=[[8, 9]], max_new_tokens=40, temperature=1.0, seed=1)
+    M = dec.drafter.settings.measure_rounds
+    assert dec.drafter.depth_log[:M] == [D] * M, dec.drafter.depth_log
+    dec.generate(input_ids=[[8, 9]], max_new_tokens=40)  # T=0 again: measured already
+    assert dec.drafter.depth_log[:16] == [0] * 16, dec.drafter.depth_log
 
 
 def _controlled(max_depth: int, **settings):
