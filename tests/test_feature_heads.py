@@ -443,3 +443,17 @@ def test_heads_draft_the_same_trees_with_or_without_the_direct_forward(trained, 
         dec.generate(input_ids=PROMPTS, max_new_tokens=16, temperature=0.0)
     assert len(drafted["direct"]) >= 4 and any(tokens for round_ in drafted["direct"] for tokens, _ in round_)
     assert drafted["direct"] == drafted["wrapped"]
+
+
+@pytest.mark.parametrize("options,copied_rows", [({}, 0), ({"draft_vocab": 64}, 64),
+                                                  ({"draft_vocab": 64, "dtype": "bfloat16"}, 64 + 320),
+                                                  ({"dtype": "bfloat16"}, 320)])
+def test_extra_parameters_count_the_lm_head_copies(trained, tiny_models, options, copied_rows):
+    """A draft vocabulary's rows and a head in another dtype than the target's are copies of the
+    target's LM head that the drafter holds: they count, as draft_model counts its rows."""
+    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]), **options}, device="cpu")
+    drafter = dec.drafter
+    head = sum(p.numel() for p in drafter.head.parameters())
+    V, d = dec.target.get_output_embeddings().weight.shape
+    assert V == 320
+    assert drafter.extra_parameters() == head + copied_rows * d
