@@ -40,13 +40,12 @@ Acceptance belongs to the drafter, the target and the sampling settings: a reque
 estimates of the last request with the same settings, worth `carry_rounds` rounds; an unmeasured
 depth starts from the estimate one level up, and a request's first decision gets the benefit of
 the doubt (`start_optimism`) when starting is cheap. A new decoder, and one under sampling settings
-it has not measured yet, first bets the full depth for
-`measure_rounds` rounds. While a bet's lead over plain decoding is thin, a plain round every
-`probe_every` re-measures the alternative. While d = 0 wins it probes now and then
-(`probe_rounds` rounds) at the depth of the bet that came closest (or shallower), each fruitless
-probe doubling the wait, and only when the probe's expected cost (catch-up included) is a small
-share of the plain rounds since the last one. Every round also pays the engine's own bookkeeping
-(measured). Enabled with `adaptive: true` in any drafter's config.
+it has not measured yet, first bets the full depth for `measure_rounds` rounds. While a bet's lead
+over plain decoding is thin, a plain round every `probe_every` re-measures the alternative. While
+d = 0 wins it probes now and then (`probe_rounds` rounds) at the depth of the bet that came closest
+(or shallower), each fruitless probe doubling the wait, and only when the probe's expected cost
+(catch-up included) is a small share of the plain rounds since the last one. Every round also pays
+the engine's own bookkeeping (measured). Enabled with `adaptive: true` in any drafter's config.
 
 The wrapper changes how deep the proposals are, never what is emitted: exactness is the
 verifier's.
