@@ -52,6 +52,7 @@ verifier's.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -415,13 +416,7 @@ class AdaptiveDrafter(Drafter):
             return self.expected_tokens(depth) - 1.0
         rates = self.rows.proposal_rates(self.proposal_rate)
         reach = self.rows.reach(self.acceptance)
-        total = 0.0
-        for j in range(depth):
-            every_row = 1.0
-            for rate, row in zip(rates, reach):
-                every_row *= rate * row[j]
-            total += every_row
-        return total
+        return sum(math.prod(rate * row[j] for rate, row in zip(rates, reach)) for j in range(depth))
 
     def remaining_tokens(self) -> list[float]:
         """Per active row, the tokens it may still emit (token_budget, set by the engine); all

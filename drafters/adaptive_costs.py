@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Callable
 
 
@@ -217,12 +218,9 @@ def expected_largest_normal(n: int) -> float:
     numerical integration of x * n * pdf(x) * cdf(x)^(n-1)."""
     if n <= 1:
         return 0.0
-    step, total = 0.005, 0.0
-    for i in range(-2000, 2001):
-        x = i * step
-        pdf = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-        total += x * n * pdf * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) * step
-    return total
+    normal, step = NormalDist(), 0.005
+    return sum(x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) * step
+               for x in (i * step for i in range(-2000, 2001)))
 
 
 def lockstep_seconds(remaining: list[float], per_round: list[float], round_seconds: Callable[[int], float],

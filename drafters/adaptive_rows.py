@@ -49,16 +49,12 @@ class RowEstimates:
         k = self.prior_rounds
         return [(p + k * batch_rate) / (n + k) for p, n in zip(self.proposed, self.rounds)]
 
-    def tokens_by_depth(self, acceptance: list[float], batch_rate: float) -> list[list[float]]:
-        """Per row, expected tokens of a round drafted d deep, d = 0..max depth:
-        1 + rate * (r1 + r1*r2 + ...) with the row's own proposal rate and reach."""
-        return self.token_moments_by_depth(acceptance, batch_rate)[0]
-
     def token_moments_by_depth(self, acceptance: list[float], batch_rate: float
                                ) -> tuple[list[list[float]], list[list[float]]]:
-        """Per row, the mean (tokens_by_depth) and the variance of a round's tokens drafted d deep,
-        d = 0..max depth. A row accepts at least j drafted tokens with chance rate * r_j, so
-        E[A^2] = sum over j of (2j - 1) * rate * r_j for its accepted tokens A."""
+        """Per row, the mean and the variance of a round's tokens drafted d deep, d = 0..max depth,
+        with the row's own proposal rate and reach. A row accepts at least j drafted tokens with
+        chance rate * r_j, so the mean is 1 + rate * (r_1 + ... + r_d), and E[A^2] = sum over j of
+        (2j - 1) * rate * r_j for its accepted tokens A."""
         means, variances = [], []
         for rate, reach in zip(self.proposal_rates(batch_rate), self.reach(acceptance)):
             first = second = 0.0

@@ -59,9 +59,8 @@ class FeatureHeadDrafter(Drafter):
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
         self._parameters = sum(p.numel() for p in self.head.parameters())
         if self.output_layers is not None:  # LM-head copies (a draft vocabulary's rows, another dtype)
-            target_head = target.model.get_output_embeddings()
-            copies = {id(layer): layer for layer, _ in self.output_layers.values() if layer is not target_head}
-            self._parameters += sum(layer.weight.numel() for layer in copies.values())
+            copies = {layer for layer, _ in self.output_layers.values()} - {target.model.get_output_embeddings()}
+            self._parameters += sum(layer.weight.numel() for layer in copies)
 
     def _lm_heads(self, path: str, draft_vocab: int | None, draft_vocab_sampling: bool, dtype: torch.dtype,
                   target_dtype: torch.dtype) -> dict:
