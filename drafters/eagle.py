@@ -24,6 +24,7 @@ from ..models import check_dtype_name
 from .dynamic_tree import dynamic_tree
 from .draft_vocab import check_needs_draft_vocab
 from .feature_head import FeatureHeadDrafter
+from .int8_linear import check_quantize
 from .registry import register
 
 
@@ -44,6 +45,7 @@ class EagleDrafter(FeatureHeadDrafter):
         draft_vocab: int | None = None  # EAGLE-1/2 heads: draft among the N tokens the target picks most (None = all)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
+        quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
         sampled_rounds: str = "chain"  # temperature > 0: "chain" draws `depth` tokens from the head's
         # distribution (q known: exact); "tree" keeps the deterministic top-k tree of greedy rounds
 
@@ -51,6 +53,7 @@ class EagleDrafter(FeatureHeadDrafter):
             check_needs_draft_vocab("eagle", self.draft_vocab, draft_vocab_sampling=self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
+            check_quantize("eagle", self.quantize, self.dtype)
             if self.sampled_rounds not in SAMPLED_ROUNDS:
                 raise ValueError(f"eagle: sampled_rounds must be one of {list(SAMPLED_ROUNDS)}, got {self.sampled_rounds!r}")
             if not self.path:

@@ -24,19 +24,27 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
+from .int8_linear import Int8Linear, quantize_linears, resolve_quantize
 
 
 class FeatureHeadDrafter(Drafter):
     head_kinds: tuple[str, ...] = ()  # the kinds of heads folder this drafter loads
 
     def __init__(self, options, target):
-        """options: the subclass's Options (path, depth, draft_vocab, draft_vocab_sampling at least)."""
+        """options: the subclass's Options (path, depth, draft_vocab, draft_vocab_sampling, dtype,
+        quantize at least)."""
         self.options = options
         path, draft_vocab = options.path, options.draft_vocab
+        quantize = resolve_quantize(self.name, options.quantize, target.device)
         self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kinds)
         # The head may compute in another dtype than the target (bfloat16 reads half the bytes of
-        # float32: a CPU head call ran ~3x faster). Drafts only: the verifier keeps output exact.
-        dtype = resolve_dtype(options.dtype, target.device) if options.dtype else target.dtype
+        # float32: a CPU head call ran ~3x faster), or around int8 products in float32 (faster
+        # still on CPU: drafters/int8_linear.py). Drafts only: the verifier keeps output exact.
+        if quantize:
+            dtype = torch.float32
+        else:
+            dtype = resolve_dtype(options.dtype, target.device) if options.dtype else target.dtype
+        self.compute_dtype = dtype
         if dtype != torch.float32:  # heads load in float32
             self.head.cast_parameters(dtype)
         self.device = target.device
@@ -52,8 +60,8 @@ class FeatureHeadDrafter(Drafter):
             self.vocab_map = None if len(ids) == self.vocab_size else ids
             self.output_layers = None
         else:
-            self.output_layers = self._lm_heads(path, draft_vocab, options.draft_vocab_sampling, dtype, target.dtype)
-            self._use_head(greedy=True)
+            self.output_layers = self._lm_heads(path, draft_vocab, options.draft_vocab_sampling, dtype, target.dtype,
+                                                copy=bool(quantize))
         self.lm = CachedLM(self.head.body, dtype, direct=True)
         self.context = self.head.body.config.max_position_embeddings if hasattr(
             self.head.body.config, "max_position_embeddings") else getattr(self.head.body.config, "n_positions")
@@ -61,19 +69,25 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is not None:  # LM-head copies (a draft vocabulary's rows, another dtype)
             copies = {layer for layer, _ in self.output_layers.values()} - {target.model.get_output_embeddings()}
             self._parameters += sum(layer.weight.numel() for layer in copies)
+        if quantize:
+            self._quantize()
+        if self.output_layers is not None:
+            self._use_head(greedy=True)
 
     def _lm_heads(self, path: str, draft_vocab: int | None, draft_vocab_sampling: bool, dtype: torch.dtype,
-                  target_dtype: torch.dtype) -> dict:
+                  target_dtype: torch.dtype, copy: bool = False) -> dict:
         """The LM heads an EAGLE-1/2 or MTP head reads out through, by round kind (greedy: True), as
         (output layer, row -> token id or None), as draft_model keeps them. The target's own LM head
         (a copy when the head computes in another dtype); under draft_vocab, greedy rounds read only
         the rows of the N tokens the target picks most (drafters/draft_vocab.py), and sampled rounds
         too with draft_vocab_sampling. Sampled tokens spread beyond the greedy picks: at T=1 the
-        bundled EAGLE-1 head drew a chain with tau 1.90-2.02 among 1024 tokens, 2.24-2.64 among all."""
+        bundled EAGLE-1 head drew a chain with tau 1.90-2.02 among 1024 tokens, 2.24-2.64 among all.
+        copy: never the target's own module (it is about to be quantized)."""
         target_head = self.head.body.get_output_embeddings()
 
         def whole():
-            return target_head if dtype == target_dtype else shrunk_linear(target_head, None, dtype), None
+            shared = dtype == target_dtype and not copy
+            return target_head if shared else shrunk_linear(target_head, None, dtype), None
 
         if draft_vocab is None:
             greedy = whole()
@@ -82,6 +96,17 @@ class FeatureHeadDrafter(Drafter):
                                self.head.config.kind, self.device)
         greedy = (shrunk_linear(target_head, keep, dtype), keep)
         return {True: greedy, False: greedy if draft_vocab_sampling else whole()}
+
+    def _quantize(self) -> None:
+        """int8 weights for every product the head computes: its decoder layer(s), the fusion, the
+        LM head it reads out through (EAGLE-3's own; the copies made for the others)."""
+        quantize_linears(self.head.parts)
+        self.head.fuse = Int8Linear.of(self.head.fuse)
+        if self.output_layers is None:
+            self.head.readout.lm_head = Int8Linear.of(self.head.readout.lm_head)
+        else:
+            quantized = {id(layer): Int8Linear.of(layer) for layer, _ in self.output_layers.values()}
+            self.output_layers = {greedy: (quantized[id(layer)], ids) for greedy, (layer, ids) in self.output_layers.items()}
 
     def _use_head(self, greedy: bool) -> None:
         layer, self.vocab_map = self.output_layers[greedy]
@@ -232,8 +257,7 @@ class FeatureHeadDrafter(Drafter):
         self.lm.rollback(self.lm.lengths.clone())
 
     def _embeds(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        dtype = self.head.fuse.weight.dtype
-        return self.head.fused_inputs(features.to(dtype), tokens)
+        return self.head.fused_inputs(features.to(self.compute_dtype), tokens)
 
 
 def _scores_dtype(logits: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..models import check_dtype_name
 from .draft_vocab import check_needs_draft_vocab
 from .feature_head import FeatureHeadDrafter
+from .int8_linear import check_quantize
 from .registry import register
 
 
@@ -26,11 +27,13 @@ class MTPDrafter(FeatureHeadDrafter):
         draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
+        quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
 
         def __post_init__(self):
             check_needs_draft_vocab("mtp", self.draft_vocab, draft_vocab_sampling=self.draft_vocab_sampling)
             if self.dtype is not None:
                 check_dtype_name(self.dtype)
+            check_quantize("mtp", self.quantize, self.dtype)
             if not self.path:
                 raise ValueError("mtp: set drafter.path to a trained MTP module folder (draftsman train mtp)")
             if self.depth < 1:

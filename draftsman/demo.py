@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import torch
+
 from . import load, zoo
 from .bench.runner import Ours, time_interleaved
 from .prompts import heldout_prompts
 
 
-def demo_drafters() -> dict[str, dict]:
+def demo_drafters(device: str = "cpu") -> dict[str, dict]:
     drafters = {
         "none": {"name": "none"},
         "ngram": {"name": "ngram"},
@@ -24,22 +26,28 @@ def demo_drafters() -> dict[str, dict]:
         # text), so greedy drafting among those skips seven eighths of the LM head.
         "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4, "draft_vocab": 1024},
     }
+    # The feature heads draft in bfloat16 where the machine runs it natively (dtype auto); on a CPU
+    # the EAGLE-3 and MTP heads draft with int8 weights instead (faster still, drafting as well;
+    # drafters/int8_linear.py), and EAGLE-3's cheaper levels pay for a deeper tree.
+    on_cpu = torch.device(device).type == "cpu"
+    int8 = {"quantize": "int8"} if on_cpu else {"dtype": "auto"}
     # Heads trained for the bundled target, when they are there, with the same draft vocabulary.
     for name, folder in (("medusa", "python-medusa"), ("eagle", "python-eagle"), ("mtp", "python-mtp")):
         path = zoo.heads_path(folder)
         if path is not None:
-            drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024,
-                              **({"tree_budget": 8} if name == "medusa" else {"dtype": "auto"})}
+            options = {"medusa": {"tree_budget": 8}, "eagle": {"dtype": "auto"}, "mtp": int8}[name]
+            drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024, **options}
     path = zoo.heads_path("python-eagle3")  # the eagle drafter on an EAGLE-3 head (its own draft vocabulary)
-    if path is not None:  # (dtype auto: the feature heads draft in bfloat16 where the machine runs it natively)
-        drafters["eagle3"] = {"name": "eagle", "path": str(path), "dtype": "auto"}
+    if path is not None:
+        drafters["eagle3"] = {"name": "eagle", "path": str(path), **int8,
+                              **({"depth": 6, "total_tokens": 20} if on_cpu else {})}
     return drafters
 
 
 def run(prompts: int, max_new_tokens: int, temperature: float, repeats: int, seed: int) -> dict:
     base = load({"target": {"path": str(zoo.target_path())}, "drafter": {"name": "none"}})
     contenders = [Ours(name, base if name == "none" else base.with_drafter(cfg))
-                  for name, cfg in demo_drafters().items()]
+                  for name, cfg in demo_drafters(base.device).items()]
     ids = heldout_prompts(base.tokenizer, prompts)
     # The same interleaved loop as `draftsman compare` (warm-up, A B C / C B A, median of repeats).
     tallies = time_interleaved(contenders, ids, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -116,6 +116,11 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "eagle", "draft_vocab": 64, "dtype": "bfloat16"},
     {"name": "mtp", "dtype": "bfloat16"},
     {"name": "eagle", "heads": "eagle3", "dtype": "bfloat16"},
+    # int8 weights (drafters/int8_linear.py): own LM-head copy, shrunk or whole, and EAGLE-3's readout
+    {"name": "eagle", "quantize": "int8"},
+    {"name": "eagle", "draft_vocab": 64, "quantize": "int8"},
+    {"name": "mtp", "quantize": "int8"},
+    {"name": "eagle", "heads": "eagle3", "quantize": "int8", "depth": 6, "total_tokens": 20},
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
@@ -127,12 +132,14 @@ def test_greedy_output_equals_the_target(trained, tiny_models, options):
     assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in PROMPTS] == plain.token_ids
 
 
-@pytest.mark.parametrize("arch,kind", [("qwen2", "eagle"), ("qwen2", "mtp"), ("qwen2", "eagle3"),
-                                       ("gpt2", "eagle"), ("gpt2", "mtp")])
-def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind):
+@pytest.mark.parametrize("arch,kind,extra", [("qwen2", "eagle", {}), ("qwen2", "mtp", {}), ("qwen2", "eagle3", {}),
+                                             ("gpt2", "eagle", {}), ("gpt2", "mtp", {}),
+                                             # biased q/k/v (Qwen2), GPT-2's Conv1D layers in int8
+                                             ("qwen2", "eagle3", {"quantize": "int8"}), ("gpt2", "eagle", {"quantize": "int8"})])
+def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind, extra):
     target = tiny_models[arch][0]
     plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=20)
-    dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(untrained[arch, kind])})
+    dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(untrained[arch, kind]), **extra})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
 
 
@@ -144,7 +151,9 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
 @pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64, "draft_vocab_sampling": True}),
                                          ("eagle", {"draft_vocab": 64}), ("eagle3", {}),
                                          ("mtp", {"dtype": "bfloat16"}), ("eagle", {"sampled_rounds": "tree"}),
-                                         ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"})])
+                                         ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"}),
+                                         ("eagle3", {"quantize": "int8"}), ("mtp", {"quantize": "int8", "draft_vocab": 64,
+                                                                                   "draft_vocab_sampling": True})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     """With draft_vocab_sampling, mtp samples from a distribution over 64 tokens: q must be that
     distribution placed in the full vocabulary, or the verifier's p/q ratios would be wrong. So
@@ -301,6 +310,8 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "x", "dtype": "bf16"}, r"unknown dtype 'bf16'; valid dtypes: \['bfloat16'"),
     ({"name": "mtp", "path": "x", "draft_vocab_sampling": True}, "draft_vocab_sampling only applies with draft_vocab"),
     ({"name": "eagle", "path": "x", "sampled_rounds": "beam"}, r"sampled_rounds must be one of \['chain', 'tree'\]"),
+    ({"name": "mtp", "path": "x", "quantize": "int4"}, r"mtp: quantize must be one of \['int8', 'auto'\] or unset"),
+    ({"name": "eagle", "path": "x", "quantize": "int8", "dtype": "bfloat16"}, "int8 products in float32; leave dtype unset"),
 ])
 def test_bad_options_are_named(trained, tiny_models, options, message):
     if options.get("path") in ("x", "eagle3"):
@@ -364,6 +375,25 @@ def test_a_bfloat16_head_leaves_the_target_as_it_was(trained, tiny_models):
     head_lm = dec.drafter.head.body.get_output_embeddings()
     assert head_lm.weight.dtype == torch.bfloat16 and head_lm is not dec.target.get_output_embeddings()
     assert dec.drafter.head.fuse.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind,options", [("eagle", {}), ("eagle", {"draft_vocab": 64}), ("mtp", {}), ("eagle3", {})])
+def test_an_int8_head_leaves_the_target_as_it_was(trained, tiny_models, kind, options):
+    """int8 heads quantize copies only: the target's LM head (which EAGLE-1/2 and MTP read out
+    through), final norm and embeddings stay its own float32 modules with the same weights."""
+    from draftsman.drafters.int8_linear import Int8Linear
+    target_dir = tiny_models["llama"][0]
+    reference = load_for_reference(target_dir).state_dict()
+    dec = _decoder(target_dir, {"name": "eagle" if kind == "eagle3" else kind, "path": str(trained[kind][0]),
+                                "quantize": "int8", **options}, device="cpu")
+    assert not any(isinstance(m, Int8Linear) for m in dec.target.modules())
+    for name, tensor in dec.target.state_dict().items():
+        assert torch.equal(tensor, reference[name]), name
+    head = dec.drafter.head
+    readout = head.readout.lm_head if kind == "eagle3" else head.body.get_output_embeddings()
+    assert isinstance(readout, Int8Linear) and isinstance(head.fuse, Int8Linear)
+    assert not any(isinstance(m, torch.nn.Linear) for m in head.parts.modules())
+    assert dec.drafter.compute_dtype == torch.float32
 
 
 def test_learning_rate_warms_up_then_decays_by_steps_or_by_the_clock():
@@ -447,13 +477,15 @@ def test_heads_draft_the_same_trees_with_or_without_the_direct_forward(trained, 
 
 @pytest.mark.parametrize("options,copied_rows", [({}, 0), ({"draft_vocab": 64}, 64),
                                                   ({"draft_vocab": 64, "dtype": "bfloat16"}, 64 + 320),
-                                                  ({"dtype": "bfloat16"}, 320)])
+                                                  ({"dtype": "bfloat16"}, 320), ({"quantize": "int8"}, 320),
+                                                  ({"draft_vocab": 64, "quantize": "int8"}, 64 + 320)])
 def test_extra_parameters_count_the_lm_head_copies(trained, tiny_models, options, copied_rows):
-    """A draft vocabulary's rows and a head in another dtype than the target's are copies of the
-    target's LM head that the drafter holds: they count, as draft_model counts its rows."""
+    """A draft vocabulary's rows and a head in another dtype than the target's (or with int8
+    weights) are copies of the target's LM head that the drafter holds: they count, as draft_model
+    counts its rows."""
     dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]), **options}, device="cpu")
     drafter = dec.drafter
-    head = sum(p.numel() for p in drafter.head.parameters())
+    head = sum(p.numel() for p in FeatureHead.load(trained["eagle"][0], dec.target)[0].parameters())
     V, d = dec.target.get_output_embeddings().weight.shape
     assert V == 320
     assert drafter.extra_parameters() == head + copied_rows * d

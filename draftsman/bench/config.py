@@ -48,8 +48,9 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_r
 BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024}),
                     ("medusa", "python-medusa", {"draft_vocab": 1024, "tree_budget": 8}),
                     ("eagle", "python-eagle", {"draft_vocab": 1024, "dtype": "auto"}),
-                    ("eagle", "python-eagle3", {"label": "eagle3", "dtype": "auto"}),  # its own draft vocabulary
-                    ("mtp", "python-mtp", {"draft_vocab": 1024, "dtype": "auto"})]
+                    # its own draft vocabulary; int8 weights on a CPU, else bfloat16 where native
+                    ("eagle", "python-eagle3", {"label": "eagle3", "quantize": "auto", "dtype": "auto"}),
+                    ("mtp", "python-mtp", {"draft_vocab": 1024, "quantize": "auto", "dtype": "auto"})]
 
 
 def default_drafters() -> list[dict]:
