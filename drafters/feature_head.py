@@ -125,7 +125,7 @@ class FeatureHeadDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, contexts):
-        depth = self.depth_budget(contexts, self.options.depth)
+        depth = self.depth_budget(contexts, self.max_depth())
         if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()

@@ -40,7 +40,7 @@ def demo_drafters(device: str = "cpu") -> dict[str, dict]:
     path = zoo.heads_path("python-eagle3")  # the eagle drafter on an EAGLE-3 head (its own draft vocabulary)
     if path is not None:
         drafters["eagle3"] = {"name": "eagle", "path": str(path), **int8,
-                              **({"depth": 6, "total_tokens": 20} if on_cpu else {})}
+                              **({"depth": 6, "total_tokens": 20, "sampled_depth": 5} if on_cpu else {})}
     return drafters
 
 

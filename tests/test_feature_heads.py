@@ -152,7 +152,8 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
                                          ("eagle", {"draft_vocab": 64}), ("eagle3", {}),
                                          ("mtp", {"dtype": "bfloat16"}), ("eagle", {"sampled_rounds": "tree"}),
                                          ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"}),
-                                         ("eagle3", {"quantize": "int8"}), ("mtp", {"quantize": "int8", "draft_vocab": 64,
+                                         ("eagle3", {"quantize": "int8", "sampled_depth": 2}),
+                                         ("mtp", {"quantize": "int8", "draft_vocab": 64,
                                                                                    "draft_vocab_sampling": True})])
 def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     """With draft_vocab_sampling, mtp samples from a distribution over 64 tokens: q must be that
@@ -220,6 +221,28 @@ def test_sampled_rounds_draft_a_chain_from_the_head_or_the_top_k_tree(trained, t
                 assert bool((q[:, ~torch.isin(torch.arange(drafter.vocab_size), drafter.vocab_map)] == 0).all())
             else:
                 assert tree.size == 5 and (tree.kinds == DETERMINISTIC).all() and tree.draft_probs is None
+        drafter.forget_grown()
+
+
+def test_sampled_depth_shortens_sampled_rounds_only(trained, tiny_models):
+    """`sampled_depth` is how deep sampled rounds draft (a sampled chain is accepted less deep
+    than a greedy tree); greedy rounds keep `depth`, and adaptive speculation sees each as the
+    drafter's max_depth."""
+    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle3"][0]), "depth": 4,
+                                             "top_k": 2, "total_tokens": 8, "sampled_depth": 2}, device="cpu")
+    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
+    with torch.no_grad():
+        hidden = [{k: states[k][0] for k in drafter.needs.hidden_state_layers}
+                  for states in (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
+                                 for c in contexts)]
+    for temperature, depth in ((1.0, 2), (0.0, 4)):
+        drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
+        assert drafter.max_depth() == depth
+        drafter.observe_prefill(hidden)
+        deepest = max(max(tree.depths()) for tree in drafter.propose(contexts))
+        # the sampled chain is exactly 2 deep; the greedy tree (8 best nodes) goes beyond 2
+        assert deepest == 2 if temperature > 0 else 2 < deepest <= 4
         drafter.forget_grown()
 
 
@@ -310,6 +333,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "x", "dtype": "bf16"}, r"unknown dtype 'bf16'; valid dtypes: \['bfloat16'"),
     ({"name": "mtp", "path": "x", "draft_vocab_sampling": True}, "draft_vocab_sampling only applies with draft_vocab"),
     ({"name": "eagle", "path": "x", "sampled_rounds": "beam"}, r"sampled_rounds must be one of \['chain', 'tree'\]"),
+    ({"name": "eagle", "path": "x", "sampled_depth": 0}, "sampled_depth must be >= 1 or unset"),
     ({"name": "mtp", "path": "x", "quantize": "int4"}, r"mtp: quantize must be one of \['int8', 'auto'\] or unset"),
     ({"name": "eagle", "path": "x", "quantize": "int8", "dtype": "bfloat16"}, "int8 products in float32; leave dtype unset"),
 ])
