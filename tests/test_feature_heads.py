@@ -195,6 +195,15 @@ def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
     assert drafter.lm.num_slots == drafter.lm.lengths.max()  # the grown slots were dropped
 
 
+def _prompt_states(drafter, target_dir, contexts):
+    """What observe_prefill gets: per context, the target's states of all its tokens but the last."""
+    target = load_for_reference(target_dir)
+    with torch.no_grad():
+        return [{k: states[k][0] for k in drafter.needs.hidden_state_layers}
+                for states in (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
+                               for c in contexts)]
+
+
 @pytest.mark.parametrize("sampled_rounds", ["chain", "tree"])
 def test_sampled_rounds_draft_a_chain_from_the_head_or_the_top_k_tree(trained, tiny_models, sampled_rounds):
     """At temperature 1 `eagle` drafts, by default, a chain drawn from the EAGLE-3 head's processed
@@ -202,12 +211,9 @@ def test_sampled_rounds_draft_a_chain_from_the_head_or_the_top_k_tree(trained, t
     `sampled_rounds: tree` keeps the deterministic top-k tree. Greedy rounds draft the tree either way."""
     dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle3"][0]), "depth": 3,
                                              "top_k": 2, "total_tokens": 5, "sampled_rounds": sampled_rounds}, device="cpu")
-    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    drafter = dec.drafter
     contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
-    with torch.no_grad():
-        hidden = [{k: states[k][0] for k in drafter.needs.hidden_state_layers}
-                  for states in (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
-                                 for c in contexts)]
+    hidden = _prompt_states(drafter, tiny_models["llama"][0], contexts)
     for temperature in (1.0, 0.0):
         drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
         drafter.observe_prefill(hidden)
@@ -230,12 +236,9 @@ def test_sampled_depth_shortens_sampled_rounds_only(trained, tiny_models):
     drafter's max_depth."""
     dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle3"][0]), "depth": 4,
                                              "top_k": 2, "total_tokens": 8, "sampled_depth": 2}, device="cpu")
-    drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
+    drafter = dec.drafter
     contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
-    with torch.no_grad():
-        hidden = [{k: states[k][0] for k in drafter.needs.hidden_state_layers}
-                  for states in (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
-                                 for c in contexts)]
+    hidden = _prompt_states(drafter, tiny_models["llama"][0], contexts)
     for temperature, depth in ((1.0, 2), (0.0, 4)):
         drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
         assert drafter.max_depth() == depth
