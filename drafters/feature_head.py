@@ -69,7 +69,7 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is not None:  # LM-head copies (a draft vocabulary's rows, another dtype)
             copies = {layer for layer, _ in self.output_layers.values()} - {target.model.get_output_embeddings()}
             self._parameters += sum(layer.weight.numel() for layer in copies)
-        if quantize:
+        if quantize:  # after counting: int8 layers hold no Parameters to count
             self._quantize()
         if self.output_layers is not None:
             self._use_head(greedy=True)

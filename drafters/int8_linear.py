@@ -82,7 +82,7 @@ class Int8Linear(nn.Module):
         """From an nn.Linear or a GPT-2 Conv1D (whose weight is stored (in, out))."""
         if isinstance(layer, nn.Linear):
             return cls(layer.weight, layer.bias)
-        if type(layer).__name__ == "Conv1D" and hasattr(layer, "nf"):
+        if _is_conv1d(layer):
             return cls(layer.weight.t(), layer.bias)
         raise TypeError(f"cannot quantize a {type(layer).__name__}: only Linear and Conv1D layers")
 
@@ -97,9 +97,14 @@ def quantize_linears(module: nn.Module) -> int:
     """Replace every Linear / Conv1D inside `module` by an Int8Linear, in place. Returns how many."""
     count = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D":
+        if isinstance(child, nn.Linear) or _is_conv1d(child):
             setattr(module, name, Int8Linear.of(child))
             count += 1
         else:
             count += quantize_linears(child)
     return count
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's Conv1D (transformers.pytorch_utils), a linear whose weight is stored (in, out)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")

@@ -14,34 +14,16 @@ import statistics
 import torch
 
 from . import load, zoo
+from .bench.config import default_drafters
 from .bench.runner import Ours, time_interleaved
 from .prompts import heldout_prompts
 
 
-def demo_drafters(device: str = "cpu") -> dict[str, dict]:
-    drafters = {
-        "none": {"name": "none"},
-        "ngram": {"name": "ngram"},
-        # The target's greedy picks fall within its 1024 most frequent tokens (100% on training
-        # text), so greedy drafting among those skips seven eighths of the LM head.
-        "draft_model": {"name": "draft_model", "path": str(zoo.draft_path()), "k": 4, "draft_vocab": 1024},
-    }
-    # The feature heads draft in bfloat16 where the machine runs it natively (dtype auto); on a CPU
-    # the EAGLE-3 and MTP heads draft with int8 weights instead (faster still, drafting as well;
-    # drafters/int8_linear.py), and EAGLE-3's cheaper levels pay for a deeper tree.
-    on_cpu = torch.device(device).type == "cpu"
-    int8 = {"quantize": "int8"} if on_cpu else {"dtype": "auto"}
-    # Heads trained for the bundled target, when they are there, with the same draft vocabulary.
-    for name, folder in (("medusa", "python-medusa"), ("eagle", "python-eagle"), ("mtp", "python-mtp")):
-        path = zoo.heads_path(folder)
-        if path is not None:
-            options = {"medusa": {"tree_budget": 8}, "eagle": {"dtype": "auto"}, "mtp": int8}[name]
-            drafters[name] = {"name": name, "path": str(path), "draft_vocab": 1024, **options}
-    path = zoo.heads_path("python-eagle3")  # the eagle drafter on an EAGLE-3 head (its own draft vocabulary)
-    if path is not None:
-        drafters["eagle3"] = {"name": "eagle", "path": str(path), **int8,
-                              **({"depth": 6, "total_tokens": 20, "sampled_depth": 5} if on_cpu else {})}
-    return drafters
+def demo_drafters(device: str | torch.device = "cpu") -> dict[str, dict]:
+    """By label: `none`, `ngram` and every bundled drafter, as `draftsman compare` sets them up by
+    default (draftsman/bench/config.py BUNDLED_DRAFTERS) for a target on `device`."""
+    return {d.get("label", d["name"]): {k: v for k, v in d.items() if k != "label"}
+            for d in default_drafters(device)}
 
 
 def run(prompts: int, max_new_tokens: int, temperature: float, repeats: int, seed: int) -> dict:

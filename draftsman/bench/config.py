@@ -10,9 +10,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from ..config import DEFAULTS as RUN_DEFAULTS, check_type
+from ..models import resolve_device
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
@@ -41,28 +43,35 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_r
 
 
 # Drafters whose checkpoint is bundled in zoo/: (drafter name, zoo folder, options). Each joins
-# the default comparison once its folder exists and its drafter is registered.
+# the default comparison and `make demo` once its folder exists and its drafter is registered.
 # Heads and the draft model draft among the 1024 tokens the target picks most (100% of its greedy
 # picks on training text); Medusa verifies an 8-node tree (on a CPU a 16-node pass costs more than
-# it gains).
+# it gains). EAGLE-3 and MTP draft with int8 weights on a CPU, else in bfloat16 where native.
 BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024}),
                     ("medusa", "python-medusa", {"draft_vocab": 1024, "tree_budget": 8}),
                     ("eagle", "python-eagle", {"draft_vocab": 1024, "dtype": "auto"}),
-                    # its own draft vocabulary; int8 weights on a CPU, else bfloat16 where native
+                    # its own draft vocabulary
                     ("eagle", "python-eagle3", {"label": "eagle3", "quantize": "auto", "dtype": "auto"}),
                     ("mtp", "python-mtp", {"draft_vocab": 1024, "quantize": "auto", "dtype": "auto"})]
+# Where its levels are int8 (cheaper), the EAGLE-3 tree pays one level deeper; its sampled chains
+# stay 5 long (docs/benchmarks.md, session 16).
+INT8_EAGLE3_TREE = {"depth": 6, "total_tokens": 20, "sampled_depth": 5}
 
 
-def default_drafters() -> list[dict]:
-    """`none`, `ngram`, and every drafter whose checkpoint is bundled in zoo/."""
+def default_drafters(device: str | torch.device = "auto") -> list[dict]:
+    """`none`, `ngram`, and every drafter whose checkpoint is bundled in zoo/, as set up for a
+    target on `device`."""
     from .. import zoo
     from ..drafters import registry
+    from ..drafters.int8_linear import int8_runs_on
 
+    int8 = int8_runs_on(resolve_device(device))
     out = [{"name": "none"}, {"name": "ngram"}]
     for name, folder, options in BUNDLED_DRAFTERS:
         path = zoo.zoo_dir() / folder
         if name in registry.available() and (path / "config.json").is_file():
-            out.append({"name": name, "path": str(path), **options})
+            tree = INT8_EAGLE3_TREE if int8 and options.get("label") == "eagle3" else {}
+            out.append({"name": name, "path": str(path), **options, **tree})
     return out
 
 
@@ -93,7 +102,8 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
         cfg["target"] = default_target()
     if cfg["drafters"] is None:
         # The bundled draft model only fits the bundled target's tokenizer.
-        cfg["drafters"] = default_drafters() if raw.get("target") is None else [{"name": "none"}, {"name": "ngram"}]
+        cfg["drafters"] = (default_drafters(cfg["target"].get("device", "auto")) if raw.get("target") is None
+                           else [{"name": "none"}, {"name": "ngram"}])
     if cfg["prompts"] is None:
         cfg["prompts"] = str(BUNDLED_PROMPTS)
     _validate(cfg)
