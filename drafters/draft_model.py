@@ -13,7 +13,14 @@ tokens the target picks most (drafters/draft_vocab.py): for the bundled 2-layer 
 8192-row LM head is most of a step (2.9 ms -> 1.0 ms per step at N = 1024, CPU). Tokens outside
 those N are never drafted; the target still emits them. Sampled rounds keep the whole head unless
 `draft_vocab_sampling` is set: the order counts greedy picks, and sampled tokens spread beyond
-them (T=1 on the bundled pair: first-draft acceptance 0.59 -> 0.48, speedup 0.92x -> 0.85x)."""
+them (T=1 on the bundled pair: first-draft acceptance 0.59 -> 0.48, speedup 0.92x -> 0.85x).
+
+With `quantize: int8` (or `auto`: int8 on a CPU), every linear layer of the draft model and its LM
+head run with int8 weights (drafters/int8_linear.py), float32 around them; sampled rounds draw from
+what the int8 model computes, so q is still known exactly. It pays most in sampled rounds, which
+read the whole LM head: on the bundled pair at T=1, 0.83x / 0.89x / 0.95x plain decoding became
+1.03x / 0.97x / 1.15x (continuation / copy / docstring), at T=0 1.23x / 1.12x / 0.89x became
+1.35x / 1.13x / 0.96x (docs/benchmarks.md, session 17)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,6 +34,7 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
+from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .registry import register
 
 
@@ -45,10 +53,12 @@ class DraftModelDrafter(Drafter):
         draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
         vocab_order: str | None = None  # where draft_vocab's order is: a JSON file or folder (None = path)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
+        quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
 
         def __post_init__(self):
             if not self.path:
                 raise ValueError("draft_model: set drafter.path to the draft model's local folder")
+            check_quantize("draft_model", self.quantize, self.dtype)
             for key in ("k", "top_k", "total_tokens"):
                 if getattr(self, key) < 1:
                     raise ValueError(f"draft_model: {key} must be >= 1, got {getattr(self, key)}")
@@ -60,7 +70,9 @@ class DraftModelDrafter(Drafter):
     def __init__(self, options: "DraftModelDrafter.Options", target):
         self.options = options
         self.k = options.k
-        dtype = options.dtype or str(target.dtype).replace("torch.", "")
+        quantize = resolve_quantize(self.name, options.quantize, target.device)
+        # int8 products take float32 inputs: the rest of the draft model computes in float32.
+        dtype = "float32" if quantize else options.dtype or str(target.dtype).replace("torch.", "")
         model = load_causal_lm(options.path, dtype, target.device, what="drafter.path")
         problem = vocab_mismatch(target.tokenizer, load_tokenizer(options.path), target.vocab_size,
                                  model.get_output_embeddings().weight.shape[0])
@@ -80,9 +92,17 @@ class DraftModelDrafter(Drafter):
             self._parameters += len(keep) * model.get_output_embeddings().weight.shape[1]  # the rows' own copy
             if options.draft_vocab_sampling:
                 self.output_layers[False] = self.output_layers[True]
+        if quantize:  # after counting: int8 layers hold no Parameters to count
+            self._quantize(model)
         self.lm = CachedLM(model, direct=True)
         self._use_head(greedy=True)
         self.context = context_length(model.config)
+
+    def _quantize(self, model: torch.nn.Module) -> None:
+        """int8 weights for the decoder layers and for each LM head a round may read out through
+        (the whole one, draft_vocab's rows). Embeddings stay as loaded: a lookup reads one row."""
+        quantize_linears(model.base_model)
+        self.output_layers = quantize_output_layers(self.output_layers)
 
     def _use_head(self, greedy: bool) -> None:
         layer, self.vocab_map = self.output_layers[greedy]

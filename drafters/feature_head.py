@@ -24,7 +24,7 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
-from .int8_linear import Int8Linear, quantize_linears, resolve_quantize
+from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
 
 
 class FeatureHeadDrafter(Drafter):
@@ -105,8 +105,7 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is None:
             self.head.readout.lm_head = Int8Linear.of(self.head.readout.lm_head)
         else:
-            quantized = {id(layer): Int8Linear.of(layer) for layer, _ in self.output_layers.values()}
-            self.output_layers = {greedy: (quantized[id(layer)], ids) for greedy, (layer, ids) in self.output_layers.items()}
+            self.output_layers = quantize_output_layers(self.output_layers)
 
     def _use_head(self, greedy: bool) -> None:
         layer, self.vocab_map = self.output_layers[greedy]

@@ -1,4 +1,5 @@
-"""int8 weights for a feature head's matrix products on CPU (the drafter option `quantize: int8`).
+"""int8 weights for a drafter's matrix products on CPU (the option `quantize: int8` of `eagle`,
+`mtp` and `draft_model`).
 
 A head call is small (an EAGLE head: one decoder layer over 4 nodes), so its products read
 weights more than they compute. On the 2-core CPU of docs/benchmarks.md a (4 x 512) @ (512 x 1376)
@@ -103,6 +104,13 @@ def quantize_linears(module: nn.Module) -> int:
         else:
             count += quantize_linears(child)
     return count
+
+
+def quantize_output_layers(output_layers: dict) -> dict:
+    """{round kind: (LM head, row -> token id map)} with each distinct head converted once, so a
+    head both kinds read stays one module."""
+    converted = {id(layer): Int8Linear.of(layer) for layer, _ in output_layers.values()}
+    return {kind: (converted[id(layer)], ids) for kind, (layer, ids) in output_layers.items()}
 
 
 def _is_conv1d(module: nn.Module) -> bool:

@@ -62,6 +62,27 @@ def test_greedy_output_equals_the_target(greedy_case, extra, min_tau):
     assert batched.stats.tau > min_tau, batched.stats.tau
 
 
+@pytest.mark.parametrize("extra", [{}, {"draft_vocab_sampling": True}], ids=["two_heads", "one_head"])
+def test_an_int8_draft_model_quantizes_every_product_and_keeps_the_output(greedy_case, extra):
+    """quantize: int8 converts the decoder layers and each LM head a round reads (draft_vocab's
+    rows for greedy rounds, the whole head for sampled ones, or one shared), and counts the
+    parameters as loaded."""
+    from draftsman.drafters.int8_linear import Int8Linear
+    target, draft, expected, n = greedy_case
+    float_dec = load(target, path=str(draft), draft_vocab=n + 4, **extra)
+    dec = load(target, path=str(draft), draft_vocab=n + 4, quantize="int8", **extra)
+    model = dec.drafter.lm.model
+    assert not [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    greedy_head, sampled_head = (dec.drafter.output_layers[g][0] for g in (True, False))
+    assert isinstance(greedy_head, Int8Linear) and isinstance(sampled_head, Int8Linear)
+    assert greedy_head.out_features == n + 4
+    assert (greedy_head is sampled_head) == bool(extra)
+    assert dec.drafter.extra_parameters() == float_dec.drafter.extra_parameters()
+    out = dec.generate(input_ids=PROMPTS, temperature=0.0)
+    assert out.token_ids == expected
+    assert out.stats.tau > 2.0, out.stats.tau
+
+
 def test_tokens_outside_the_draft_vocabulary_still_come_from_the_target(greedy_case):
     """A draft vocabulary that misses most emitted tokens costs acceptance, never output."""
     target, draft, expected, n = greedy_case

@@ -45,7 +45,7 @@ def medium_draft(tiny_models, tmp_path_factory):
     return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("medium"), noise=0.3)
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft_model", "draft_model_confidence", "ngram"])
+@pytest.mark.parametrize("drafter", ["none", "draft_model", "draft_model_confidence", "draft_model_int8", "ngram"])
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.9, top_k=20, top_p=0.9)],
                          ids=["T1", "T0.9_topk20_topp0.9"])
 def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium_draft):
@@ -54,6 +54,8 @@ def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium
           {"name": "draft_model", "path": str(medium_draft), "k": 3}
     if drafter == "draft_model_confidence":  # chains cut where the draft model was unsure
         cfg["min_confidence"] = 0.3
+    if drafter == "draft_model_int8":  # q is what the int8 model computed, not the float32 model's
+        cfg["quantize"] = "int8"
     if drafter == "none":  # every round takes the engine's plain path (verify_plain)
         cfg = {"name": "none"}
     dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})

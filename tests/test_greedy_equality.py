@@ -49,6 +49,8 @@ def drafter_configs(arch, tiny_models, close_drafts):
         # A dynamic tree from the draft model (grown slots dropped, accepted tokens re-fed).
         "draft_model_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
                              "total_tokens": 8},
+        # int8 weights (drafters/int8_linear.py): GPT-2's Conv1D layers, Qwen2's biased q/k/v.
+        "draft_model_int8": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5, "quantize": "int8"},
     }
 
 
@@ -66,4 +68,5 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
         taus[name] = batched.stats.tau
     # The close drafter must actually exercise multi-token acceptance, or this test proves little.
     assert taus["draft_model_close"] > 2.0 and taus["draft_model_tree"] > 2.0, taus
+    assert taus["draft_model_int8"] > 2.0, taus  # int8 drafts still mostly agree with the target
     assert taus["none"] == 1.0

@@ -46,8 +46,9 @@ QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_r
 # the default comparison and `make demo` once its folder exists and its drafter is registered.
 # Heads and the draft model draft among the 1024 tokens the target picks most (100% of its greedy
 # picks on training text); Medusa verifies an 8-node tree (on a CPU a 16-node pass costs more than
-# it gains). EAGLE-3 and MTP draft with int8 weights on a CPU, else in bfloat16 where native.
-BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024}),
+# it gains). EAGLE-3 and MTP draft with int8 weights on a CPU, else in bfloat16 where native; the
+# draft model with int8 weights on a CPU, else in the target's dtype.
+BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024, "quantize": "auto"}),
                     ("medusa", "python-medusa", {"draft_vocab": 1024, "tree_budget": 8}),
                     ("eagle", "python-eagle", {"draft_vocab": 1024, "dtype": "auto"}),
                     # its own draft vocabulary
