@@ -83,6 +83,24 @@ def test_an_int8_draft_model_quantizes_every_product_and_keeps_the_output(greedy
     assert out.stats.tau > 2.0, out.stats.tau
 
 
+def test_an_int8_draft_models_sampled_q_is_what_the_int8_model_computed(greedy_case):
+    """The verifier's p/q ratios need the distribution a token was really drawn from: the int8
+    model's, which differs from the float32 model's by more than the tolerance used here. (int8
+    activations are scaled per call, so the reference runs the LM head on the last position only,
+    as drafting does.)"""
+    target, draft, _, _ = greedy_case
+    drafter = load(target, path=str(draft), quantize="int8").drafter
+    context = PROMPTS[0]
+    drafter.begin([context], SamplingParams(1.0), torch.Generator().manual_seed(0))
+    q = drafter.propose([context])[0].draft_probs[0].double()  # the first draft token's q
+    ids = torch.tensor([context])
+    with torch.no_grad():
+        int8_p = drafter.lm.model(input_ids=ids, logits_to_keep=1).logits[0, -1].double().softmax(-1)
+        float_p = load_for_reference(draft)(input_ids=ids).logits[0, -1].double().softmax(-1)
+    assert (q - int8_p).abs().max() < 1e-5
+    assert (q - float_p).abs().max() > 1e-4
+
+
 def test_tokens_outside_the_draft_vocabulary_still_come_from_the_target(greedy_case):
     """A draft vocabulary that misses most emitted tokens costs acceptance, never output."""
     target, draft, expected, n = greedy_case
