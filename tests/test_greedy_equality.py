@@ -51,6 +51,8 @@ def drafter_configs(arch, tiny_models, close_drafts):
                              "total_tokens": 8},
         # int8 weights (drafters/int8_linear.py): GPT-2's Conv1D layers, Qwen2's biased q/k/v.
         "draft_model_int8": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5, "quantize": "int8"},
+        "draft_model_int8_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
+                                  "total_tokens": 8, "quantize": "int8"},
     }
 
 
