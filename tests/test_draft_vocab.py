@@ -11,6 +11,7 @@ import torch
 import draftsman
 from draftsman import cli
 from draftsman.drafters import draft_model as draft_model_module
+from draftsman.drafters.int8_linear import Int8Linear
 from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import ALPHA, PROMPT, ROWS, exact_marginals, fit_pvalue
@@ -67,7 +68,6 @@ def test_an_int8_draft_model_quantizes_every_product_and_keeps_the_output(greedy
     """quantize: int8 converts the decoder layers and each LM head a round reads (draft_vocab's
     rows for greedy rounds, the whole head for sampled ones, or one shared), and counts the
     parameters as loaded."""
-    from draftsman.drafters.int8_linear import Int8Linear
     target, draft, expected, n = greedy_case
     float_dec = load(target, path=str(draft), draft_vocab=n + 4, **extra)
     dec = load(target, path=str(draft), draft_vocab=n + 4, quantize="int8", **extra)

@@ -1,6 +1,7 @@
-"""int8 weights for feature heads (drafters/int8_linear.py): each output row keeps its own scale,
+"""int8 weights for drafters (drafters/int8_linear.py): each output row keeps its own scale,
 GPT-2's Conv1D converts like a Linear, every product inside a module is replaced, and the option
-checks name the problem. Exactness with int8 heads: tests/test_feature_heads.py."""
+checks name the problem. Exactness with int8 heads: tests/test_feature_heads.py; with an int8 draft
+model: tests/test_greedy_equality.py, tests/test_engine_sampling.py, tests/test_draft_vocab.py."""
 import pytest
 import torch
 from torch import nn
