@@ -58,7 +58,8 @@ class Decoder:
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
                  max_new_tokens: int | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationOutput:
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 min_p: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Sampling
         arguments left as None take the config's values."""
         if (prompts is None) == (input_ids is None):
@@ -66,13 +67,14 @@ class Decoder:
         if isinstance(prompts, str):
             prompts = [prompts]
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
-        tokens, stats = self.engine.generate(ids, **self._run_args(max_new_tokens, temperature, top_k, top_p, seed))
+        tokens, stats = self.engine.generate(ids, **self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p))
         texts = [self.decode(t) for t in tokens]
         return GenerationOutput(texts, tokens, stats)
 
     def stream(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
                max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None):
+               top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
+               min_p: float | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -84,7 +86,7 @@ class Decoder:
         tokens: list[int] = []
         shown = ""
         for _, new in self.engine.stream(ids, stats=stats,
-                                         **self._run_args(max_new_tokens, temperature, top_k, top_p, seed)):
+                                         **self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p)):
             tokens += new
             text = self.decode(tokens)
             # Byte-level tokens can end inside a UTF-8 character: hold it back until it completes.
@@ -98,12 +100,13 @@ class Decoder:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
-    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> dict:
+    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed, min_p=None) -> dict:
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(
             temperature=s["temperature"] if temperature is None else temperature,
             top_k=s["top_k"] if top_k is None else top_k,
-            top_p=s["top_p"] if top_p is None else top_p)
+            top_p=s["top_p"] if top_p is None else top_p,
+            min_p=s["min_p"] if min_p is None else min_p)
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed}
 

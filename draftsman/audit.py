@@ -127,7 +127,7 @@ def _samples(decoder: Decoder, prompt: list[int], n: int, positions: int, params
     for start in range(0, n, batch_size):
         out = decoder.generate(input_ids=[prompt] * min(batch_size, n - start), max_new_tokens=positions,
                                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                               seed=next(seeds))
+                               min_p=params.min_p, seed=next(seeds))
         rows += out.token_ids
         new, row_rounds = new + out.stats.new_tokens, row_rounds + out.stats.row_rounds
     return rows, new / max(row_rounds, 1)
@@ -167,7 +167,7 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
     for t in tests:
         t["passed"] = t["p_value"] >= threshold
     return {"passed": all(t["passed"] for t in tests), "temperature": params.temperature, "top_k": params.top_k,
-            "top_p": params.top_p, "samples": samples, "positions": positions, "alpha": alpha,
+            "top_p": params.top_p, "min_p": params.min_p, "samples": samples, "positions": positions, "alpha": alpha,
             "threshold": threshold, "seed": seed, "tau": taus,
             "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
 
@@ -218,7 +218,7 @@ def format_report(r: dict) -> str:
         lines.append(f"  greedy: {'PASS' if g['passed'] else 'FAIL'} ({g['tokens']} tokens checked)")
     if "sampling" in r:
         s = r["sampling"]
-        lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}; "
+        lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}, min_p {s['min_p']}; "
                      f"{s['samples']} samples per side of the first {s['positions']} tokens; tau "
                      + ", ".join(f"{t:.2f}" for t in s["tau"]))
         for i in sorted({t["prompt"] for t in s["tests"]}):
@@ -253,6 +253,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampling: default sampling.temperature, or 1.0 when the config is greedy")
     p.add_argument("--top-k", type=int, help="sampling: default sampling.top_k")
     p.add_argument("--top-p", type=float, help="sampling: default sampling.top_p")
+    p.add_argument("--min-p", type=float, help="sampling: default sampling.min_p")
     p.add_argument("--samples", type=int, default=2000, help="sampling: samples per side per prompt (default 2000)")
     p.add_argument("--sample-prompts", type=int, default=2, help="sampling: how many of the prompts (default 2)")
     p.add_argument("--positions", type=int, default=3, help="sampling: first tokens compared (default 3)")
@@ -279,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--temperature must be > 0 for the sampling check (the greedy check runs at 0 anyway), "
                         f"got {temperature}")
     sampling = SamplingParams(temperature, args.top_k if args.top_k is not None else s["top_k"],
-                              args.top_p if args.top_p is not None else s["top_p"])
+                              args.top_p if args.top_p is not None else s["top_p"],
+                              args.min_p if args.min_p is not None else s["min_p"])
 
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

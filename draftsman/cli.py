@@ -59,6 +59,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, help="0 = greedy; default: sampling.temperature")
     p.add_argument("--top-k", type=int, help="default: sampling.top_k")
     p.add_argument("--top-p", type=float, help="default: sampling.top_p")
+    p.add_argument("--min-p", type=float, help="default: sampling.min_p")
     p.add_argument("--seed", type=int, help="default: generation.seed")
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
 
@@ -95,7 +96,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                           min_p=args.min_p)
     if args.json:
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
                           "config": cfg}))
@@ -114,7 +116,8 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     """One text prompt: print the continuation as rounds accept it."""
     stats = GenerationStats()
     for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats):
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats,
+                                min_p=args.min_p):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

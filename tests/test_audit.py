@@ -233,6 +233,7 @@ def test_command_exits_1_on_a_failure(config_file, monkeypatch, capsys):
     (["--prompts", "/no/such/prompts.jsonl"], "prompts file '/no/such/prompts.jsonl' does not exist"),
     (["--temperature", "0"], "--temperature must be > 0 for the sampling check"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--min-p", "1.5"], "min_p must be in [0, 1]"),
     (["--set", "drafter.kk=3"], "unknown option(s) ['kk'] for drafter 'draft_model'"),
 ])
 def test_user_errors_exit_2(config_file, capsys, args, message):

@@ -43,7 +43,7 @@ def test_generate_json_matches_the_python_api(config_file, tmp_path):
     # --drafter ngram must drop draft_model's `path` (ngram would reject it), then --set adds k.
     proc = run("generate", "--config", str(config_file), "--prompt", PROMPTS[0], "--prompt", PROMPTS[1],
                "--drafter", "ngram", "--set", "drafter.k=5", "--set", "sampling.top_k=40",
-               "--max-new-tokens", "10", "--temperature", "0.8", "--top-p", "0.95", "--seed", "7", "--json",
+               "--max-new-tokens", "10", "--temperature", "0.8", "--top-p", "0.95", "--min-p", "0.5", "--seed", "7", "--json",
                cwd=tmp_path)  # another working directory: the config's relative paths still hold
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
@@ -51,7 +51,8 @@ def test_generate_json_matches_the_python_api(config_file, tmp_path):
     cfg = draftsman.config.load_config(config_file)
     cfg["drafter"] = {"name": "ngram", "k": 5}
     cfg["sampling"]["top_k"] = 40
-    want = draftsman.load(cfg).generate(PROMPTS, max_new_tokens=10, temperature=0.8, top_p=0.95, seed=7)
+    want = draftsman.load(cfg).generate(PROMPTS, max_new_tokens=10, temperature=0.8, top_p=0.95, min_p=0.5,
+                                             seed=7)
     assert got["token_ids"] == want.token_ids
     assert got["texts"] == want.texts
     assert got["config"]["drafter"] == {"name": "ngram", "k": 5}

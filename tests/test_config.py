@@ -30,7 +30,7 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
     path.write_text(dump(RUN))
     cfg = load_config(path)
     assert cfg["drafter"] == {"name": "draft_model", "path": str(config_dir / "models" / "draft"), "k": 3}
-    assert cfg["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": None}
+    assert cfg["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": None, "min_p": None}
     assert cfg["generation"] == {"max_new_tokens": 16, "seed": DEFAULTS["generation"]["seed"]}
     assert cfg["target"]["device"] == "auto"
     assert load_config(str(path)) == cfg  # a str path works as well as a Path
@@ -72,11 +72,11 @@ def test_missing_config_file_names_it(tmp_path):
 
 def test_overrides_parse_values_as_yaml():
     cfg = apply_overrides(load_config({"drafter": {"name": "ngram"}, "sampling": {"top_k": 50}}),
-                          ["drafter.k=6", "sampling.top_p=0.9", "sampling.top_k=null",
+                          ["drafter.k=6", "sampling.top_p=0.9", "sampling.top_k=null", "sampling.min_p=0.05",
                            "sampling.temperature=1", "target.path=some/dir", "target.dtype=bfloat16"])
     assert cfg["drafter"] == {"name": "ngram", "k": 6}
     assert isinstance(cfg["drafter"]["k"], int)
-    assert cfg["sampling"] == {"temperature": 1, "top_k": None, "top_p": 0.9}
+    assert cfg["sampling"] == {"temperature": 1, "top_k": None, "top_p": 0.9, "min_p": 0.05}
     assert cfg["target"]["path"] == "some/dir" and cfg["target"]["dtype"] == "bfloat16"
 
 

@@ -27,6 +27,7 @@ PARAMS = {
     "T1": SamplingParams(temperature=1.0),
     "T0.7_topk2": SamplingParams(temperature=0.7, top_k=2),
     "T1.3_topp0.8": SamplingParams(temperature=1.3, top_p=0.8),
+    "T1.2_minp0.3": SamplingParams(temperature=1.2, min_p=0.3),
     "greedy_onehot": SamplingParams(temperature=0.0),
 }
 VOCAB = {"chain3": 5, "star3": 6, "fork2x2": 4, "deep_fork": 4}

@@ -1,7 +1,8 @@
 """The target distribution is made exactly as Hugging Face's sampler makes it."""
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
 
 from draftsman.verifier.sampling import SamplingParams, processed_probs, sample_from
 
@@ -12,11 +13,15 @@ def hf_probs(logits, p: SamplingParams):
         scores = TopKLogitsWarper(p.top_k)(None, scores)
     if p.top_p is not None:
         scores = TopPLogitsWarper(p.top_p)(None, scores)
+    if p.min_p is not None:
+        scores = MinPLogitsWarper(p.min_p)(None, scores)
     return scores.softmax(-1)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.3, top_p=0.8),
-                                    SamplingParams(0.9, top_k=20, top_p=0.5), SamplingParams(2.0, top_k=1)])
+                                    SamplingParams(0.9, top_k=20, top_p=0.5), SamplingParams(2.0, top_k=1),
+                                    SamplingParams(1.0, min_p=0.1), SamplingParams(1.5, min_p=1.0),
+                                    SamplingParams(0.8, top_k=20, top_p=0.9, min_p=0.05)])
 def test_processed_probs_match_hf_warpers(params):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 50, generator=g) * 3
@@ -42,6 +47,18 @@ def test_bad_sampling_values_are_named():
         SamplingParams(1.0, top_p=1.5)
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(1.0, top_k=0)
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(1.0, min_p=1.5)
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(1.0, min_p=-0.1)
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = processed_probs(probs.log(), SamplingParams(1.0, min_p=0.3)) > 0  # threshold 0.15
+    assert kept.tolist() == [[True, True, True, False]]
+    assert torch.equal(processed_probs(probs.log(), SamplingParams(1.0, min_p=0.0)),
+                       processed_probs(probs.log(), SamplingParams(1.0)))
 
 
 def test_greedy_chain_path_equals_the_tree_walk():

@@ -1,6 +1,6 @@
 """Logits -> sampling distribution, exactly as the baseline sampler does it, and seeded draws.
 
-Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, then top-p), so
+Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, top-p, min-p), so
 `drafter: none` through our engine samples the same distribution as `model.generate(do_sample=True)`.
 Temperature 0 means greedy: the distribution is one-hot on the first argmax.
 """
@@ -16,6 +16,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None  # drop tokens below min_p x the most likely token's probability
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -24,6 +25,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be a positive integer or null, got {self.top_k!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
+        if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1] or null, got {self.min_p!r}")
 
     @property
     def greedy(self) -> bool:
@@ -46,6 +49,11 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted = cumulative <= (1 - params.top_p)
         drop_sorted[..., -1] = False  # always keep the most likely token
         drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    if params.min_p is not None and params.min_p > 0.0:
+        probs = scores.softmax(-1)
+        drop = probs < params.min_p * probs.amax(-1, keepdim=True)
+        drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)  # always keep the most likely token
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(-1)
 
