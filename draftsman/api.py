@@ -6,14 +6,15 @@ from dataclasses import dataclass
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
+from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
 from .verifier.sampling import SamplingParams
 
 
 @dataclass
 class GenerationOutput:
-    texts: list[str]  # new text only ("" when the target folder has no tokenizer)
-    token_ids: list[list[int]]  # new tokens only, EOS included when it ended the row
+    texts: list[str]  # new text only, cut before a stop string ("" when the target folder has no tokenizer)
+    token_ids: list[list[int]]  # new tokens only, EOS (or the tokens spelling a stop string) included when it ended the row
     stats: GenerationStats
 
 
@@ -59,22 +60,24 @@ class Decoder:
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
                  max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 min_p: float | None = None) -> GenerationOutput:
-        """Generate for a batch of text prompts or token-id lists (ragged allowed). Sampling
-        arguments left as None take the config's values."""
+                 min_p: float | None = None, stop: list[str] | None = None) -> GenerationOutput:
+        """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
+        as None take the config's values. stop: strings that end a row (draftsman/stop.py)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
             prompts = [prompts]
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
-        tokens, stats = self.engine.generate(ids, **self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p))
-        texts = [self.decode(t) for t in tokens]
+        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop)
+        tokens, stats = self.engine.generate(ids, **args)
+        stops = args["stop"]
+        texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
         return GenerationOutput(texts, tokens, stats)
 
     def stream(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
                max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
-               min_p: float | None = None):
+               min_p: float | None = None, stop: list[str] | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -85,22 +88,26 @@ class Decoder:
         ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
         tokens: list[int] = []
         shown = ""
-        for _, new in self.engine.stream(ids, stats=stats,
-                                         **self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p)):
+        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop)
+        stops = args["stop"]
+        for _, new in self.engine.stream(ids, stats=stats, **args):
             tokens += new
             text = self.decode(tokens)
+            if stops:  # never show a stop string, nor the start of one that may yet complete
+                at = stops.first_stop(text)
+                text = text[:at] if at is not None else text[: len(text) - stops.hold_back]
             # Byte-level tokens can end inside a UTF-8 character: hold it back until it completes.
             if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
                 yield text[len(shown):]
                 shown = text
-        text = self.decode(tokens)
+        text = stops.cut(self.decode(tokens)) if stops else self.decode(tokens)
         if text.startswith(shown) and len(text) > len(shown):  # a held-back tail, now final
             yield text[len(shown):]
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
-    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed, min_p=None) -> dict:
+    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed, min_p=None, stop=None) -> dict:
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(
             temperature=s["temperature"] if temperature is None else temperature,
@@ -108,7 +115,17 @@ class Decoder:
             top_p=s["top_p"] if top_p is None else top_p,
             min_p=s["min_p"] if min_p is None else min_p)
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
-                "sampling": sampling, "seed": g["seed"] if seed is None else seed}
+                "sampling": sampling, "seed": g["seed"] if seed is None else seed,
+                "stop": self._stop_check(g["stop"] if stop is None else stop)}
+
+    def _stop_check(self, stop) -> StopStrings | None:
+        strings = check_stop_strings(stop)
+        if not strings:
+            return None
+        if self.tokenizer is None:
+            raise ValueError(f"stop strings need a tokenizer and target folder '{self.config['target']['path']}' "
+                             "has none: end rows with EOS or max_new_tokens instead")
+        return StopStrings(self.decode, strings)
 
 
 def load(config: dict | str) -> Decoder:

@@ -3,7 +3,7 @@
     target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null}
-    generation: {max_new_tokens: 64, seed: 0}
+    generation: {max_new_tokens: 64, seed: 0, stop: null}
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .stop import check_stop_strings
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "target": {
@@ -34,6 +36,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "generation": {
         "max_new_tokens": 64,
         "seed": 0,
+        "stop": None,  # strings that end a row when generated, e.g. ["\n\n"] (the text ends before them)
     },
 }
 
@@ -87,12 +90,14 @@ def merge(raw: dict) -> dict:
             if section != "drafter":
                 check_type(f"{section}.{key}", value, DEFAULTS[section][key])
             cfg[section][key] = value
+    check_stop_strings(cfg["generation"]["stop"], "generation.stop")
     return cfg
 
 
 # Keys whose default is None still have a type: the default says nothing, so list them here.
 _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
-                     "sampling.top_p": float, "sampling.min_p": float}
+                     "sampling.top_p": float, "sampling.min_p": float,
+                     "generation.stop": list}
 
 
 def check_type(name: str, value: Any, default: Any) -> None:

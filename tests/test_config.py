@@ -31,7 +31,7 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
     cfg = load_config(path)
     assert cfg["drafter"] == {"name": "draft_model", "path": str(config_dir / "models" / "draft"), "k": 3}
     assert cfg["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": None, "min_p": None}
-    assert cfg["generation"] == {"max_new_tokens": 16, "seed": DEFAULTS["generation"]["seed"]}
+    assert cfg["generation"] == {"max_new_tokens": 16, "seed": DEFAULTS["generation"]["seed"], "stop": None}
     assert cfg["target"]["device"] == "auto"
     assert load_config(str(path)) == cfg  # a str path works as well as a Path
 

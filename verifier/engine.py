@@ -3,13 +3,13 @@
 A round, per active row: the root (newest emitted token, not yet cached) and the drafter's tree go
 through the target together; the verifier picks the accepted path and one more token; the target
 cache keeps the root and the accepted path; the drafter is told what happened. Rows that end (EOS,
-max_new_tokens, context limit) leave the batch.
+a stop string, max_new_tokens, context limit) leave the batch.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -18,6 +18,10 @@ from .cached_model import CachedLM
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
+
+
+# stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
+StopCheck = Callable[[list[int], list[int]], "int | None"]
 
 
 @dataclass
@@ -31,7 +35,7 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
-    finish_reasons: list[str] = field(default_factory=list)  # per row: eos | length | context
+    finish_reasons: list[str] = field(default_factory=list)  # per row: eos | stop | length | context
     drafter_report: dict = field(default_factory=dict)  # the drafter's own report(), e.g. cascade usage
 
     @property
@@ -97,18 +101,21 @@ class SpeculativeEngine:
                                  f"[0, {self.vocab_size})")
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-                 seed: int = 0) -> tuple[list[list[int]], GenerationStats]:
+                 seed: int = 0, stop: StopCheck | None = None) -> tuple[list[list[int]], GenerationStats]:
         """New tokens per row (EOS included when it ended the row) and the run's statistics."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
-        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats):
+        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop):
             outputs[row] += tokens
         return outputs, stats
 
     @torch.no_grad()
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-               seed: int = 0, stats: GenerationStats | None = None) -> Iterator[tuple[int, list[int]]]:
-        """Yields (row, tokens) as each round commits them; fills `stats` as it goes."""
+               seed: int = 0, stats: GenerationStats | None = None,
+               stop: StopCheck | None = None) -> Iterator[tuple[int, list[int]]]:
+        """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
+        far, new tokens) -> how many new tokens to keep when the row must stop there, else None
+        (draftsman/stop.py: text stop strings)."""
         self.check_prompts(prompts)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -166,6 +173,9 @@ class SpeculativeEngine:
                     path = accepted[i][: num_accepted[i]]
                     tokens = trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
                     emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
+                    keep = stop(outputs[r], emitted) if stop is not None and emitted else None
+                    if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
+                        emitted, reason = emitted[:keep], "stop"
                     outputs[r] += emitted
                     contexts[r] += emitted
                     stats.accepted_per_round[r].append(num_accepted[i])
