@@ -34,6 +34,7 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
+from .repeats import DraftRepeats
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .registry import register
 
@@ -54,6 +55,10 @@ class DraftModelDrafter(Drafter):
         vocab_order: str | None = None  # where draft_vocab's order is: a JSON file or folder (None = path)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
+        # Under a repetition penalty, penalise the draft model's logits too (drafters/repeats.py). The
+        # penalty depends on raw logit values, so it helps a draft whose logits are on the target's
+        # scale (the target itself, a distilled copy); the bundled draft model's tau did not rise.
+        penalise_drafts: bool = False
 
         def __post_init__(self):
             if not self.path:
@@ -144,9 +149,12 @@ class DraftModelDrafter(Drafter):
         last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
+        logits = logits[..., : self.vocab_size]
+        repeats = DraftRepeats.for_round(self.sampling, contexts, logits.shape[-1], self.vocab_map, self.vocab_size,
+                                         self.lm.device) if self.options.penalise_drafts else None
         if self.options.top_k > 1 and self.sampling.greedy:
-            trees = dynamic_tree(self.lm, self._grow, logits[..., : self.vocab_size], None, k, self.options.top_k,
-                                 self.options.total_tokens, [True] * B, self.token_ids)
+            trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
+                                 self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
         self.round_start = torch.tensor([len(c) for c in contexts])
@@ -155,9 +163,13 @@ class DraftModelDrafter(Drafter):
         # drafting ends when every row has stopped (as transformers' assisted generation does).
         tokens, probs = [], []
         length = torch.full((B,), k, dtype=torch.long, device=self.lm.device)
+        context_seen = None if repeats is None else repeats.root_seen
         for step in range(k):
+            if context_seen is not None:  # under a repetition penalty, as the target's logits will be
+                logits = repeats.penalise(logits, context_seen)
             p = self._next_distribution(logits)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)  # into the logits
+            context_seen = None if context_seen is None else DraftRepeats.plus(context_seen, index)
             tok = self.token_ids(index)
             tokens.append(tok)
             probs.append(p)

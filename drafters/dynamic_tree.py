@@ -21,6 +21,7 @@ import torch
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, DraftTree
+from .repeats import DraftRepeats
 
 # grow(parent_states (B, K, ...) or None, tokens (B, K), depth, visible (B, K, S) or None)
 #   -> (states of the new nodes or None, logits (B, K, n))
@@ -44,22 +45,28 @@ def grow_level(lm: CachedLM, tokens: torch.Tensor, depth: int, visible: torch.Te
 def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state: torch.Tensor | None,
                  depth: int, top_k: int, total_tokens: int, ready: list[bool],
                  token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
-                 score_scale: float = 1.0) -> list[DraftTree]:
+                 score_scale: float = 1.0, repeats: DraftRepeats | None = None) -> list[DraftTree]:
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
     the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
-    reduced draft vocabulary). Rows with ready[b] False get an empty tree."""
-    tokens, parents, scores = _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale)
+    reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
+    logits penalised for its own context under a repetition penalty (drafters/repeats.py)."""
+    tokens, parents, scores = _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale,
+                                      repeats)
     return _keep_best(tokens, parents, scores, total_tokens, ready)
 
 
-def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale):
+def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale, repeats=None):
     """Every drafted node, (B, n) each: tokens, parent node index (-1 = root), cumulative log-prob."""
     device = root_logits.device
     K = min(top_k, root_logits.shape[-1])
     B = root_logits.shape[0]
     rows = torch.arange(B, device=device)[:, None]
-    score, token = (root_logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
-    token = token_ids(token)
+    if repeats is not None:
+        root_logits = repeats.penalise(root_logits, repeats.root_seen)
+    score, index = (root_logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
+    token = token_ids(index)
+    # Under a repetition penalty: the tokens each frontier node's context holds (B, K, n).
+    frontier_seen = None if repeats is None else repeats.plus(repeats.root_seen[:, None].expand(B, K, -1), index)
     all_tokens, all_parents, all_scores = [token], [torch.full_like(token, -1)], [score]
     frontier = torch.arange(K, device=device).expand(B, K)  # node index of each frontier node
     parent_state = None if root_state is None else root_state[:, None].expand(B, K, *root_state.shape[1:])
@@ -68,8 +75,10 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     for d in range(1, depth):
         slots_before = lm.num_slots
         state, logits = grow(parent_state, token, d, visible)  # the frontier's outputs
-        child_score, child_token = (logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
-        child_token = token_ids(child_token)
+        if frontier_seen is not None:
+            logits = repeats.penalise(logits, frontier_seen)
+        child_score, child_logit_index = (logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
+        child_token = token_ids(child_logit_index)
         child_score = child_score + score[..., None]
         child_index = count + torch.arange(K * K, device=device).view(K, K)
         all_tokens.append(child_token.reshape(B, K * K))
@@ -84,6 +93,9 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         token = child_token.reshape(B, K * K).gather(1, pick)
         frontier = child_index.reshape(-1)[pick]
         parent_state = None if state is None else state[rows, parent_of_pick]
+        if frontier_seen is not None:
+            frontier_seen = repeats.plus(frontier_seen[rows, parent_of_pick],
+                                         child_logit_index.reshape(B, K * K).gather(1, pick))
         S = lm.num_slots
         grown = torch.zeros(B, K, S, dtype=torch.bool, device=device)
         if visible is not None:

@@ -25,6 +25,7 @@ from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
+from .repeats import DraftRepeats
 
 
 class FeatureHeadDrafter(Drafter):
@@ -128,6 +129,8 @@ class FeatureHeadDrafter(Drafter):
         if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
+        self.repeats = DraftRepeats.for_round(self.sampling, contexts, logits.shape[-1], self.vocab_map,
+                                              self.vocab_size, self.device)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees
@@ -146,9 +149,13 @@ class FeatureHeadDrafter(Drafter):
         B = feature.shape[0]
         tokens, probs = [], []
         visible = None
+        context_seen = None if self.repeats is None else self.repeats.root_seen
         for d in range(1, depth + 1):
+            if context_seen is not None:  # under a repetition penalty, as the target's logits will be
+                logits = self.repeats.penalise(logits, context_seen)
             p = processed_probs(logits, self.sampling)  # over the head's logits (all, or a draft vocabulary)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            context_seen = None if context_seen is None else DraftRepeats.plus(context_seen, index)
             token = self.token_ids(index)
             tokens.append(token)
             probs.append(p)
@@ -179,6 +186,7 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is not None:
             self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
+        self.repeats: DraftRepeats | None = None  # set each round by propose()
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:
         # joined once, when the head catches up (joining every round copied a whole plain stretch

@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 from .api import Decoder
 from .chisquare import two_sample_chi2
 from .cli import UserError, build_config
-from .verifier.sampling import SamplingParams
+from .verifier.sampling import SamplingParams, penalize_repeats
 
 BUILTIN_PROMPTS = [
     "def fibonacci(n):\n",
@@ -82,9 +82,11 @@ def encode_prompts(decoder: Decoder, prompts: list[str | list[int]]) -> list[lis
 def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int,
                  tolerance: float | None = None) -> dict:
     """Generate at temperature 0 with the drafter, then one plain target pass per prompt over
-    prompt + output; every emitted token must be the argmax at its position."""
+    prompt + output; every emitted token must be the argmax at its position (after the config's
+    repetition penalty, if any, for the context before it)."""
     tol = TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance
-    out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0)
+    penalty = decoder.config["sampling"]["repetition_penalty"]
+    out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=[])
     eos = decoder.engine.eos_token_ids
     rows = []
     for i, (prompt, new) in enumerate(zip(prompts, out.token_ids)):
@@ -92,6 +94,12 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
         with torch.no_grad():
             ids = torch.tensor([prompt + new[:-1]], device=decoder.device)
             logits = decoder.target(input_ids=ids).logits[0, len(prompt) - 1:].float()
+        if penalty is not None and penalty != 1.0:
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+            seen[:, torch.tensor(prompt)] = True
+            for j in range(1, len(new)):  # position j predicts new[j]: its context holds new[:j]
+                seen[j:, new[j - 1]] = True
+            logits = penalize_repeats(logits, seen, penalty)
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):
             if tok == top:
@@ -127,7 +135,8 @@ def _samples(decoder: Decoder, prompt: list[int], n: int, positions: int, params
     for start in range(0, n, batch_size):
         out = decoder.generate(input_ids=[prompt] * min(batch_size, n - start), max_new_tokens=positions,
                                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                               min_p=params.min_p, seed=next(seeds))
+                               min_p=params.min_p, repetition_penalty=params.repetition_penalty, stop=[],
+                               seed=next(seeds))
         rows += out.token_ids
         new, row_rounds = new + out.stats.new_tokens, row_rounds + out.stats.row_rounds
     return rows, new / max(row_rounds, 1)
@@ -167,7 +176,8 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
     for t in tests:
         t["passed"] = t["p_value"] >= threshold
     return {"passed": all(t["passed"] for t in tests), "temperature": params.temperature, "top_k": params.top_k,
-            "top_p": params.top_p, "min_p": params.min_p, "samples": samples, "positions": positions, "alpha": alpha,
+            "top_p": params.top_p, "min_p": params.min_p,
+            "repetition_penalty": params.repetition_penalty, "samples": samples, "positions": positions, "alpha": alpha,
             "threshold": threshold, "seed": seed, "tau": taus,
             "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
 
@@ -218,7 +228,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  greedy: {'PASS' if g['passed'] else 'FAIL'} ({g['tokens']} tokens checked)")
     if "sampling" in r:
         s = r["sampling"]
-        lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}, min_p {s['min_p']}; "
+        lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}, "
+                     f"min_p {s['min_p']}, repetition_penalty {s['repetition_penalty']}; "
                      f"{s['samples']} samples per side of the first {s['positions']} tokens; tau "
                      + ", ".join(f"{t:.2f}" for t in s["tau"]))
         for i in sorted({t["prompt"] for t in s["tests"]}):
@@ -254,6 +265,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help="sampling: default sampling.top_k")
     p.add_argument("--top-p", type=float, help="sampling: default sampling.top_p")
     p.add_argument("--min-p", type=float, help="sampling: default sampling.min_p")
+    p.add_argument("--repetition-penalty", type=float, help="sampling: default sampling.repetition_penalty")
     p.add_argument("--samples", type=int, default=2000, help="sampling: samples per side per prompt (default 2000)")
     p.add_argument("--sample-prompts", type=int, default=2, help="sampling: how many of the prompts (default 2)")
     p.add_argument("--positions", type=int, default=3, help="sampling: first tokens compared (default 3)")
@@ -281,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
                         f"got {temperature}")
     sampling = SamplingParams(temperature, args.top_k if args.top_k is not None else s["top_k"],
                               args.top_p if args.top_p is not None else s["top_p"],
-                              args.min_p if args.min_p is not None else s["min_p"])
+                              args.min_p if args.min_p is not None else s["min_p"],
+                              s["repetition_penalty"] if args.repetition_penalty is None else args.repetition_penalty)
 
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

@@ -60,6 +60,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help="default: sampling.top_k")
     p.add_argument("--top-p", type=float, help="default: sampling.top_p")
     p.add_argument("--min-p", type=float, help="default: sampling.min_p")
+    p.add_argument("--repetition-penalty", type=float,
+                   help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a row when it generates TEXT (repeatable; the output ends before it); "
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
@@ -100,7 +102,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                           min_p=args.min_p, stop=args.stop)
+                           min_p=args.min_p, stop=args.stop,
+                           repetition_penalty=args.repetition_penalty)
     if args.json:
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
                           "config": cfg}))
@@ -120,7 +123,8 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     stats = GenerationStats()
     for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats,
-                                min_p=args.min_p, stop=args.stop):
+                                min_p=args.min_p, stop=args.stop,
+                                repetition_penalty=args.repetition_penalty):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

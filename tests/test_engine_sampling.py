@@ -4,6 +4,7 @@ a seeded run is reproducible."""
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 import draftsman
 from draftsman.verifier.sampling import SamplingParams, processed_probs
@@ -18,13 +19,19 @@ PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 def exact_marginals(model, prompt, params, eos_ids):
     """p(x1), and p(x2 | x1 is not EOS) = sum over non-EOS x1 of p(x1) p(x2 | x1), renormalised
     (a row that emitted EOS first has no second token)."""
+    def penalised(input_ids, logits):  # Hugging Face's own processor, as generate() runs it
+        if not params.penalizes_repeats:
+            return logits
+        return RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(input_ids, logits)
+
     with torch.no_grad():
-        p1 = processed_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1].double(), params)
+        first = torch.tensor([prompt])
+        p1 = processed_probs(penalised(first, model(input_ids=first).logits[:, -1].double())[0], params)
         cont = p1.clone()
         cont[list(eos_ids)] = 0
         support = cont.nonzero().squeeze(1)
         batch = torch.cat([torch.tensor([prompt]).expand(len(support), -1), support[:, None]], dim=1)
-        p2_given = processed_probs(model(input_ids=batch).logits[:, -1].double(), params)
+        p2_given = processed_probs(penalised(batch, model(input_ids=batch).logits[:, -1].double()), params)
     p2 = (cont[support, None] * p2_given).sum(0)
     return p1, p2 / p2.sum()
 
@@ -47,8 +54,8 @@ def medium_draft(tiny_models, tmp_path_factory):
 
 @pytest.mark.parametrize("drafter", ["none", "draft_model", "draft_model_confidence", "draft_model_int8", "ngram"])
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.9, top_k=20, top_p=0.9),
-                                    SamplingParams(1.0, min_p=0.2)],
-                         ids=["T1", "T0.9_topk20_topp0.9", "T1_minp0.2"])
+                                    SamplingParams(1.0, min_p=0.2), SamplingParams(0.8, repetition_penalty=1.5)],
+                         ids=["T1", "T0.9_topk20_topp0.9", "T1_minp0.2", "T0.8_repetition1.5"])
 def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium_draft):
     target = tiny_models["llama"][0]
     cfg = {"name": "ngram", "k": 3, "branches": 2} if drafter == "ngram" else \
@@ -61,7 +68,8 @@ def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium
         cfg = {"name": "none"}
     dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
     out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=params.temperature,
-                       top_k=params.top_k, top_p=params.top_p, min_p=params.min_p, seed=123)
+                       top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                       repetition_penalty=params.repetition_penalty, seed=123)
     tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
     assert len(tokens) > 0.9 * ROWS  # rows ending at EOS after one token are rare here
     p1, p2 = exact_marginals(load_for_reference(target), PROMPT, params, dec.engine.eos_token_ids)

@@ -132,6 +132,35 @@ def test_greedy_output_equals_the_target(trained, tiny_models, options):
     assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in PROMPTS] == plain.token_ids
 
 
+@pytest.mark.parametrize("options", [{"name": "eagle", "draft_vocab": 64}, {"name": "eagle", "heads": "eagle3"},
+                                     {"name": "mtp"}], ids=["eagle_draft_vocab", "eagle3", "mtp"])
+def test_greedy_output_under_a_repetition_penalty_equals_the_target(trained, tiny_models, options):
+    """The heads penalise their drafts (tree and chain, own or reduced vocabulary) as the target's
+    logits are penalised (drafters/repeats.py); the output is the target's own either way."""
+    target = tiny_models["llama"][0]
+    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30, repetition_penalty=1.3)
+    options = dict(options)
+    heads = options.pop("heads", options["name"])
+    dec = _decoder(target, {**options, "path": str(trained[heads][0])})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=30, repetition_penalty=1.3)
+    assert out.token_ids == plain.token_ids
+    assert out.token_ids != dec.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids  # the penalty bit
+
+
+def test_sampling_under_a_repetition_penalty_follows_the_target(trained, tiny_models):
+    """EAGLE-3's sampled chain drawn from the penalised head: q is what it drew from."""
+    target = tiny_models["llama"][0]
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    params = SamplingParams(1.0, repetition_penalty=1.5)
+    dec = _decoder(target, {"name": "eagle", "path": str(trained["eagle3"][0])})
+    out = dec.generate(input_ids=[prompt] * 4000, max_new_tokens=3, temperature=1.0, repetition_penalty=1.5, seed=11)
+    assert out.stats.tau > 1.0
+    p1, p2 = exact_marginals(load_for_reference(target), prompt, params, dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+
+
 @pytest.mark.parametrize("arch,kind,extra", [("qwen2", "eagle", {}), ("qwen2", "mtp", {}), ("qwen2", "eagle3", {}),
                                              ("gpt2", "eagle", {}), ("gpt2", "mtp", {}),
                                              # biased q/k/v (Qwen2), GPT-2's Conv1D layers in int8

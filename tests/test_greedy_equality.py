@@ -72,3 +72,24 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
     assert taus["draft_model_close"] > 2.0 and taus["draft_model_tree"] > 2.0, taus
     assert taus["draft_model_int8"] > 2.0, taus  # int8 drafts still mostly agree with the target
     assert taus["none"] == 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_greedy_with_repetition_penalty_equals_target_generate(arch, tiny_models, close_drafts, tiny_tokenizer):
+    """Hugging Face's repetition penalty: each tree node is penalised for its own context (the
+    committed tokens and its ancestors), so the output is still the target's own greedy output."""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPT_TEXTS] + [REPETITIVE]
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, repetition_penalty=1.3,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):].tolist()
+                for p in prompts]
+    configs = drafter_configs(arch, tiny_models, close_drafts)
+    for name in ("none", "ngram", "ngram_tree", "draft_model_close", "draft_model_tree"):
+        dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": configs[name],
+                              "sampling": {"repetition_penalty": 1.3}, "generation": {"max_new_tokens": NEW_TOKENS}})
+        assert [dec.generate(input_ids=[p]).token_ids[0] for p in prompts] == expected, f"{arch}/{name} batch 1"
+        batched = dec.generate(input_ids=prompts[:4])
+        assert batched.token_ids == expected[:4], f"{arch}/{name} batch 4"
+        if name.startswith("draft_model"):
+            assert batched.stats.tau > 1.5, (name, batched.stats.tau)  # nodes below accepted nodes were verified
+

@@ -1,10 +1,11 @@
 """The target distribution is made exactly as Hugging Face's sampler makes it."""
 import pytest
 import torch
-from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from draftsman.verifier.sampling import SamplingParams, processed_probs, sample_from
+from draftsman.verifier.sampling import SamplingParams, penalize_repeats, processed_probs, sample_from, seen_in_block
+from draftsman.verifier.tree import ancestors_and_depth
 
 
 def hf_probs(logits, p: SamplingParams):
@@ -51,6 +52,30 @@ def test_bad_sampling_values_are_named():
         SamplingParams(1.0, min_p=1.5)
     with pytest.raises(ValueError, match="min_p"):
         SamplingParams(1.0, min_p=-0.1)
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        SamplingParams(1.0, repetition_penalty=0.0)
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_matches_hf(penalty):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 30, generator=g) * 2
+    context = torch.randint(0, 30, (4, 12), generator=g)
+    seen = torch.zeros(4, 30, dtype=torch.bool).scatter_(1, context, True)
+    want = RepetitionPenaltyLogitsProcessor(penalty)(context, logits.clone())
+    assert torch.equal(penalize_repeats(logits, seen, penalty), want)
+
+
+def test_each_block_position_sees_its_context_and_its_own_ancestors():
+    """Root 0 -> nodes 1, 2; node 1 -> node 3. A node's logits predict the token after it, so
+    its own token counts; a sibling's never does."""
+    tokens = torch.tensor([[7, 3, 4, 5]])
+    ancestors, _ = ancestors_and_depth(torch.tensor([[-1, 0, 0, 1]]))
+    before = torch.zeros(1, 10, dtype=torch.bool)
+    before[0, [7, 9]] = True  # the committed context (the root included)
+    seen = seen_in_block(tokens, ancestors, before)
+    assert [sorted(seen[0, j].nonzero().squeeze(1).tolist()) for j in range(4)] == [
+        [7, 9], [3, 7, 9], [4, 7, 9], [3, 5, 7, 9]]
 
 
 def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one():

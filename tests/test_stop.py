@@ -116,3 +116,16 @@ def test_cli_stop_matches_the_python_api(tiny_models, tmp_path, capsys, self_dra
     want = self_drafting.generate(PROMPTS[:1], max_new_tokens=NEW, stop=[stop])
     assert got["token_ids"] == want.token_ids and got["texts"] == want.texts
     assert got["stats"]["finish_reasons"] == ["stop"]
+
+
+def test_stop_without_a_tokenizer_is_refused(tiny_models, tmp_path):
+    """Stop strings are text: a target folder without a tokenizer cannot have them."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_models["llama"][0].iterdir():
+        if not f.name.startswith(("tokenizer", "special_tokens")):
+            (bare / f.name).write_bytes(f.read_bytes())
+    decoder = draftsman.load({"target": {"path": str(bare)}})
+    with pytest.raises(ValueError, match="stop strings need a tokenizer.*end rows with EOS or max_new_tokens"):
+        decoder.generate(input_ids=[[5, 6]], max_new_tokens=2, stop=["x"])
+    assert decoder.generate(input_ids=[[5, 6]], max_new_tokens=2).token_ids[0]  # and the decoder still works

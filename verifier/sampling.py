@@ -3,6 +3,12 @@
 Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, top-p, min-p), so
 `drafter: none` through our engine samples the same distribution as `model.generate(do_sample=True)`.
 Temperature 0 means greedy: the distribution is one-hot on the first argmax.
+
+The repetition penalty comes first, as Hugging Face's RepetitionPenaltyLogitsProcessor runs before
+the warpers. It depends on each position's context, which only the engine knows (a tree node's
+context is the committed text plus its own ancestors), so the engine applies it to the target's
+logits (`penalize_repeats`) before they reach `processed_probs`. Drafters may ignore it: their q
+is whatever they drew from, and the verifier stays exact either way.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ class SamplingParams:
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None  # drop tokens below min_p x the most likely token's probability
+    repetition_penalty: float | None = None  # HF's: logits of tokens already in the context / it (x it if < 0)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -27,10 +34,16 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
         if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] or null, got {self.min_p!r}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = none) or null, got {self.repetition_penalty!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalizes_repeats(self) -> bool:
+        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -56,6 +69,29 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)  # always keep the most likely token
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(-1)
+
+
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Hugging Face's repetition penalty on (..., V) logits, seen (..., V) = the tokens already in
+    each position's context: their positive logits are divided by `penalty`, negative ones
+    multiplied. In float32 or better, as Hugging Face's generate computes it."""
+    logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits.clone()
+    # Only the seen entries change: indexing them beat two full-size torch.where's 3-5x at batch 8.
+    at = seen.nonzero(as_tuple=True)
+    values = logits[at]
+    logits[at] = torch.where(values < 0, values * penalty, values / penalty)
+    return logits
+
+
+def seen_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Per position of a verification block, the tokens its context holds: (B, T) block tokens,
+    (B, T, T) ancestor-or-self mask, (B, V) tokens of the committed context -> (B, T, V) bool. A
+    node's logits predict the token after it, so the node itself is part of its context."""
+    B, T = tokens.shape
+    seen = before[:, None, :].expand(B, T, before.shape[-1]).clone()
+    b, j, k = ancestors.nonzero(as_tuple=True)
+    seen[b, j, tokens[b, k]] = True
+    return seen
 
 
 def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""Drafting under a repetition penalty (drafters/repeats.py): drafters penalise their own logits as
+the engine penalises the target's (the heads always, draft_model under penalise_drafts), so a
+draft model that is the target itself is always accepted."""
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters.repeats import DraftRepeats
+from draftsman.verifier.sampling import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 9], [5, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("options", [{"k": 4}, {"k": 4, "top_k": 3, "total_tokens": 30}], ids=["chain", "tree"])
+def test_the_target_drafting_for_itself_is_accepted(tiny_models, options):
+    """The target as its own draft model, under repetition_penalty 1.5: output equals plain
+    decoding's; drafting that ignores the penalty (penalise_drafts off) is accepted less."""
+    target = str(tiny_models["llama"][0])
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "draft_model", "path": target, "penalise_drafts": True,
+                                                                     **options},
+                          "sampling": {"repetition_penalty": 1.5}})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=20)
+    assert out.token_ids == dec.with_drafter({"name": "none"}).generate(input_ids=PROMPTS, max_new_tokens=20).token_ids
+    if "top_k" not in options:  # a chain of the target's own penalised argmax: every draft accepted
+        assert out.stats.tau == 5.0, out.stats.accepted_per_round  # 20 tokens in 4 rounds per row
+    unaware = dec.with_drafter({**dec.config["drafter"], "penalise_drafts": False}).generate(input_ids=PROMPTS,
+                                                                                            max_new_tokens=20)
+    assert unaware.token_ids == out.token_ids
+    assert out.stats.tau > unaware.stats.tau + 0.5, (out.stats.accepted_per_round, unaware.stats.accepted_per_round)
+
+
+def test_seen_sets_follow_a_draft_vocabulary():
+    vocab_map = torch.tensor([9, 4, 2, 7])  # draft row -> token id
+    repeats = DraftRepeats(1.5, [[4, 5], [7, 7, 0]], width=4, vocab_map=vocab_map, vocab_size=10, device="cpu")
+    assert repeats.root_seen.tolist() == [[False, True, False, False], [False, False, False, True]]
+    after = DraftRepeats.plus(repeats.root_seen, torch.tensor([0, 3]))
+    assert after.tolist() == [[True, True, False, False], [False, False, False, True]]
+    logits = torch.tensor([[2.0, 2.0, -1.0, -1.0]] * 2)
+    want = torch.tensor([[2 / 1.5, 2 / 1.5, -1.0, -1.0], [2.0, 2.0, -1.0, -1.5]])
+    assert torch.allclose(repeats.penalise(logits, after), want)
+
+
+def test_no_penalty_no_seen_sets():
+    assert DraftRepeats.for_round(SamplingParams(1.0), [[1]], 4, None, 4, "cpu") is None
+    assert DraftRepeats.for_round(SamplingParams(1.0, repetition_penalty=1.0), [[1]], 4, None, 4, "cpu") is None
