@@ -55,10 +55,9 @@ class DraftModelDrafter(Drafter):
         vocab_order: str | None = None  # where draft_vocab's order is: a JSON file or folder (None = path)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
-        # Under a repetition penalty, penalise the draft model's logits too (drafters/repeats.py). The
-        # penalty depends on raw logit values, so it helps a draft whose logits are on the target's
-        # scale (the target itself, a distilled copy); the bundled draft model's tau did not rise.
-        penalise_drafts: bool = False
+        # The penalty depends on raw logit values, so this helps a draft whose logits are on the
+        # target's scale (the target itself, a distilled copy); the bundled draft model's tau did not rise.
+        penalise_drafts: bool = False  # under a repetition penalty, penalise the drafts too (drafters/repeats.py)
 
         def __post_init__(self):
             if not self.path:
