@@ -17,6 +17,7 @@ from ..heads.medusa import MedusaHeads
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
 from .registry import register
+from .repeats import DraftRepeats
 
 # Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
 DEFAULT_TREE = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2)]
@@ -71,6 +72,7 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, options: "MedusaDrafter.Options", target):
         self.heads, config = MedusaHeads.load(options.path, target.model)
+        self.target_vocab_size = target.vocab_size
         self.vocab_map = None
         if options.draft_vocab is not None:
             self.vocab_map = frequent_tokens(config, options.path, options.draft_vocab, target.vocab_size,
@@ -124,7 +126,12 @@ class MedusaDrafter(Drafter):
         if not ready:
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
-        candidates = self.heads(hidden).topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
+        logits = self.heads(hidden)  # (heads, n, width)
+        repeats = DraftRepeats.for_round(self.sampling, [contexts[b] for b in ready], logits.shape[-1],
+                                         self.vocab_map, self.target_vocab_size, self.device)
+        if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
+            logits = repeats.penalise(logits, repeats.root_seen.expand_as(logits))
+        candidates = logits.topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]
         tokens = candidates[self.head_of_node, :, self.rank_of_node]  # (nodes, n)

@@ -1,10 +1,13 @@
 """Drafting under a repetition penalty: a model drafter penalises its own logits the way the
 engine penalises the target's (verifier/sampling.py), each draft token for its own context (the
-committed tokens and the draft tokens above it), so its guesses follow the penalised target. The
-penalty acts on raw logits, so this pays for logits on the target's scale: on the bundled target
-at T=0 with repetition_penalty 1.2 (18 prompts), EAGLE-3's tau rose from 4.36 to 4.99, MTP's from
-2.46 to 2.53; the separately trained draft model's tree fell from 2.53 to 2.38, so `draft_model`
-penalises its drafts only under `penalise_drafts` (docs/choosing-a-drafter.md).
+committed tokens and the draft tokens above it), so its guesses follow the penalised target.
+
+The penalty acts on raw logits, so this pays for logits on the target's scale. On the bundled
+target at T=0 with repetition_penalty 1.2 (18 prompts), tau rose from 4.36 to 4.99 for EAGLE-3,
+2.46 to 2.53 for MTP, 2.10 to 2.12 for Medusa (whose heads see the committed text only: its
+candidates are ranked per head, not per node). The separately trained draft model's tree fell
+from 2.53 to 2.38, so `draft_model` penalises its drafts only under `penalise_drafts`
+(docs/choosing-a-drafter.md).
 
 Drafts only. A sampled draft token's q is the distribution it was drawn from, penalised or not,
 so the verifier stays exact either way (tests/test_engine_sampling.py).

@@ -68,6 +68,19 @@ def test_greedy_output_equals_the_target(trained_heads, tiny_models, tree, draft
     assert [dec.generate(input_ids=[p], max_new_tokens=30).token_ids[0] for p in prompts] == plain.token_ids
 
 
+@pytest.mark.parametrize("draft_vocab", [None, 64])
+def test_greedy_output_under_a_repetition_penalty_equals_the_target(trained_heads, tiny_models, draft_vocab):
+    """The heads' candidates are penalised for the committed text (drafters/repeats.py)."""
+    folder, _ = trained_heads
+    target = str(tiny_models["llama"][0])
+    prompts = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
+    plain = draftsman.load({"target": {"path": target}}).generate(input_ids=prompts, max_new_tokens=30,
+                                                                   repetition_penalty=1.3)
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": str(folder),
+                                                                  "draft_vocab": draft_vocab}})
+    assert dec.generate(input_ids=prompts, max_new_tokens=30, repetition_penalty=1.3).token_ids == plain.token_ids
+
+
 def test_sampling_follows_the_target(trained_heads, tiny_models):
     folder, _ = trained_heads
     target = str(tiny_models["llama"][0])
