@@ -61,7 +61,8 @@ class Decoder:
                  max_new_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  min_p: float | None = None, stop: list[str] | None = None,
-                 repetition_penalty: float | None = None) -> GenerationOutput:
+                 repetition_penalty: float | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py)."""
         if (prompts is None) == (input_ids is None):
@@ -69,7 +70,8 @@ class Decoder:
         if isinstance(prompts, str):
             prompts = [prompts]
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
-        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty)
+        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty,
+                              presence_penalty, frequency_penalty)
         tokens, stats = self.engine.generate(ids, **args)
         stops = args["stop"]
         texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
@@ -79,7 +81,8 @@ class Decoder:
                max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
                min_p: float | None = None, stop: list[str] | None = None,
-               repetition_penalty: float | None = None):
+               repetition_penalty: float | None = None, presence_penalty: float | None = None,
+               frequency_penalty: float | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -90,7 +93,8 @@ class Decoder:
         ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
         tokens: list[int] = []
         shown = ""
-        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty)
+        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty,
+                              presence_penalty, frequency_penalty)
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             tokens += new
@@ -110,14 +114,16 @@ class Decoder:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
     def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed, min_p=None, stop=None,
-                  repetition_penalty=None) -> dict:
+                  repetition_penalty=None, presence_penalty=None, frequency_penalty=None) -> dict:
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(
             temperature=s["temperature"] if temperature is None else temperature,
             top_k=s["top_k"] if top_k is None else top_k,
             top_p=s["top_p"] if top_p is None else top_p,
             min_p=s["min_p"] if min_p is None else min_p,
-            repetition_penalty=s["repetition_penalty"] if repetition_penalty is None else repetition_penalty)
+            repetition_penalty=s["repetition_penalty"] if repetition_penalty is None else repetition_penalty,
+            presence_penalty=s["presence_penalty"] if presence_penalty is None else presence_penalty,
+            frequency_penalty=s["frequency_penalty"] if frequency_penalty is None else frequency_penalty)
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
                 "stop": self._stop_check(g["stop"] if stop is None else stop)}

@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 from .api import Decoder
 from .chisquare import two_sample_chi2
 from .cli import UserError, build_config
-from .verifier.sampling import SamplingParams, penalize_repeats
+from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
 BUILTIN_PROMPTS = [
     "def fibonacci(n):\n",
@@ -83,9 +83,10 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
                  tolerance: float | None = None) -> dict:
     """Generate at temperature 0 with the drafter, then one plain target pass per prompt over
     prompt + output; every emitted token must be the argmax at its position (after the config's
-    repetition penalty, if any, for the context before it)."""
+    penalties, if any, for the context before it)."""
     tol = TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance
-    penalty = decoder.config["sampling"]["repetition_penalty"]
+    s = decoder.config["sampling"]
+    penalty, presence, frequency = s["repetition_penalty"], s["presence_penalty"], s["frequency_penalty"]
     out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=[])
     eos = decoder.engine.eos_token_ids
     rows = []
@@ -100,6 +101,11 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
             for j in range(1, len(new)):  # position j predicts new[j]: its context holds new[:j]
                 seen[j:, new[j - 1]] = True
             logits = penalize_repeats(logits, seen, penalty)
+        if presence or frequency:  # vLLM's: counts of the tokens generated before each position
+            counts = torch.zeros(logits.shape, device=logits.device)
+            for j in range(1, len(new)):
+                counts[j:, new[j - 1]] += 1
+            logits = penalize_counts(logits, counts, presence, frequency)
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):
             if tok == top:
@@ -135,8 +141,9 @@ def _samples(decoder: Decoder, prompt: list[int], n: int, positions: int, params
     for start in range(0, n, batch_size):
         out = decoder.generate(input_ids=[prompt] * min(batch_size, n - start), max_new_tokens=positions,
                                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                               min_p=params.min_p, repetition_penalty=params.repetition_penalty, stop=[],
-                               seed=next(seeds))
+                               min_p=params.min_p, repetition_penalty=params.repetition_penalty,
+                               presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                               stop=[], seed=next(seeds))
         rows += out.token_ids
         new, row_rounds = new + out.stats.new_tokens, row_rounds + out.stats.row_rounds
     return rows, new / max(row_rounds, 1)
@@ -177,7 +184,8 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
         t["passed"] = t["p_value"] >= threshold
     return {"passed": all(t["passed"] for t in tests), "temperature": params.temperature, "top_k": params.top_k,
             "top_p": params.top_p, "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty, "samples": samples, "positions": positions, "alpha": alpha,
+            "repetition_penalty": params.repetition_penalty, "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty, "samples": samples, "positions": positions, "alpha": alpha,
             "threshold": threshold, "seed": seed, "tau": taus,
             "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
 
@@ -229,7 +237,8 @@ def format_report(r: dict) -> str:
     if "sampling" in r:
         s = r["sampling"]
         lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}, "
-                     f"min_p {s['min_p']}, repetition_penalty {s['repetition_penalty']}; "
+                     f"min_p {s['min_p']}, repetition_penalty {s['repetition_penalty']}, "
+                     f"presence_penalty {s['presence_penalty']}, frequency_penalty {s['frequency_penalty']}; "
                      f"{s['samples']} samples per side of the first {s['positions']} tokens; tau "
                      + ", ".join(f"{t:.2f}" for t in s["tau"]))
         for i in sorted({t["prompt"] for t in s["tests"]}):
@@ -266,6 +275,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, help="sampling: default sampling.top_p")
     p.add_argument("--min-p", type=float, help="sampling: default sampling.min_p")
     p.add_argument("--repetition-penalty", type=float, help="sampling: default sampling.repetition_penalty")
+    p.add_argument("--presence-penalty", type=float, help="sampling: default sampling.presence_penalty")
+    p.add_argument("--frequency-penalty", type=float, help="sampling: default sampling.frequency_penalty")
     p.add_argument("--samples", type=int, default=2000, help="sampling: samples per side per prompt (default 2000)")
     p.add_argument("--sample-prompts", type=int, default=2, help="sampling: how many of the prompts (default 2)")
     p.add_argument("--positions", type=int, default=3, help="sampling: first tokens compared (default 3)")
@@ -291,10 +302,9 @@ def run(args: argparse.Namespace) -> int:
     if temperature <= 0:
         raise UserError(f"--temperature must be > 0 for the sampling check (the greedy check runs at 0 anyway), "
                         f"got {temperature}")
-    sampling = SamplingParams(temperature, args.top_k if args.top_k is not None else s["top_k"],
-                              args.top_p if args.top_p is not None else s["top_p"],
-                              args.min_p if args.min_p is not None else s["min_p"],
-                              s["repetition_penalty"] if args.repetition_penalty is None else args.repetition_penalty)
+    given = {key: getattr(args, key) for key in ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                                 "frequency_penalty")}
+    sampling = SamplingParams(temperature, **{key: s[key] if value is None else value for key, value in given.items()})
 
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

@@ -62,6 +62,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, help="default: sampling.min_p")
     p.add_argument("--repetition-penalty", type=float,
                    help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
+    p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
+    p.add_argument("--frequency-penalty", type=float, help="vLLM / OpenAI's; default: sampling.frequency_penalty")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a row when it generates TEXT (repeatable; the output ends before it); "
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
@@ -103,7 +105,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                            min_p=args.min_p, stop=args.stop,
-                           repetition_penalty=args.repetition_penalty)
+                           repetition_penalty=args.repetition_penalty,
+                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
     if args.json:
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
                           "config": cfg}))
@@ -124,7 +127,9 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats,
                                 min_p=args.min_p, stop=args.stop,
-                                repetition_penalty=args.repetition_penalty):
+                                repetition_penalty=args.repetition_penalty,
+                                presence_penalty=args.presence_penalty,
+                                frequency_penalty=args.frequency_penalty):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

@@ -2,7 +2,8 @@
 
     target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
-    sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null}
+    sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null,
+               presence_penalty: null, frequency_penalty: null}
     generation: {max_new_tokens: 64, seed: 0, stop: null}
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "top_p": None,
         "min_p": None,  # keep tokens with at least min_p x the top token's probability (after top-k / top-p)
         "repetition_penalty": None,  # Hugging Face's (1.2 is common; 1 or null = none), before the rest
+        "presence_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this for each token generated before
+        "frequency_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this x how often it was generated
     },
     "generation": {
         "max_new_tokens": 64,
@@ -98,6 +101,7 @@ def merge(raw: dict) -> dict:
 # Keys whose default is None still have a type: the default says nothing, so list them here.
 _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
                      "sampling.top_p": float, "sampling.min_p": float, "sampling.repetition_penalty": float,
+                     "sampling.presence_penalty": float, "sampling.frequency_penalty": float,
                      "generation.stop": list}
 
 

@@ -46,6 +46,7 @@ def config(target, **sections):
     (dict(input_ids=[[5]], top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(input_ids=[[5]], min_p=2.0), r"min_p must be in \[0, 1\]"),
     (dict(input_ids=[[5]], repetition_penalty=-1.0), "repetition_penalty must be > 0"),
+    (dict(input_ids=[[5]], presence_penalty=5.0), r"presence_penalty must be in \[-2, 2\]"),
     (dict(input_ids=[[5]], stop="\n"), "stop must be a list of strings"),
 ])
 def test_bad_generate_calls_name_the_problem(decoder, call, message):
@@ -80,7 +81,7 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
                     r"\['drafter', 'generation', 'sampling', 'target'\]"),
     ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
                                       r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
-    ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['min_p', 'repetition_penalty', 'temperature', 'top_k', 'top_p'\]"),
+    ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['frequency_penalty', 'min_p', 'presence_penalty', 'repetition_penalty', 'temperature', 'top_k', 'top_p'\]"),
     ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'seed', 'stop'\]"),
     ({"sampling": 0.5}, "section 'sampling' must be a mapping"),
 ])

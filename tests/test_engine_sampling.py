@@ -111,3 +111,38 @@ def test_kept_hidden_states_are_each_rows_kept_slots():
             for layer, h in kept[row].items():
                 assert torch.equal(h, hidden[layer][row, slots])
     assert engine._kept_hidden({}, [[0]]) == []
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft_model", "ngram"])
+def test_presence_and_frequency_penalties_when_sampling(drafter, tiny_models):
+    """The second token repeats the first with the exact penalised probability: presence -1.5 and
+    frequency -0.5 make a repeat about e^2 times likelier, and only the first token counts (the
+    prompt does not). Binomial test on 6000 rows; the unpenalised probability must fail it. The
+    draft model is the target itself: its first draft is almost always accepted, so the second
+    token is verified at that node, counting it as an ancestor."""
+    from scipy.stats import binomtest
+
+    target = tiny_models["llama"][0]
+    cfg = {"name": "ngram", "k": 3, "branches": 2} if drafter == "ngram" else \
+          {"name": "draft_model", "path": str(target), "k": 3} if drafter == "draft_model" else {"name": "none"}
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=1.0, presence_penalty=-1.5,
+                       frequency_penalty=-0.5, seed=321)
+    rows = [t for t in out.token_ids if len(t) == 2]
+    repeats = sum(t[0] == t[1] for t in rows)
+    model = load_for_reference(target)
+    with torch.no_grad():
+        p1 = processed_probs(model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), SamplingParams(1.0))
+        p1[list(dec.engine.eos_token_ids)] = 0
+        support = p1.nonzero().squeeze(1)
+        batch = torch.cat([torch.tensor([PROMPT]).expand(len(support), -1), support[:, None]], dim=1)
+        logits2 = model(input_ids=batch).logits[:, -1].double()
+    rows_idx = torch.arange(len(support))
+    def repeat_probability(boost):
+        boosted = logits2.clone()
+        boosted[rows_idx, support] += boost
+        p2 = boosted.softmax(-1)[rows_idx, support]
+        return float((p1[support] * p2).sum() / p1[support].sum())
+    exact, unpenalised = repeat_probability(1.5 + 0.5), repeat_probability(0.0)
+    assert binomtest(repeats, len(rows), exact).pvalue > ALPHA, (repeats, len(rows), exact)
+    assert binomtest(repeats, len(rows), unpenalised).pvalue < ALPHA, (repeats, len(rows), unpenalised)

@@ -93,3 +93,37 @@ def test_greedy_with_repetition_penalty_equals_target_generate(arch, tiny_models
         if name.startswith("draft_model"):
             assert batched.stats.tau > 1.5, (name, batched.stats.tau)  # nodes below accepted nodes were verified
 
+
+
+def reference_greedy_with_counts(model, prompt, new_tokens, presence, frequency):
+    """Plain greedy decoding, one full forward per token, with vLLM's presence / frequency
+    penalties written out: logits - frequency x count - presence x [count > 0], counting generated
+    tokens only (an independent reference: transformers has no such processor)."""
+    out = []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(input_ids=torch.tensor([prompt + out])).logits[0, -1].float()
+            counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[-1]).float()
+            token = int((logits - frequency * counts - presence * (counts > 0).float()).argmax())
+            out.append(token)
+            if token in model.generation_config.eos_token_id if isinstance(
+                    model.generation_config.eos_token_id, list) else token == model.generation_config.eos_token_id:
+                break
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_with_presence_and_frequency_penalties_equals_plain_decoding(arch, tiny_models, close_drafts,
+                                                                           tiny_tokenizer):
+    """A node counts the tokens generated before the round and its own ancestors, never the root
+    (the prompt's last token in round 1)."""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPT_TEXTS] + [REPETITIVE]
+    expected = [reference_greedy_with_counts(model, p, NEW_TOKENS, 0.7, 0.4) for p in prompts]
+    configs = drafter_configs(arch, tiny_models, close_drafts)
+    for name in ("none", "ngram_tree", "draft_model_close", "draft_model_tree"):
+        dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": configs[name],
+                              "sampling": {"presence_penalty": 0.7, "frequency_penalty": 0.4},
+                              "generation": {"max_new_tokens": NEW_TOKENS}})
+        assert [dec.generate(input_ids=[p]).token_ids[0] for p in prompts] == expected, f"{arch}/{name} batch 1"
+        assert dec.generate(input_ids=prompts[:4]).token_ids == expected[:4], f"{arch}/{name} batch 4"

@@ -4,7 +4,8 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from draftsman.verifier.sampling import SamplingParams, penalize_repeats, processed_probs, sample_from, seen_in_block
+from draftsman.verifier.sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats,
+                                        processed_probs, sample_from, seen_in_block)
 from draftsman.verifier.tree import ancestors_and_depth
 
 
@@ -54,6 +55,28 @@ def test_bad_sampling_values_are_named():
         SamplingParams(1.0, min_p=-0.1)
     with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
         SamplingParams(1.0, repetition_penalty=0.0)
+    with pytest.raises(ValueError, match=r"presence_penalty must be in \[-2, 2\]"):
+        SamplingParams(1.0, presence_penalty=3.0)
+    with pytest.raises(ValueError, match=r"frequency_penalty must be in \[-2, 2\]"):
+        SamplingParams(1.0, frequency_penalty=-2.5)
+
+
+def test_presence_and_frequency_penalties_subtract_per_generated_token():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    counts = torch.tensor([[0, 1, 3, 0]])
+    got = penalize_counts(logits, counts, presence=0.5, frequency=0.25)
+    assert torch.allclose(got, torch.tensor([[1.0, 2.0 - 0.25 - 0.5, 3.0 - 0.75 - 0.5, 4.0]]))
+
+
+def test_block_counts_take_ancestors_but_never_the_root():
+    """Root 0 (token 7) -> nodes 1 (3), 2 (3); node 1 -> node 3 (3). Generated before: token 9 once."""
+    tokens = torch.tensor([[7, 3, 3, 3]])
+    ancestors, _ = ancestors_and_depth(torch.tensor([[-1, 0, 0, 1]]))
+    before = torch.zeros(1, 10, dtype=torch.long)
+    before[0, 9] = 1
+    counts = counts_in_block(tokens, ancestors, before)
+    assert counts[0, :, 3].tolist() == [0, 1, 1, 2] and counts[0, :, 7].tolist() == [0, 0, 0, 0]
+    assert counts[0, :, 9].tolist() == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])

@@ -16,7 +16,8 @@ import torch
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
-from .sampling import SamplingParams, penalize_repeats, processed_probs, seen_in_block
+from .sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats, processed_probs,
+                       seen_in_block)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -161,7 +162,8 @@ class SpeculativeEngine:
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
                 verdict, hidden, block_tokens = self._verify(roots, trees, sampling, coin,
-                                                             [contexts[r] for r in active])
+                                                             [contexts[r] for r in active],
+                                                             [outputs[r] for r in active])
                 accepted = verdict.accepted.tolist()
                 num_accepted = verdict.num_accepted.tolist()
                 next_token = verdict.next_token.tolist()
@@ -209,22 +211,22 @@ class SpeculativeEngine:
             stats.drafter_report = self.drafter.report()
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin,
-                contexts: list[list[int]]):
+                contexts: list[list[int]], outputs: list[list[int]]):
         """One target pass over every row's root + tree and the verdict. Plain rounds and greedy
         chains take shorter paths to the same verdict (no packing, no tree walk). contexts: each
-        row's committed tokens, the root included (for the repetition penalty)."""
+        row's committed tokens, the root included; outputs: the generated ones (for penalties)."""
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden = self._target_pass(block, layers, sampling, contexts)
+            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden = self._target_pass(block, layers, sampling, contexts)
+            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden = self._target_pass(block, layers, sampling, contexts)
+            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
@@ -232,9 +234,10 @@ class SpeculativeEngine:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
         return verdict, hidden, block.tokens.shape[1]
 
-    def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]]):
-        """The target's logits and states over a block; under a repetition penalty, the logits as
-        penalised for each position's own context (committed tokens + its ancestors in the block)."""
+    def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
+                     outputs: list[list[int]]):
+        """The target's logits and states over a block; under penalties, the logits as penalised
+        for each position's own context (committed tokens + its ancestors in the block)."""
         logits, hidden = self.target.forward(block, layers)
         if sampling.penalizes_repeats:
             before = torch.zeros(len(contexts), logits.shape[-1], dtype=torch.bool)
@@ -242,6 +245,11 @@ class SpeculativeEngine:
                 before[b, torch.tensor(context, dtype=torch.long)] = True
             seen = seen_in_block(block.tokens, block.ancestors, before.to(logits.device))
             logits = penalize_repeats(logits, seen, sampling.repetition_penalty)
+        if sampling.penalizes_counts:
+            before = torch.stack([torch.bincount(torch.tensor(row, dtype=torch.long), minlength=logits.shape[-1])
+                                  for row in outputs])
+            counts = counts_in_block(block.tokens, block.ancestors, before.to(logits.device))
+            logits = penalize_counts(logits, counts, sampling.presence_penalty, sampling.frequency_penalty)
         return logits, hidden
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):

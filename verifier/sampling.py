@@ -8,7 +8,10 @@ The repetition penalty comes first, as Hugging Face's RepetitionPenaltyLogitsPro
 the warpers. It depends on each position's context, which only the engine knows (a tree node's
 context is the committed text plus its own ancestors), so the engine applies it to the target's
 logits (`penalize_repeats`) before they reach `processed_probs`. Drafters may ignore it: their q
-is whatever they drew from, and the verifier stays exact either way.
+is whatever they drew from, and the verifier stays exact either way. The presence and frequency
+penalties of vLLM and the OpenAI API follow it (`penalize_counts`): they count generated tokens
+only, so a node counts its ancestors but not the root, which is the prompt's last token or an
+already counted one.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ class SamplingParams:
     top_p: float | None = None
     min_p: float | None = None  # drop tokens below min_p x the most likely token's probability
     repetition_penalty: float | None = None  # HF's: logits of tokens already in the context / it (x it if < 0)
+    presence_penalty: float | None = None  # vLLM / OpenAI: minus this for each token generated at least once
+    frequency_penalty: float | None = None  # vLLM / OpenAI: minus this x how often a token was generated
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -36,6 +41,11 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1] or null, got {self.min_p!r}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = none) or null, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = none, as in vLLM and the OpenAI API) or null, "
+                                 f"got {value!r}")
 
     @property
     def greedy(self) -> bool:
@@ -44,6 +54,10 @@ class SamplingParams:
     @property
     def penalizes_repeats(self) -> bool:
         return self.repetition_penalty is not None and self.repetition_penalty != 1.0
+
+    @property
+    def penalizes_counts(self) -> bool:
+        return bool(self.presence_penalty) or bool(self.frequency_penalty)
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -92,6 +106,27 @@ def seen_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.T
     b, j, k = ancestors.nonzero(as_tuple=True)
     seen[b, j, tokens[b, k]] = True
     return seen
+
+
+def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, presence: float | None,
+                    frequency: float | None) -> torch.Tensor:
+    """vLLM's presence and frequency penalties on (..., V) logits, counts (..., V) = how often each
+    token was generated in each position's context: logits - frequency x count - presence x [count > 0]."""
+    logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
+    counts = counts.to(logits.dtype)
+    return logits - (frequency or 0.0) * counts - (presence or 0.0) * (counts > 0).to(logits.dtype)
+
+
+def counts_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Per position of a verification block, how often each token was generated in its context:
+    (B, T) block tokens with the root in column 0, (B, T, T) ancestor-or-self mask, (B, V) counts
+    of the tokens generated before the round -> (B, T, V). The root is never counted here: it is
+    either the prompt's last token or an already generated (counted) one."""
+    B, T = tokens.shape
+    counts = before[:, None, :].expand(B, T, before.shape[-1]).clone()
+    b, j, k = ancestors[:, :, 1:].nonzero(as_tuple=True)
+    counts.index_put_((b, j, tokens[b, k + 1]), torch.ones_like(b, dtype=counts.dtype), accumulate=True)
+    return counts
 
 
 def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
