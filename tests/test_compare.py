@@ -91,6 +91,27 @@ def test_quick_run_writes_files_with_consistent_numbers(quick_run, capsys):
     assert res["environment"]["torch"] and res["memory_method"]
 
 
+def test_a_sampling_section_reaches_every_cell(quick_run, tiny_models, capsys, monkeypatch):
+    """Penalties change greedy output, so the HF peers (plain greedy) are skipped with a note; our
+    drafters all run under them and still match plain decoding at T=0."""
+    from draftsman.api import Decoder
+
+    seen = []
+    generate = Decoder.generate
+    monkeypatch.setattr(Decoder, "generate", lambda self, *a, **k: seen.append(dict(self.config["sampling"]))
+                        or generate(self, *a, **k))
+    config = yaml.safe_load((quick_run / "bench.yaml").read_text())
+    config.update({"sampling": {"repetition_penalty": 1.3, "top_p": 0.9}, "temperatures": [0], "batch_sizes": [1],
+                   "out": str(quick_run / "out-sampling")})
+    (quick_run / "sampling.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["compare", "--config", str(quick_run / "sampling.yaml"), "--quick", "--no-progress"]) == 0
+    assert "- sampling in every cell (besides its temperature): repetition_penalty 1.3, top_p 0.9" in capsys.readouterr().out
+    res = json.loads((quick_run / "out-sampling" / "results.json").read_text())
+    assert res["peers"] == [] and any("penalties change greedy output" in n for n in res["notes"])
+    assert all(c["mismatches"] == 0 for c in res["cells"])
+    assert seen and all(s["repetition_penalty"] == 1.3 and s["top_p"] == 0.9 for s in seen)
+
+
 def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     bad = tmp_path / "bench.yaml"
     bad.write_text("target: {path: nowhere}\nrepeat: 3\n")
@@ -108,6 +129,10 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
         load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}], "sweep_drafters": ["eagle"]})
     with pytest.raises(ValueError, match="batch_sizes"):
         load_bench_config(overrides={"target": {"path": "t"}, "batch_sizes": [0]})
+    with pytest.raises(ValueError, match=r"\['sampling.temperature'\].*temperatures are the `temperatures` list"):
+        load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"temperature": 0.5}})
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"repetition_penalty": 0}})
 
 
 def test_peak_memory_sees_a_temporary_tensor():

@@ -14,7 +14,7 @@ import torch
 from .. import __version__
 from ..api import Decoder
 from ..config import load_config
-from .config import drafter_label, drafter_options
+from .config import changes_greedy_output, drafter_label, drafter_options
 from .memory import PeakMemory
 from .peers import build_peers
 from .prompts_set import Prompt, by_category, read_prompts
@@ -28,7 +28,9 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     groups = by_category(prompts, cfg["categories"], cfg["prompts_per_category"])
     if cfg["batch_category"] and cfg["batch_category"] not in groups:  # before any model loads
         raise ValueError(f"batch_category '{cfg['batch_category']}' is not among the categories run: {sorted(groups)}")
-    base = Decoder(load_config({"target": cfg["target"], "drafter": {"name": "none"}}))
+    # Every drafter's Decoder copies this config, so the sampling section reaches every cell.
+    base = Decoder(load_config({"target": cfg["target"], "drafter": {"name": "none"},
+                                "sampling": cfg["sampling"] or {}}))
     if base.tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer; compare reads text "
                          "prompts, so it needs one")
@@ -38,9 +40,13 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     ours = [Ours(drafter_label(d), base if d["name"] == "none" else base.with_drafter(drafter_options(d)))
             for d in cfg["drafters"]]
     baseline = next(o.label for o in ours if o.name == "none")
-    peers, notes = build_peers(base, cfg["drafters"]) if cfg["peers"] and 0 in cfg["temperatures"] else ([], [])
+    with_peers = cfg["peers"] and 0 in cfg["temperatures"] and not changes_greedy_output(cfg["sampling"])
+    peers, notes = build_peers(base, cfg["drafters"]) if with_peers else ([], [])
     if cfg["peers"] and 0 not in cfg["temperatures"]:
         notes.append("peers skipped: they run greedy and temperature 0 is not among the temperatures")
+    elif cfg["peers"] and not with_peers:
+        notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties "
+                     "change greedy output")
     meter = PeakMemory(base.device)
     weights = sum(p.numel() * p.element_size() for p in base.target.parameters())
     elem = base.target.dtype.itemsize

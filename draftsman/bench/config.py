@@ -15,6 +15,7 @@ import yaml
 
 from ..config import DEFAULTS as RUN_DEFAULTS, check_type
 from ..models import resolve_device
+from ..verifier.sampling import SamplingParams
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
@@ -26,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "categories": None,  # categories to run; None = every category in the prompt file
     "prompts_per_category": None,  # first N prompts of each category; None = all
     "temperatures": [0, 1],
+    "sampling": None,  # every cell's other sampling settings: the run config's `sampling` keys but
+    #                    temperature (top_k, top_p, min_p, repetition / presence / frequency penalty)
     "batch_sizes": [1, 2, 4, 8, 16],
     "batch_category": None,  # rows of the batch sweep: one category, or None = mixed (round-robin)
     "max_new_tokens": 64,
@@ -186,6 +189,7 @@ def _validate(cfg: dict) -> None:
             raise ValueError(f"{key} must be a non-empty list of numbers, got {v!r}")
     if any(t < 0 for t in cfg["temperatures"]):
         raise ValueError(f"temperatures must be >= 0, got {cfg['temperatures']}")
+    _validate_sampling(cfg["sampling"])
     if any(not isinstance(b, int) or b < 1 for b in cfg["batch_sizes"]):
         raise ValueError(f"batch_sizes must be integers >= 1, got {cfg['batch_sizes']}")
     for key in ("max_new_tokens", "repeats"):
@@ -204,6 +208,28 @@ def _validate(cfg: dict) -> None:
         raise ValueError(f"peers must be true or false, got {cfg['peers']!r}")
     if not isinstance(cfg["seed"], int) or isinstance(cfg["seed"], bool):
         raise ValueError(f"seed must be an integer, got {cfg['seed']!r}")
+
+
+def _validate_sampling(sampling) -> None:
+    if sampling is None:
+        return
+    valid = sorted(set(RUN_DEFAULTS["sampling"]) - {"temperature"})
+    if not isinstance(sampling, dict):
+        raise ValueError(f"sampling must be a mapping of {valid} or null, got {sampling!r}")
+    bad = sorted(set(sampling) - set(valid))
+    if bad:
+        raise ValueError(f"unknown key(s) {[f'sampling.{k}' for k in bad]}; valid keys in 'sampling': {valid} "
+                         "(temperatures are the `temperatures` list)")
+    for key, value in sampling.items():
+        check_type(f"sampling.{key}", value, RUN_DEFAULTS["sampling"][key])
+    SamplingParams(1.0, **sampling)  # ranges (top_p in (0, 1], penalties, ...)
+
+
+def changes_greedy_output(sampling: dict | None) -> bool:
+    """Penalties change what greedy decoding emits (top-k / top-p / min-p never do)."""
+    s = sampling or {}
+    return bool(s.get("presence_penalty")) or bool(s.get("frequency_penalty")) or \
+        s.get("repetition_penalty") not in (None, 1.0)
 
 
 def drafter_label(d: dict) -> str:

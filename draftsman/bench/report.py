@@ -64,6 +64,8 @@ def markdown(results: dict) -> str:
         f"draftsman {env['draftsman']}" + (f" @ {env['git_commit']}" if env.get("git_commit") else ""),
         f"- prompts: {', '.join(f'{c} {n}' for c, n in counts.items())} from `{results['prompts']['file']}`; "
         f"{cfg['max_new_tokens']} new tokens; repeats: {cfg['repeats']} (interleaved, medians reported)",
+        *([f"- sampling in every cell (besides its temperature): "
+           f"{', '.join(f'{k} {v}' for k, v in cfg['sampling'].items())}"] if cfg.get("sampling") else []),
         "",
         "### Drafters (batch 1)",
         "",
