@@ -227,9 +227,8 @@ def _validate_sampling(sampling) -> None:
 
 def changes_greedy_output(sampling: dict | None) -> bool:
     """Penalties change what greedy decoding emits (top-k / top-p / min-p never do)."""
-    s = sampling or {}
-    return bool(s.get("presence_penalty")) or bool(s.get("frequency_penalty")) or \
-        s.get("repetition_penalty") not in (None, 1.0)
+    params = SamplingParams(0.0, **(sampling or {}))
+    return params.penalizes_repeats or params.penalizes_counts
 
 
 def drafter_label(d: dict) -> str:
