@@ -34,9 +34,9 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
-from .repeats import DraftRepeats
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .registry import register
+from .repeats import DraftRepeats
 
 
 @register

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..verifier.sampling import penalize_repeats
+from ..verifier.sampling import penalize_repeats, token_mask
 
 
 class DraftRepeats:
@@ -26,10 +26,7 @@ class DraftRepeats:
     def __init__(self, penalty: float, contexts: list[list[int]], width: int, vocab_map: torch.Tensor | None,
                  vocab_size: int, device):
         self.penalty = penalty
-        rows = torch.zeros(len(contexts), vocab_size, dtype=torch.bool)
-        for b, context in enumerate(contexts):
-            rows[b, torch.tensor(context, dtype=torch.long)] = True
-        rows = rows.to(device)
+        rows = token_mask(contexts, vocab_size, device)
         self.root_seen = rows[:, :width] if vocab_map is None else rows[:, vocab_map]  # (B, width)
 
     @classmethod

@@ -70,8 +70,9 @@ class Decoder:
         if isinstance(prompts, str):
             prompts = [prompts]
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
-        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty,
-                              presence_penalty, frequency_penalty)
+        args = self._run_args(max_new_tokens, seed, stop, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
         tokens, stats = self.engine.generate(ids, **args)
         stops = args["stop"]
         texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
@@ -93,8 +94,9 @@ class Decoder:
         ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
         tokens: list[int] = []
         shown = ""
-        args = self._run_args(max_new_tokens, temperature, top_k, top_p, seed, min_p, stop, repetition_penalty,
-                              presence_penalty, frequency_penalty)
+        args = self._run_args(max_new_tokens, seed, stop, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             tokens += new
@@ -113,17 +115,10 @@ class Decoder:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
-    def _run_args(self, max_new_tokens, temperature, top_k, top_p, seed, min_p=None, stop=None,
-                  repetition_penalty=None, presence_penalty=None, frequency_penalty=None) -> dict:
+    def _run_args(self, max_new_tokens, seed, stop, sampling: dict) -> dict:
+        """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]
-        sampling = SamplingParams(
-            temperature=s["temperature"] if temperature is None else temperature,
-            top_k=s["top_k"] if top_k is None else top_k,
-            top_p=s["top_p"] if top_p is None else top_p,
-            min_p=s["min_p"] if min_p is None else min_p,
-            repetition_penalty=s["repetition_penalty"] if repetition_penalty is None else repetition_penalty,
-            presence_penalty=s["presence_penalty"] if presence_penalty is None else presence_penalty,
-            frequency_penalty=s["frequency_penalty"] if frequency_penalty is None else frequency_penalty)
+        sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
                 "stop": self._stop_check(g["stop"] if stop is None else stop)}

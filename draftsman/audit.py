@@ -15,6 +15,7 @@ Exit status: 0 pass, 1 fail, 2 a usage error. docs/audit.md says what each check
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from transformers.utils import logging as hf_logging
 
 from .api import Decoder
 from .chisquare import two_sample_chi2
-from .cli import UserError, build_config
+from .cli import UserError, build_config, sampling_flags
+from .config import DEFAULTS
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
 BUILTIN_PROMPTS = [
@@ -85,8 +87,7 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
     prompt + output; every emitted token must be the argmax at its position (after the config's
     penalties, if any, for the context before it)."""
     tol = TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance
-    s = decoder.config["sampling"]
-    penalty, presence, frequency = s["repetition_penalty"], s["presence_penalty"], s["frequency_penalty"]
+    params = SamplingParams(**{**decoder.config["sampling"], "temperature": 0.0})  # the config's penalties
     out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=[])
     eos = decoder.engine.eos_token_ids
     rows = []
@@ -95,17 +96,17 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
         with torch.no_grad():
             ids = torch.tensor([prompt + new[:-1]], device=decoder.device)
             logits = decoder.target(input_ids=ids).logits[0, len(prompt) - 1:].float()
-        if penalty is not None and penalty != 1.0:
-            seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        if params.penalizes_repeats or params.penalizes_counts:
+            # Position j predicts new[j]: its context holds the prompt and new[:j], generated[j] counts new[:j].
+            steps = torch.nn.functional.one_hot(torch.tensor(new[:-1], dtype=torch.long), logits.shape[-1])
+            generated = torch.cat([torch.zeros(1, logits.shape[-1], dtype=torch.long), steps]).cumsum(0)
+            generated = generated.to(logits.device)
+        if params.penalizes_repeats:
+            seen = generated > 0
             seen[:, torch.tensor(prompt)] = True
-            for j in range(1, len(new)):  # position j predicts new[j]: its context holds new[:j]
-                seen[j:, new[j - 1]] = True
-            logits = penalize_repeats(logits, seen, penalty)
-        if presence or frequency:  # vLLM's: counts of the tokens generated before each position
-            counts = torch.zeros(logits.shape, device=logits.device)
-            for j in range(1, len(new)):
-                counts[j:, new[j - 1]] += 1
-            logits = penalize_counts(logits, counts, presence, frequency)
+            logits = penalize_repeats(logits, seen, params.repetition_penalty)
+        if params.penalizes_counts:  # vLLM's: they count generated tokens only
+            logits = penalize_counts(logits, generated, params.presence_penalty, params.frequency_penalty)
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):
             if tok == top:
@@ -140,10 +141,7 @@ def _samples(decoder: Decoder, prompt: list[int], n: int, positions: int, params
     rows, new, row_rounds = [], 0, 0
     for start in range(0, n, batch_size):
         out = decoder.generate(input_ids=[prompt] * min(batch_size, n - start), max_new_tokens=positions,
-                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                               min_p=params.min_p, repetition_penalty=params.repetition_penalty,
-                               presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-                               stop=[], seed=next(seeds))
+                               stop=[], seed=next(seeds), **dataclasses.asdict(params))
         rows += out.token_ids
         new, row_rounds = new + out.stats.new_tokens, row_rounds + out.stats.row_rounds
     return rows, new / max(row_rounds, 1)
@@ -182,10 +180,8 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
     threshold = alpha / max(len(tests), 1)
     for t in tests:
         t["passed"] = t["p_value"] >= threshold
-    return {"passed": all(t["passed"] for t in tests), "temperature": params.temperature, "top_k": params.top_k,
-            "top_p": params.top_p, "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty, "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty, "samples": samples, "positions": positions, "alpha": alpha,
+    return {"passed": all(t["passed"] for t in tests), **dataclasses.asdict(params),
+            "samples": samples, "positions": positions, "alpha": alpha,
             "threshold": threshold, "seed": seed, "tau": taus,
             "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
 
@@ -236,9 +232,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  greedy: {'PASS' if g['passed'] else 'FAIL'} ({g['tokens']} tokens checked)")
     if "sampling" in r:
         s = r["sampling"]
-        lines.append(f"\nsampling: temperature {s['temperature']:g}, top_k {s['top_k']}, top_p {s['top_p']}, "
-                     f"min_p {s['min_p']}, repetition_penalty {s['repetition_penalty']}, "
-                     f"presence_penalty {s['presence_penalty']}, frequency_penalty {s['frequency_penalty']}; "
+        lines.append(f"\nsampling: temperature {s['temperature']:g}, "
+                     + ", ".join(f"{key} {s[key]}" for key in DEFAULTS["sampling"] if key != "temperature") + "; "
                      f"{s['samples']} samples per side of the first {s['positions']} tokens; tau "
                      + ", ".join(f"{t:.2f}" for t in s["tau"]))
         for i in sorted({t["prompt"] for t in s["tests"]}):
@@ -302,9 +297,8 @@ def run(args: argparse.Namespace) -> int:
     if temperature <= 0:
         raise UserError(f"--temperature must be > 0 for the sampling check (the greedy check runs at 0 anyway), "
                         f"got {temperature}")
-    given = {key: getattr(args, key) for key in ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                                                 "frequency_penalty")}
-    sampling = SamplingParams(temperature, **{key: s[key] if value is None else value for key, value in given.items()})
+    given = {**sampling_flags(args), "temperature": temperature}
+    sampling = SamplingParams(**{key: s[key] if value is None else value for key, value in given.items()})
 
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

@@ -31,7 +31,7 @@ from transformers.utils import logging as hf_logging
 
 from . import __version__
 from .api import Decoder, GenerationStats
-from .config import apply_overrides, load_config
+from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 
 EXIT_USAGE = 2  # same status argparse uses for bad arguments
@@ -103,10 +103,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                           min_p=args.min_p, stop=args.stop,
-                           repetition_penalty=args.repetition_penalty,
-                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+                           seed=args.seed, stop=args.stop, **sampling_flags(args))
     if args.json:
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
                           "config": cfg}))
@@ -121,15 +118,16 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def sampling_flags(args: argparse.Namespace) -> dict:
+    """--temperature, --top-k, ...: one flag per key of the config's sampling section (None = unset)."""
+    return {key: getattr(args, key) for key in DEFAULTS["sampling"]}
+
+
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     """One text prompt: print the continuation as rounds accept it."""
     stats = GenerationStats()
-    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stats=stats,
-                                min_p=args.min_p, stop=args.stop,
-                                repetition_penalty=args.repetition_penalty,
-                                presence_penalty=args.presence_penalty,
-                                frequency_penalty=args.frequency_penalty):
+    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, seed=args.seed, stats=stats,
+                                stop=args.stop, **sampling_flags(args)):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

@@ -17,7 +17,7 @@ from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats, processed_probs,
-                       seen_in_block)
+                       seen_in_block, token_mask)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -240,10 +240,7 @@ class SpeculativeEngine:
         for each position's own context (committed tokens + its ancestors in the block)."""
         logits, hidden = self.target.forward(block, layers)
         if sampling.penalizes_repeats:
-            before = torch.zeros(len(contexts), logits.shape[-1], dtype=torch.bool)
-            for b, context in enumerate(contexts):
-                before[b, torch.tensor(context, dtype=torch.long)] = True
-            seen = seen_in_block(block.tokens, block.ancestors, before.to(logits.device))
+            seen = seen_in_block(block.tokens, block.ancestors, token_mask(contexts, logits.shape[-1], logits.device))
             logits = penalize_repeats(logits, seen, sampling.repetition_penalty)
         if sampling.penalizes_counts:
             before = torch.stack([torch.bincount(torch.tensor(row, dtype=torch.long), minlength=logits.shape[-1])

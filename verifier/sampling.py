@@ -97,6 +97,14 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
     return logits
 
 
+def token_mask(rows: list[list[int]], width: int, device) -> torch.Tensor:
+    """(B, width) bool: the token ids each row holds (a row's committed context, for the penalty)."""
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        mask[b, torch.tensor(row, dtype=torch.long)] = True
+    return mask.to(device)
+
+
 def seen_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
     """Per position of a verification block, the tokens its context holds: (B, T) block tokens,
     (B, T, T) ancestor-or-self mask, (B, V) tokens of the committed context -> (B, T, V) bool. A
