@@ -6,7 +6,7 @@ import torch
 
 import draftsman
 from draftsman.drafters.repeats import DraftRepeats
-from draftsman.verifier.sampling import SamplingParams
+from draftsman.verifier.sampling import SamplingParams, processed_probs
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 9], [5, 1, 2, 3, 4]]
 
@@ -43,3 +43,26 @@ def test_seen_sets_follow_a_draft_vocabulary():
 def test_no_penalty_no_seen_sets():
     assert DraftRepeats.for_round(SamplingParams(1.0), [[1]], 4, None, 4, "cpu") is None
     assert DraftRepeats.for_round(SamplingParams(1.0, repetition_penalty=1.0), [[1]], 4, None, 4, "cpu") is None
+
+
+def test_a_penalised_sampled_drafts_q_is_what_it_was_drawn_from(tiny_models):
+    """At T > 0 under penalise_drafts, each draft token is drawn from the penalised draft
+    distribution, and that distribution must be its q (the verifier divides by it). The reference
+    is Hugging Face's own processor on the draft model's logits; unpenalised they differ."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from tiny_models import load_for_reference
+
+    target = str(tiny_models["llama"][0])
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "draft_model", "path": target, "k": 3,
+                                                                   "penalise_drafts": True}})
+    drafter, context = dec.drafter, PROMPTS[0]
+    params = SamplingParams(0.8, repetition_penalty=1.5)
+    drafter.begin([context], params, torch.Generator().manual_seed(0))
+    q = drafter.propose([context])[0].draft_probs[0].double()  # the first draft token's q
+    ids = torch.tensor([context])
+    with torch.no_grad():
+        logits = load_for_reference(tiny_models["llama"][0])(input_ids=ids).logits[:, -1].double()
+    penalised = processed_probs(RepetitionPenaltyLogitsProcessor(1.5)(ids, logits.clone())[0], params)
+    assert (q - penalised).abs().max() < 1e-5
+    assert (q - processed_probs(logits[0], params)).abs().max() > 1e-3

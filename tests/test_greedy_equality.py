@@ -99,6 +99,8 @@ def reference_greedy_with_counts(model, prompt, new_tokens, presence, frequency)
     """Plain greedy decoding, one full forward per token, with vLLM's presence / frequency
     penalties written out: logits - frequency x count - presence x [count > 0], counting generated
     tokens only (an independent reference: transformers has no such processor)."""
+    eos = model.generation_config.eos_token_id
+    eos = set(eos) if isinstance(eos, list) else {eos}
     out = []
     with torch.no_grad():
         for _ in range(new_tokens):
@@ -106,8 +108,7 @@ def reference_greedy_with_counts(model, prompt, new_tokens, presence, frequency)
             counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[-1]).float()
             token = int((logits - frequency * counts - presence * (counts > 0).float()).argmax())
             out.append(token)
-            if token in model.generation_config.eos_token_id if isinstance(
-                    model.generation_config.eos_token_id, list) else token == model.generation_config.eos_token_id:
+            if token in eos:
                 break
     return out
 
