@@ -5,15 +5,21 @@ Per row: the root's top_k tokens are depth 1. At each further depth the drafter 
 frontier nodes (by cumulative log-probability, the product of its confidences along the path),
 each with its own top_k children; the best top_k of those children become the next frontier.
 Finally every node drafted is reranked by that score and the best `total_tokens` form the tree. A
-child never scores above its parent, so the kept set is connected. Every node is a deterministic
-top-k choice: the shared verifier keeps the output exact at any temperature.
+child never scores above its parent, so the kept set is connected, and growth stops early once
+every frontier node scores below the `total_tokens`-th best node drafted so far (none of their
+children could be kept). Every node is a deterministic top-k choice: the shared verifier keeps
+the output exact at any temperature.
 
-Growing a depth runs the frontier through the drafter's model without committing it: each node
-sees the committed prefix, plus (`also_visible`) the uncommitted slots of its ancestors. The
-caller drops those slots afterwards (`lm.rollback(lm.lengths.clone())`).
+`min_confidence` bounds the tree by worth as well as by size: a node whose path confidence (the
+exp of its score) is below it is not kept, and growth stops once no frontier node reaches it (its
+children score lower still). A node is worth about its chance of being accepted, while each one
+widens the target's pass, by about 0.4 ms per node on the 2-core CPU. With the bundled int8
+EAGLE-3 head at T=0 (depth 6, 20 nodes) and 0.05, trees averaged 13.0-16.4 nodes and tau went
+from 4.80 / 5.33 / 5.65 to 4.74 / 5.33 / 5.57 (docstrings / fresh code / copy-heavy code).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -42,20 +48,31 @@ def grow_level(lm: CachedLM, tokens: torch.Tensor, depth: int, visible: torch.Te
                       depth_offset=depth - 1)
 
 
+def check_min_confidence(drafter: str, min_confidence: float) -> None:
+    if not 0.0 <= min_confidence < 1.0:
+        raise ValueError(f"{drafter}: min_confidence must be in [0, 1) (0 = keep total_tokens nodes), "
+                         f"got {min_confidence}")
+
+
 def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state: torch.Tensor | None,
                  depth: int, top_k: int, total_tokens: int, ready: list[bool],
                  token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
-                 score_scale: float = 1.0, repeats: DraftRepeats | None = None) -> list[DraftTree]:
+                 score_scale: float = 1.0, repeats: DraftRepeats | None = None,
+                 min_confidence: float = 0.0) -> list[DraftTree]:
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
     the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
     reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
-    logits penalised for its own context under a repetition penalty (drafters/repeats.py)."""
+    logits penalised for its own context under a repetition penalty (drafters/repeats.py).
+    min_confidence: drop nodes whose path confidence is below it, and stop growing once no
+    frontier node reaches it (every row keeps at least its best node)."""
+    min_score = math.log(min_confidence) if min_confidence > 0 else -math.inf
     tokens, parents, scores = _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale,
-                                      repeats)
-    return _keep_best(tokens, parents, scores, total_tokens, ready)
+                                      repeats, total_tokens, min_score)
+    return _keep_best(tokens, parents, scores, total_tokens, ready, min_score)
 
 
-def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale, repeats=None):
+def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale, repeats=None,
+            total_tokens=None, min_score=-math.inf):
     """Every drafted node, (B, n) each: tokens, parent node index (-1 = root), cumulative log-prob."""
     device = root_logits.device
     K = min(top_k, root_logits.shape[-1])
@@ -73,6 +90,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     visible = None
     count = K
     for d in range(1, depth):
+        if _none_can_be_kept(score, all_scores, count, total_tokens, min_score):
+            break
         slots_before = lm.num_slots
         state, logits = grow(parent_state, token, d, visible)  # the frontier's outputs
         if frontier_seen is not None:
@@ -105,19 +124,36 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     return torch.cat(all_tokens, 1), torch.cat(all_parents, 1), torch.cat(all_scores, 1)
 
 
-def _keep_best(tokens, parents, scores, total_tokens, ready) -> list[DraftTree]:
-    """Keep the best total_tokens nodes per row; renumber them in creation order (parents first)."""
+def _none_can_be_kept(frontier_score, all_scores, count, total_tokens, min_score) -> bool:
+    """Whether growing the frontier is wasted: a child scores at most its parent, so no child of a
+    frontier node scoring below min_score, or below the total_tokens-th best node drafted so far
+    (ties go to the earlier node), can be kept. The tree is the same as when growing on."""
+    bar = torch.full_like(frontier_score[:, 0], min_score)
+    if total_tokens is not None and count >= total_tokens:
+        bar = torch.maximum(bar, torch.cat(all_scores, 1).topk(total_tokens, dim=1).values[:, -1])
+    return bool((frontier_score.max(1).values < bar).all())
+
+
+def _keep_best(tokens, parents, scores, total_tokens, ready, min_score=-math.inf) -> list[DraftTree]:
+    """Keep per row the best total_tokens nodes scoring at least min_score (at least the best
+    node); renumber them in creation order (parents first)."""
     B, n = tokens.shape
     device = tokens.device
     N = min(total_tokens, n)
     # Stable sort: on equal scores the earlier-created node (a parent before its child) wins.
-    order = torch.sort(-scores, dim=1, stable=True).indices[:, :N]
-    kept = order.sort(dim=1).values  # creation order: topological, siblings best first
+    best = torch.sort(-scores, dim=1, stable=True)
+    order = best.indices[:, :N]
+    sizes = (-best.values[:, :N] >= min_score).sum(1).clamp(min=1)  # (B,) nodes kept per row
+    ranked = torch.arange(N, device=device)
+    dropped = ranked >= sizes[:, None]
+    # Creation order (topological, siblings best first), dropped nodes last.
+    kept = torch.where(dropped, n, order).sort(dim=1).values.clamp(max=n - 1)
     new_index = torch.full((B, n), -1, dtype=torch.long, device=device)
-    new_index.scatter_(1, kept, torch.arange(N, device=device).expand(B, N))
+    new_index.scatter_(1, torch.where(dropped, order, kept), torch.where(dropped, -1, ranked.expand(B, N)))
     old_parents = parents.gather(1, kept)
     new_parents = torch.where(old_parents >= 0, new_index.gather(1, old_parents.clamp(min=0)), -1)
     kept_tokens = tokens.gather(1, kept)
     kinds = torch.full((N,), DETERMINISTIC, dtype=torch.long, device=device)
-    return [DraftTree(kept_tokens[b], new_parents[b], kinds) if ready[b] else DraftTree.empty(device)
-            for b in range(B)]
+    sizes = sizes.tolist()
+    return [DraftTree(kept_tokens[b, : sizes[b]], new_parents[b, : sizes[b]], kinds[: sizes[b]]) if ready[b]
+            else DraftTree.empty(device) for b in range(B)]

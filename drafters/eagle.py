@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models import check_dtype_name
-from .dynamic_tree import dynamic_tree
+from .dynamic_tree import check_min_confidence, dynamic_tree
 from .draft_vocab import check_needs_draft_vocab
 from .feature_head import FeatureHeadDrafter
 from .int8_linear import check_quantize
@@ -46,6 +46,7 @@ class EagleDrafter(FeatureHeadDrafter):
         depth: int = 5  # deepest draft token
         top_k: int = 4  # children per expanded node, and nodes expanded per depth
         total_tokens: int = 12  # nodes kept in the verified tree (the target pass's size)
+        min_confidence: float = 0.0  # keep only nodes whose path confidence is at least this (drafters/dynamic_tree.py)
         draft_vocab: int | None = None  # EAGLE-1/2 heads: draft among the N tokens the target picks most (None = all)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
         dtype: str | None = None  # the head's compute dtype: bfloat16, auto (bfloat16 where native), ... (default: the target's)
@@ -63,6 +64,7 @@ class EagleDrafter(FeatureHeadDrafter):
                 raise ValueError(f"eagle: sampled_rounds must be one of {list(SAMPLED_ROUNDS)}, got {self.sampled_rounds!r}")
             if not self.path:
                 raise ValueError("eagle: set drafter.path to a trained EAGLE head folder (draftsman train eagle)")
+            check_min_confidence("eagle", self.min_confidence)
             if self.sampled_depth is not None and self.sampled_depth < 1:
                 raise ValueError(f"eagle: sampled_depth must be >= 1 or unset, got {self.sampled_depth}")
             for key in ("depth", "top_k", "total_tokens"):
@@ -85,4 +87,4 @@ class EagleDrafter(FeatureHeadDrafter):
         if not self.sampling.greedy and o.sampled_rounds == "chain":
             return self.draft_chain(feature, logits, depth, ready)
         return dynamic_tree(self.lm, self.grow, logits, feature, depth, o.top_k, o.total_tokens, ready.tolist(),
-                            self.token_ids, self.score_scale, self.repeats)
+                            self.token_ids, self.score_scale, self.repeats, o.min_confidence)

@@ -121,6 +121,9 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "eagle", "draft_vocab": 64, "quantize": "int8"},
     {"name": "mtp", "quantize": "int8"},
     {"name": "eagle", "heads": "eagle3", "quantize": "int8", "depth": 6, "total_tokens": 20},
+    # trees bounded by worth: ragged sizes across the batch, some rows a single node
+    {"name": "eagle", "heads": "eagle3", "depth": 6, "total_tokens": 20, "min_confidence": 0.2},
+    {"name": "eagle", "min_confidence": 0.5},
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
@@ -223,6 +226,49 @@ def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
         assert parents[0] == -1
     assert drafter.lm.num_slots == drafter.lm.lengths.max()  # the grown slots were dropped
 
+
+
+
+
+@pytest.mark.parametrize("top_k,total_tokens", [(3, 12), (2, 3)])
+def test_tree_is_the_best_of_every_node_the_head_would_draft(trained, tiny_models, monkeypatch, top_k, total_tokens):
+    """The kept tree is, of every node the full expansion drafts, the best total_tokens whose path
+    confidence reaches min_confidence (at least one per row), in creation order. Growth may stop
+    early (min_confidence, or no frontier node above the total_tokens-th best), never changing it."""
+    from draftsman.drafters import dynamic_tree as dt
+    target_dir = tiny_models["llama"][0]
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3], [7, 7, 7, 7]]
+    drafted, grown = [], []
+    expand = dt._expand
+    monkeypatch.setattr(dt, "_expand", lambda *a: drafted.append(expand(*a)) or drafted[-1])
+
+    def propose(total, threshold):
+        options = {"name": "eagle", "path": str(trained["eagle3"][0]), "top_k": top_k, "depth": 4,
+                   "total_tokens": total, "min_confidence": threshold}
+        drafter = _decoder(target_dir, options, device="cpu").drafter
+        drafter.begin(contexts, SamplingParams(0.0), torch.Generator())
+        drafter.observe_prefill(_prompt_states(drafter, target_dir, contexts))
+        grow = drafter.grow
+        drafter.grow = lambda *a: grown.append(a[2]) or grow(*a)
+        grown.clear()
+        return drafter.propose(contexts)
+
+    propose(10_000, 0.0)  # nothing to cut: the full expansion
+    assert grown == [1, 2, 3]
+    tokens, parents, scores = drafted[-1]
+    sizes = []
+    for threshold in (0.0, 0.02, 0.1, 0.3, 0.99):
+        for b, tree in enumerate(propose(total_tokens, threshold)):
+            confidence = scores[b].exp().tolist()
+            ranked = sorted(range(len(confidence)), key=lambda i: (-confidence[i], i))[:total_tokens]
+            kept = sorted([i for i in ranked if confidence[i] >= threshold] or ranked[:1])
+            assert tree.tokens.tolist() == tokens[b, kept].tolist()
+            renumber = {old: new for new, old in enumerate(kept)}
+            assert tree.parents.tolist() == [renumber[int(p)] if p >= 0 else -1 for p in parents[b, kept]]
+            sizes.append(tree.size)
+        if threshold == 0.99:  # no depth-1 node reaches it (tiny heads are unsure): nothing is grown
+            assert grown == [] and sizes[-3:] == [1, 1, 1]
+    assert len(set(sizes)) > 1  # the thresholds bounded the trees
 
 def _prompt_states(drafter, target_dir, contexts):
     """What observe_prefill gets: per context, the target's states of all its tokens but the last."""
@@ -366,6 +412,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "mtp", "path": "x", "draft_vocab_sampling": True}, "draft_vocab_sampling only applies with draft_vocab"),
     ({"name": "eagle", "path": "x", "sampled_rounds": "beam"}, r"sampled_rounds must be one of \['chain', 'tree'\]"),
     ({"name": "eagle", "path": "x", "sampled_depth": 0}, "sampled_depth must be >= 1 or unset"),
+    ({"name": "eagle", "path": "x", "min_confidence": 1.0}, r"min_confidence must be in \[0, 1\)"),
     ({"name": "mtp", "path": "x", "quantize": "int4"}, r"mtp: quantize must be one of \['int8', 'auto'\] or unset"),
     ({"name": "eagle", "path": "x", "quantize": "int8", "dtype": "bfloat16"}, "int8 products in float32; leave dtype unset"),
 ])
