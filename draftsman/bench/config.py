@@ -58,8 +58,9 @@ BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024
                     ("eagle", "python-eagle3", {"label": "eagle3", "quantize": "auto", "dtype": "auto"}),
                     ("mtp", "python-mtp", {"draft_vocab": 1024, "quantize": "auto", "dtype": "auto"})]
 # Where its levels are int8 (cheaper), the EAGLE-3 tree pays one level deeper; its sampled chains
-# stay 5 long (docs/benchmarks.md, session 16).
-INT8_EAGLE3_TREE = {"depth": 6, "total_tokens": 20, "sampled_depth": 5}
+# stay 5 long (docs/benchmarks.md, session 16). Where each node widens a compute-bound target pass,
+# nodes with path confidence below 0.05 cost more than they bring (session 19).
+INT8_EAGLE3_TREE = {"depth": 6, "total_tokens": 20, "sampled_depth": 5, "min_confidence": 0.05}
 
 
 def default_drafters(device: str | torch.device = "auto") -> list[dict]:
