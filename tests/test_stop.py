@@ -129,3 +129,45 @@ def test_stop_without_a_tokenizer_is_refused(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="stop strings need a tokenizer.*end rows with EOS or max_new_tokens"):
         decoder.generate(input_ids=[[5, 6]], max_new_tokens=2, stop=["x"])
     assert decoder.generate(input_ids=[[5, 6]], max_new_tokens=2).token_ids[0]  # and the decoder still works
+
+
+def _full_decode_check(decode, strings, before, new):
+    """The check as it was: decode the row's whole text each time."""
+    def stops(tokens):
+        return any(s in decode(tokens) for s in strings)
+    if not stops(before + new):
+        return None
+    return next(keep for keep in range(1, len(new) + 1) if stops(before + new[:keep]))
+
+
+def test_windowed_stop_check_agrees_with_decoding_the_whole_row(plain):
+    """The check decodes only a window of the row's earlier tokens; on random token streams of the
+    real tokenizer (special tokens that decode to nothing, bytes of split characters included)
+    it keeps exactly what decoding the whole row keeps."""
+    import random
+    rng = random.Random(0)
+    vocab = len(plain.tokenizer)
+    agreed = stopped = 0
+    for trial in range(300):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(20, 120))]
+        cut = rng.randrange(1, len(tokens) - 4)
+        before, new = tokens[:cut], tokens[cut: cut + rng.randrange(1, 6)]
+        text = plain.decode(before + new)
+        at = rng.randrange(max(1, len(text) - 6), len(text)) if text else 0
+        strings = [text[at: at + rng.randrange(1, 5)] or "zz", "\n\n"]
+        if any(s in plain.decode(before) for s in strings):
+            continue  # an earlier round would have stopped the row
+        expected = _full_decode_check(plain.decode, strings, before, new)
+        assert StopStrings(plain.decode, strings)(before, new) == expected, (trial, before, new, strings)
+        agreed += 1
+        stopped += expected is not None
+    assert agreed > 150 and stopped > 50  # most trials ran, and many stopped
+
+
+def test_the_window_widens_over_tokens_that_decode_to_nothing():
+    words = {0: "", 1: "a", 2: "b", 3: "\n"}  # 0: a special token, skipped when decoding
+    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    check = StopStrings(decode, ["\nab"])
+    before = [3] + [0] * 100 + [1]
+    assert check(before, [2]) == 1  # the stop starts 101 tokens back
+    assert check([1] + [0] * 100 + [1], [2]) is None
