@@ -4,7 +4,8 @@ distribution q is known exactly (greedy drafts are deterministic), and keeps its
 rolled back to the accepted tokens after each round.
 
 With `top_k > 1`, greedy rounds draft an EAGLE-2 dynamic tree instead (drafters/dynamic_tree.py:
-depth k, the top_k most confident nodes expanded per depth, the best `total_tokens` kept): one
+depth k, the top_k most confident nodes expanded per depth, the best `total_tokens` kept, and with
+`min_confidence` only those whose path confidence reaches it): one
 draft-model call per depth, as for the chain, and at batch 1 a target pass over a dozen tokens
 costs about what a pass over five does. Sampled rounds keep the chain drawn from q.
 
@@ -48,7 +49,7 @@ class DraftModelDrafter(Drafter):
         path: str | None = None  # local Hugging Face folder of the draft model
         k: int = 4  # tokens drafted per round
         dtype: str | None = None  # default: the target's dtype
-        min_confidence: float | None = None  # stop a row's draft after a token drawn with prob < this
+        min_confidence: float | None = None  # stop a row's chain after a token drawn with prob < this; a tree (top_k > 1) keeps only nodes whose path confidence reaches it
         top_k: int = 1  # greedy rounds: > 1 drafts a dynamic tree of depth k instead of a chain
         total_tokens: int = 10  # nodes kept in that tree
         draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
@@ -153,7 +154,8 @@ class DraftModelDrafter(Drafter):
                                          self.lm.device) if self.options.penalise_drafts else None
         if self.options.top_k > 1 and self.sampling.greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
-                                 self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats)
+                                 self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,
+                                 min_confidence=self.options.min_confidence or 0.0)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
         self.round_start = torch.tensor([len(c) for c in contexts])

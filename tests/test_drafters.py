@@ -146,3 +146,34 @@ def test_stream_yields_the_same_text_as_generate(tiny_models):
         pieces = list(dec.stream("def parse(", max_new_tokens=30, temperature=temperature, seed=3, stats=stats))
         assert "".join(pieces) == full.texts[0]
         assert len(pieces) > 1 and stats.new_tokens == len(full.token_ids[0])
+
+
+def test_draft_model_tree_keeps_only_nodes_of_enough_path_confidence(tiny_models):
+    """With top_k > 1, draft_model's min_confidence bounds the tree by path confidence: every node
+    kept has a product of the draft model's probabilities along its path (recomputed here with a
+    plain forward) of at least the bound, and unsure rows keep fewer nodes."""
+    from tiny_models import load_for_reference
+
+    path = tiny_models["llama"][1]
+    contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3], [7, 7, 7, 7]]
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                          "drafter": {"name": "draft_model", "path": str(path), "k": 4, "top_k": 3,
+                                      "total_tokens": 8, "min_confidence": 0.02}})
+    drafter, model = dec.drafter, load_for_reference(path)
+    drafter.begin(contexts, SamplingParams(0.0), torch.Generator())
+    trees = drafter.propose(contexts)
+    for context, tree in zip(contexts, trees):
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        for i in range(tree.size):
+            nodes = []
+            while i >= 0:
+                nodes.insert(0, i)
+                i = parents[i]
+            sequence = context + [tokens[n] for n in nodes]
+            with torch.no_grad():
+                probs = model(input_ids=torch.tensor([sequence])).logits[0].double().softmax(-1)
+            confidence = 1.0
+            for j in range(len(context), len(sequence)):
+                confidence *= float(probs[j - 1, sequence[j]])
+            assert confidence >= 0.02 * (1 - 1e-4), (context, nodes, confidence)
+    assert min(tree.size for tree in trees) < 8  # the bound cut some row's tree

@@ -49,6 +49,9 @@ def drafter_configs(arch, tiny_models, close_drafts):
         # A dynamic tree from the draft model (grown slots dropped, accepted tokens re-fed).
         "draft_model_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
                              "total_tokens": 8},
+        # ... bounded by path confidence: ragged trees across the batch.
+        "draft_model_tree_confidence": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
+                                        "total_tokens": 8, "min_confidence": 0.3},
         # int8 weights (drafters/int8_linear.py): GPT-2's Conv1D layers, Qwen2's biased q/k/v.
         "draft_model_int8": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5, "quantize": "int8"},
         "draft_model_int8_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
