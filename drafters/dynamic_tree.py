@@ -128,8 +128,11 @@ def _none_can_be_kept(frontier_score, all_scores, count, total_tokens, min_score
     """Whether growing the frontier is wasted: a child scores at most its parent, so no child of a
     frontier node scoring below min_score, or below the total_tokens-th best node drafted so far
     (ties go to the earlier node), can be kept. The tree is the same as when growing on."""
+    full = total_tokens is not None and count >= total_tokens
+    if min_score == -math.inf and not full:  # nothing can be cut yet: no tensor work, no device sync
+        return False
     bar = torch.full_like(frontier_score[:, 0], min_score)
-    if total_tokens is not None and count >= total_tokens:
+    if full:
         bar = torch.maximum(bar, torch.cat(all_scores, 1).topk(total_tokens, dim=1).values[:, -1])
     return bool((frontier_score.max(1).values < bar).all())
 

@@ -40,8 +40,8 @@ class StopStrings:
         # tokenizer, against 0.015 ms for the window); its first characters may decode differently
         # from the full text (a split UTF-8 character, a dropped leading space), so the window
         # keeps a margin and matches are searched only near its end.
-        window = self._window(before)
-        start = max(0, len(self.decode(window)) - self.longest - self.MARGIN // 2)  # where a new stop may start
+        window, window_chars = self._window(before)
+        start = max(0, window_chars - self.longest - self.MARGIN // 2)  # where a new stop may start
         if self.first_stop(self.decode(window + new), start) is None:
             return None
         # The shortest prefix of the round that spells a stop string: plain decoding's stop.
@@ -52,14 +52,18 @@ class StopStrings:
 
     MARGIN = 8  # characters a window holds beyond the longest stop string (its first may decode differently)
 
-    def _window(self, before: list[int]) -> list[int]:
+    def _window(self, before: list[int]) -> tuple[list[int], int]:
         """The last tokens of `before` that decode to at least longest + MARGIN characters (all
-        of it when shorter): tokens can be empty (skipped special tokens) or part of a character."""
+        of it when shorter), and how many characters they decode to: tokens can be empty (skipped
+        special tokens) or part of a character."""
         need = self.longest + self.MARGIN
         n = need  # every token is at least a character in most tokenizers; widen when not
-        while n < len(before) and len(self.decode(before[-n:])) < need:
+        while True:
+            window = before[-n:] if n < len(before) else before
+            chars = len(self.decode(window))
+            if chars >= need or len(window) == len(before):
+                return window, chars
             n *= 2
-        return before[-n:] if n < len(before) else before
 
     def first_stop(self, text: str, start: int = 0) -> int | None:
         """Where the first stop string in `text` (at or after `start`) begins, or None."""
