@@ -184,6 +184,8 @@ def test_eagle3_needs_a_llama_like_layer(tiny_models):
                                          ("eagle", {"draft_vocab": 64}), ("eagle3", {}),
                                          ("mtp", {"dtype": "bfloat16"}), ("eagle", {"sampled_rounds": "tree"}),
                                          ("eagle3", {"sampled_rounds": "tree"}), ("eagle3", {"dtype": "bfloat16"}),
+                                         # the top-k tree bounded by confidence: 4 to 12 nodes across rows
+                                         ("eagle3", {"sampled_rounds": "tree", "min_confidence": 0.005}),
                                          ("eagle3", {"quantize": "int8", "sampled_depth": 2}),
                                          ("mtp", {"quantize": "int8", "draft_vocab": 64,
                                                                                    "draft_vocab_sampling": True})])
