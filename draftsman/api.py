@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
+from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
 from .verifier.sampling import SamplingParams
@@ -92,25 +93,26 @@ class Decoder:
         if self.tokenizer is None:
             raise ValueError("stream() yields text and the target folder has no tokenizer; use generate(input_ids=...)")
         ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
-        tokens: list[int] = []
+        text = IncrementalText(self.decode)  # decodes a window per round, not the whole row
         shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
-            tokens += new
-            text = self.decode(tokens)
+            if not text.add(new):  # nothing new, or a character still incomplete
+                continue
+            visible = text.text
             if stops:  # never show a stop string, nor the start of one that may yet complete
-                at = stops.first_stop(text)
-                text = text[:at] if at is not None else text[: len(text) - stops.hold_back]
-            # Byte-level tokens can end inside a UTF-8 character: hold it back until it completes.
-            if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):
-                yield text[len(shown):]
-                shown = text
-        text = stops.cut(self.decode(tokens)) if stops else self.decode(tokens)
-        if text.startswith(shown) and len(text) > len(shown):  # a held-back tail, now final
-            yield text[len(shown):]
+                at = stops.first_stop(visible, len(shown))  # what is shown holds no stop's start
+                visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
+            if len(visible) > len(shown):
+                yield visible[len(shown):]
+                shown = visible
+        final = self.decode(text.tokens)  # the one whole decode, as generate's
+        final = stops.cut(final) if stops else final
+        if final.startswith(shown) and len(final) > len(shown):  # a held-back tail, now final
+            yield final[len(shown):]
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
