@@ -30,6 +30,7 @@ import torch
 
 from ..models import context_length, load_causal_lm, load_tokenizer, vocab_mismatch
 from ..verifier.cached_model import CachedLM
+from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
@@ -123,10 +124,12 @@ class DraftModelDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
+        self.context_tokens = ContextTokens(self.vocab_size, self.lm.device)  # under penalise_drafts
         self.round_start = None
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
+        self.context_tokens.select_rows(indices)
 
     def _next_distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """The processed distribution over the draft model's logits (all tokens, or draft_vocab's)."""
@@ -150,8 +153,8 @@ class DraftModelDrafter(Drafter):
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
         logits = logits[..., : self.vocab_size]
-        repeats = DraftRepeats.for_round(self.sampling, contexts, logits.shape[-1], self.vocab_map, self.vocab_size,
-                                         self.lm.device) if self.options.penalise_drafts else None
+        repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
+                                         self.vocab_map) if self.options.penalise_drafts else None
         if self.options.top_k > 1 and self.sampling.greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,

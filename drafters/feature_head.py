@@ -19,6 +19,7 @@ import torch
 from ..heads.feature_head import FeatureHead
 from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
+from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
@@ -129,8 +130,8 @@ class FeatureHeadDrafter(Drafter):
         if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
-        self.repeats = DraftRepeats.for_round(self.sampling, contexts, logits.shape[-1], self.vocab_map,
-                                              self.vocab_size, self.device)
+        self.repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
+                                              self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees
@@ -186,6 +187,7 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is not None:
             self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
+        self.context_tokens = ContextTokens(self.vocab_size, self.device)  # under a repetition penalty
         self.repeats: DraftRepeats | None = None  # set each round by propose()
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:
@@ -216,6 +218,7 @@ class FeatureHeadDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
+        self.context_tokens.select_rows(indices)
         self.pending_features = [self.pending_features[i] for i in indices]
         self.pending_tokens = [self.pending_tokens[i] for i in indices]
 

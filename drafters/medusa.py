@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..heads.medusa import MedusaHeads
+from ..verifier.context_tokens import ContextTokens
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
 from .registry import register
@@ -106,6 +107,7 @@ class MedusaDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
+        self.context_tokens = ContextTokens(self.target_vocab_size, self.device)  # under a repetition penalty
 
     def observe_prefill(self, target_hidden):
         for b, hidden in enumerate(target_hidden):
@@ -118,6 +120,7 @@ class MedusaDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.last_hidden = [self.last_hidden[i] for i in indices]
+        self.context_tokens.select_rows(indices)
 
     @torch.no_grad()
     def propose(self, contexts):
@@ -127,10 +130,11 @@ class MedusaDrafter(Drafter):
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
         logits = self.heads(hidden)  # (heads, n, width)
-        repeats = DraftRepeats.for_round(self.sampling, [contexts[b] for b in ready], logits.shape[-1],
-                                         self.vocab_map, self.target_vocab_size, self.device)
+        repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
+                                         self.vocab_map)
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
-            logits = repeats.penalise(logits, repeats.root_seen.expand_as(logits))
+            seen = repeats.root_seen[torch.tensor(ready, device=self.device)]
+            logits = repeats.penalise(logits, seen.expand_as(logits))
         candidates = logits.topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]

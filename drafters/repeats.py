@@ -16,25 +16,26 @@ from __future__ import annotations
 
 import torch
 
-from ..verifier.sampling import penalize_repeats, token_mask
+from ..verifier.context_tokens import ContextTokens
+from ..verifier.sampling import penalize_repeats
 
 
 class DraftRepeats:
     """The tokens each draft position has seen, over the drafter's logits (the whole vocabulary,
     or a draft vocabulary's rows: `vocab_map` row -> token id)."""
 
-    def __init__(self, penalty: float, contexts: list[list[int]], width: int, vocab_map: torch.Tensor | None,
-                 vocab_size: int, device):
+    def __init__(self, penalty: float, context_seen: torch.Tensor, width: int, vocab_map: torch.Tensor | None):
+        """context_seen (B, V): the tokens each row's committed context holds."""
         self.penalty = penalty
-        rows = token_mask(contexts, vocab_size, device)
-        self.root_seen = rows[:, :width] if vocab_map is None else rows[:, vocab_map]  # (B, width)
+        self.root_seen = context_seen[:, :width] if vocab_map is None else context_seen[:, vocab_map]  # (B, width)
 
     @classmethod
-    def for_round(cls, sampling, contexts, width, vocab_map, vocab_size, device) -> "DraftRepeats | None":
-        """None when the request has no repetition penalty (drafting is then unchanged)."""
+    def for_round(cls, sampling, context_tokens: ContextTokens, contexts, width, vocab_map) -> "DraftRepeats | None":
+        """None when the request has no repetition penalty (drafting is then unchanged).
+        context_tokens: the drafter's own tracker of `contexts` (updated here, once a round)."""
         if sampling is None or not sampling.penalizes_repeats:
             return None
-        return cls(sampling.repetition_penalty, contexts, width, vocab_map, vocab_size, device)
+        return cls(sampling.repetition_penalty, context_tokens.update(contexts), width, vocab_map)
 
     def penalise(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """(..., width) logits of positions whose contexts hold `seen` (..., width)."""

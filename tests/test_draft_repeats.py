@@ -6,6 +6,7 @@ import torch
 
 import draftsman
 from draftsman.drafters.repeats import DraftRepeats
+from draftsman.verifier.context_tokens import ContextTokens
 from draftsman.verifier.sampling import SamplingParams, processed_probs
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 9], [5, 1, 2, 3, 4]]
@@ -31,7 +32,8 @@ def test_the_target_drafting_for_itself_is_accepted(tiny_models, options):
 
 def test_seen_sets_follow_a_draft_vocabulary():
     vocab_map = torch.tensor([9, 4, 2, 7])  # draft row -> token id
-    repeats = DraftRepeats(1.5, [[4, 5], [7, 7, 0]], width=4, vocab_map=vocab_map, vocab_size=10, device="cpu")
+    context_seen = ContextTokens(10, "cpu").update([[4, 5], [7, 7, 0]])
+    repeats = DraftRepeats(1.5, context_seen, width=4, vocab_map=vocab_map)
     assert repeats.root_seen.tolist() == [[False, True, False, False], [False, False, False, True]]
     after = DraftRepeats.plus(repeats.root_seen, torch.tensor([0, 3]))
     assert after.tolist() == [[True, True, False, False], [False, False, False, True]]
@@ -41,8 +43,10 @@ def test_seen_sets_follow_a_draft_vocabulary():
 
 
 def test_no_penalty_no_seen_sets():
-    assert DraftRepeats.for_round(SamplingParams(1.0), [[1]], 4, None, 4, "cpu") is None
-    assert DraftRepeats.for_round(SamplingParams(1.0, repetition_penalty=1.0), [[1]], 4, None, 4, "cpu") is None
+    tracker = ContextTokens(4, "cpu")
+    assert DraftRepeats.for_round(SamplingParams(1.0), tracker, [[1]], 4, None) is None
+    assert DraftRepeats.for_round(SamplingParams(1.0, repetition_penalty=1.0), tracker, [[1]], 4, None) is None
+    assert tracker.table is None  # nothing was built
 
 
 def test_a_penalised_sampled_drafts_q_is_what_it_was_drawn_from(tiny_models):

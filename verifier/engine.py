@@ -15,9 +15,10 @@ import torch
 
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
+from .context_tokens import ContextTokens
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats, processed_probs,
-                       seen_in_block, token_mask)
+                       seen_in_block)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -85,6 +86,7 @@ class SpeculativeEngine:
         self.max_context = max_context
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
+        self._context_seen = self._generated_counts = None  # per request, set by stream()
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -130,6 +132,11 @@ class SpeculativeEngine:
         contexts = [list(p) for p in prompts]
         outputs: list[list[int]] = [[] for _ in prompts]
         active = list(range(B))  # original row index of each active row
+        # Under penalties: the tokens each active row's context holds, and how often each was
+        # generated, kept up to date with each round's tokens (not rebuilt from whole rows).
+        self._context_seen = ContextTokens(self.vocab_size, self.device) if sampling.penalizes_repeats else None
+        self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
+                                  if sampling.penalizes_counts else None)
 
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         self.target.reset(B)
@@ -202,6 +209,9 @@ class SpeculativeEngine:
                 if len(still) < len(active):
                     self.target.select_rows(still)
                     self.drafter.keep_rows(still)
+                    for table in (self._context_seen, self._generated_counts):
+                        if table is not None:
+                            table.select_rows(still)
                     active = [active[i] for i in still]
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
@@ -240,12 +250,10 @@ class SpeculativeEngine:
         for each position's own context (committed tokens + its ancestors in the block)."""
         logits, hidden = self.target.forward(block, layers)
         if sampling.penalizes_repeats:
-            seen = seen_in_block(block.tokens, block.ancestors, token_mask(contexts, logits.shape[-1], logits.device))
+            seen = seen_in_block(block.tokens, block.ancestors, self._context_seen.update(contexts))
             logits = penalize_repeats(logits, seen, sampling.repetition_penalty)
         if sampling.penalizes_counts:
-            before = torch.stack([torch.bincount(torch.tensor(row, dtype=torch.long), minlength=logits.shape[-1])
-                                  for row in outputs])
-            counts = counts_in_block(block.tokens, block.ancestors, before.to(logits.device))
+            counts = counts_in_block(block.tokens, block.ancestors, self._generated_counts.update(outputs))
             logits = penalize_counts(logits, counts, sampling.presence_penalty, sampling.frequency_penalty)
         return logits, hidden
 
