@@ -30,7 +30,6 @@ import torch
 
 from ..models import context_length, load_causal_lm, load_tokenizer, vocab_mismatch
 from ..verifier.cached_model import CachedLM
-from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
@@ -38,7 +37,7 @@ from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, 
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .registry import register
-from .repeats import DraftRepeats
+from .repeats import DraftContext, DraftRepeats
 
 
 @register
@@ -59,7 +58,7 @@ class DraftModelDrafter(Drafter):
         quantize: str | None = None  # "int8": int8 weights, float32 around them (CPU only); "auto": int8 on CPU (drafters/int8_linear.py)
         # The penalty depends on raw logit values, so this helps a draft whose logits are on the
         # target's scale (the target itself, a distilled copy); the bundled draft model's tau did not rise.
-        penalise_drafts: bool = False  # under a repetition penalty, penalise the drafts too (drafters/repeats.py)
+        penalise_drafts: bool = False  # under penalties, penalise the drafts too (drafters/repeats.py)
 
         def __post_init__(self):
             if not self.path:
@@ -124,12 +123,12 @@ class DraftModelDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
-        self.context_tokens = ContextTokens(self.vocab_size, self.lm.device)  # under penalise_drafts
+        self.draft_context = DraftContext(prompts, self.vocab_size, self.lm.device)  # under penalise_drafts
         self.round_start = None
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
-        self.context_tokens.select_rows(indices)
+        self.draft_context.select_rows(indices)
 
     def _next_distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """The processed distribution over the draft model's logits (all tokens, or draft_vocab's)."""
@@ -153,8 +152,8 @@ class DraftModelDrafter(Drafter):
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
         logits = logits[..., : self.vocab_size]
-        repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
-                                         self.vocab_map) if self.options.penalise_drafts else None
+        repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
+                   if self.options.penalise_drafts else None)
         if self.options.top_k > 1 and self.sampling.greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,
@@ -167,13 +166,13 @@ class DraftModelDrafter(Drafter):
         # drafting ends when every row has stopped (as transformers' assisted generation does).
         tokens, probs = [], []
         length = torch.full((B,), k, dtype=torch.long, device=self.lm.device)
-        context_seen = None if repeats is None else repeats.root_seen
+        context_state = None if repeats is None else repeats.root_state
         for step in range(k):
-            if context_seen is not None:  # under a repetition penalty, as the target's logits will be
-                logits = repeats.penalise(logits, context_seen)
+            if context_state is not None:  # under penalties, as the target's logits will be
+                logits = repeats.penalise(logits, context_state)
             p = self._next_distribution(logits)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)  # into the logits
-            context_seen = None if context_seen is None else DraftRepeats.plus(context_seen, index)
+            context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             tok = self.token_ids(index)
             tokens.append(tok)
             probs.append(p)

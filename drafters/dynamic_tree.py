@@ -62,7 +62,7 @@ def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
     the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
     reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
-    logits penalised for its own context under a repetition penalty (drafters/repeats.py).
+    logits penalised for its own context under penalties (drafters/repeats.py).
     min_confidence: drop nodes whose path confidence is below it, and stop growing once no
     frontier node reaches it (every row keeps at least its best node)."""
     min_score = math.log(min_confidence) if min_confidence > 0 else -math.inf
@@ -79,11 +79,11 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     B = root_logits.shape[0]
     rows = torch.arange(B, device=device)[:, None]
     if repeats is not None:
-        root_logits = repeats.penalise(root_logits, repeats.root_seen)
+        root_logits = repeats.penalise(root_logits, repeats.root_state)
     score, index = (root_logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
     token = token_ids(index)
-    # Under a repetition penalty: the tokens each frontier node's context holds (B, K, n).
-    frontier_seen = None if repeats is None else repeats.plus(repeats.root_seen[:, None].expand(B, K, -1), index)
+    # Under penalties: what each frontier node's context holds (B, K, n; drafters/repeats.py).
+    frontier_held = None if repeats is None else repeats.plus(repeats.root_state[:, None].expand(B, K, -1), index)
     all_tokens, all_parents, all_scores = [token], [torch.full_like(token, -1)], [score]
     frontier = torch.arange(K, device=device).expand(B, K)  # node index of each frontier node
     parent_state = None if root_state is None else root_state[:, None].expand(B, K, *root_state.shape[1:])
@@ -94,8 +94,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
             break
         slots_before = lm.num_slots
         state, logits = grow(parent_state, token, d, visible)  # the frontier's outputs
-        if frontier_seen is not None:
-            logits = repeats.penalise(logits, frontier_seen)
+        if frontier_held is not None:
+            logits = repeats.penalise(logits, frontier_held)
         child_score, child_logit_index = (logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
         child_token = token_ids(child_logit_index)
         child_score = child_score + score[..., None]
@@ -112,8 +112,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         token = child_token.reshape(B, K * K).gather(1, pick)
         frontier = child_index.reshape(-1)[pick]
         parent_state = None if state is None else state[rows, parent_of_pick]
-        if frontier_seen is not None:
-            frontier_seen = repeats.plus(frontier_seen[rows, parent_of_pick],
+        if frontier_held is not None:
+            frontier_held = repeats.plus(frontier_held[rows, parent_of_pick],
                                          child_logit_index.reshape(B, K * K).gather(1, pick))
         S = lm.num_slots
         grown = torch.zeros(B, K, S, dtype=torch.bool, device=device)

@@ -19,14 +19,13 @@ import torch
 from ..heads.feature_head import FeatureHead
 from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
-from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
-from .repeats import DraftRepeats
+from .repeats import DraftContext, DraftRepeats
 
 
 class FeatureHeadDrafter(Drafter):
@@ -130,8 +129,7 @@ class FeatureHeadDrafter(Drafter):
         if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
-        self.repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
-                                              self.vocab_map)
+        self.repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees
@@ -150,13 +148,13 @@ class FeatureHeadDrafter(Drafter):
         B = feature.shape[0]
         tokens, probs = [], []
         visible = None
-        context_seen = None if self.repeats is None else self.repeats.root_seen
+        context_state = None if self.repeats is None else self.repeats.root_state
         for d in range(1, depth + 1):
-            if context_seen is not None:  # under a repetition penalty, as the target's logits will be
-                logits = self.repeats.penalise(logits, context_seen)
+            if context_state is not None:  # under penalties, as the target's logits will be
+                logits = self.repeats.penalise(logits, context_state)
             p = processed_probs(logits, self.sampling)  # over the head's logits (all, or a draft vocabulary)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
-            context_seen = None if context_seen is None else DraftRepeats.plus(context_seen, index)
+            context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             token = self.token_ids(index)
             tokens.append(token)
             probs.append(p)
@@ -187,7 +185,7 @@ class FeatureHeadDrafter(Drafter):
         if self.output_layers is not None:
             self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
-        self.context_tokens = ContextTokens(self.vocab_size, self.device)  # under a repetition penalty
+        self.draft_context = DraftContext(prompts, self.vocab_size, self.device)  # under penalties
         self.repeats: DraftRepeats | None = None  # set each round by propose()
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:
@@ -218,7 +216,7 @@ class FeatureHeadDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
-        self.context_tokens.select_rows(indices)
+        self.draft_context.select_rows(indices)
         self.pending_features = [self.pending_features[i] for i in indices]
         self.pending_tokens = [self.pending_tokens[i] for i in indices]
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from ..heads.medusa import MedusaHeads
-from ..verifier.context_tokens import ContextTokens
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
 from .registry import register
-from .repeats import DraftRepeats
+from .repeats import DraftContext
 
 # Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
 DEFAULT_TREE = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2)]
@@ -107,7 +106,7 @@ class MedusaDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
-        self.context_tokens = ContextTokens(self.target_vocab_size, self.device)  # under a repetition penalty
+        self.draft_context = DraftContext(prompts, self.target_vocab_size, self.device)  # under penalties
 
     def observe_prefill(self, target_hidden):
         for b, hidden in enumerate(target_hidden):
@@ -120,7 +119,7 @@ class MedusaDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.last_hidden = [self.last_hidden[i] for i in indices]
-        self.context_tokens.select_rows(indices)
+        self.draft_context.select_rows(indices)
 
     @torch.no_grad()
     def propose(self, contexts):
@@ -130,11 +129,10 @@ class MedusaDrafter(Drafter):
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
         logits = self.heads(hidden)  # (heads, n, width)
-        repeats = DraftRepeats.for_round(self.sampling, self.context_tokens, contexts, logits.shape[-1],
-                                         self.vocab_map)
+        repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
-            seen = repeats.root_seen[torch.tensor(ready, device=self.device)]
-            logits = repeats.penalise(logits, seen.expand_as(logits))
+            state = repeats.root_state[torch.tensor(ready, device=self.device)]
+            logits = repeats.penalise(logits, state.expand_as(logits))
         candidates = logits.topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]

@@ -1,47 +1,86 @@
-"""Drafting under a repetition penalty: a model drafter penalises its own logits the way the
-engine penalises the target's (verifier/sampling.py), each draft token for its own context (the
-committed tokens and the draft tokens above it), so its guesses follow the penalised target.
+"""Drafting under penalties: a model drafter penalises its own logits the way the engine
+penalises the target's (verifier/sampling.py), each draft token for its own context (the
+committed tokens and the draft tokens above it), so its guesses follow the penalised target:
+Hugging Face's repetition penalty (every token the context holds) and vLLM's presence / frequency
+penalties (how often each token was generated: the prompt does not count, draft tokens do).
 
-The penalty acts on raw logits, so this pays for logits on the target's scale. On the bundled
+The penalties act on raw logits, so this pays for logits on the target's scale. On the bundled
 target at T=0 with repetition_penalty 1.2 (18 prompts), tau rose from 4.36 to 4.99 for EAGLE-3,
 2.46 to 2.53 for MTP, 2.10 to 2.12 for Medusa (whose heads see the committed text only: its
 candidates are ranked per head, not per node). The separately trained draft model's tree fell
 from 2.53 to 2.38, so `draft_model` penalises its drafts only under `penalise_drafts`
-(docs/choosing-a-drafter.md).
+(docs/choosing-a-drafter.md). Under frequency_penalty 0.5, EAGLE-3's tau went from 3.96 / 3.70 /
+3.46 to 4.57 / 4.40 / 3.96 (continuation / copy / docstring prompts); the other heads and
+presence_penalty alone moved less, both ways (the table in docs/choosing-a-drafter.md).
 
 Drafts only. A sampled draft token's q is the distribution it was drawn from, penalised or not,
 so the verifier stays exact either way (tests/test_engine_sampling.py).
+
+One int32 tensor per position carries both: 2 x (times generated) + 1 when the context holds the
+token at all. It is > 0 exactly where the repetition penalty applies, its half (rounded down) is
+the presence / frequency count, and a draft token adds 2. The drafters index, expand and extend
+it as one tensor, whichever penalties a request sets.
 """
 from __future__ import annotations
 
 import torch
 
 from ..verifier.context_tokens import ContextTokens
-from ..verifier.sampling import penalize_repeats
+from ..verifier.sampling import penalize_counts, penalize_repeats
+
+
+class DraftContext:
+    """A drafter's rows under penalties, kept across a request's rounds: which tokens each row's
+    context holds and how often each was generated (verifier/context_tokens.py: updated with each
+    round's tokens, not rebuilt)."""
+
+    def __init__(self, prompts: list[list[int]], vocab_size: int, device):
+        self.generated_from = [len(p) for p in prompts]  # the prompt's tokens are not counted
+        self.held = ContextTokens(vocab_size, device)
+        self.generated = ContextTokens(vocab_size, device, counts=True)
+
+    def select_rows(self, indices: list[int]) -> None:
+        self.generated_from = [self.generated_from[i] for i in indices]
+        self.held.select_rows(indices)
+        self.generated.select_rows(indices)
+
+    def round(self, sampling, contexts: list[list[int]], width: int,
+              vocab_map: torch.Tensor | None) -> "DraftRepeats | None":
+        """This round's DraftRepeats over the drafter's `width` logits (all tokens, or a draft
+        vocabulary's rows: `vocab_map` row -> token id); None without penalties (drafting is then
+        unchanged)."""
+        if sampling is None or not (sampling.penalizes_repeats or sampling.penalizes_counts):
+            return None
+        state = torch.zeros((), dtype=torch.int32)
+        if sampling.penalizes_counts:
+            state = 2 * self.generated.update(contexts, first=self.generated_from)
+        if sampling.penalizes_repeats:
+            state = state + self.held.update(contexts)  # bool + int32 -> int32
+        state = state[:, :width] if vocab_map is None else state[:, vocab_map]
+        return DraftRepeats(sampling, state)
 
 
 class DraftRepeats:
-    """The tokens each draft position has seen, over the drafter's logits (the whole vocabulary,
-    or a draft vocabulary's rows: `vocab_map` row -> token id)."""
+    """One round's penalties: `root_state` (B, width), the committed context of each row's root."""
 
-    def __init__(self, penalty: float, context_seen: torch.Tensor, width: int, vocab_map: torch.Tensor | None):
-        """context_seen (B, V): the tokens each row's committed context holds."""
-        self.penalty = penalty
-        self.root_seen = context_seen[:, :width] if vocab_map is None else context_seen[:, vocab_map]  # (B, width)
+    def __init__(self, sampling, root_state: torch.Tensor):
+        self.repetition = sampling.repetition_penalty if sampling.penalizes_repeats else None
+        self.presence, self.frequency = sampling.presence_penalty, sampling.frequency_penalty
+        self.counts = sampling.penalizes_counts
+        self.root_state = root_state
 
-    @classmethod
-    def for_round(cls, sampling, context_tokens: ContextTokens, contexts, width, vocab_map) -> "DraftRepeats | None":
-        """None when the request has no repetition penalty (drafting is then unchanged).
-        context_tokens: the drafter's own tracker of `contexts` (updated here, once a round)."""
-        if sampling is None or not sampling.penalizes_repeats:
-            return None
-        return cls(sampling.repetition_penalty, context_tokens.update(contexts), width, vocab_map)
-
-    def penalise(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        """(..., width) logits of positions whose contexts hold `seen` (..., width)."""
-        return penalize_repeats(logits[..., : seen.shape[-1]], seen, self.penalty)
+    def penalise(self, logits: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """(..., width) logits of positions whose contexts hold `state` (..., width), penalised in
+        the engine's order: repetition first, then presence / frequency."""
+        logits = logits[..., : state.shape[-1]]
+        if self.repetition is not None:
+            logits = penalize_repeats(logits, state > 0, self.repetition)
+        if self.counts:
+            logits = penalize_counts(logits, state // 2, self.presence, self.frequency)
+        return logits
 
     @staticmethod
-    def plus(seen: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """The seen sets (..., width) after appending the drafted logit indices (...)."""
-        return seen.clone().scatter_(-1, index[..., None], True)
+    def plus(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The states (..., width) after appending the drafted logit indices (...): one more
+        generated token each."""
+        return state.clone().scatter_add_(-1, index[..., None], torch.full_like(index[..., None], 2, dtype=state.dtype))

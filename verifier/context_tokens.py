@@ -21,12 +21,14 @@ class ContextTokens:
         self.table: torch.Tensor | None = None
         self.lengths: list[int] = []  # tokens of each row already in the table
 
-    def update(self, rows: list[list[int]]) -> torch.Tensor:
+    def update(self, rows: list[list[int]], first: list[int] | None = None) -> torch.Tensor:
+        """first: per row, how many leading tokens the table leaves out (a drafter counting the
+        generated tokens of rows that hold the prompt too); the same each call for the same rows."""
         if self.table is None or len(rows) != len(self.lengths) or any(
                 len(row) < n for row, n in zip(rows, self.lengths)):
             self.table = torch.zeros(len(rows), self.width, device=self.device,
                                      dtype=torch.int32 if self.counts else torch.bool)
-            self.lengths = [0] * len(rows)
+            self.lengths = list(first) if first is not None else [0] * len(rows)
         index_rows, index_tokens = [], []
         for b, (row, n) in enumerate(zip(rows, self.lengths)):
             if len(row) > n:
