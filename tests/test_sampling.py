@@ -4,9 +4,7 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from draftsman.verifier.sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats,
-                                        processed_probs, sample_from, seen_in_block)
-from draftsman.verifier.tree import ancestors_and_depth
+from draftsman.verifier.sampling import SamplingParams, penalize_counts, penalize_repeats, processed_probs, sample_from
 
 
 def hf_probs(logits, p: SamplingParams):
@@ -68,17 +66,6 @@ def test_presence_and_frequency_penalties_subtract_per_generated_token():
     assert torch.allclose(got, torch.tensor([[1.0, 2.0 - 0.25 - 0.5, 3.0 - 0.75 - 0.5, 4.0]]))
 
 
-def test_block_counts_take_ancestors_but_never_the_root():
-    """Root 0 (token 7) -> nodes 1 (3), 2 (3); node 1 -> node 3 (3). Generated before: token 9 once."""
-    tokens = torch.tensor([[7, 3, 3, 3]])
-    ancestors, _ = ancestors_and_depth(torch.tensor([[-1, 0, 0, 1]]))
-    before = torch.zeros(1, 10, dtype=torch.long)
-    before[0, 9] = 1
-    counts = counts_in_block(tokens, ancestors, before)
-    assert counts[0, :, 3].tolist() == [0, 1, 1, 2] and counts[0, :, 7].tolist() == [0, 0, 0, 0]
-    assert counts[0, :, 9].tolist() == [1, 1, 1, 1]
-
-
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
 def test_repetition_penalty_matches_hf(penalty):
     g = torch.Generator().manual_seed(1)
@@ -87,18 +74,6 @@ def test_repetition_penalty_matches_hf(penalty):
     seen = torch.zeros(4, 30, dtype=torch.bool).scatter_(1, context, True)
     want = RepetitionPenaltyLogitsProcessor(penalty)(context, logits.clone())
     assert torch.equal(penalize_repeats(logits, seen, penalty), want)
-
-
-def test_each_block_position_sees_its_context_and_its_own_ancestors():
-    """Root 0 -> nodes 1, 2; node 1 -> node 3. A node's logits predict the token after it, so
-    its own token counts; a sibling's never does."""
-    tokens = torch.tensor([[7, 3, 4, 5]])
-    ancestors, _ = ancestors_and_depth(torch.tensor([[-1, 0, 0, 1]]))
-    before = torch.zeros(1, 10, dtype=torch.bool)
-    before[0, [7, 9]] = True  # the committed context (the root included)
-    seen = seen_in_block(tokens, ancestors, before)
-    assert [sorted(seen[0, j].nonzero().squeeze(1).tolist()) for j in range(4)] == [
-        [7, 9], [3, 7, 9], [4, 7, 9], [3, 5, 7, 9]]
 
 
 def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one():

@@ -17,8 +17,8 @@ from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .context_tokens import ContextTokens
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
-from .sampling import (SamplingParams, counts_in_block, penalize_counts, penalize_repeats, processed_probs,
-                       seen_in_block)
+from .block_penalties import penalize_block_counts_, penalize_block_repeats_
+from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -248,13 +248,14 @@ class SpeculativeEngine:
                      outputs: list[list[int]]):
         """The target's logits and states over a block; under penalties, the logits as penalised
         for each position's own context (committed tokens + its ancestors in the block)."""
-        logits, hidden = self.target.forward(block, layers)
+        logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         if sampling.penalizes_repeats:
-            seen = seen_in_block(block.tokens, block.ancestors, self._context_seen.update(contexts))
-            logits = penalize_repeats(logits, seen, sampling.repetition_penalty)
+            logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
+                                             sampling.repetition_penalty)
         if sampling.penalizes_counts:
-            counts = counts_in_block(block.tokens, block.ancestors, self._generated_counts.update(outputs))
-            logits = penalize_counts(logits, counts, sampling.presence_penalty, sampling.frequency_penalty)
+            logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
+                                            self._generated_counts.update(outputs), sampling.presence_penalty,
+                                            sampling.frequency_penalty)
         return logits, hidden
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):

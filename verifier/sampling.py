@@ -7,8 +7,9 @@ Temperature 0 means greedy: the distribution is one-hot on the first argmax.
 The repetition penalty comes first, as Hugging Face's RepetitionPenaltyLogitsProcessor runs before
 the warpers. It depends on each position's context, which only the engine knows (a tree node's
 context is the committed text plus its own ancestors), so the engine applies it to the target's
-logits (`penalize_repeats`) before they reach `processed_probs`. Drafters may ignore it: their q
-is whatever they drew from, and the verifier stays exact either way. The presence and frequency
+logits (verifier/block_penalties.py, with `penalize_repeats`' arithmetic) before they reach
+`processed_probs`. Drafters may ignore it: their q is whatever they drew from, and the verifier
+stays exact either way. The presence and frequency
 penalties of vLLM and the OpenAI API follow it (`penalize_counts`): they count generated tokens
 only, so a node counts its ancestors but not the root, which is the prompt's last token or an
 already counted one.
@@ -105,17 +106,6 @@ def token_mask(rows: list[list[int]], width: int, device) -> torch.Tensor:
     return mask.to(device)
 
 
-def seen_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """Per position of a verification block, the tokens its context holds: (B, T) block tokens,
-    (B, T, T) ancestor-or-self mask, (B, V) tokens of the committed context -> (B, T, V) bool. A
-    node's logits predict the token after it, so the node itself is part of its context."""
-    B, T = tokens.shape
-    seen = before[:, None, :].expand(B, T, before.shape[-1]).clone()
-    b, j, k = ancestors.nonzero(as_tuple=True)
-    seen[b, j, tokens[b, k]] = True
-    return seen
-
-
 def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, presence: float | None,
                     frequency: float | None) -> torch.Tensor:
     """vLLM's presence and frequency penalties on (..., V) logits, counts (..., V) = how often each
@@ -123,18 +113,6 @@ def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, presence: float 
     logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
     counts = counts.to(logits.dtype)
     return logits - (frequency or 0.0) * counts - (presence or 0.0) * (counts > 0).to(logits.dtype)
-
-
-def counts_in_block(tokens: torch.Tensor, ancestors: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """Per position of a verification block, how often each token was generated in its context:
-    (B, T) block tokens with the root in column 0, (B, T, T) ancestor-or-self mask, (B, V) counts
-    of the tokens generated before the round -> (B, T, V). The root is never counted here: it is
-    either the prompt's last token or an already generated (counted) one."""
-    B, T = tokens.shape
-    counts = before[:, None, :].expand(B, T, before.shape[-1]).clone()
-    b, j, k = ancestors[:, :, 1:].nonzero(as_tuple=True)
-    counts.index_put_((b, j, tokens[b, k + 1]), torch.ones_like(b, dtype=counts.dtype), accumulate=True)
-    return counts
 
 
 def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
