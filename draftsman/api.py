@@ -63,9 +63,10 @@ class Decoder:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None) -> GenerationOutput:
+                 frequency_penalty: float | None = None, min_new_tokens: int | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
-        as None take the config's values. stop: strings that end a row (draftsman/stop.py)."""
+        as None take the config's values. stop: strings that end a row (draftsman/stop.py);
+        min_new_tokens: EOS cannot end a row before it has that many new tokens."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -73,7 +74,7 @@ class Decoder:
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
         tokens, stats = self.engine.generate(ids, **args)
         stops = args["stop"]
         texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
@@ -84,7 +85,7 @@ class Decoder:
                top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
                min_p: float | None = None, stop: list[str] | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
-               frequency_penalty: float | None = None):
+               frequency_penalty: float | None = None, min_new_tokens: int | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -97,7 +98,7 @@ class Decoder:
         shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             if not text.add(new):  # nothing new, or a character still incomplete
@@ -117,13 +118,14 @@ class Decoder:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
-    def _run_args(self, max_new_tokens, seed, stop, sampling: dict) -> dict:
+    def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None) -> dict:
         """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
-                "stop": self._stop_check(g["stop"] if stop is None else stop)}
+                "stop": self._stop_check(g["stop"] if stop is None else stop),
+                "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens}
 
     def _stop_check(self, stop) -> StopStrings | None:
         strings = check_stop_strings(stop)

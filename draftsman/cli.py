@@ -56,6 +56,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="override one config value, parsed as YAML (drafter.k=6, sampling.top_k=null); "
                         "applied after --config and --drafter")
     p.add_argument("--max-new-tokens", type=int, help="default: generation.max_new_tokens")
+    p.add_argument("--min-new-tokens", type=int,
+                   help="EOS cannot end a row before this many new tokens; default: generation.min_new_tokens")
     p.add_argument("--temperature", type=float, help="0 = greedy; default: sampling.temperature")
     p.add_argument("--top-k", type=int, help="default: sampling.top_k")
     p.add_argument("--top-p", type=float, help="default: sampling.top_p")
@@ -103,7 +105,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
-                           seed=args.seed, stop=args.stop, **sampling_flags(args))
+                           min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop, **sampling_flags(args))
     if args.json:
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
                           "config": cfg}))
@@ -126,7 +128,8 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     """One text prompt: print the continuation as rounds accept it."""
     stats = GenerationStats()
-    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens, seed=args.seed, stats=stats,
+    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens,
+                                min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, **sampling_flags(args)):
         print(piece, end="", flush=True)
     print()

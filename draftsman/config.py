@@ -4,7 +4,7 @@
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null,
                presence_penalty: null, frequency_penalty: null}
-    generation: {max_new_tokens: 64, seed: 0, stop: null}
+    generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null}
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "generation": {
         "max_new_tokens": 64,
+        "min_new_tokens": 0,  # EOS cannot end a row before this many new tokens (HF's min_new_tokens)
         "seed": 0,
         "stop": None,  # strings that end a row when generated, e.g. ["\n\n"] (the text ends before them)
     },

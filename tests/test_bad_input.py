@@ -41,6 +41,9 @@ def config(target, **sections):
     (dict(input_ids=[[5, 100000]]), r"token ids \[100000\] outside the target's vocabulary \[0, 320\)"),
     (dict(input_ids=[[5, -1]]), r"token ids \[-1\] outside"),
     (dict(input_ids=[[5]], max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(input_ids=[[5]], max_new_tokens=4, min_new_tokens=5),
+     r"min_new_tokens must be in \[0, max_new_tokens = 4\], got 5: raise max_new_tokens"),
+    (dict(input_ids=[[5]], min_new_tokens=-1), r"min_new_tokens must be in \[0, max_new_tokens"),
     (dict(input_ids=[[5]], temperature=-1.0), "temperature must be >= 0"),
     (dict(input_ids=[[5]], top_k=0), "top_k must be a positive integer"),
     (dict(input_ids=[[5]], top_p=1.5), r"top_p must be in \(0, 1\]"),
@@ -82,7 +85,7 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
     ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
                                       r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
     ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['frequency_penalty', 'min_p', 'presence_penalty', 'repetition_penalty', 'temperature', 'top_k', 'top_p'\]"),
-    ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'seed', 'stop'\]"),
+    ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'min_new_tokens', 'seed', 'stop'\]"),
     ({"sampling": 0.5}, "section 'sampling' must be a mapping"),
 ])
 def test_unknown_config_keys_are_named_with_the_valid_ones(llama, raw, message):

@@ -146,3 +146,37 @@ def test_presence_and_frequency_penalties_when_sampling(drafter, tiny_models):
     exact, unpenalised = repeat_probability(1.5 + 0.5), repeat_probability(0.0)
     assert binomtest(repeats, len(rows), exact).pvalue > ALPHA, (repeats, len(rows), exact)
     assert binomtest(repeats, len(rows), unpenalised).pvalue < ALPHA, (repeats, len(rows), unpenalised)
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft_model", "ngram"])
+def test_min_new_tokens_when_sampling(drafter, tiny_models, medium_draft):
+    """min_new_tokens = max_new_tokens = 2 with EOS set to the target's likeliest first token: no
+    row ends early, and both tokens follow the target's marginals with EOS masked (EOS gets
+    probability 0 and the rest renormalises, as Hugging Face's MinNewTokensLengthLogitsProcessor
+    does). The same samples must not fit the unmasked first-token distribution."""
+    target = tiny_models["llama"][0]
+    cfg = {"name": "ngram", "k": 3, "branches": 2} if drafter == "ngram" else \
+          {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    model = load_for_reference(target)
+    with torch.no_grad():
+        p1 = processed_probs(model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), SamplingParams(1.0))
+    eos = int(p1.argmax())
+    dec.engine.eos_token_ids = {eos}
+    out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, min_new_tokens=2, temperature=1.0, seed=7)
+    assert all(len(t) == 2 and eos not in t for t in out.token_ids)
+    masked1 = p1.clone()
+    masked1[eos] = 0
+    masked1 /= masked1.sum()
+    support = masked1.nonzero().squeeze(1)
+    with torch.no_grad():
+        batch = torch.cat([torch.tensor([PROMPT]).expand(len(support), -1), support[:, None]], dim=1)
+        p2_given = processed_probs(model(input_ids=batch).logits[:, -1].double(), SamplingParams(1.0))
+    p2_given[:, eos] = 0
+    p2 = (masked1[support, None] * p2_given / p2_given.sum(-1, keepdim=True)).sum(0)
+    tokens = torch.tensor(out.token_ids)
+    assert fit_pvalue(tokens[:, 0], masked1) > ALPHA
+    assert fit_pvalue(tokens[:, 1], p2) > ALPHA
+    assert p1[eos] > 0.02 and fit_pvalue(tokens[:, 0], p1) < ALPHA  # the test has power
+    if drafter == "draft_model":
+        assert out.stats.tau > 1.01

@@ -131,3 +131,34 @@ def test_greedy_with_presence_and_frequency_penalties_equals_plain_decoding(arch
                               "generation": {"max_new_tokens": NEW_TOKENS}})
         assert [dec.generate(input_ids=[p]).token_ids[0] for p in prompts] == expected, f"{arch}/{name} batch 1"
         assert dec.generate(input_ids=prompts[:4]).token_ids == expected[:4], f"{arch}/{name} batch 4"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_greedy_with_min_new_tokens_equals_target_generate(arch, tiny_models, close_drafts, tiny_tokenizer):
+    """min_new_tokens: EOS is masked at each block position whose next token would come too early
+    (new tokens so far + its depth), so drafts that end a row early are rejected and the output
+    is the target's own generate(min_new_tokens=...). EOS here is a token these random models
+    pick often, so rows do end early without the option. (Masking by the new tokens so far only,
+    ignoring depth, or one position off either way, fails it.)"""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPT_TEXTS] + [REPETITIVE]
+
+    def hf(p, eos, **kw):
+        return model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
+                              pad_token_id=eos, attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              **kw)[0, len(p):].tolist()
+
+    plain = [hf(p, None) for p in prompts]
+    eos = max(set(sum(plain, [])), key=lambda t: sum(t in row[:12] for row in plain))
+    assert any(len(hf(p, eos)) < 12 for p in prompts)  # without the option a row ends early
+    configs = drafter_configs(arch, tiny_models, close_drafts)
+    for min_new in (6, 12):
+        expected = [hf(p, eos, min_new_tokens=min_new) for p in prompts]
+        assert all(len(row) >= min_new for row in expected)
+        for name in ("none", "ngram_tree", "draft_model_close", "draft_model_tree"):
+            dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": configs[name],
+                                  "generation": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": min_new}})
+            dec.engine.eos_token_ids = {eos}
+            got = [dec.generate(input_ids=[p]).token_ids[0] for p in prompts]
+            assert got == expected, f"{arch}/{name}/min {min_new} batch 1"
+            assert dec.generate(input_ids=prompts[:4]).token_ids == expected[:4], f"{arch}/{name}/min {min_new} batch 4"

@@ -87,6 +87,7 @@ class SpeculativeEngine:
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
         self._context_seen = self._generated_counts = None  # per request, set by stream()
+        self._min_new_tokens = 0
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -104,24 +105,30 @@ class SpeculativeEngine:
                                  f"[0, {self.vocab_size})")
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-                 seed: int = 0, stop: StopCheck | None = None) -> tuple[list[list[int]], GenerationStats]:
+                 seed: int = 0, stop: StopCheck | None = None,
+                 min_new_tokens: int = 0) -> tuple[list[list[int]], GenerationStats]:
         """New tokens per row (EOS included when it ended the row) and the run's statistics."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
-        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop):
+        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens):
             outputs[row] += tokens
         return outputs, stats
 
     @torch.no_grad()
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
-               stop: StopCheck | None = None) -> Iterator[tuple[int, list[int]]]:
+               stop: StopCheck | None = None, min_new_tokens: int = 0) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
-        (draftsman/stop.py: text stop strings)."""
+        (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
+        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens)."""
         self.check_prompts(prompts)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {max_new_tokens}], got {min_new_tokens}: "
+                             "raise max_new_tokens or lower min_new_tokens")
+        self._min_new_tokens = min_new_tokens
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
         stats.finish_reasons = [""] * len(prompts)
@@ -247,7 +254,8 @@ class SpeculativeEngine:
     def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
                      outputs: list[list[int]]):
         """The target's logits and states over a block; under penalties, the logits as penalised
-        for each position's own context (committed tokens + its ancestors in the block)."""
+        for each position's own context (committed tokens + its ancestors in the block); before
+        min_new_tokens, EOS at the positions whose next token comes too early."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         if sampling.penalizes_repeats:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
@@ -256,6 +264,12 @@ class SpeculativeEngine:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
                                             self._generated_counts.update(outputs), sampling.presence_penalty,
                                             sampling.frequency_penalty)
+        if self._min_new_tokens and self.eos_token_ids:
+            produced = torch.tensor([len(o) for o in outputs], device=logits.device)
+            # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).
+            too_early = (produced[:, None] + block.depth.to(logits.device) < self._min_new_tokens)[..., None]
+            eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
+            logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
