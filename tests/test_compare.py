@@ -112,6 +112,51 @@ def test_a_sampling_section_reaches_every_cell(quick_run, tiny_models, capsys, m
     assert seen and all(s["repetition_penalty"] == 1.3 and s["top_p"] == 0.9 for s in seen)
 
 
+def test_min_new_tokens_fixes_every_contenders_length(tiny_models, tmp_path, capsys):
+    """min_new_tokens = max_new_tokens: every cell and every peer produces exactly that many tokens,
+    still identical to plain decoding (the peers get it too, else they would end early and differ).
+    EOS is a token this random target emits often, so without the key rows do end early."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from tiny_models import load_for_reference
+
+    target = shutil.copytree(tiny_models["llama"][0], tmp_path / "target")
+    model, tok = load_for_reference(target), AutoTokenizer.from_pretrained(target)
+    plain = [model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                            attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+             for ids in (tok(p["text"])["input_ids"] for p in PROMPTS)]
+    eos = max(set(sum(plain, [])), key=lambda t: sum(t in row for row in plain))
+    for name in ("config.json", "generation_config.json"):
+        path = target / name
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data["eos_token_id"] = eos
+        path.write_text(json.dumps(data))
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    config = {"target": {"path": str(target)}, "drafters": [{"name": "none"}, {"name": "ngram", "k": 3}],
+              "prompts": "prompts.jsonl", "temperatures": [0]}
+
+    def run(out, *flags):
+        (tmp_path / "bench.yaml").write_text(yaml.safe_dump({**config, "out": str(tmp_path / out)}))
+        assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress", *flags]) == 0
+        return json.loads((tmp_path / out / "results.json").read_text()), capsys.readouterr().out
+
+    free, _ = run("free")
+    assert any(c["new_tokens"] < 2 * 16 for c in free["cells"])  # without the key a row ends early
+    fixed, stdout = run("fixed", "--min-new-tokens", "16")
+    assert "16 new tokens (fixed length: EOS masked until then)" in stdout
+    assert fixed["config"]["min_new_tokens"] == 16
+    assert all(c["new_tokens"] == 2 * 16 and c["mismatches"] == 0 for c in fixed["cells"])  # 2 prompts a category
+    assert {p["peer"] for p in fixed["peers"]} == {"hf_generate", "hf_prompt_lookup"}
+    assert all(p["same_as_ours"] == p["prompts"] for p in fixed["peers"])
+    # --quick: batch sizes 1 and 2, one timed batch each
+    assert all(p["new_tokens"] == 16 * p["batch_size"] for p in fixed["batch_sweep"]["points"])
+    with pytest.raises(ValueError, match=r"min_new_tokens must be an integer in \[0, max_new_tokens = 16\]"):
+        load_bench_config(overrides={"target": {"path": "t"}, "max_new_tokens": 16, "min_new_tokens": 17})
+
+
 def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     bad = tmp_path / "bench.yaml"
     bad.write_text("target: {path: nowhere}\nrepeat: 3\n")

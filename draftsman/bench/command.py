@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", type=_numbers(float), help="e.g. 0,1 (default 0,1)")
     p.add_argument("--batch-sizes", type=_numbers(int), help="e.g. 1,2,4,8,16 (default)")
     p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--min-new-tokens", type=int,
+                   help="EOS cannot end a row before this many new tokens; = --max-new-tokens for fixed-length runs")
     p.add_argument("--repeats", type=int, help="timed passes over the prompts; medians are reported")
     p.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate peers")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = dict(QUICK) if args.quick else {}
     flags = {"out": args.out, "prompts": args.prompts, "categories": args.categories,
              "prompts_per_category": args.prompts_per_category, "temperatures": args.temperatures,
-             "batch_sizes": args.batch_sizes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+             "batch_sizes": args.batch_sizes, "max_new_tokens": args.max_new_tokens,
+             "min_new_tokens": args.min_new_tokens, "repeats": args.repeats,
              "peers": False if args.no_peers else None}
     overrides.update({k: v for k, v in flags.items() if v is not None})
     cfg = load_bench_config(args.config, overrides)

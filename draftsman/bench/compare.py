@@ -37,11 +37,11 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     encoded = {c: _encode(base, ps, cfg["max_new_tokens"]) for c, ps in groups.items()}
 
     # `none` needs no second Decoder: the base one already has it.
-    ours = [Ours(drafter_label(d), base if d["name"] == "none" else base.with_drafter(drafter_options(d)))
-            for d in cfg["drafters"]]
+    ours = [Ours(drafter_label(d), base if d["name"] == "none" else base.with_drafter(drafter_options(d)),
+                 cfg["min_new_tokens"]) for d in cfg["drafters"]]
     baseline = next(o.label for o in ours if o.name == "none")
     with_peers = cfg["peers"] and 0 in cfg["temperatures"] and not changes_greedy_output(cfg["sampling"])
-    peers, notes = build_peers(base, cfg["drafters"]) if with_peers else ([], [])
+    peers, notes = build_peers(base, cfg["drafters"], cfg["min_new_tokens"]) if with_peers else ([], [])
     if cfg["peers"] and 0 not in cfg["temperatures"]:
         notes.append("peers skipped: they run greedy and temperature 0 is not among the temperatures")
     elif cfg["peers"] and not with_peers:

@@ -32,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "batch_sizes": [1, 2, 4, 8, 16],
     "batch_category": None,  # rows of the batch sweep: one category, or None = mixed (round-robin)
     "max_new_tokens": 64,
+    "min_new_tokens": 0,  # EOS cannot end a row before this many new tokens; = max_new_tokens times
+    #                       fixed-length runs (Spec-Bench style), the peers included
     "repeats": 3,  # timed passes over the prompts; medians are taken over them
     "sweep_drafters": None,  # labels of the drafters the batch sweep runs (and `none`); None = all
     "sweep_repeats": None,  # timed pairs per batch-sweep cell; None = repeats (one batch is one
@@ -196,6 +198,10 @@ def _validate(cfg: dict) -> None:
     for key in ("max_new_tokens", "repeats"):
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {cfg[key]!r}")
+    m = cfg["min_new_tokens"]
+    if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= cfg["max_new_tokens"]:
+        raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens = {cfg['max_new_tokens']}], "
+                         f"got {m!r}: lower it or raise max_new_tokens")
     r = cfg["sweep_repeats"]
     if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 1):
         raise ValueError(f"sweep_repeats must be an integer >= 1 or null (= repeats), got {r!r}")

@@ -22,8 +22,10 @@ from .runner import Run
 class HFPeer:
     kind = "peer"
 
-    def __init__(self, label: str, model, extra: dict, extra_parameters: int = 0, pad_token_id: int | None = None):
+    def __init__(self, label: str, model, extra: dict, extra_parameters: int = 0, pad_token_id: int | None = None,
+                 min_new_tokens: int = 0):
         self.label = label
+        self.min_new_tokens = min_new_tokens
         self.model = model
         self.extra = extra  # generate kwargs that make this peer what it is
         self.extra_parameters = extra_parameters
@@ -49,7 +51,8 @@ class HFPeer:
         try:
             t0 = time.perf_counter()
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id, **self.extra)
+                                      max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
+                                      min_new_tokens=min(self.min_new_tokens, max_new_tokens), **self.extra)
             new = out[0, ids.shape[1]:].tolist()  # .tolist() waits for the device: the time is complete
             seconds = time.perf_counter() - t0
         finally:
@@ -57,10 +60,10 @@ class HFPeer:
         return Run([new], seconds, None)
 
 
-def build_peers(decoder, drafters: list[dict]) -> tuple[list[HFPeer], list[str]]:
+def build_peers(decoder, drafters: list[dict], min_new_tokens: int = 0) -> tuple[list[HFPeer], list[str]]:
     """The peers for this target, and notes on any that cannot run. The assistant is the first
     `draft_model` drafter's model; the lookup length is the first `ngram` drafter's k (its
-    default if unset or if there is none)."""
+    default if unset or if there is none). Every peer runs with `min_new_tokens`, as ours do."""
     from ..drafters.ngram import NgramDrafter
 
     model = decoder.target
@@ -69,17 +72,18 @@ def build_peers(decoder, drafters: list[dict]) -> tuple[list[HFPeer], list[str]]
     if pad is None:
         eos = sorted(decoder.engine.eos_token_ids)
         pad = eos[0] if eos else 0
-    peers = [HFPeer("hf_generate", model, {}, pad_token_id=pad)]
+    peers = [HFPeer("hf_generate", model, {}, pad_token_id=pad, min_new_tokens=min_new_tokens)]
     notes = []
     draft = next((d for d in drafters if d["name"] == "draft_model"), None)
     if draft is not None:
         dtype = draft.get("dtype") or str(model.dtype).replace("torch.", "")
         assistant = load_causal_lm(draft["path"], dtype, decoder.device, what="assistant model")
         params = sum(p.numel() for p in assistant.parameters())
-        peers.append(HFPeer("hf_assisted", model, {"assistant_model": assistant}, params, pad))
+        peers.append(HFPeer("hf_assisted", model, {"assistant_model": assistant}, params, pad, min_new_tokens))
     else:
         notes.append("hf_assisted skipped: no draft_model drafter in the config to lend its model")
     default_k = NgramDrafter.Options.k
     k = next((int(d.get("k", default_k)) for d in drafters if d["name"] == "ngram"), default_k)
-    peers.append(HFPeer("hf_prompt_lookup", model, {"prompt_lookup_num_tokens": k}, pad_token_id=pad))
+    peers.append(HFPeer("hf_prompt_lookup", model, {"prompt_lookup_num_tokens": k}, pad_token_id=pad,
+                        min_new_tokens=min_new_tokens))
     return peers, notes

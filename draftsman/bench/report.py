@@ -52,6 +52,13 @@ def _f(v, fmt: str = ".2f", none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
 
+def _length(cfg: dict) -> str:
+    low, high = cfg.get("min_new_tokens", 0), cfg["max_new_tokens"]  # results.json from before the key
+    if low == high:
+        return f"{high} new tokens (fixed length: EOS masked until then)"
+    return f"{low}-{high} new tokens" if low else f"{high} new tokens"
+
+
 def markdown(results: dict) -> str:
     cfg, env = results["config"], results["environment"]
     counts = results["prompts"]["counts"]
@@ -63,7 +70,7 @@ def markdown(results: dict) -> str:
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}, "
         f"draftsman {env['draftsman']}" + (f" @ {env['git_commit']}" if env.get("git_commit") else ""),
         f"- prompts: {', '.join(f'{c} {n}' for c, n in counts.items())} from `{results['prompts']['file']}`; "
-        f"{cfg['max_new_tokens']} new tokens; repeats: {cfg['repeats']} (interleaved, medians reported)",
+        f"{_length(cfg)}; repeats: {cfg['repeats']} (interleaved, medians reported)",
         *([f"- sampling in every cell (besides its temperature): "
            f"{', '.join(f'{k} {v}' for k, v in cfg['sampling'].items())}"] if cfg.get("sampling") else []),
         "",

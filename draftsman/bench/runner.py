@@ -2,7 +2,8 @@
 
 A contender is anything with `label`, `kind`, `extra_parameters` and
 `run(prompts, max_new_tokens, temperature, seed) -> Run`: one of our drafters (`Ours`, a Decoder)
-or a Hugging Face peer (peers.py). Per prompt the contenders run one after another, in an order
+or a Hugging Face peer (peers.py). A contender holds the run's `min_new_tokens` and caps it at each
+call's max_new_tokens (warm-up calls are shorter). Per prompt the contenders run one after another, in an order
 that flips every prompt and every repeat (A B C, C B A, ...), after one warm-up call each.
 Throughput is computed per repeat; medians over repeats are what get reported. In the batch sweep,
 where one call lasts seconds, each contender runs beside its own baseline call instead.
@@ -48,16 +49,17 @@ class Ours:
 
     kind = "ours"
 
-    def __init__(self, label: str, decoder):
+    def __init__(self, label: str, decoder, min_new_tokens: int = 0):
         self.label = label
         self.decoder = decoder
+        self.min_new_tokens = min_new_tokens
         self.name = decoder.config["drafter"]["name"]
         self.extra_parameters = decoder.drafter.extra_parameters()
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> Run:
         t0 = time.perf_counter()
         out = self.decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    seed=seed)
+                                    seed=seed, min_new_tokens=min(self.min_new_tokens, max_new_tokens))
         return Run(out.token_ids, time.perf_counter() - t0, out.stats)
 
 
