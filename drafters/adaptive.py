@@ -217,6 +217,7 @@ class AdaptiveDrafter(Drafter):
             self._carried = [c for c in self._carried if c[0] != self.sampling][-7:]
             self._carried.append((self.sampling, self._acceptance_state()))
         super().begin(prompts, sampling, generator)
+        self.inner.min_new_tokens, self.inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
         self.inner.begin(prompts, sampling, generator)
         s = self.settings
         D = max(1, self.inner.max_depth())

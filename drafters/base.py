@@ -146,6 +146,11 @@ class Drafter:
     # Set by the engine before `begin`: the request's max_new_tokens (how long rows still run).
     token_budget: int | None = None
     sampling: "SamplingParams | None" = None  # the current request's, set by begin()
+    # Set by the engine before `begin`: a row's new tokens up to number min_new_tokens cannot be
+    # one of eos_token_ids (the target's EOS logit is -inf there). Model drafters mask them in
+    # their drafts (drafters/eos_ban.py); wrappers pass both on to the drafters they hold.
+    min_new_tokens: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
 
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling

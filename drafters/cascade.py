@@ -62,6 +62,7 @@ class CascadeDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         for child in self.children:
+            child.min_new_tokens, child.eos_token_ids = self.min_new_tokens, self.eos_token_ids
             child.begin(prompts, sampling, generator)
         self._reset_counters()
 

@@ -154,10 +154,11 @@ class DraftModelDrafter(Drafter):
         logits = logits[..., : self.vocab_size]
         repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
+        eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         if self.options.top_k > 1 and self.sampling.greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,
-                                 min_confidence=self.options.min_confidence or 0.0)
+                                 min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
         self.round_start = torch.tensor([len(c) for c in contexts])
@@ -170,6 +171,8 @@ class DraftModelDrafter(Drafter):
         for step in range(k):
             if context_state is not None:  # under penalties, as the target's logits will be
                 logits = repeats.penalise(logits, context_state)
+            if eos_ban is not None:
+                logits = eos_ban.apply(logits, step + 1)
             p = self._next_distribution(logits)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)  # into the logits
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)

@@ -27,6 +27,7 @@ import torch
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, DraftTree
+from .eos_ban import EosBan
 from .repeats import DraftRepeats
 
 # grow(parent_states (B, K, ...) or None, tokens (B, K), depth, visible (B, K, S) or None)
@@ -58,21 +59,22 @@ def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state
                  depth: int, top_k: int, total_tokens: int, ready: list[bool],
                  token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
                  score_scale: float = 1.0, repeats: DraftRepeats | None = None,
-                 min_confidence: float = 0.0) -> list[DraftTree]:
+                 min_confidence: float = 0.0, eos_ban: EosBan | None = None) -> list[DraftTree]:
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
     the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
     reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
-    logits penalised for its own context under penalties (drafters/repeats.py).
+    logits penalised for its own context under penalties (drafters/repeats.py). eos_ban: no EOS
+    node where min_new_tokens forbids it (drafters/eos_ban.py).
     min_confidence: drop nodes whose path confidence is below it, and stop growing once no
     frontier node reaches it (every row keeps at least its best node)."""
     min_score = math.log(min_confidence) if min_confidence > 0 else -math.inf
     tokens, parents, scores = _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale,
-                                      repeats, total_tokens, min_score)
+                                      repeats, total_tokens, min_score, eos_ban)
     return _keep_best(tokens, parents, scores, total_tokens, ready, min_score)
 
 
 def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale, repeats=None,
-            total_tokens=None, min_score=-math.inf):
+            total_tokens=None, min_score=-math.inf, eos_ban=None):
     """Every drafted node, (B, n) each: tokens, parent node index (-1 = root), cumulative log-prob."""
     device = root_logits.device
     K = min(top_k, root_logits.shape[-1])
@@ -80,6 +82,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     rows = torch.arange(B, device=device)[:, None]
     if repeats is not None:
         root_logits = repeats.penalise(root_logits, repeats.root_state)
+    if eos_ban is not None:
+        root_logits = eos_ban.apply(root_logits, 1)
     score, index = (root_logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
     token = token_ids(index)
     # Under penalties: what each frontier node's context holds (B, K, n; drafters/repeats.py).
@@ -96,6 +100,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         state, logits = grow(parent_state, token, d, visible)  # the frontier's outputs
         if frontier_held is not None:
             logits = repeats.penalise(logits, frontier_held)
+        if eos_ban is not None:
+            logits = eos_ban.apply(logits, d + 1)
         child_score, child_logit_index = (logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
         child_token = token_ids(child_logit_index)
         child_score = child_score + score[..., None]

@@ -24,6 +24,7 @@ from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .dynamic_tree import grow_level
+from .eos_ban import EosBan
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
 from .repeats import DraftContext, DraftRepeats
 
@@ -130,6 +131,7 @@ class FeatureHeadDrafter(Drafter):
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
         self.repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
+        self.eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees
@@ -152,6 +154,8 @@ class FeatureHeadDrafter(Drafter):
         for d in range(1, depth + 1):
             if context_state is not None:  # under penalties, as the target's logits will be
                 logits = self.repeats.penalise(logits, context_state)
+            if self.eos_ban is not None:
+                logits = self.eos_ban.apply(logits, d)
             p = processed_probs(logits, self.sampling)  # over the head's logits (all, or a draft vocabulary)
             index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
@@ -187,6 +191,7 @@ class FeatureHeadDrafter(Drafter):
         self.lm.reset(len(prompts))
         self.draft_context = DraftContext(prompts, self.vocab_size, self.device)  # under penalties
         self.repeats: DraftRepeats | None = None  # set each round by propose()
+        self.eos_ban: EosBan | None = None  # set each round by propose()
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:
         # joined once, when the head catches up (joining every round copied a whole plain stretch

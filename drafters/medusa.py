@@ -133,6 +133,11 @@ class MedusaDrafter(Drafter):
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
             state = repeats.root_state[torch.tensor(ready, device=self.device)]
             logits = repeats.penalise(logits, state.expand_as(logits))
+        eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
+        if eos_ban is not None:  # head h drafts depth h + 1
+            ready_rows = eos_ban.rows(torch.tensor(ready, device=self.device))
+            depths = torch.arange(1, logits.shape[0] + 1, device=self.device)
+            logits = ready_rows.apply(logits.transpose(0, 1), depths).transpose(0, 1)
         candidates = logits.topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]

@@ -27,6 +27,7 @@ import torch
 
 from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import penalize_counts, penalize_repeats
+from .eos_ban import EosBan
 
 
 class DraftContext:
@@ -36,6 +37,7 @@ class DraftContext:
 
     def __init__(self, prompts: list[list[int]], vocab_size: int, device):
         self.generated_from = [len(p) for p in prompts]  # the prompt's tokens are not counted
+        self.device = device
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
 
@@ -43,6 +45,14 @@ class DraftContext:
         self.generated_from = [self.generated_from[i] for i in indices]
         self.held.select_rows(indices)
         self.generated.select_rows(indices)
+
+    def eos_ban(self, drafter, contexts: list[list[int]], width: int,
+                vocab_map: torch.Tensor | None) -> EosBan | None:
+        """This round's EosBan under the request's min_new_tokens (set on the drafter by the
+        engine); None when it bans nothing."""
+        produced = [len(c) - n for c, n in zip(contexts, self.generated_from)]
+        return EosBan.for_round(produced, drafter.min_new_tokens, drafter.eos_token_ids, width, vocab_map,
+                                self.device)
 
     def round(self, sampling, contexts: list[list[int]], width: int,
               vocab_map: torch.Tensor | None) -> "DraftRepeats | None":

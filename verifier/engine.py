@@ -157,6 +157,7 @@ class SpeculativeEngine:
             prefill_hidden = [{k: h[b, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
                               for b, p in enumerate(contexts)]
         self.drafter.token_budget = max_new_tokens
+        self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, frozenset(self.eos_token_ids)
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)

@@ -1,0 +1,200 @@
+"""Drafting under min_new_tokens (drafters/eos_ban.py): model drafters draft no EOS where the
+target's EOS logit is masked, so a draft model that is the target itself is always accepted, and
+no drafter wastes a node on a token the verifier must reject. EOS here is a token the drafter
+proposes often, so without the ban it is drafted at banned depths."""
+from collections import Counter
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters.eos_ban import EosBan
+from draftsman.heads.feature_head import FeatureHead
+from draftsman.heads.medusa import MedusaHeads
+
+from tiny_models import load_for_reference
+
+PROMPTS = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
+NEW = 20
+
+
+def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
+    logits = torch.zeros(2, 3, 5)  # (rows, positions, draft vocabulary)
+    vocab_map = torch.tensor([9, 4, 2, 7, 3])  # draft row -> token id
+    ban = EosBan.for_round([3, 6], min_new_tokens=7, eos_token_ids={2, 3, 8}, width=5, vocab_map=vocab_map,
+                           device="cpu")
+    assert ban.columns.tolist() == [2, 4] and ban.deepest.tolist() == [4, 1]
+    out = ban.apply(logits, torch.tensor([1, 2, 5]))  # one depth per position
+    banned = out[..., [2, 4]].isinf()
+    assert banned[..., 0].tolist() == [[True, True, False], [True, False, False]]
+    assert torch.equal(banned[..., 0], banned[..., 1]) and out[..., [0, 1, 3]].eq(0).all()
+    assert logits.eq(0).all()  # a new tensor: the caller's logits are left as they were
+    assert ban.apply(torch.zeros(2, 5), 2)[:, 2].isinf().tolist() == [True, False]
+    assert ban.rows(torch.tensor([1])).apply(torch.zeros(1, 5), 1)[0, 4].isinf()
+    # Nothing to ban: every row has its min_new_tokens, no EOS, or none in the draft vocabulary.
+    assert EosBan.for_round([7, 9], 7, {2}, 5, vocab_map, "cpu") is None
+    assert EosBan.for_round([0], 7, set(), 5, None, "cpu") is None
+    assert EosBan.for_round([0], 7, {8}, 5, vocab_map, "cpu") is None
+    assert EosBan.for_round([0], 7, {5}, 5, None, "cpu") is None  # past the drafter's logits
+
+
+def _frequent_eos(dec, prompts) -> int:
+    """A token the drafter drafts often (without min_new_tokens)."""
+    drafted = Counter()
+    propose = dec.drafter.propose
+
+    def record(contexts):
+        trees = propose(contexts)
+        drafted.update(t for tree in trees for t in tree.tokens.tolist())
+        return trees
+
+    dec.drafter.propose = record
+    try:
+        dec.generate(input_ids=prompts, max_new_tokens=NEW)
+    finally:
+        del dec.drafter.propose
+    return drafted.most_common(1)[0][0]
+
+
+def _drafted_by_new_token_number(dec, prompt, min_new=0) -> dict[int, Counter]:
+    """{n: Counter of the tokens drafted as the row's new token number n}, over one batch-1 request."""
+    drafted: dict[int, Counter] = {}
+    propose = dec.drafter.propose
+
+    def record(contexts):
+        trees = propose(contexts)
+        produced = len(contexts[0]) - len(prompt)
+        for token, depth in zip(trees[0].tokens.tolist(), trees[0].depths()):
+            drafted.setdefault(produced + depth, Counter())[token] += 1
+        return trees
+
+    dec.drafter.propose = record
+    try:
+        dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=min_new)
+    finally:
+        del dec.drafter.propose
+    return drafted
+
+
+def _without_the_ban(monkeypatch):
+    monkeypatch.setattr(EosBan, "for_round", classmethod(lambda cls, *a, **k: None))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("options", [{"k": 4}, {"k": 4, "top_k": 3, "total_tokens": 30}], ids=["chain", "tree"])
+def test_the_target_drafting_for_itself_is_accepted(tiny_models, options, temperature, monkeypatch):
+    """The target as its own draft model under min_new_tokens = max_new_tokens: output equals plain
+    decoding's; a chain of the target's own (masked) choices is always accepted, greedy or sampled
+    (q = p); drafting that ignores the ban is accepted less."""
+    if temperature and "top_k" in options:
+        pytest.skip("a top-k tree is a greedy-only option")
+    target = str(tiny_models["llama"][0])
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "draft_model", "path": target, **options},
+                          "sampling": {"temperature": temperature}})
+    eos = _frequent_eos(dec, PROMPTS)
+    dec.engine.eos_token_ids = {eos}
+    plain = dec.with_drafter({"name": "none"})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
+    assert all(len(row) == NEW and eos not in row for row in out.token_ids)
+    if temperature == 0:
+        assert out.token_ids == plain.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW).token_ids
+    if "top_k" not in options:
+        assert out.stats.tau == 5.0, out.stats.accepted_per_round  # 20 tokens in 4 rounds per row
+    if "top_k" not in options and temperature == 0:
+        # Past min_new_tokens EOS is drafted again where the target may pick it: every round but a
+        # row's last (cut by EOS or length) is still accepted whole.
+        half = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW // 2, seed=3)
+        assert any(len(row) < NEW for row in half.token_ids) and all(len(row) >= NEW // 2 for row in half.token_ids)
+        assert all(a == 4 for row in half.stats.accepted_per_round for a in row[:-1]), half.stats.accepted_per_round
+    if temperature:  # a sampled token's q holds no EOS mass (this random target rarely samples EOS)
+        assert _eos_mass_of_draft_q(dec, eos) == 0
+        _without_the_ban(monkeypatch)
+        assert _eos_mass_of_draft_q(dec, eos) > 0
+        return
+    _without_the_ban(monkeypatch)
+    unaware = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
+    assert unaware.token_ids == out.token_ids
+    # A tree keeps its best nodes by path probability, which on this near-uniform random target are
+    # not all on the greedy path: EOS displaces a sibling only, so the margin is smaller.
+    margin = 0.0 if "top_k" in options else 0.5
+    assert out.stats.tau > unaware.stats.tau + margin, (out.stats.accepted_per_round, unaware.stats.accepted_per_round)
+
+
+def _eos_mass_of_draft_q(dec, eos) -> float:
+    """The draft probability of EOS summed over every sampled node of a min_new_tokens = max run."""
+    mass = [0.0]
+    propose = dec.drafter.propose
+
+    def record(contexts):
+        trees = propose(contexts)
+        mass[0] += sum(float(t.draft_probs[:, eos].sum()) for t in trees if t.draft_probs is not None)
+        return trees
+
+    dec.drafter.propose = record
+    try:
+        dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
+    finally:
+        del dec.drafter.propose
+    return mass[0]
+
+
+@pytest.fixture(scope="module")
+def fresh_heads(tiny_models, tmp_path_factory):
+    """Freshly initialised heads for the tiny Llama target (the ban does not need good heads)."""
+    out = tmp_path_factory.mktemp("eos-ban-heads")
+    target = load_for_reference(tiny_models["llama"][0])
+    for kind in ("eagle", "mtp", "eagle3"):
+        FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
+    MedusaHeads.for_target(target, num_heads=4).save(out / "medusa", target, dtype=torch.float32)
+    return out
+
+
+DRAFTERS = {"eagle": {"name": "eagle", "depth": 4, "top_k": 3, "total_tokens": 12},
+            "eagle3": {"name": "eagle", "depth": 4, "top_k": 3, "total_tokens": 12},
+            "mtp": {"name": "mtp", "depth": 3},
+            "medusa": {"name": "medusa"},
+            "draft_model": {"name": "draft_model", "k": 4}}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_each_drafter_bans_eos_up_to_min_new_tokens_and_no_further(name, fresh_heads, tiny_models):
+    """Every model drafter, greedy, with min_new_tokens m of 1 to 3 (the ban ends inside a round's
+    tree or at its root): EOS, chosen as the token drafted most as new token m without the ban,
+    is never drafted as new token <= m; chosen as the one drafted most as token m + 1, it still is
+    drafted there. Output equals plain decoding's at batch 1 and 4."""
+    target, draft = tiny_models["llama"]
+    path = draft if name == "draft_model" else fresh_heads / name
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {**DRAFTERS[name], "path": str(path)}})
+    unbanned = [_drafted_by_new_token_number(dec, p) for p in PROMPTS]
+    checked = 0
+    for m in (1, 2, 3):
+        for prompt, free in zip(PROMPTS, unbanned):
+            if m not in free or m + 1 not in free:  # (a head drafts nothing before its first feature)
+                continue
+            last_banned, first_free = free[m].most_common(1)[0][0], free[m + 1].most_common(1)[0][0]
+            dec.engine.eos_token_ids = {last_banned}
+            drafted = _drafted_by_new_token_number(dec, prompt, m)
+            assert not any(drafted.get(n, {}).get(last_banned) for n in range(1, m + 1)), (m, prompt)
+            if first_free != last_banned:
+                dec.engine.eos_token_ids = {first_free}
+                assert _drafted_by_new_token_number(dec, prompt, m).get(m + 1, {}).get(first_free), (m, prompt)
+            checked += 1
+    assert checked >= 6
+    dec.engine.eos_token_ids = {unbanned[0][2].most_common(1)[0][0]}
+    expected = dec.with_drafter({"name": "none"}).generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW)
+    assert dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW).token_ids == expected.token_ids
+    for b, prompt in enumerate(PROMPTS):
+        got = dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=NEW).token_ids[0]
+        assert got == expected.token_ids[b]
+
+
+def test_a_cascade_and_adaptive_speculation_pass_the_ban_on(tiny_models):
+    """Wrappers hand min_new_tokens and the EOS ids to the drafters they hold."""
+    target = str(tiny_models["llama"][0])
+    for drafter in ({"name": "cascade", "drafters": [{"name": "ngram"}, {"name": "draft_model", "path": target}]},
+                    {"name": "draft_model", "path": target, "adaptive": True}):
+        dec = draftsman.load({"target": {"path": target}, "drafter": drafter})
+        dec.engine.eos_token_ids = {7}
+        dec.generate(input_ids=PROMPTS[:1], max_new_tokens=8, min_new_tokens=5)
+        inner = dec.drafter.children[-1] if drafter["name"] == "cascade" else dec.drafter.inner
+        assert (inner.min_new_tokens, inner.eos_token_ids) == (5, frozenset({7}))
