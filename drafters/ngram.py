@@ -87,20 +87,33 @@ class NgramDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         o = self.options
         self.indexes = [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
+        self.prompt_lengths = [len(p) for p in prompts]
 
     def keep_rows(self, indices):
         self.indexes = [self.indexes[i] for i in indices]
+        self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
 
     def propose(self, contexts):
         o = self.options
         trees = []
-        for index, ctx in zip(self.indexes, contexts):
+        for index, ctx, prompt_length in zip(self.indexes, contexts, self.prompt_lengths):
             index.update(ctx)
             trie = _Trie([], [])
+            # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens: a
+            # continuation ends before such an EOS (the tree is deterministic, so cutting it is exact).
+            banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
-                trie.insert(cont)
+                trie.insert(_before_banned_eos(cont, banned_depths, self.eos_token_ids))
             n = len(trie.tokens)
             trees.append(DraftTree(torch.tensor(trie.tokens, dtype=torch.long, device=self.device),
                                    torch.tensor(trie.parents, dtype=torch.long, device=self.device),
                                    torch.full((n,), DETERMINISTIC, dtype=torch.long, device=self.device)))
         return trees
+
+
+def _before_banned_eos(continuation: list[int], banned_depths: int, eos_token_ids) -> list[int]:
+    """The continuation up to its first EOS at depth <= banned_depths (depth 1 = its first token)."""
+    for j, token in enumerate(continuation[:max(banned_depths, 0)]):
+        if token in eos_token_ids:
+            return continuation[:j]
+    return continuation

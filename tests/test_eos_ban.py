@@ -1,4 +1,4 @@
-"""Drafting under min_new_tokens (drafters/eos_ban.py): model drafters draft no EOS where the
+"""Drafting under min_new_tokens (drafters/eos_ban.py): drafters draft no EOS where the
 target's EOS logit is masked, so a draft model that is the target itself is always accepted, and
 no drafter wastes a node on a token the verifier must reject. EOS here is a token the drafter
 proposes often, so without the ban it is drafted at banned depths."""
@@ -186,6 +186,23 @@ def test_each_drafter_bans_eos_up_to_min_new_tokens_and_no_further(name, fresh_h
     for b, prompt in enumerate(PROMPTS):
         got = dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=NEW).token_ids[0]
         assert got == expected.token_ids[b]
+
+
+@pytest.mark.parametrize("prompt, generated, min_new, drafted", [
+    ([1, 2, 3, 7, 4, 9, 8, 1, 2, 3], [], 1, [7, 4, 9, 8]),  # EOS (4) would be new token 2: allowed
+    ([1, 2, 3, 7, 4, 9, 8, 1, 2, 3], [], 2, [7]),  # banned: the continuation ends before it
+    ([1, 2, 3, 7, 4, 9, 8], [5, 1, 2, 3], 5, [7, 4, 9, 8]),  # 4 produced: EOS would be new token 6
+    ([1, 2, 3, 7, 4, 9, 8], [5, 1, 2, 3], 6, [7]),
+])
+def test_ngram_ends_a_continuation_before_a_banned_eos(prompt, generated, min_new, drafted):
+    """ngram's trees are deterministic, so it cuts a continuation at a banned EOS."""
+    from draftsman.drafters.ngram import NgramDrafter
+    from draftsman.verifier.sampling import SamplingParams
+
+    ngram = NgramDrafter(NgramDrafter.Options(k=4, branches=1))
+    ngram.min_new_tokens, ngram.eos_token_ids = min_new, frozenset({4})
+    ngram.begin([prompt], SamplingParams(0.0), torch.Generator())
+    assert ngram.propose([prompt + generated])[0].tokens.tolist() == drafted
 
 
 def test_a_cascade_and_adaptive_speculation_pass_the_ban_on(tiny_models):
