@@ -13,7 +13,7 @@ import yaml
 
 from draftsman import cli
 from draftsman.bench import prompts_set as P
-from draftsman.bench.config import BUNDLED_PROMPTS, load_bench_config
+from draftsman.bench.config import BUNDLED_PROMPTS, QUICK, load_bench_config
 
 from tiny_models import CORPUS
 
@@ -155,6 +155,11 @@ def test_min_new_tokens_fixes_every_contenders_length(tiny_models, tmp_path, cap
     assert all(p["new_tokens"] == 16 * p["batch_size"] for p in fixed["batch_sweep"]["points"])
     with pytest.raises(ValueError, match=r"min_new_tokens must be an integer in \[0, max_new_tokens = 16\]"):
         load_bench_config(overrides={"target": {"path": "t"}, "max_new_tokens": 16, "min_new_tokens": 17})
+    # --quick keeps a fixed-length config fixed length, at its own 16 tokens
+    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump({**config, "min_new_tokens": 64, "max_new_tokens": 64}))
+    assert load_bench_config(tmp_path / "fixed.yaml", dict(QUICK), quick=True)["min_new_tokens"] == 16
+    with pytest.raises(ValueError, match="min_new_tokens must be an integer in"):  # unless asked for more
+        load_bench_config(tmp_path / "fixed.yaml", {**QUICK, "min_new_tokens": 20}, quick=True)
 
 
 def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
              "min_new_tokens": args.min_new_tokens, "repeats": args.repeats,
              "peers": False if args.no_peers else None}
     overrides.update({k: v for k, v in flags.items() if v is not None})
-    cfg = load_bench_config(args.config, overrides)
+    cfg = load_bench_config(args.config, overrides, quick=args.quick)
     hf_logging.disable_progress_bar()  # "Loading weights" bars would tangle with ours
     if args.build_prompts:
         return build(cfg, Path(args.build_prompts), args.per_category)

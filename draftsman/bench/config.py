@@ -88,9 +88,12 @@ def default_target() -> dict:
     return {"path": str(zoo.target_path())}
 
 
-def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> dict:
+def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | None = None,
+                      quick: bool = False) -> dict:
     """The complete, validated compare config from a YAML file (or the defaults), then overrides
-    (command-line flags; None values are ignored)."""
+    (command-line flags; None values are ignored). quick: the QUICK overrides are among them, and
+    a file's min_new_tokens is capped at their max_new_tokens (a fixed-length config stays fixed
+    length, at the smoke run's length)."""
     raw: dict = {}
     if path is not None:
         p = Path(path)
@@ -113,6 +116,9 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
                            else [{"name": "none"}, {"name": "ngram"}])
     if cfg["prompts"] is None:
         cfg["prompts"] = str(BUNDLED_PROMPTS)
+    low, high = cfg["min_new_tokens"], cfg["max_new_tokens"]
+    if quick and "min_new_tokens" not in (overrides or {}) and type(low) is int and type(high) is int:
+        cfg["min_new_tokens"] = min(low, high)
     _validate(cfg)
     if cfg["sweep_repeats"] is None:
         cfg["sweep_repeats"] = cfg["repeats"]
