@@ -38,6 +38,35 @@ def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
     assert EosBan.for_round([0], 7, {5}, 5, None, "cpu") is None  # past the drafter's logits
 
 
+def test_the_dynamic_tree_bans_eos_per_row_at_every_level():
+    """EOS is every node's favourite here: each row drafts it from the first depth its ban allows,
+    and not before. Row 0 has no ban left, as when another row of its batch still has one; rows 1
+    and 2 end theirs at the root's children and one level below. (Each level's depth one off
+    either way, the root's included, fails it.)"""
+    from draftsman.drafters.dynamic_tree import dynamic_tree
+
+    V, eos = 6, 2
+
+    class Slots:  # the cached model's slot count is all the tree reads of it
+        num_slots = 0
+
+    def favouring_eos(*shape):
+        logits = torch.zeros(*shape, V)
+        logits[..., eos], logits[..., 3] = 5.0, 1.0
+        return logits
+
+    def grow(state, tokens, depth, visible):
+        lm.num_slots += tokens.shape[1]
+        return None, favouring_eos(*tokens.shape)
+
+    lm, deepest = Slots(), [0, 1, 2]
+    ban = EosBan(torch.tensor(deepest), torch.tensor([eos]))
+    trees = dynamic_tree(lm, grow, favouring_eos(3), None, 4, 2, 30, [True] * 3, eos_ban=ban)
+    for tree, banned_to in zip(trees, deepest):
+        eos_depths = {d for t, d in zip(tree.tokens.tolist(), tree.depths()) if t == eos}
+        assert min(eos_depths) == banned_to + 1, (banned_to, eos_depths)
+
+
 def _frequent_eos(dec, prompts) -> int:
     """A token the drafter drafts often (without min_new_tokens)."""
     drafted = Counter()
