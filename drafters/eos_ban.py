@@ -25,23 +25,23 @@ class EosBan:
         self.deepest = deepest
         self.columns = columns
 
-    @classmethod
-    def for_round(cls, produced: list[int], min_new_tokens: int, eos_token_ids, width: int,
-                  vocab_map: torch.Tensor | None, device) -> "EosBan | None":
-        """The ban for rows that have produced `produced[b]` new tokens, over `width` logits (all
-        tokens, or a draft vocabulary's rows: `vocab_map` row -> token id); None when no row's
-        draft can reach a banned token (drafting is then unchanged)."""
-        if not eos_token_ids or min_new_tokens <= min(produced, default=min_new_tokens):
-            return None
-        eos = torch.tensor(sorted(eos_token_ids), device=device)
+    @staticmethod
+    def columns_of(eos_token_ids, width: int, vocab_map: torch.Tensor | None, device) -> torch.Tensor:
+        """EOS's indices among `width` logits (all tokens, or a draft vocabulary's rows: `vocab_map`
+        row -> token id). Fixed for a request: computed once, not per round."""
+        eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
         if vocab_map is None:
-            columns = eos[eos < width]
-        else:
-            columns = torch.isin(vocab_map[:width], eos).nonzero()[:, 0]
-        if columns.numel() == 0:
+            return eos[eos < width]
+        return torch.isin(vocab_map[:width], eos).nonzero()[:, 0]
+
+    @classmethod
+    def for_round(cls, produced: list[int], min_new_tokens: int, columns: torch.Tensor,
+                  device) -> "EosBan | None":
+        """The ban for rows that have produced `produced[b]` new tokens; None when no row's draft
+        can reach a banned token, or no EOS is among the logits (drafting is then unchanged)."""
+        if columns.numel() == 0 or min_new_tokens <= min(produced, default=min_new_tokens):
             return None
-        deepest = torch.tensor([min_new_tokens - n for n in produced], device=device)
-        return cls(deepest, columns)
+        return cls(torch.tensor([min_new_tokens - n for n in produced], device=device), columns)
 
     def rows(self, index: torch.Tensor) -> "EosBan":
         """The ban of a subset of rows (drafters that draft for some rows only)."""

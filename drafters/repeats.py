@@ -38,6 +38,7 @@ class DraftContext:
     def __init__(self, prompts: list[list[int]], vocab_size: int, device):
         self.generated_from = [len(p) for p in prompts]  # the prompt's tokens are not counted
         self.device = device
+        self.eos_columns: torch.Tensor | None = None  # EosBan.columns_of, once per request
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
 
@@ -49,10 +50,14 @@ class DraftContext:
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,
                 vocab_map: torch.Tensor | None) -> EosBan | None:
         """This round's EosBan under the request's min_new_tokens (set on the drafter by the
-        engine); None when it bans nothing."""
+        engine); None when it bans nothing. A drafter's logits and draft vocabulary are fixed for
+        a request (begin() picks them, then makes this context), so EOS's columns are found once."""
+        if not drafter.min_new_tokens or not drafter.eos_token_ids:
+            return None
+        if self.eos_columns is None:
+            self.eos_columns = EosBan.columns_of(drafter.eos_token_ids, width, vocab_map, self.device)
         produced = [len(c) - n for c, n in zip(contexts, self.generated_from)]
-        return EosBan.for_round(produced, drafter.min_new_tokens, drafter.eos_token_ids, width, vocab_map,
-                                self.device)
+        return EosBan.for_round(produced, drafter.min_new_tokens, self.eos_columns, self.device)
 
     def round(self, sampling, contexts: list[list[int]], width: int,
               vocab_map: torch.Tensor | None) -> "DraftRepeats | None":

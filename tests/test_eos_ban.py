@@ -2,6 +2,7 @@
 target's EOS logit is masked, so a draft model that is the target itself is always accepted, and
 no drafter wastes a node on a token the verifier must reject. EOS here is a token the drafter
 proposes often, so without the ban it is drafted at banned depths."""
+import contextlib
 from collections import Counter
 
 import pytest
@@ -21,8 +22,8 @@ NEW = 20
 def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
     logits = torch.zeros(2, 3, 5)  # (rows, positions, draft vocabulary)
     vocab_map = torch.tensor([9, 4, 2, 7, 3])  # draft row -> token id
-    ban = EosBan.for_round([3, 6], min_new_tokens=7, eos_token_ids={2, 3, 8}, width=5, vocab_map=vocab_map,
-                           device="cpu")
+    columns = EosBan.columns_of({2, 3, 8}, width=5, vocab_map=vocab_map, device="cpu")
+    ban = EosBan.for_round([3, 6], min_new_tokens=7, columns=columns, device="cpu")
     assert ban.columns.tolist() == [2, 4] and ban.deepest.tolist() == [4, 1]
     out = ban.apply(logits, torch.tensor([1, 2, 5]))  # one depth per position
     banned = out[..., [2, 4]].isinf()
@@ -32,10 +33,9 @@ def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
     assert ban.apply(torch.zeros(2, 5), 2)[:, 2].isinf().tolist() == [True, False]
     assert ban.rows(torch.tensor([1])).apply(torch.zeros(1, 5), 1)[0, 4].isinf()
     # Nothing to ban: every row has its min_new_tokens, no EOS, or none in the draft vocabulary.
-    assert EosBan.for_round([7, 9], 7, {2}, 5, vocab_map, "cpu") is None
-    assert EosBan.for_round([0], 7, set(), 5, None, "cpu") is None
-    assert EosBan.for_round([0], 7, {8}, 5, vocab_map, "cpu") is None
-    assert EosBan.for_round([0], 7, {5}, 5, None, "cpu") is None  # past the drafter's logits
+    assert EosBan.for_round([7, 9], 7, columns, "cpu") is None
+    for eos, draft_vocab in ((set(), None), ({8}, vocab_map), ({5}, None)):  # ({5}: past the drafter's logits)
+        assert EosBan.for_round([0], 7, EosBan.columns_of(eos, 5, draft_vocab, "cpu"), "cpu") is None
 
 
 def test_the_dynamic_tree_bans_eos_per_row_at_every_level():
@@ -67,42 +67,64 @@ def test_the_dynamic_tree_bans_eos_per_row_at_every_level():
         assert min(eos_depths) == banned_to + 1, (banned_to, eos_depths)
 
 
-def _frequent_eos(dec, prompts) -> int:
-    """A token the drafter drafts often (without min_new_tokens)."""
-    drafted = Counter()
+@contextlib.contextmanager
+def _watching(dec, watch):
+    """Within it, watch(contexts, trees) sees every round's proposal of dec's drafter."""
     propose = dec.drafter.propose
 
     def record(contexts):
         trees = propose(contexts)
-        drafted.update(t for tree in trees for t in tree.tokens.tolist())
+        watch(contexts, trees)
         return trees
 
     dec.drafter.propose = record
     try:
-        dec.generate(input_ids=prompts, max_new_tokens=NEW)
+        yield
     finally:
         del dec.drafter.propose
+
+
+def _frequent_eos(dec, prompts) -> int:
+    """A token the drafter drafts often (without min_new_tokens)."""
+    drafted = Counter()
+    with _watching(dec, lambda contexts, trees: drafted.update(t for tree in trees for t in tree.tokens.tolist())):
+        dec.generate(input_ids=prompts, max_new_tokens=NEW)
     return drafted.most_common(1)[0][0]
 
 
 def _drafted_by_new_token_number(dec, prompt, min_new=0) -> dict[int, Counter]:
     """{n: Counter of the tokens drafted as the row's new token number n}, over one batch-1 request."""
     drafted: dict[int, Counter] = {}
-    propose = dec.drafter.propose
 
-    def record(contexts):
-        trees = propose(contexts)
+    def watch(contexts, trees):
         produced = len(contexts[0]) - len(prompt)
         for token, depth in zip(trees[0].tokens.tolist(), trees[0].depths()):
             drafted.setdefault(produced + depth, Counter())[token] += 1
-        return trees
 
-    dec.drafter.propose = record
-    try:
+    with _watching(dec, watch):
         dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=min_new)
-    finally:
-        del dec.drafter.propose
     return drafted
+
+
+def _draft_q(dec, eos) -> tuple[float, float]:
+    """(EOS's draft probability summed over every sampled node, the largest distance of a node's q
+    from summing to 1) over a min_new_tokens = max_new_tokens run: every node that can be emitted
+    is banned (a drafter may draft past max_new_tokens; the engine drops those nodes)."""
+    mass, off = [0.0], [0.0]
+    prompt_length = {p[0]: len(p) for p in PROMPTS}  # rows told apart by their first token
+
+    def watch(contexts, trees):
+        for ctx, tree in zip(contexts, trees):
+            if tree.draft_probs is None or not tree.size:
+                continue
+            produced = len(ctx) - prompt_length[ctx[0]]
+            q = tree.draft_probs[[i for i, d in enumerate(tree.depths()) if produced + d <= NEW]]
+            mass[0] += float(q[:, eos].sum())
+            off[0] = max([off[0], *(q.sum(-1) - 1).abs().tolist()])
+
+    with _watching(dec, watch):
+        dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
+    return mass[0], off[0]
 
 
 def _without_the_ban(monkeypatch):
@@ -136,9 +158,9 @@ def test_the_target_drafting_for_itself_is_accepted(tiny_models, options, temper
         assert any(len(row) < NEW for row in half.token_ids) and all(len(row) >= NEW // 2 for row in half.token_ids)
         assert all(a == 4 for row in half.stats.accepted_per_round for a in row[:-1]), half.stats.accepted_per_round
     if temperature:  # a sampled token's q holds no EOS mass (this random target rarely samples EOS)
-        assert _eos_mass_of_draft_q(dec, eos) == 0
+        assert _draft_q(dec, eos)[0] == 0
         _without_the_ban(monkeypatch)
-        assert _eos_mass_of_draft_q(dec, eos) > 0
+        assert _draft_q(dec, eos)[0] > 0
         return
     _without_the_ban(monkeypatch)
     unaware = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
@@ -147,24 +169,6 @@ def test_the_target_drafting_for_itself_is_accepted(tiny_models, options, temper
     # not all on the greedy path: EOS displaces a sibling only, so the margin is smaller.
     margin = 0.0 if "top_k" in options else 0.5
     assert out.stats.tau > unaware.stats.tau + margin, (out.stats.accepted_per_round, unaware.stats.accepted_per_round)
-
-
-def _eos_mass_of_draft_q(dec, eos) -> float:
-    """The draft probability of EOS summed over every sampled node of a min_new_tokens = max run."""
-    mass = [0.0]
-    propose = dec.drafter.propose
-
-    def record(contexts):
-        trees = propose(contexts)
-        mass[0] += sum(float(t.draft_probs[:, eos].sum()) for t in trees if t.draft_probs is not None)
-        return trees
-
-    dec.drafter.propose = record
-    try:
-        dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
-    finally:
-        del dec.drafter.propose
-    return mass[0]
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +219,22 @@ def test_each_drafter_bans_eos_up_to_min_new_tokens_and_no_further(name, fresh_h
     for b, prompt in enumerate(PROMPTS):
         got = dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=NEW).token_ids[0]
         assert got == expected.token_ids[b]
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "mtp"])
+def test_a_heads_sampled_chain_is_drawn_from_the_masked_distribution(name, fresh_heads, tiny_models, monkeypatch):
+    """At T=1 a head's chain token is drawn from its processed distribution with EOS masked, and
+    that distribution is its q: no EOS mass where banned, and still a distribution (sums to 1).
+    Without the ban the same heads put mass on EOS there."""
+    target = tiny_models["llama"][0]
+    drafter = {**DRAFTERS[name], "path": str(fresh_heads / name)}
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": drafter, "sampling": {"temperature": 1.0}})
+    dec.engine.eos_token_ids = {_frequent_eos(dec, PROMPTS)}
+    eos = next(iter(dec.engine.eos_token_ids))
+    mass, off = _draft_q(dec, eos)
+    assert mass == 0 and off < 1e-5
+    _without_the_ban(monkeypatch)
+    assert _draft_q(dec, eos)[0] > 0
 
 
 @pytest.mark.parametrize("prompt, generated, min_new, drafted", [
