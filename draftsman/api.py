@@ -17,6 +17,9 @@ class GenerationOutput:
     texts: list[str]  # new text only, cut before a stop string ("" when the target folder has no tokenizer)
     token_ids: list[list[int]]  # new tokens only, with the EOS or stop string that ended the row
     stats: GenerationStats
+    # generate(logprobs=True): per row, the target's log-probability of each token of token_ids
+    # (its raw distribution, before sampling settings; verifier/logprobs.py); else None.
+    logprobs: list[list[float]] | None = None
 
 
 class Decoder:
@@ -63,10 +66,12 @@ class Decoder:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, min_new_tokens: int | None = None) -> GenerationOutput:
+                 frequency_penalty: float | None = None, min_new_tokens: int | None = None,
+                 logprobs: bool = False) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
-        min_new_tokens: EOS cannot end a row before it has that many new tokens."""
+        min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
+        return the target's log-probability of each new token (out.logprobs)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -75,10 +80,13 @@ class Decoder:
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
-        tokens, stats = self.engine.generate(ids, **args)
+        if not isinstance(logprobs, bool):
+            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
+        values = [[] for _ in ids] if logprobs else None
+        tokens, stats = self.engine.generate(ids, **args, logprobs=values)
         stops = args["stop"]
         texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
-        return GenerationOutput(texts, tokens, stats)
+        return GenerationOutput(texts, tokens, stats, values)
 
     def stream(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
                max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,

@@ -71,6 +71,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
     p.add_argument("--seed", type=int, help="default: generation.seed")
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
+    p.add_argument("--logprobs", action="store_true",
+                   help="with --json: add logprobs, the target's log-probability of each new token")
 
 
 def parse_input_ids(text: str) -> list[int]:
@@ -97,6 +99,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     if bool(args.prompt) == bool(args.input_ids):
         raise UserError("give the prompts either as --prompt TEXT or as --input-ids 1,2,3 (repeat "
                         "either for a batch), not both or neither")
+    if args.logprobs and not args.json:
+        raise UserError("--logprobs adds a field to the JSON output: add --json")
     input_ids = [parse_input_ids(s) for s in args.input_ids] or None
     cfg = build_config(args.config, args.drafter, args.overrides)
 
@@ -105,10 +109,12 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
-                           min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop, **sampling_flags(args))
+                           min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
+                           logprobs=args.logprobs, **sampling_flags(args))
     if args.json:
-        print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats.as_dict(),
-                          "config": cfg}))
+        logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
+        print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs,
+                          "stats": out.stats.as_dict(), "config": cfg}))
         return 0
     many = len(out.token_ids) > 1
     for i, (text, ids) in enumerate(zip(out.texts, out.token_ids)):

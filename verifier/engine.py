@@ -16,6 +16,7 @@ import torch
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .context_tokens import ContextTokens
+from .logprobs import token_logprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .sampling import SamplingParams, processed_probs
@@ -88,6 +89,7 @@ class SpeculativeEngine:
         self.device = self.target.device
         self._context_seen = self._generated_counts = None  # per request, set by stream()
         self._min_new_tokens = 0
+        self._raw_logits_kept = False  # per request: logprobs asked for
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -105,24 +107,32 @@ class SpeculativeEngine:
                                  f"[0, {self.vocab_size})")
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
-                 seed: int = 0, stop: StopCheck | None = None,
-                 min_new_tokens: int = 0) -> tuple[list[list[int]], GenerationStats]:
-        """New tokens per row (EOS included when it ended the row) and the run's statistics."""
+                 seed: int = 0, stop: StopCheck | None = None, min_new_tokens: int = 0,
+                 logprobs: list[list[float]] | None = None) -> tuple[list[list[int]], GenerationStats]:
+        """New tokens per row (EOS included when it ended the row) and the run's statistics.
+        logprobs: one empty list per prompt, filled as in stream()."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
-        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens):
+        for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens,
+                                       logprobs):
             outputs[row] += tokens
         return outputs, stats
 
     @torch.no_grad()
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
-               stop: StopCheck | None = None, min_new_tokens: int = 0) -> Iterator[tuple[int, list[int]]]:
+               stop: StopCheck | None = None, min_new_tokens: int = 0,
+               logprobs: list[list[float]] | None = None) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
-        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens)."""
+        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: one list
+        per prompt; each row's list gets the target's log-probability of each token before that
+        token is yielded (verifier/logprobs.py)."""
         self.check_prompts(prompts)
+        if logprobs is not None and len(logprobs) != len(prompts):
+            raise ValueError(f"logprobs needs one list per prompt: got {len(logprobs)} for {len(prompts)} prompts")
+        self._raw_logits_kept = logprobs is not None
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
@@ -176,7 +186,7 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-                verdict, hidden, block_tokens = self._verify(roots, trees, sampling, coin,
+                verdict, hidden, block_tokens, raw_logits = self._verify(roots, trees, sampling, coin,
                                                              [contexts[r] for r in active],
                                                              [outputs[r] for r in active])
                 accepted = verdict.accepted.tolist()
@@ -186,24 +196,30 @@ class SpeculativeEngine:
                 t2 = time.perf_counter()
 
                 # 4. Commit: emitted tokens, EOS / length / context stops, cache and drafter rollback.
-                keep_slots, emitted_rows, paths, still = [], [], [], []
+                paths = [accepted[i][: num_accepted[i]] for i in range(len(active))]
+                # Block slots of the root and the accepted path: slot j's logits chose token j.
+                keep_slots = [[0] + [n + 1 for n in path] for path in paths]
+                round_tokens = [trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
+                                for i, path in enumerate(paths)]
+                round_logprobs = (token_logprobs(raw_logits, keep_slots, round_tokens)
+                                  if logprobs is not None else None)
+                emitted_rows, still = [], []
                 for i, r in enumerate(active):
-                    path = accepted[i][: num_accepted[i]]
-                    tokens = trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
+                    path, tokens = paths[i], round_tokens[i]
                     emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
                     keep = stop(outputs[r], emitted) if stop is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
                     outputs[r] += emitted
                     contexts[r] += emitted
+                    if round_logprobs is not None:
+                        logprobs[r] += round_logprobs[i][: len(emitted)]
                     stats.accepted_per_round[r].append(num_accepted[i])
                     stats._count_depths(trees[i], num_accepted[i])
                     stats.new_tokens += len(emitted)
-                    keep_slots.append([0] + [n + 1 for n in path])
                     if emitted:
                         yield r, emitted
                     emitted_rows.append(emitted)
-                    paths.append(path)
                     if reason:
                         stats.finish_reasons[r] = reason
                     else:
@@ -236,28 +252,32 @@ class SpeculativeEngine:
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
             else:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
-        return verdict, hidden, block.tokens.shape[1]
+        return verdict, hidden, block.tokens.shape[1], raw
 
     def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
                      outputs: list[list[int]]):
         """The target's logits and states over a block; under penalties, the logits as penalised
         for each position's own context (committed tokens + its ancestors in the block); before
-        min_new_tokens, EOS at the positions whose next token comes too early."""
+        min_new_tokens, EOS at the positions whose next token comes too early. Third: the logits
+        as the target gave them, when logprobs are asked for (else None)."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
+        changes = sampling.penalizes_repeats or sampling.penalizes_counts or (
+            self._min_new_tokens and self.eos_token_ids)
+        raw = (logits.clone() if changes else logits) if self._raw_logits_kept else None
         if sampling.penalizes_repeats:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
                                              sampling.repetition_penalty)
@@ -271,7 +291,7 @@ class SpeculativeEngine:
             too_early = (produced[:, None] + block.depth.to(logits.device) < self._min_new_tokens)[..., None]
             eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
-        return logits, hidden
+        return logits, hidden, raw
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
         """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""
