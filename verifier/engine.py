@@ -205,8 +205,7 @@ class SpeculativeEngine:
                                   if logprobs is not None else None)
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
-                    path, tokens = paths[i], round_tokens[i]
-                    emitted, reason = self._clip(tokens, len(outputs[r]), len(contexts[r]), max_new_tokens)
+                    emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), max_new_tokens)
                     keep = stop(outputs[r], emitted) if stop is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
