@@ -9,6 +9,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
+from .verifier.logprobs import TokenLogprobs
 from .verifier.sampling import SamplingParams
 
 
@@ -20,6 +21,9 @@ class GenerationOutput:
     # generate(logprobs=True): per row, the target's log-probability of each token of token_ids
     # (its raw distribution, before sampling settings; verifier/logprobs.py); else None.
     logprobs: list[list[float]] | None = None
+    # generate(top_logprobs=N): per row and token, the target's N most likely tokens at that
+    # position as (token id, log-probability), most likely first; else None.
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
 
 
 class Decoder:
@@ -67,11 +71,12 @@ class Decoder:
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
-                 logprobs: bool = False) -> GenerationOutput:
+                 logprobs: bool = False, top_logprobs: int = 0) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
-        return the target's log-probability of each new token (out.logprobs)."""
+        return the target's log-probability of each new token (out.logprobs); top_logprobs: with
+        logprobs, also its N most likely tokens at each position (out.top_logprobs)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -80,13 +85,13 @@ class Decoder:
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
-        if not isinstance(logprobs, bool):
-            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
-        values = [[] for _ in ids] if logprobs else None
-        tokens, stats = self.engine.generate(ids, **args, logprobs=values)
+        recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
+        tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = args["stop"]
         texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
-        return GenerationOutput(texts, tokens, stats, values)
+        if recorder is None:
+            return GenerationOutput(texts, tokens, stats)
+        return GenerationOutput(texts, tokens, stats, recorder.values, recorder.top_tokens)
 
     def stream(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
                max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
@@ -134,6 +139,15 @@ class Decoder:
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
                 "stop": self._stop_check(g["stop"] if stop is None else stop),
                 "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens}
+
+    def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
+        if not isinstance(logprobs, bool):
+            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
+        if top_logprobs and not logprobs:
+            raise ValueError(f"top_logprobs={top_logprobs} needs logprobs=True: pass both")
+        return TokenLogprobs(rows, top_logprobs) if logprobs else None
 
     def _stop_check(self, stop) -> StopStrings | None:
         strings = check_stop_strings(stop)

@@ -73,6 +73,9 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
     p.add_argument("--logprobs", action="store_true",
                    help="with --json: add logprobs, the target's log-probability of each new token")
+    p.add_argument("--top-logprobs", type=int, default=0, metavar="N",
+                   help="with --json --logprobs: add top_logprobs, the N most likely tokens at each position "
+                        "as [token id, log-probability] pairs")
 
 
 def parse_input_ids(text: str) -> list[int]:
@@ -101,6 +104,8 @@ def _run_generate(args: argparse.Namespace) -> int:
                         "either for a batch), not both or neither")
     if args.logprobs and not args.json:
         raise UserError("--logprobs adds a field to the JSON output: add --json")
+    if args.top_logprobs and not args.logprobs:
+        raise UserError("--top-logprobs needs --logprobs (and --json): add them")
     input_ids = [parse_input_ids(s) for s in args.input_ids] or None
     cfg = build_config(args.config, args.drafter, args.overrides)
 
@@ -110,9 +115,11 @@ def _run_generate(args: argparse.Namespace) -> int:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
-                           logprobs=args.logprobs, **sampling_flags(args))
+                           logprobs=args.logprobs, top_logprobs=args.top_logprobs, **sampling_flags(args))
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
+        if args.top_logprobs:
+            logprobs["top_logprobs"] = out.top_logprobs
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs,
                           "stats": out.stats.as_dict(), "config": cfg}))
         return 0

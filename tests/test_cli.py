@@ -103,16 +103,20 @@ def test_input_ids_are_accepted(config_file, capsys):
 def test_logprobs_come_with_the_json_output(config_file, capsys):
     args = ["generate", "--config", str(config_file), "--input-ids", "5,6,7", "--input-ids", "9",
             "--max-new-tokens", "4", "--json", "--logprobs"]
-    assert cli.main(args) == 0
+    assert cli.main([*args, "--top-logprobs", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    want = draftsman.load(str(config_file)).generate(input_ids=[[5, 6, 7], [9]], max_new_tokens=4, logprobs=True)
+    want = draftsman.load(str(config_file)).generate(input_ids=[[5, 6, 7], [9]], max_new_tokens=4,
+                                                     logprobs=True, top_logprobs=2)
     assert got["token_ids"] == want.token_ids and got["logprobs"] == want.logprobs
+    assert got["top_logprobs"] == [[[list(pair) for pair in pos] for pos in row] for row in want.top_logprobs]
     assert [len(v) for v in got["logprobs"]] == [len(t) for t in got["token_ids"]]
+    assert cli.main(args) == 0 and "top_logprobs" not in json.loads(capsys.readouterr().out)
     assert cli.main(args[:-1]) == 0 and "logprobs" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "a", "--logprobs"], "--logprobs adds a field to the JSON output: add --json"),
+    (["--prompt", "a", "--json", "--top-logprobs", "3"], "--top-logprobs needs --logprobs (and --json)"),
     (["--input-ids", "1,x"], "--input-ids '1,x': expected integers"),
     ([], "either as --prompt TEXT or as --input-ids"),
     (["--prompt", "a", "--input-ids", "1"], "not both"),

@@ -1,9 +1,12 @@
-"""generate(logprobs=True): the target's log-probability of each new token, read from the
-verification passes (verifier/logprobs.py). Whatever the drafter, tree and batch, each value must
+"""generate(logprobs=True): the target's log-probability of each new token, and with
+top_logprobs=N its N most likely tokens at each position, read from the verification passes
+(verifier/logprobs.py). Whatever the drafter, tree and batch, each value must
 be what the target gives that token after the row's prompt and earlier tokens: checked against the
 target run over the whole sequence at once (teacher forcing) and against Hugging Face
 `generate(output_logits=True)`. Broken variants this catches: reading the logits one slot off, the
 logits after penalties or the EOS mask, and values not cut where a row ends."""
+import re
+
 import pytest
 import torch
 
@@ -39,11 +42,15 @@ def drafters(arch, close_drafts):
     }
 
 
-def teacher_forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """log p(token j | prompt, tokens[:j]) from one pass of the target over the whole sequence."""
+TOP = 5
+
+
+def teacher_forced(model, prompt: list[int], tokens: list[int]):
+    """log p(token j | prompt, tokens[:j]) from one pass of the target over the whole sequence,
+    and the TOP most likely tokens at each position."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1]
-    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        logp = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1].log_softmax(-1)
+    return logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0], logp.topk(TOP, dim=-1)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -55,14 +62,16 @@ def test_logprobs_are_the_targets_own_for_every_drafter_and_setting(arch, tiny_m
     for name, drafter in drafters(arch, close_drafts).items():
         decoder = base.with_drafter(drafter)
         for setting, kwargs in SETTINGS.items():
-            out = decoder.generate(input_ids=prompts, max_new_tokens=NEW, logprobs=True, **kwargs)
+            out = decoder.generate(input_ids=prompts, max_new_tokens=NEW, logprobs=True, top_logprobs=TOP, **kwargs)
             where = f"{arch} {name} {setting}"
             if name.startswith("draft_model"):  # paths several tokens deep, so node slots are read
                 assert out.stats.tau > 1.5, (where, out.stats.tau)
-            for prompt, tokens, values in zip(prompts, out.token_ids, out.logprobs):
-                assert len(values) == len(tokens) > 0, where
-                want = teacher_forced(model, prompt, tokens)
+            for prompt, tokens, values, top in zip(prompts, out.token_ids, out.logprobs, out.top_logprobs):
+                assert len(values) == len(tokens) == len(top) > 0, where
+                want, want_top = teacher_forced(model, prompt, tokens)
                 assert torch.allclose(torch.tensor(values), want, atol=1e-4), (where, values, want.tolist())
+                assert [[t for t, _ in pos] for pos in top] == want_top.indices.tolist(), where
+                assert torch.allclose(torch.tensor([[lp for _, lp in pos] for pos in top]), want_top.values, atol=1e-4)
 
 
 def test_logprobs_equal_hugging_face_output_logits(tiny_models, tiny_tokenizer, close_drafts):
@@ -105,7 +114,20 @@ def test_logprobs_end_where_the_row_ends(tiny_models, tiny_tokenizer, close_draf
     assert decoder.generate(PROMPT_TEXTS, max_new_tokens=4).logprobs is None  # not asked for
 
 
-def test_logprobs_must_be_a_bool(tiny_models):
+def test_top_logprobs_stop_at_the_vocabulary(tiny_models):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
-    with pytest.raises(ValueError, match="logprobs must be True or False, got 'yes'"):
-        decoder.generate(input_ids=[[5, 6]], max_new_tokens=2, logprobs="yes")
+    out = decoder.generate(input_ids=[[5, 6]], max_new_tokens=2, logprobs=True, top_logprobs=10_000)
+    assert [len(pos) for pos in out.top_logprobs[0]] == [decoder.engine.vocab_size] * 2
+    assert out.top_logprobs[0][0][0] == (out.token_ids[0][0], out.logprobs[0][0])  # greedy: the top one
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"logprobs": "yes"}, "logprobs must be True or False, got 'yes'"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs must be a whole number >= 0, got -1"),
+    ({"logprobs": True, "top_logprobs": 2.5}, "top_logprobs must be a whole number >= 0, got 2.5"),
+    ({"top_logprobs": 3}, "top_logprobs=3 needs logprobs=True: pass both"),
+])
+def test_bad_logprobs_arguments_are_refused(tiny_models, kwargs, message):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        decoder.generate(input_ids=[[5, 6]], max_new_tokens=2, **kwargs)

@@ -16,7 +16,7 @@ import torch
 from ..drafters.base import Drafter, DraftTree, RoundFeedback
 from .cached_model import CachedLM
 from .context_tokens import ContextTokens
-from .logprobs import token_logprobs
+from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .sampling import SamplingParams, processed_probs
@@ -108,9 +108,9 @@ class SpeculativeEngine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                  seed: int = 0, stop: StopCheck | None = None, min_new_tokens: int = 0,
-                 logprobs: list[list[float]] | None = None) -> tuple[list[list[int]], GenerationStats]:
-        """New tokens per row (EOS included when it ended the row) and the run's statistics.
-        logprobs: one empty list per prompt, filled as in stream()."""
+                 logprobs: TokenLogprobs | None = None) -> tuple[list[list[int]], GenerationStats]:
+        """New tokens per row (EOS included when it ended the row) and the run's statistics;
+        `logprobs` filled as in stream()."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
         for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens,
@@ -122,16 +122,15 @@ class SpeculativeEngine:
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
                stop: StopCheck | None = None, min_new_tokens: int = 0,
-               logprobs: list[list[float]] | None = None) -> Iterator[tuple[int, list[int]]]:
+               logprobs: TokenLogprobs | None = None) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
-        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: one list
-        per prompt; each row's list gets the target's log-probability of each token before that
-        token is yielded (verifier/logprobs.py)."""
+        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: gets the
+        target's log-probability of each token before that token is yielded (verifier/logprobs.py)."""
         self.check_prompts(prompts)
-        if logprobs is not None and len(logprobs) != len(prompts):
-            raise ValueError(f"logprobs needs one list per prompt: got {len(logprobs)} for {len(prompts)} prompts")
+        if logprobs is not None and len(logprobs.values) != len(prompts):
+            raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._raw_logits_kept = logprobs is not None
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -201,8 +200,7 @@ class SpeculativeEngine:
                 keep_slots = [[0] + [n + 1 for n in path] for path in paths]
                 round_tokens = [trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
                                 for i, path in enumerate(paths)]
-                round_logprobs = (token_logprobs(raw_logits, keep_slots, round_tokens)
-                                  if logprobs is not None else None)
+                round_logprobs = logprobs.read(raw_logits, keep_slots, round_tokens) if logprobs is not None else None
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
                     emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), max_new_tokens)
@@ -211,8 +209,8 @@ class SpeculativeEngine:
                         emitted, reason = emitted[:keep], "stop"
                     outputs[r] += emitted
                     contexts[r] += emitted
-                    if round_logprobs is not None:
-                        logprobs[r] += round_logprobs[i][: len(emitted)]
+                    if logprobs is not None:
+                        logprobs.keep(r, round_logprobs, i, len(emitted))
                     stats.accepted_per_round[r].append(num_accepted[i])
                     stats._count_depths(trees[i], num_accepted[i])
                     stats.new_tokens += len(emitted)

@@ -13,16 +13,38 @@ from __future__ import annotations
 import torch
 
 
-def token_logprobs(logits: torch.Tensor, slots: list[list[int]], tokens: list[list[int]]) -> list[list[float]]:
-    """logits: (B, T, V), one round's block. Row b's token j was chosen by the logits at block slot
-    slots[b][j] (the root's slot 0, then the accepted nodes'); returns log p(token) per row, in
-    float32 whatever the logits' dtype."""
-    width = max(len(row) for row in tokens)
+class TokenLogprobs:
+    """Per row of a request: the log-probability of each kept token (`values`) and, with `top` > 0,
+    the `top` most likely tokens at its position as (token id, log-probability), most likely first
+    (`top_tokens`; None without). The engine reads each round's block once (`read`) and keeps what
+    each row commits (`keep`)."""
 
-    def padded(rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=logits.device)
+    def __init__(self, rows: int, top: int = 0):
+        self.values: list[list[float]] = [[] for _ in range(rows)]
+        self.top = top
+        self.top_tokens: list[list[list[tuple[int, float]]]] | None = [[] for _ in range(rows)] if top else None
 
-    chosen = logits.gather(1, padded(slots)[:, :, None].expand(-1, -1, logits.shape[-1])).float()
-    ids = padded(tokens)
-    values = chosen.log_softmax(-1).gather(-1, ids[:, :, None])[..., 0].tolist()
-    return [row[: len(toks)] for row, toks in zip(values, tokens)]
+    def read(self, logits: torch.Tensor, slots: list[list[int]], tokens: list[list[int]]):
+        """logits: (B, T, V), one round's block. Row b's token j was chosen by the logits at block
+        slot slots[b][j] (the root's slot 0, then the accepted nodes'). float32 whatever the
+        logits' dtype."""
+        width = max(len(row) for row in tokens)
+
+        def padded(rows: list[list[int]]) -> torch.Tensor:
+            return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=logits.device)
+
+        chosen = logits.gather(1, padded(slots)[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+        logp = chosen.log_softmax(-1)
+        values = logp.gather(-1, padded(tokens)[:, :, None])[..., 0].tolist()
+        if not self.top:
+            return values, None
+        best = logp.topk(min(self.top, logp.shape[-1]), dim=-1)
+        return values, [[list(zip(ids, lps)) for ids, lps in zip(row_ids, row_lps)]
+                        for row_ids, row_lps in zip(best.indices.tolist(), best.values.tolist())]
+
+    def keep(self, row: int, round_read, index: int, count: int) -> None:
+        """Request row `row` committed the first `count` tokens of the round's row `index`."""
+        values, top_tokens = round_read
+        self.values[row] += values[index][:count]
+        if self.top_tokens is not None:
+            self.top_tokens[row] += top_tokens[index][:count]
