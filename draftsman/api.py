@@ -9,6 +9,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
+from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs
 from .verifier.sampling import SamplingParams
 
@@ -19,7 +20,7 @@ class GenerationOutput:
     token_ids: list[list[int]]  # new tokens only, with the EOS or stop string that ended the row
     stats: GenerationStats
     # generate(logprobs=True): per row, the target's log-probability of each token of token_ids
-    # (its raw distribution, before sampling settings; verifier/logprobs.py); else None.
+    # (its raw distribution, before sampling settings; "processed": after them; verifier/logprobs.py).
     logprobs: list[list[float]] | None = None
     # generate(top_logprobs=N): per row and token, the target's N most likely tokens at that
     # position as (token id, log-probability), most likely first; else None.
@@ -71,12 +72,14 @@ class Decoder:
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
-                 logprobs: bool = False, top_logprobs: int = 0) -> GenerationOutput:
+                 logprobs: bool | str = False, top_logprobs: int = 0) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
-        return the target's log-probability of each new token (out.logprobs); top_logprobs: with
-        logprobs, also its N most likely tokens at each position (out.top_logprobs)."""
+        return the target's log-probability of each new token (out.logprobs), True or "raw" for the
+        model's own distribution, "processed" for the one the token was drawn from
+        (verifier/logprobs.py); top_logprobs: with logprobs, also the N likeliest tokens at each
+        position (out.top_logprobs)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -141,13 +144,16 @@ class Decoder:
                 "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens}
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
-        if not isinstance(logprobs, bool):
-            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
+        if not (isinstance(logprobs, bool) or logprobs in LOGPROBS_MODES):
+            raise ValueError(f"logprobs must be False, True (= 'raw': the model's distribution) or 'processed' "
+                             f"(the distribution each token is drawn from), got {logprobs!r}")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
         if top_logprobs and not logprobs:
             raise ValueError(f"top_logprobs={top_logprobs} needs logprobs=True: pass both")
-        return TokenLogprobs(rows, top_logprobs) if logprobs else None
+        if not logprobs:
+            return None
+        return TokenLogprobs(rows, top_logprobs, "raw" if logprobs is True else logprobs)
 
     def _stop_check(self, stop) -> StopStrings | None:
         strings = check_stop_strings(stop)

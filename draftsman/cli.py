@@ -71,8 +71,9 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
     p.add_argument("--seed", type=int, help="default: generation.seed")
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
-    p.add_argument("--logprobs", action="store_true",
-                   help="with --json: add logprobs, the target's log-probability of each new token")
+    p.add_argument("--logprobs", nargs="?", const="raw", choices=["raw", "processed"],
+                   help="with --json: add logprobs, the target's log-probability of each new token; raw (the "
+                        "default): the model's distribution; processed: the one each token is drawn from")
     p.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                    help="with --json --logprobs: add top_logprobs, the N most likely tokens at each position "
                         "as [token id, log-probability] pairs")
@@ -115,7 +116,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
-                           logprobs=args.logprobs, top_logprobs=args.top_logprobs, **sampling_flags(args))
+                           logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:

@@ -111,6 +111,10 @@ def test_logprobs_come_with_the_json_output(config_file, capsys):
     assert got["top_logprobs"] == [[[list(pair) for pair in pos] for pos in row] for row in want.top_logprobs]
     assert [len(v) for v in got["logprobs"]] == [len(t) for t in got["token_ids"]]
     assert cli.main(args) == 0 and "top_logprobs" not in json.loads(capsys.readouterr().out)
+    assert cli.main([*args, "processed", "--temperature", "0.7", "--top-k", "5"]) == 0
+    processed = draftsman.load(str(config_file)).generate(input_ids=[[5, 6, 7], [9]], max_new_tokens=4,
+                                                          logprobs="processed", temperature=0.7, top_k=5)
+    assert json.loads(capsys.readouterr().out)["logprobs"] == processed.logprobs != want.logprobs
     assert cli.main(args[:-1]) == 0 and "logprobs" not in json.loads(capsys.readouterr().out)
 
 

@@ -89,7 +89,7 @@ class SpeculativeEngine:
         self.device = self.target.device
         self._context_seen = self._generated_counts = None  # per request, set by stream()
         self._min_new_tokens = 0
-        self._raw_logits_kept = False  # per request: logprobs asked for
+        self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -131,7 +131,7 @@ class SpeculativeEngine:
         self.check_prompts(prompts)
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
-        self._raw_logits_kept = logprobs is not None
+        self._logprobs_mode = logprobs.mode if logprobs is not None else None
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
@@ -185,7 +185,7 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-                verdict, hidden, block_tokens, raw_logits = self._verify(roots, trees, sampling, coin,
+                verdict, hidden, block_tokens, logprob_logits = self._verify(roots, trees, sampling, coin,
                                                              [contexts[r] for r in active],
                                                              [outputs[r] for r in active])
                 accepted = verdict.accepted.tolist()
@@ -200,7 +200,8 @@ class SpeculativeEngine:
                 keep_slots = [[0] + [n + 1 for n in path] for path in paths]
                 round_tokens = [trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
                                 for i, path in enumerate(paths)]
-                round_logprobs = logprobs.read(raw_logits, keep_slots, round_tokens) if logprobs is not None else None
+                round_logprobs = (logprobs.read(logprob_logits, keep_slots, round_tokens, sampling)
+                                  if logprobs is not None else None)
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
                     emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), max_new_tokens)
@@ -249,32 +250,33 @@ class SpeculativeEngine:
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden, raw = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
             else:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
-        return verdict, hidden, block.tokens.shape[1], raw
+        return verdict, hidden, block.tokens.shape[1], for_logprobs
 
     def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
                      outputs: list[list[int]]):
         """The target's logits and states over a block; under penalties, the logits as penalised
         for each position's own context (committed tokens + its ancestors in the block); before
         min_new_tokens, EOS at the positions whose next token comes too early. Third: the logits
-        as the target gave them, when logprobs are asked for (else None)."""
+        logprobs are read from (else None): as the target gave them ("raw"), or as returned
+        ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         changes = sampling.penalizes_repeats or sampling.penalizes_counts or (
             self._min_new_tokens and self.eos_token_ids)
-        raw = (logits.clone() if changes else logits) if self._raw_logits_kept else None
+        raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.penalizes_repeats:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
                                              sampling.repetition_penalty)
@@ -288,7 +290,7 @@ class SpeculativeEngine:
             too_early = (produced[:, None] + block.depth.to(logits.device) < self._min_new_tokens)[..., None]
             eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
-        return logits, hidden, raw
+        return logits, hidden, logits if self._logprobs_mode == "processed" else raw
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
         """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""

@@ -1,16 +1,24 @@
 """The target's log-probability of each generated token, read from the verification pass.
 
 Each round's pass already holds the target's logits at the root and at every accepted draft
-node, so a token's log-probability costs a gather, not another target pass. The values are the
-model's own distribution (log_softmax of its logits), before temperature, top-k/top-p/min-p,
-penalties and the min_new_tokens EOS mask: vLLM's default ("raw_logprobs"), and what Hugging Face
-`generate(output_logits=True)` gives after a log_softmax. They do not depend on the drafter: a
-token's value is what plain decoding's pass gives it, up to float rounding (the tree pass attends
-over the same positions in another order).
+node, so a token's log-probability costs a gather, not another target pass. Two modes, as vLLM's
+`logprobs_mode`:
+- "raw" (the default): the model's own distribution (log_softmax of its logits), before
+  temperature, top-k/top-p/min-p, penalties and the min_new_tokens EOS mask; what Hugging Face
+  `generate(output_logits=True)` gives after a log_softmax.
+- "processed": the distribution the token was drawn from, after all of them (-inf for a token
+  they rule out); at temperature 0, the penalised and masked logits' log_softmax. What
+  reinforcement learning needs for its importance ratios.
+Neither depends on the drafter: a token's value is what plain decoding's pass gives it, up to
+float rounding (the tree pass attends over the same positions in another order).
 """
 from __future__ import annotations
 
 import torch
+
+from .sampling import SamplingParams, processed_logprobs
+
+MODES = ("raw", "processed")
 
 
 class TokenLogprobs:
@@ -19,22 +27,25 @@ class TokenLogprobs:
     (`top_tokens`; None without). The engine reads each round's block once (`read`) and keeps what
     each row commits (`keep`)."""
 
-    def __init__(self, rows: int, top: int = 0):
+    def __init__(self, rows: int, top: int = 0, mode: str = "raw"):
+        if mode not in MODES:
+            raise ValueError(f"unknown logprobs mode {mode!r}: use one of {', '.join(MODES)}")
         self.values: list[list[float]] = [[] for _ in range(rows)]
-        self.top = top
+        self.top, self.mode = top, mode
         self.top_tokens: list[list[list[tuple[int, float]]]] | None = [[] for _ in range(rows)] if top else None
 
-    def read(self, logits: torch.Tensor, slots: list[list[int]], tokens: list[list[int]]):
-        """logits: (B, T, V), one round's block. Row b's token j was chosen by the logits at block
-        slot slots[b][j] (the root's slot 0, then the accepted nodes'). float32 whatever the
-        logits' dtype."""
+    def read(self, logits: torch.Tensor, slots: list[list[int]], tokens: list[list[int]], sampling: SamplingParams):
+        """logits: (B, T, V), one round's block: as the target gave them in "raw" mode, penalised
+        and masked in "processed" mode. Row b's token j was chosen by the logits at block slot
+        slots[b][j] (the root's slot 0, then the accepted nodes'). float32 whatever the logits'
+        dtype."""
         width = max(len(row) for row in tokens)
 
         def padded(rows: list[list[int]]) -> torch.Tensor:
             return torch.tensor([row + [0] * (width - len(row)) for row in rows], device=logits.device)
 
         chosen = logits.gather(1, padded(slots)[:, :, None].expand(-1, -1, logits.shape[-1])).float()
-        logp = chosen.log_softmax(-1)
+        logp = chosen.log_softmax(-1) if self.mode == "raw" else processed_logprobs(chosen, sampling)
         values = logp.gather(-1, padded(tokens)[:, :, None])[..., 0].tolist()
         if not self.top:
             return values, None

@@ -67,6 +67,19 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.to(work_dtype)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(work_dtype)
+    return _warped_scores(logits, params).softmax(-1)
+
+
+def processed_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> the log of the distribution a token is drawn from (float32 or better):
+    -inf where top-k / top-p / min-p drop a token. At temperature 0, the log-softmax of the logits
+    greedy takes the argmax of (vLLM's processed_logprobs does the same)."""
+    logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    return (logits if params.greedy else _warped_scores(logits, params)).log_softmax(-1)
+
+
+def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p as -inf: the scores whose softmax is sampled."""
     scores = logits / params.temperature
     if params.top_k is not None and params.top_k < scores.shape[-1]:
         kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
@@ -83,7 +96,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop = probs < params.min_p * probs.amax(-1, keepdim=True)
         drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)  # always keep the most likely token
         scores = scores.masked_fill(drop, float("-inf"))
-    return scores.softmax(-1)
+    return scores
 
 
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
