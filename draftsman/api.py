@@ -72,14 +72,15 @@ class Decoder:
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
-                 logprobs: bool | str = False, top_logprobs: int = 0) -> GenerationOutput:
+                 logprobs: bool | str = False, top_logprobs: int = 0,
+                 stop_token_ids: list[int] | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
         return the target's log-probability of each new token (out.logprobs), True or "raw" for the
         model's own distribution, "processed" for the one the token was drawn from
         (verifier/logprobs.py); top_logprobs: with logprobs, also the N likeliest tokens at each
-        position (out.top_logprobs)."""
+        position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -87,7 +88,7 @@ class Decoder:
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens, stop_token_ids)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = args["stop"]
@@ -101,7 +102,8 @@ class Decoder:
                top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
                min_p: float | None = None, stop: list[str] | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
-               frequency_penalty: float | None = None, min_new_tokens: int | None = None):
+               frequency_penalty: float | None = None, min_new_tokens: int | None = None,
+               stop_token_ids: list[int] | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -114,7 +116,7 @@ class Decoder:
         shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens, stop_token_ids)
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             if not text.add(new):  # nothing new, or a character still incomplete
@@ -134,14 +136,15 @@ class Decoder:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
-    def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None) -> dict:
+    def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None) -> dict:
         """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
                 "stop": self._stop_check(g["stop"] if stop is None else stop),
-                "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens}
+                "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens,
+                "stop_token_ids": (g["stop_token_ids"] if stop_token_ids is None else stop_token_ids) or ()}
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
         if not (isinstance(logprobs, bool) or logprobs in LOGPROBS_MODES):

@@ -69,6 +69,9 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a row when it generates TEXT (repeatable; the output ends before it); "
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
+    p.add_argument("--stop-token-id", type=int, action="append", dest="stop_token_ids", metavar="ID",
+                   help="end a row when it generates token ID, as EOS does (repeatable); "
+                        "default: generation.stop_token_ids")
     p.add_argument("--seed", type=int, help="default: generation.seed")
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
     p.add_argument("--logprobs", nargs="?", const="raw", choices=["raw", "processed"],
@@ -116,7 +119,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
-                           logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
+                           stop_token_ids=args.stop_token_ids, logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:
@@ -144,7 +147,7 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
     stats = GenerationStats()
     for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
-                                stop=args.stop, **sampling_flags(args)):
+                                stop=args.stop, stop_token_ids=args.stop_token_ids, **sampling_flags(args)):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

@@ -4,7 +4,7 @@
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null,
                presence_penalty: null, frequency_penalty: null}
-    generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null}
+    generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null}
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "min_new_tokens": 0,  # EOS cannot end a row before this many new tokens (HF's min_new_tokens)
         "seed": 0,
         "stop": None,  # strings that end a row when generated, e.g. ["\n\n"] (the text ends before them)
+        "stop_token_ids": None,  # token ids that end a row as EOS does, e.g. a chat template's end-of-turn
     },
 }
 
@@ -96,6 +97,9 @@ def merge(raw: dict) -> dict:
                 check_type(f"{section}.{key}", value, DEFAULTS[section][key])
             cfg[section][key] = value
     check_stop_strings(cfg["generation"]["stop"], "generation.stop")
+    ids = cfg["generation"]["stop_token_ids"]
+    if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ValueError(f"generation.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
     return cfg
 
 
@@ -103,7 +107,7 @@ def merge(raw: dict) -> dict:
 _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
                      "sampling.top_p": float, "sampling.min_p": float, "sampling.repetition_penalty": float,
                      "sampling.presence_penalty": float, "sampling.frequency_penalty": float,
-                     "generation.stop": list}
+                     "generation.stop": list, "generation.stop_token_ids": list}
 
 
 def check_type(name: str, value: Any, default: Any) -> None:

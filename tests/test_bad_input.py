@@ -85,7 +85,7 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
     ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
                                       r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
     ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['frequency_penalty', 'min_p', 'presence_penalty', 'repetition_penalty', 'temperature', 'top_k', 'top_p'\]"),
-    ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'min_new_tokens', 'seed', 'stop'\]"),
+    ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['max_new_tokens', 'min_new_tokens', 'seed', 'stop', 'stop_token_ids'\]"),
     ({"sampling": 0.5}, "section 'sampling' must be a mapping"),
 ])
 def test_unknown_config_keys_are_named_with_the_valid_ones(llama, raw, message):

@@ -34,7 +34,7 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
                                "repetition_penalty": None,
                                "presence_penalty": None, "frequency_penalty": None}
     assert cfg["generation"] == {"max_new_tokens": 16, "min_new_tokens": 0, "seed": DEFAULTS["generation"]["seed"],
-                                 "stop": None}
+                                 "stop": None, "stop_token_ids": None}
     assert cfg["target"]["device"] == "auto"
     assert load_config(str(path)) == cfg  # a str path works as well as a Path
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -83,12 +83,13 @@ class SpeculativeEngine:
     def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int):
         self.target = CachedLM(target)
         self.drafter = drafter
-        self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
         self._context_seen = self._generated_counts = None  # per request, set by stream()
         self._min_new_tokens = 0
+        self._end_ids = frozenset(self.eos_token_ids)  # per request: EOS and the stop token ids
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -106,15 +107,25 @@ class SpeculativeEngine:
                 raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the target's vocabulary "
                                  f"[0, {self.vocab_size})")
 
+    def check_stop_token_ids(self, ids: Iterable[int]) -> frozenset[int]:
+        if not isinstance(ids, (list, tuple, set, frozenset)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, e.g. [2], got {ids!r}")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are not token ids of the target's vocabulary "
+                             f"[0, {self.vocab_size}): give integer ids, e.g. tokenizer.convert_tokens_to_ids('<|im_end|>')")
+        return frozenset(ids)
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                  seed: int = 0, stop: StopCheck | None = None, min_new_tokens: int = 0,
-                 logprobs: TokenLogprobs | None = None) -> tuple[list[list[int]], GenerationStats]:
-        """New tokens per row (EOS included when it ended the row) and the run's statistics;
-        `logprobs` filled as in stream()."""
+                 logprobs: TokenLogprobs | None = None,
+                 stop_token_ids: Iterable[int] = ()) -> tuple[list[list[int]], GenerationStats]:
+        """New tokens per row (EOS or the stop token included when it ended the row) and the run's
+        statistics; `logprobs` filled as in stream()."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
         for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens,
-                                       logprobs):
+                                       logprobs, stop_token_ids):
             outputs[row] += tokens
         return outputs, stats
 
@@ -122,13 +133,17 @@ class SpeculativeEngine:
     def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
                stop: StopCheck | None = None, min_new_tokens: int = 0,
-               logprobs: TokenLogprobs | None = None) -> Iterator[tuple[int, list[int]]]:
+               logprobs: TokenLogprobs | None = None,
+               stop_token_ids: Iterable[int] = ()) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
         that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: gets the
-        target's log-probability of each token before that token is yielded (verifier/logprobs.py)."""
+        target's log-probability of each token before that token is yielded (verifier/logprobs.py).
+        stop_token_ids: tokens that end a row as EOS does (kept in its output; finish reason "stop"),
+        as vLLM's stop_token_ids; min_new_tokens holds them back too."""
         self.check_prompts(prompts)
+        self._end_ids = self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
@@ -166,7 +181,7 @@ class SpeculativeEngine:
             prefill_hidden = [{k: h[b, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
                               for b, p in enumerate(contexts)]
         self.drafter.token_budget = max_new_tokens
-        self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, frozenset(self.eos_token_ids)
+        self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)
@@ -275,7 +290,7 @@ class SpeculativeEngine:
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         changes = sampling.penalizes_repeats or sampling.penalizes_counts or (
-            self._min_new_tokens and self.eos_token_ids)
+            self._min_new_tokens and self._end_ids)
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.penalizes_repeats:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
@@ -284,19 +299,20 @@ class SpeculativeEngine:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
                                             self._generated_counts.update(outputs), sampling.presence_penalty,
                                             sampling.frequency_penalty)
-        if self._min_new_tokens and self.eos_token_ids:
+        if self._min_new_tokens and self._end_ids:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).
             too_early = (produced[:, None] + block.depth.to(logits.device) < self._min_new_tokens)[..., None]
-            eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
+            eos = torch.tensor(sorted(self._end_ids), device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
-        """Cut a round's tokens at EOS (kept), max_new_tokens and the context; say why a row ends."""
+        """Cut a round's tokens at EOS or a stop token (kept), max_new_tokens and the context; say
+        why a row ends."""
         for j, t in enumerate(tokens):
-            if t in self.eos_token_ids:
-                return tokens[: j + 1], "eos"
+            if t in self._end_ids:
+                return tokens[: j + 1], "eos" if t in self.eos_token_ids else "stop"
         room_new = max_new_tokens - produced
         room_ctx = self.max_context - context_len
         if len(tokens) >= room_new and room_new <= room_ctx:
