@@ -73,14 +73,16 @@ class Decoder:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
-                 stop_token_ids: list[int] | None = None) -> GenerationOutput:
+                 stop_token_ids: list[int] | None = None, num_return_sequences: int = 1) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
         return the target's log-probability of each new token (out.logprobs), True or "raw" for the
         model's own distribution, "processed" for the one the token was drawn from
         (verifier/logprobs.py); top_logprobs: with logprobs, also the N likeliest tokens at each
-        position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's)."""
+        position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's);
+        num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
+        prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -89,6 +91,14 @@ class Decoder:
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens, stop_token_ids)
+        if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) \
+                or num_return_sequences < 1:
+            raise ValueError(f"num_return_sequences must be a whole number >= 1, got {num_return_sequences!r}")
+        if num_return_sequences > 1:
+            if args["sampling"].greedy:
+                raise ValueError(f"num_return_sequences={num_return_sequences} at temperature 0 would give identical "
+                                 "rows: sample (temperature > 0) or leave it at 1")
+            ids = [row for row in ids for _ in range(num_return_sequences)]
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = args["stop"]

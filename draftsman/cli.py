@@ -72,6 +72,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-token-id", type=int, action="append", dest="stop_token_ids", metavar="ID",
                    help="end a row when it generates token ID, as EOS does (repeatable); "
                         "default: generation.stop_token_ids")
+    p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
+                   help="N samples of each prompt (needs --temperature > 0), printed prompt by prompt")
     p.add_argument("--seed", type=int, help="default: generation.seed")
     p.add_argument("--json", action="store_true", help="print one JSON object: texts, token_ids, stats, config")
     p.add_argument("--logprobs", nargs="?", const="raw", choices=["raw", "processed"],
@@ -115,11 +117,13 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
-    if not args.json and args.prompt and len(args.prompt) == 1 and decoder.tokenizer is not None:
+    if (not args.json and args.prompt and len(args.prompt) == 1 and args.num_return_sequences == 1
+            and decoder.tokenizer is not None):
         return _stream_one(decoder, args, cfg)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
-                           stop_token_ids=args.stop_token_ids, logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
+                           stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
+                           logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:

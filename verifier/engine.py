@@ -169,17 +169,23 @@ class SpeculativeEngine:
         self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
                                   if sampling.penalizes_counts else None)
 
-        # 1. Prefill all but the last prompt token: that one is the first round's root.
-        self.target.reset(B)
+        # 1. Prefill all but the last prompt token: that one is the first round's root. Rows with
+        # the same prefix (a prompt sampled n times) are prefilled once, then their cache copied.
         layers = self.drafter.needs.hidden_state_layers
         prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
-        if max(len(p) for p in contexts) > 1:
-            block = TreeBlock.chains([p[:-1] for p in contexts], self.device)
-            no_logits = torch.zeros(B, dtype=torch.long, device=self.device)  # the prefill needs none
+        first_of = {}  # prefix -> its row among the distinct ones
+        distinct = [first_of.setdefault(tuple(p[:-1]), len(first_of)) for p in contexts]
+        prefixes = [list(prefix) for prefix in first_of]
+        self.target.reset(len(prefixes))
+        if max(len(p) for p in prefixes) > 0:
+            block = TreeBlock.chains(prefixes, self.device)
+            no_logits = torch.zeros(len(prefixes), dtype=torch.long, device=self.device)  # the prefill needs none
             _, hidden = self.target.forward(block, layers, logits_at=no_logits)
-            self.target.accept([list(range(len(p) - 1)) for p in contexts])
-            prefill_hidden = [{k: h[b, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
-                              for b, p in enumerate(contexts)]
+            self.target.accept([list(range(len(p))) for p in prefixes])
+            prefill_hidden = [{k: h[u, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
+                              for u, p in zip(distinct, contexts)]
+        if len(prefixes) < B:
+            self.target.select_rows(distinct)
         self.drafter.token_budget = max_new_tokens
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
