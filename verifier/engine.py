@@ -169,23 +169,9 @@ class SpeculativeEngine:
         self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
                                   if sampling.penalizes_counts else None)
 
-        # 1. Prefill all but the last prompt token: that one is the first round's root. Rows with
-        # the same prefix (a prompt sampled n times) are prefilled once, then their cache copied.
+        # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
-        prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
-        first_of = {}  # prefix -> its row among the distinct ones
-        distinct = [first_of.setdefault(tuple(p[:-1]), len(first_of)) for p in contexts]
-        prefixes = [list(prefix) for prefix in first_of]
-        self.target.reset(len(prefixes))
-        if max(len(p) for p in prefixes) > 0:
-            block = TreeBlock.chains(prefixes, self.device)
-            no_logits = torch.zeros(len(prefixes), dtype=torch.long, device=self.device)  # the prefill needs none
-            _, hidden = self.target.forward(block, layers, logits_at=no_logits)
-            self.target.accept([list(range(len(p))) for p in prefixes])
-            prefill_hidden = [{k: h[u, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
-                              for u, p in zip(distinct, contexts)]
-        if len(prefixes) < B:
-            self.target.select_rows(distinct)
+        prefill_hidden = self._prefill(contexts, layers)
         self.drafter.token_budget = max_new_tokens
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
@@ -262,6 +248,25 @@ class SpeculativeEngine:
                 stats.total_seconds = time.perf_counter() - t_start
         finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
+
+    def _prefill(self, prompts: list[list[int]], layers) -> list[dict[int, torch.Tensor]]:
+        """Cache every prompt but its last token; per row, the requested layers' states there. Rows
+        with the same prefix (a prompt sampled n times) are prefilled once, then their cache copied."""
+        first_of: dict[tuple[int, ...], int] = {}  # prefix -> its row among the distinct ones
+        distinct = [first_of.setdefault(tuple(p[:-1]), len(first_of)) for p in prompts]
+        prefixes = [list(prefix) for prefix in first_of]
+        self.target.reset(len(prefixes))
+        prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
+        if max(len(p) for p in prefixes) > 0:
+            block = TreeBlock.chains(prefixes, self.device)
+            no_logits = torch.zeros(len(prefixes), dtype=torch.long, device=self.device)  # the prefill needs none
+            _, hidden = self.target.forward(block, layers, logits_at=no_logits)
+            self.target.accept([list(range(len(p))) for p in prefixes])
+            prefill_hidden = [{k: h[u, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
+                              for u, p in zip(distinct, prompts)]
+        if len(prefixes) < len(prompts):
+            self.target.select_rows(distinct)
+        return prefill_hidden
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin,
                 contexts: list[list[int]], outputs: list[list[int]]):
