@@ -113,7 +113,8 @@ class SpeculativeEngine:
         bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids {bad[:5]} are not token ids of the target's vocabulary "
-                             f"[0, {self.vocab_size}): give integer ids, e.g. tokenizer.convert_tokens_to_ids('<|im_end|>')")
+                             f"[0, {self.vocab_size}): give integer ids, "
+                             "e.g. tokenizer.convert_tokens_to_ids('<|im_end|>')")
         return frozenset(ids)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
@@ -192,9 +193,8 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-                verdict, hidden, block_tokens, logprob_logits = self._verify(roots, trees, sampling, coin,
-                                                             [contexts[r] for r in active],
-                                                             [outputs[r] for r in active])
+                verdict, hidden, block_tokens, logprob_logits = self._verify(
+                    roots, trees, sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active])
                 accepted = verdict.accepted.tolist()
                 num_accepted = verdict.num_accepted.tolist()
                 next_token = verdict.next_token.tolist()
