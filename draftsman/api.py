@@ -73,7 +73,8 @@ class Decoder:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
-                 stop_token_ids: list[int] | None = None, num_return_sequences: int = 1) -> GenerationOutput:
+                 stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
+                 logit_bias: dict[int, float] | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
@@ -82,7 +83,8 @@ class Decoder:
         (verifier/logprobs.py); top_logprobs: with logprobs, also the N likeliest tokens at each
         position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's);
         num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
-        prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n."""
+        prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n;
+        logit_bias: {token id: bias} added to the target's logits (OpenAI's)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -90,7 +92,8 @@ class Decoder:
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens, stop_token_ids)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias),
+            min_new_tokens, stop_token_ids)
         if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) \
                 or num_return_sequences < 1:
             raise ValueError(f"num_return_sequences must be a whole number >= 1, got {num_return_sequences!r}")
@@ -113,7 +116,7 @@ class Decoder:
                min_p: float | None = None, stop: list[str] | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, min_new_tokens: int | None = None,
-               stop_token_ids: list[int] | None = None):
+               stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards."""
@@ -126,7 +129,8 @@ class Decoder:
         shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty), min_new_tokens, stop_token_ids)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias),
+            min_new_tokens, stop_token_ids)
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             if not text.add(new):  # nothing new, or a character still incomplete

@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from .api import Decoder
 from .chisquare import two_sample_chi2
-from .cli import UserError, build_config, sampling_flags
+from .cli import UserError, add_logit_bias_arg, build_config, sampling_flags
 from .config import DEFAULTS
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
@@ -96,6 +96,9 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
         with torch.no_grad():
             ids = torch.tensor([prompt + new[:-1]], device=decoder.device)
             logits = decoder.target(input_ids=ids).logits[0, len(prompt) - 1:].float()
+        if params.logit_bias:  # first, as the engine adds it
+            bias_ids, biases = params.bias_tensors(logits.device)
+            logits[:, bias_ids] += biases.float()
         if params.penalizes_repeats or params.penalizes_counts:
             # Position j predicts new[j]: its context holds the prompt and new[:j], generated[j] counts new[:j].
             steps = torch.nn.functional.one_hot(torch.tensor(new[:-1], dtype=torch.long), logits.shape[-1])
@@ -272,6 +275,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, help="sampling: default sampling.repetition_penalty")
     p.add_argument("--presence-penalty", type=float, help="sampling: default sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="sampling: default sampling.frequency_penalty")
+    add_logit_bias_arg(p, prefix="sampling: ")
     p.add_argument("--samples", type=int, default=2000, help="sampling: samples per side per prompt (default 2000)")
     p.add_argument("--sample-prompts", type=int, default=2, help="sampling: how many of the prompts (default 2)")
     p.add_argument("--positions", type=int, default=3, help="sampling: first tokens compared (default 3)")

@@ -66,6 +66,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
     p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="vLLM / OpenAI's; default: sampling.frequency_penalty")
+    add_logit_bias_arg(p)
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a row when it generates TEXT (repeatable; the output ends before it); "
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
@@ -141,9 +142,26 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    p.add_argument("--logit-bias", action="append", type=parse_logit_bias, metavar="ID=BIAS",
+                   help=f"{prefix}add BIAS (in [-100, 100]) to token ID's logit (repeatable; OpenAI's logit_bias); "
+                        "default: sampling.logit_bias")
+
+
+def parse_logit_bias(text: str) -> tuple[int, float]:
+    """'50256=-100' -> (50256, -100.0)."""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected ID=BIAS, e.g. 50256=-100") from None
+
+
 def sampling_flags(args: argparse.Namespace) -> dict:
     """--temperature, --top-k, ...: one flag per key of the config's sampling section (None = unset)."""
-    return {key: getattr(args, key) for key in DEFAULTS["sampling"]}
+    flags = {key: getattr(args, key) for key in DEFAULTS["sampling"]}
+    flags["logit_bias"] = dict(flags["logit_bias"]) if flags["logit_bias"] else None  # [(id, bias)] -> {id: bias}
+    return flags
 
 
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:

@@ -3,7 +3,7 @@
     target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null,
-               presence_penalty: null, frequency_penalty: null}
+               presence_penalty: null, frequency_penalty: null, logit_bias: null}
     generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null}
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "repetition_penalty": None,  # Hugging Face's (1.2 is common; 1 or null = none), before the rest
         "presence_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this for each token generated before
         "frequency_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this x how often it was generated
+        "logit_bias": None,  # OpenAI's: {token id: bias in [-100, 100]}, added to the target's logits first
     },
     "generation": {
         "max_new_tokens": 64,
@@ -107,6 +108,7 @@ def merge(raw: dict) -> dict:
 _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
                      "sampling.top_p": float, "sampling.min_p": float, "sampling.repetition_penalty": float,
                      "sampling.presence_penalty": float, "sampling.frequency_penalty": float,
+                     "sampling.logit_bias": dict,
                      "generation.stop": list, "generation.stop_token_ids": list}
 
 

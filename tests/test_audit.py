@@ -242,11 +242,12 @@ def test_user_errors_exit_2(config_file, capsys, args, message):
     assert err.startswith("error: ") and message in err, err
 
 
-@pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"presence_penalty": 2.0, "frequency_penalty": 2.0}],
-                         ids=["repetition", "presence_frequency"])
+@pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"presence_penalty": 2.0, "frequency_penalty": 2.0},
+                                       {"logit_bias": {5: -100.0, 9: 4.0}, "repetition_penalty": 1.3}],
+                         ids=["repetition", "presence_frequency", "logit_bias"])
 def test_a_config_with_penalties_and_stop_strings_passes(target, close, penalties):
-    """The greedy check takes the argmax after the config's penalties (else every penalised
-    position would be a false mismatch); the audit ignores the config's stop strings."""
+    """The greedy check takes the argmax after the config's penalties and logit bias (else every
+    penalised position would be a false mismatch); the audit ignores the config's stop strings."""
     dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "draft_model", "path": str(close), "k": 3},
                           "sampling": penalties, "generation": {"stop": ["e"]}})
     result = run_audit(dec, PROMPTS, sampling=SamplingParams(1.0, **penalties), **SMALL)

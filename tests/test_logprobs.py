@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+                          SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 import draftsman
 
@@ -20,7 +20,9 @@ NEW = 24
 PROMPT_TEXTS = ["def parse(", "class Foo:\n    def", "import"]
 REPETITIVE = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]  # long n-gram matches: deep accepted paths
 # (mode, generate arguments). The settings change "processed" values, never "raw" ones.
-PROCESSING = {"repetition_penalty": 1.3, "presence_penalty": 0.5, "min_new_tokens": NEW}
+# Tokens 2 and 4 are in REPETITIVE: the bias and the repetition penalty both touch them there.
+PROCESSING = {"logit_bias": {2: 2.0, 4: -3.0}, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+              "min_new_tokens": NEW}
 SETTINGS = {
     "greedy": ("raw", {}),
     "sampled": ("raw", {"temperature": 1.0, "seed": 3}),
@@ -50,9 +52,9 @@ def drafters(arch, close_drafts):
 def reference(model, prompt: list[int], tokens: list[int], mode: str = "raw", settings: dict | None = None,
               eos: int | None = None) -> torch.Tensor:
     """(len(tokens), V) log-probabilities at each new token's position from one pass of the target
-    over the whole sequence; "processed": then Hugging Face's processors (repetition penalty,
-    min_new_tokens, temperature, top-k, top-p) position by position, with vLLM's presence penalty
-    (generated tokens only) written out after the repetition penalty."""
+    over the whole sequence; "processed": then Hugging Face's processors (sequence bias, repetition
+    penalty, min_new_tokens, temperature, top-k, top-p) position by position, with vLLM's presence
+    penalty (generated tokens only) written out after the repetition penalty."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1]
     if mode == "raw":
@@ -66,6 +68,7 @@ def reference(model, prompt: list[int], tokens: list[int], mode: str = "raw", se
     rows = []
     for j in range(len(tokens)):
         ids, scores = torch.tensor([prompt + tokens[:j]]), logits[j: j + 1].clone()
+        scores = SequenceBiasLogitsProcessor({(t,): b for t, b in s["logit_bias"].items()})(ids, scores)
         scores = RepetitionPenaltyLogitsProcessor(s["repetition_penalty"])(ids, scores)
         scores[0, tokens[:j]] -= s["presence_penalty"]  # indexing with repeats subtracts once
         scores = MinNewTokensLengthLogitsProcessor(len(prompt), s["min_new_tokens"], eos)(ids, scores)

@@ -145,6 +145,10 @@ class SpeculativeEngine:
         as vLLM's stop_token_ids; min_new_tokens holds them back too."""
         self.check_prompts(prompts)
         self._end_ids = self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)
+        outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
+                             f"[0, {self.vocab_size}): drop them")
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
@@ -300,9 +304,12 @@ class SpeculativeEngine:
         logprobs are read from (else None): as the target gave them ("raw"), or as returned
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
-        changes = sampling.penalizes_repeats or sampling.penalizes_counts or (
+        changes = sampling.logit_bias or sampling.penalizes_repeats or sampling.penalizes_counts or (
             self._min_new_tokens and self._end_ids)
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
+        if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
+            ids, biases = sampling.bias_tensors(logits.device)
+            logits[..., ids] += biases.to(logits.dtype)
         if sampling.penalizes_repeats:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
                                              sampling.repetition_penalty)

@@ -4,9 +4,12 @@ Order and tie rules follow Hugging Face's logits warpers (temperature, then top-
 `drafter: none` through our engine samples the same distribution as `model.generate(do_sample=True)`.
 Temperature 0 means greedy: the distribution is one-hot on the first argmax.
 
-The repetition penalty comes first, as Hugging Face's RepetitionPenaltyLogitsProcessor runs before
-the warpers. It depends on each position's context, which only the engine knows (a tree node's
-context is the committed text plus its own ancestors), so the engine applies it to the target's
+A logit bias (OpenAI's `logit_bias`, Hugging Face's single-token `sequence_bias`) is added first,
+to the target's logits at every position, as Hugging Face's generate adds sequence_bias before
+its penalties and warpers; it depends on no context, so the engine adds it to the whole block. The repetition penalty comes
+next, as Hugging Face's RepetitionPenaltyLogitsProcessor runs before the warpers. It depends on
+each position's context, which only the engine knows (a tree node's context is the committed text
+plus its own ancestors), so the engine applies it to the target's
 logits (verifier/block_penalties.py, with `penalize_repeats`' arithmetic) before they reach
 `processed_probs`. Drafters may ignore it: their q is whatever they drew from, and the verifier
 stays exact either way. The presence and frequency
@@ -30,8 +33,11 @@ class SamplingParams:
     repetition_penalty: float | None = None  # HF's: logits of tokens already in the context / it (x it if < 0)
     presence_penalty: float | None = None  # vLLM / OpenAI: minus this for each token generated at least once
     frequency_penalty: float | None = None  # vLLM / OpenAI: minus this x how often a token was generated
+    # OpenAI's: {token id: bias in [-100, 100]} added to the logits; kept as sorted (id, bias) pairs
+    logit_bias: dict[int, float] | tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
@@ -59,6 +65,37 @@ class SamplingParams:
     @property
     def penalizes_counts(self) -> bool:
         return bool(self.presence_penalty) or bool(self.frequency_penalty)
+
+    def bias_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logit bias as (token ids, biases) on `device`."""
+        ids, biases = zip(*self.logit_bias)
+        return torch.tensor(ids, device=device), torch.tensor(biases, device=device)
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
+    """{id: bias} (ids may be strings of digits, as JSON writes keys) or (id, bias) pairs -> sorted
+    pairs, None when empty."""
+    if bias is None:
+        return None
+
+    def token_id(t) -> int:
+        if isinstance(t, str) and t.strip().isdigit():
+            return int(t)
+        if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
+            return t
+        raise ValueError(t)
+
+    try:
+        pairs = sorted((token_id(t), float(b)) for t, b in (bias.items() if isinstance(bias, dict) else bias))
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or len({t for t, _ in pairs}) < len(pairs):
+        raise ValueError(f"logit_bias must map token ids (integers >= 0) to biases, e.g. {{50256: -100}}, got {bias!r}")
+    bad = [b for _, b in pairs if not -100.0 <= b <= 100.0]
+    if bad:
+        raise ValueError(f"logit_bias values must be in [-100, 100] (as in the OpenAI API; -100 all but bans a "
+                         f"token), got {bad[:5]}")
+    return tuple(pairs) or None
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -239,9 +239,9 @@ def _validate_sampling(sampling) -> None:
 
 
 def changes_greedy_output(sampling: dict | None) -> bool:
-    """Penalties change what greedy decoding emits (top-k / top-p / min-p never do)."""
+    """Penalties and a logit bias change what greedy decoding emits (top-k / top-p / min-p never do)."""
     params = SamplingParams(0.0, **(sampling or {}))
-    return params.penalizes_repeats or params.penalizes_counts
+    return params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
 
 
 def drafter_label(d: dict) -> str:
