@@ -31,6 +31,7 @@ import torch
 from ..models import context_length, load_causal_lm, load_tokenizer, vocab_mismatch
 from ..verifier.cached_model import CachedLM
 from ..verifier.sampling import draw, processed_probs
+from .first_feed import distinct_rows
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
@@ -148,9 +149,17 @@ class DraftModelDrafter(Drafter):
         # 1. Feed every row's tokens that the draft cache has not seen (the root at least).
         cached = self.lm.lengths.tolist()
         unseen = [ctx[n:] for ctx, n in zip(contexts, cached)]
+        # An empty cache (the first round) fed the same prompt in several rows: feed it once.
+        repeated = distinct_rows([tuple(u) for u in unseen]) if self.lm.num_slots == 0 else None
+        if repeated is not None:
+            self.lm.select_rows(repeated[0])
+            unseen = [unseen[row] for row in repeated[0]]
         last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
         self.lm.accept([list(range(len(u))) for u in unseen])
+        if repeated is not None:
+            self.lm.select_rows(repeated[1])
+            logits = logits[torch.tensor(repeated[1], device=logits.device)]
         logits = logits[..., : self.vocab_size]
         repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)

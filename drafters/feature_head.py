@@ -23,6 +23,7 @@ from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
+from .first_feed import distinct_rows
 from .dynamic_tree import grow_level
 from .eos_ban import EosBan
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
@@ -224,6 +225,7 @@ class FeatureHeadDrafter(Drafter):
         self.draft_context.select_rows(indices)
         self.pending_features = [self.pending_features[i] for i in indices]
         self.pending_tokens = [self.pending_tokens[i] for i in indices]
+        self.prompts = [self.prompts[i] for i in indices]
 
     def depth_budget(self, contexts, depth: int) -> int:
         """Depth this round: the configured one, adaptive speculation's limit, the head's context."""
@@ -242,9 +244,17 @@ class FeatureHeadDrafter(Drafter):
         if T == 0:
             width = self.vocab_size if self.vocab_map is None else len(self.vocab_map)  # the head's logits
             return torch.zeros(B, d, device=self.device), torch.zeros(B, width, device=self.device), ready
-        dtype = next(chunk for row in self.pending_features for chunk in row).dtype
-        features = torch.zeros(B, T, self.feature_width, device=self.device, dtype=dtype)
-        for b, row in enumerate(self.pending_features):
+        # An empty cache fed rows of one prompt (n samples of it): the same features and tokens, so
+        # feed them once. (A row's tokens start at its prompt's second: the key holds the prompt.)
+        repeated = (distinct_rows([(tuple(p), tuple(t)) for p, t in zip(self.prompts, tokens)])
+                    if self.lm.num_slots == 0 else None)
+        if repeated is not None:
+            self.lm.select_rows(repeated[0])
+            tokens = [tokens[row] for row in repeated[0]]
+        pending = self.pending_features if repeated is None else [self.pending_features[r] for r in repeated[0]]
+        dtype = next(chunk for row in pending for chunk in row).dtype
+        features = torch.zeros(len(tokens), T, self.feature_width, device=self.device, dtype=dtype)
+        for b, row in enumerate(pending):
             if row:
                 features[b, : len(tokens[b])] = torch.cat(row)
         block = TreeBlock.chains(tokens, self.device)
@@ -252,10 +262,15 @@ class FeatureHeadDrafter(Drafter):
         logits, hidden = self.lm.forward(block, (-1,), inputs_embeds=self._embeds(features, block.tokens),
                                          logits_at=last)
         self.lm.accept([list(range(len(t))) for t in tokens])
-        rows = torch.arange(B, device=self.device)
-        self.pending_features = [[] for _ in tokens]
-        self.pending_tokens = [[] for _ in tokens]
-        return hidden[-1][rows, last], _scores_dtype(logits[:, : self.vocab_size]), ready
+        rows = torch.arange(len(tokens), device=self.device)
+        feature, logits = hidden[-1][rows, last], logits[:, : self.vocab_size]
+        if repeated is not None:
+            self.lm.select_rows(repeated[1])
+            copies = torch.tensor(repeated[1], device=self.device)
+            feature, logits = feature[copies], logits[copies]
+        self.pending_features = [[] for _ in range(B)]
+        self.pending_tokens = [[] for _ in range(B)]
+        return feature, _scores_dtype(logits), ready
 
     def grow(self, features: torch.Tensor, tokens: torch.Tensor, depth: int,
              visible: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,3 +90,65 @@ def test_num_return_sequences_from_the_cli(tiny_models, tmp_path, capsys):
                                                 seed=3, num_return_sequences=3)
     assert got["token_ids"] == want.token_ids and len(got["token_ids"]) == 6
     assert cli.main(args) == 0 and capsys.readouterr().out.count("--- [") == 6
+
+
+@pytest.fixture(scope="module")
+def fresh_heads(tiny_models, tmp_path_factory):
+    from draftsman.heads.feature_head import FeatureHead
+
+    out = tmp_path_factory.mktemp("repeated-heads")
+    target = load_for_reference(tiny_models["llama"][0])
+    for kind in ("eagle", "mtp", "eagle3"):
+        FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
+    return out
+
+
+DRAFTERS = {"eagle": {"name": "eagle", "depth": 3, "top_k": 3, "total_tokens": 8},
+            "eagle3": {"name": "eagle", "depth": 3, "top_k": 3, "total_tokens": 8},
+            "mtp": {"name": "mtp", "depth": 3},
+            "draft_model": {"name": "draft_model", "k": 3},
+            "draft_model_tree": {"name": "draft_model", "k": 3, "top_k": 2, "total_tokens": 6}}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_drafters_feed_a_repeated_prompt_once_and_draft_as_for_it_alone(name, tiny_models, fresh_heads):
+    """A batch holding one prompt three times (and one that differs only in its first token, which
+    a head's first feed does not see as a token): the drafter's first feed runs 3 rows, not 5, and
+    every row's drafts, round by round, are those drafted for its prompt alone."""
+    target, draft = tiny_models["llama"]
+    path = draft if name.startswith("draft_model") else fresh_heads / name
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {**DRAFTERS[name], "path": str(path)}})
+    a, b = [5, 6, 7, 8, 9], [40, 41, 42]
+    prompts = [a, a, b, a, [11] + a[1:]]
+
+    def drafts(batch):
+        """Per row, each round's tree as (tokens, parents) while no row has left the batch; the
+        first feed's batch size; the output."""
+        per_row, fed = [[] for _ in batch], []
+        propose, forward = dec.drafter.propose, dec.drafter.lm.forward
+
+        def record(contexts):
+            trees = propose(contexts)
+            if len(trees) == len(batch):
+                for row, tree in enumerate(trees):
+                    per_row[row].append((tree.tokens.tolist(), tree.parents.tolist()))
+            return trees
+
+        def counting(block, *args, **kwargs):
+            fed.append(block.tokens.shape[0])
+            return forward(block, *args, **kwargs)
+
+        dec.drafter.propose, dec.drafter.lm.forward = record, counting
+        try:
+            out = dec.generate(input_ids=batch, max_new_tokens=12)
+        finally:
+            del dec.drafter.propose, dec.drafter.lm.forward
+        return per_row, fed[0], out
+
+    together, first_feed, out = drafts(prompts)
+    assert first_feed == 3
+    for row, prompt in enumerate(prompts):
+        alone, _, single = drafts([prompt])
+        assert single.token_ids[0] == out.token_ids[row]
+        rounds = len(together[row])
+        assert rounds >= 2 and together[row] == alone[0][:rounds], (name, row)
