@@ -160,7 +160,7 @@ class DraftModelDrafter(Drafter):
         if repeated is not None:
             self.lm.select_rows(repeated[1])
             logits = logits[torch.tensor(repeated[1], device=logits.device)]
-        logits = logits[..., : self.vocab_size]
+        logits = self.draft_context.biased(self.sampling, logits[..., : self.vocab_size], self.vocab_map)
         repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
@@ -198,7 +198,7 @@ class DraftModelDrafter(Drafter):
             if step < k - 1:
                 logits, _ = self.lm.forward(TreeBlock.column(tok))
                 self.lm.accept([[0]] * B)
-                logits = logits[:, 0]
+                logits = self.draft_context.biased(self.sampling, logits[:, 0], self.vocab_map)
         tokens_bk = torch.stack(tokens, 1)  # (B, drafted)
         n = length.clamp(max=tokens_bk.shape[1]).tolist()
         if self.sampling.greedy:
@@ -209,7 +209,7 @@ class DraftModelDrafter(Drafter):
 
     def _grow(self, _, tokens, depth, visible):
         logits, _ = grow_level(self.lm, tokens, depth, visible)
-        return None, logits[..., : self.vocab_size]
+        return None, self.draft_context.biased(self.sampling, logits[..., : self.vocab_size], self.vocab_map)
 
     def observe(self, feedback):
         # Keep the drafts that were accepted (those the draft model was fed); forget the rest.

@@ -128,7 +128,7 @@ class MedusaDrafter(Drafter):
         if not ready:
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
-        logits = self.heads(hidden)  # (heads, n, width)
+        logits = self.draft_context.biased(self.sampling, self.heads(hidden), self.vocab_map)  # (heads, n, width)
         repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
             state = repeats.root_state[torch.tensor(ready, device=self.device)]

@@ -27,6 +27,7 @@ import torch
 
 from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import penalize_counts, penalize_repeats
+from .draft_bias import DraftBias
 from .eos_ban import EosBan
 
 
@@ -39,6 +40,7 @@ class DraftContext:
         self.generated_from = [len(p) for p in prompts]  # the prompt's tokens are not counted
         self.device = device
         self.eos_columns: torch.Tensor | None = None  # EosBan.columns_of, once per request
+        self.bias: DraftBias | None = None  # the request's logit_bias over the drafter's logits, made once
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
 
@@ -46,6 +48,16 @@ class DraftContext:
         self.generated_from = [self.generated_from[i] for i in indices]
         self.held.select_rows(indices)
         self.generated.select_rows(indices)
+
+    def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
+        """(..., width) logits fresh from the drafter's network plus the request's logit_bias
+        (drafters/draft_bias.py); the same tensor without one. Call it before penalising: the
+        engine adds the bias first."""
+        if sampling is None or not sampling.logit_bias:
+            return logits
+        if self.bias is None:
+            self.bias = DraftBias(sampling.logit_bias, logits.shape[-1], vocab_map, self.device)
+        return self.bias.apply(logits)
 
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,
                 vocab_map: torch.Tensor | None) -> EosBan | None:

@@ -7,7 +7,7 @@ from transformers.utils import logging as hf_logging
 torch.set_num_threads(1)
 hf_logging.disable_progress_bar()
 
-from tiny_models import CORPUS, build_model_folder, build_tokenizer
+from tiny_models import CORPUS, build_model_folder, build_tokenizer, load_for_reference
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +35,21 @@ def tiny_models(tmp_path_factory, tiny_tokenizer):
         target = build_model_folder(root / "target", arch, seed=10 + i, tokenizer=tiny_tokenizer)
         draft = build_model_folder(root / "draft", arch, seed=20 + i, size="draft", tokenizer=tiny_tokenizer)
         out[arch] = (target, draft)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fresh_heads(tiny_models, tmp_path_factory):
+    """Freshly initialised heads for the tiny Llama target, one folder each: eagle, mtp, eagle3,
+    medusa (for tests of drafting mechanics, which need no trained heads)."""
+    from draftsman.heads.feature_head import FeatureHead
+    from draftsman.heads.medusa import MedusaHeads
+
+    out = tmp_path_factory.mktemp("fresh-heads")
+    target = load_for_reference(tiny_models["llama"][0])
+    for kind in ("eagle", "mtp", "eagle3"):
+        FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
+    MedusaHeads.for_target(target, num_heads=4).save(out / "medusa", target, dtype=torch.float32)
     return out
 
 

@@ -2,7 +2,6 @@
 target's EOS logit is masked, so a draft model that is the target itself is always accepted, and
 no drafter wastes a node on a token the verifier must reject. EOS here is a token the drafter
 proposes often, so without the ban it is drafted at banned depths."""
-import contextlib
 from collections import Counter
 
 import pytest
@@ -10,10 +9,8 @@ import torch
 
 import draftsman
 from draftsman.drafters.eos_ban import EosBan
-from draftsman.heads.feature_head import FeatureHead
-from draftsman.heads.medusa import MedusaHeads
 
-from tiny_models import load_for_reference
+from toy_drafters import watching_proposals
 
 PROMPTS = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
 NEW = 20
@@ -67,27 +64,14 @@ def test_the_dynamic_tree_bans_eos_per_row_at_every_level():
         assert min(eos_depths) == banned_to + 1, (banned_to, eos_depths)
 
 
-@contextlib.contextmanager
-def _watching(dec, watch):
-    """Within it, watch(contexts, trees) sees every round's proposal of dec's drafter."""
-    propose = dec.drafter.propose
-
-    def record(contexts):
-        trees = propose(contexts)
-        watch(contexts, trees)
-        return trees
-
-    dec.drafter.propose = record
-    try:
-        yield
-    finally:
-        del dec.drafter.propose
-
-
 def _frequent_eos(dec, prompts) -> int:
     """A token the drafter drafts often (without min_new_tokens)."""
     drafted = Counter()
-    with _watching(dec, lambda contexts, trees: drafted.update(t for tree in trees for t in tree.tokens.tolist())):
+
+    def watch(contexts, trees):
+        drafted.update(t for tree in trees for t in tree.tokens.tolist())
+
+    with watching_proposals(dec, watch):
         dec.generate(input_ids=prompts, max_new_tokens=NEW)
     return drafted.most_common(1)[0][0]
 
@@ -101,7 +85,7 @@ def _drafted_by_new_token_number(dec, prompt, min_new=0) -> dict[int, Counter]:
         for token, depth in zip(trees[0].tokens.tolist(), trees[0].depths()):
             drafted.setdefault(produced + depth, Counter())[token] += 1
 
-    with _watching(dec, watch):
+    with watching_proposals(dec, watch):
         dec.generate(input_ids=[prompt], max_new_tokens=NEW, min_new_tokens=min_new)
     return drafted
 
@@ -122,7 +106,7 @@ def _draft_q(dec, eos) -> tuple[float, float]:
             mass[0] += float(q[:, eos].sum())
             off[0] = max([off[0], *(q.sum(-1) - 1).abs().tolist()])
 
-    with _watching(dec, watch):
+    with watching_proposals(dec, watch):
         dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, seed=3)
     return mass[0], off[0]
 
@@ -169,17 +153,6 @@ def test_the_target_drafting_for_itself_is_accepted(tiny_models, options, temper
     # not all on the greedy path: EOS displaces a sibling only, so the margin is smaller.
     margin = 0.0 if "top_k" in options else 0.5
     assert out.stats.tau > unaware.stats.tau + margin, (out.stats.accepted_per_round, unaware.stats.accepted_per_round)
-
-
-@pytest.fixture(scope="module")
-def fresh_heads(tiny_models, tmp_path_factory):
-    """Freshly initialised heads for the tiny Llama target (the ban does not need good heads)."""
-    out = tmp_path_factory.mktemp("eos-ban-heads")
-    target = load_for_reference(tiny_models["llama"][0])
-    for kind in ("eagle", "mtp", "eagle3"):
-        FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
-    MedusaHeads.for_target(target, num_heads=4).save(out / "medusa", target, dtype=torch.float32)
-    return out
 
 
 DRAFTERS = {"eagle": {"name": "eagle", "depth": 4, "top_k": 3, "total_tokens": 12},

@@ -92,17 +92,6 @@ def test_num_return_sequences_from_the_cli(tiny_models, tmp_path, capsys):
     assert cli.main(args) == 0 and capsys.readouterr().out.count("--- [") == 6
 
 
-@pytest.fixture(scope="module")
-def fresh_heads(tiny_models, tmp_path_factory):
-    from draftsman.heads.feature_head import FeatureHead
-
-    out = tmp_path_factory.mktemp("repeated-heads")
-    target = load_for_reference(tiny_models["llama"][0])
-    for kind in ("eagle", "mtp", "eagle3"):
-        FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
-    return out
-
-
 DRAFTERS = {"eagle": {"name": "eagle", "depth": 3, "top_k": 3, "total_tokens": 8},
             "eagle3": {"name": "eagle", "depth": 3, "top_k": 3, "total_tokens": 8},
             "mtp": {"name": "mtp", "depth": 3},

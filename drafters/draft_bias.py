@@ -1,0 +1,46 @@
+"""Drafting under logit_bias: a model drafter adds the request's bias to its own logits where they
+come out of its network, as the engine adds it to the target's (before the penalties), so a token
+the request bans is not drafted for the verifier to reject, and a favoured one is drafted where
+the target will now pick it.
+
+A bias of -100, the floor, bans the token from drafts outright (-inf): a drafter's logits need not
+be on the target's scale (a fresh EAGLE head fed its own features reached logits of 170 on a tiny
+target, where -100 left the token on top), and the request's intent is plain.
+
+Drafts only. A sampled draft token's q is the distribution it was drawn from, biased or not, so
+the verifier stays exact either way; a deterministic draft needs no q. `ngram` copies tokens from
+the context and ignores the bias.
+"""
+from __future__ import annotations
+
+import torch
+
+BAN = -100.0  # the API's floor (OpenAI's logit_bias range is [-100, 100])
+
+
+class DraftBias:
+    """One request's logit_bias over a drafter's `width` logits: all tokens (`vocab_map` None), or
+    a draft vocabulary's rows (`vocab_map`: row -> token id; biased tokens outside it are left
+    out, as are ids at or past `width`)."""
+
+    def __init__(self, logit_bias: tuple[tuple[int, float], ...], width: int, vocab_map: torch.Tensor | None,
+                 device):
+        ids = torch.tensor([t for t, _ in logit_bias], dtype=torch.long, device=device)
+        biases = torch.tensor([-torch.inf if b <= BAN else b for _, b in logit_bias], dtype=torch.float64,
+                              device=device)
+        if vocab_map is None:
+            inside = ids < width
+            self.columns, self.values = ids[inside], biases[inside]
+        else:
+            rows = vocab_map[:width]
+            match = rows[:, None] == ids[None, :]  # (width, biased ids)
+            self.columns = match.any(1).nonzero()[:, 0]
+            self.values = biases[match[self.columns].int().argmax(1)]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., width) logits plus the bias: a new tensor (the caller's logits may be cached)."""
+        if self.columns.numel() == 0:
+            return logits
+        out = logits.clone()
+        out[..., self.columns] += self.values.to(logits.dtype)
+        return out
