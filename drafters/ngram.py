@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
+from .draft_bias import BAN
 from .registry import register
 
 
@@ -88,6 +89,8 @@ class NgramDrafter(Drafter):
         o = self.options
         self.indexes = [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
         self.prompt_lengths = [len(p) for p in prompts]
+        # Tokens the request bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
+        self.banned = frozenset(t for t, bias in sampling.logit_bias or () if bias <= BAN)
 
     def keep_rows(self, indices):
         self.indexes = [self.indexes[i] for i in indices]
@@ -99,11 +102,12 @@ class NgramDrafter(Drafter):
         for index, ctx, prompt_length in zip(self.indexes, contexts, self.prompt_lengths):
             index.update(ctx)
             trie = _Trie([], [])
-            # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens: a
-            # continuation ends before such an EOS (the tree is deterministic, so cutting it is exact).
+            # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor
+            # ever a token logit_bias bans: a continuation ends before either (the tree is
+            # deterministic, so cutting it is exact).
             banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
-                trie.insert(_before_banned_eos(cont, banned_depths, self.eos_token_ids))
+                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
             n = len(trie.tokens)
             trees.append(DraftTree(torch.tensor(trie.tokens, dtype=torch.long, device=self.device),
                                    torch.tensor(trie.parents, dtype=torch.long, device=self.device),
@@ -111,9 +115,10 @@ class NgramDrafter(Drafter):
         return trees
 
 
-def _before_banned_eos(continuation: list[int], banned_depths: int, eos_token_ids) -> list[int]:
-    """The continuation up to its first EOS at depth <= banned_depths (depth 1 = its first token)."""
-    for j, token in enumerate(continuation[:max(banned_depths, 0)]):
-        if token in eos_token_ids:
+def _before_banned(continuation: list[int], banned_depths: int, eos_token_ids, banned=frozenset()) -> list[int]:
+    """The continuation up to its first EOS at depth <= banned_depths (depth 1 = its first token)
+    or its first `banned` token at any depth."""
+    for j, token in enumerate(continuation):
+        if token in banned or (j < banned_depths and token in eos_token_ids):
             return continuation[:j]
     return continuation

@@ -150,3 +150,36 @@ def test_a_sampled_chain_is_drawn_from_the_biased_distribution(name, fresh_heads
     assert mass < 1e-30 and off < 1e-5
     _without_the_draft_bias(monkeypatch)
     assert banned_mass()[0] > 1e-3
+
+
+@pytest.mark.parametrize("bias, drafted", [
+    (None, [7, 4, 9, 8]),
+    ({9: -100}, [7, 4]),  # the continuation ends before the banned token
+    ({7: -100}, []),
+    ({9: -99.5, 4: 5.0}, [7, 4, 9, 8]),  # only the floor bans
+])
+def test_ngram_ends_a_continuation_before_a_banned_token(bias, drafted):
+    """ngram's trees are deterministic, so it cuts a continuation at a token the request bans."""
+    from draftsman.drafters.ngram import NgramDrafter
+    from draftsman.verifier.sampling import SamplingParams
+
+    prompt = [1, 2, 3, 7, 4, 9, 8, 1, 2, 3]
+    ngram = NgramDrafter(NgramDrafter.Options(k=4, branches=1))
+    ngram.begin([prompt], SamplingParams(0.0, logit_bias=bias), torch.Generator())
+    assert ngram.propose([prompt])[0].tokens.tolist() == drafted
+
+
+def test_ngram_under_a_ban_equals_plain_decoding(tiny_models):
+    """A prompt that repeats itself, the token ngram would copy next banned: output equals plain
+    decoding's under the same bias at batch 1 and 4, and no draft holds the banned token."""
+    target = str(tiny_models["llama"][0])
+    dec = draftsman.load({"target": {"path": target}, "drafter": {"name": "ngram", "k": 4}})
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [1, 2, 3, 1, 2, 3], [40, 41, 40, 41, 40]]
+    for bias in ({7: -100, 10: -100, 41: -100, 2: -100}, {3: -100, 11: -100}):
+        everything, _, out = _drafted(dec, prompts, logit_bias=bias)
+        assert sum(everything.values()) >= 4 and not set(bias) & set(everything), everything
+        want = dec.with_drafter({"name": "none"}).generate(input_ids=prompts, max_new_tokens=NEW, logit_bias=bias)
+        assert out.token_ids == want.token_ids
+        for b, prompt in enumerate(prompts):
+            alone = dec.generate(input_ids=[prompt], max_new_tokens=NEW, logit_bias=bias)
+            assert alone.token_ids[0] == want.token_ids[b]
