@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .chat import chat_ids, check_conversations
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
@@ -65,6 +66,21 @@ class Decoder:
             raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "
                              "pass input_ids=[[...], ...] instead of text prompts")
         return [self.tokenizer(p)["input_ids"] for p in prompts]
+
+    def encode_chat(self, conversations, continue_final_message: bool = False) -> list[list[int]]:
+        """The prompt ids of one conversation ([{"role": ..., "content": ...}, ...]) or a list of
+        them, rendered by the target tokenizer's chat template (draftsman/chat.py)."""
+        return [chat_ids(self.tokenizer, c, self.config["target"]["path"], continue_final_message)
+                for c in check_conversations(conversations)]
+
+    def chat(self, conversations, *, continue_final_message: bool = False, **generate_args) -> GenerationOutput:
+        """generate() for chat messages: one conversation or a list of them, each rendered by the
+        target tokenizer's chat template with the assistant's turn opened (vLLM's LLM.chat). Takes
+        generate's keyword arguments. continue_final_message: the last message is the assistant's
+        and the model continues it. To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0])."""
+        if "prompts" in generate_args or "input_ids" in generate_args:
+            raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
+        return self.generate(input_ids=self.encode_chat(conversations, continue_final_message), **generate_args)
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
                  max_new_tokens: int | None = None, temperature: float | None = None,

@@ -1,6 +1,7 @@
 """The `draftsman` command line.
 
     draftsman generate --config cfg.yaml --prompt "def f(" [--drafter ngram] [--set drafter.k=6] [--json]
+    draftsman generate --config cfg.yaml --chat "Write a haiku" [--system TEXT]   # or --messages FILE.json
     draftsman drafters                 # registered drafters, their options and defaults
     draftsman demo [...]               # the bundled demo (draftsman/demo.py, when built)
 
@@ -31,6 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from . import __version__
 from .api import Decoder, GenerationStats
+from .chat import check_conversations
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 
@@ -49,6 +51,13 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="a text prompt; repeat for a batch")
     p.add_argument("--input-ids", action="append", default=[], metavar="IDS",
                    help='a prompt as token ids, e.g. "1,2,3"; repeat for a batch (instead of --prompt)')
+    p.add_argument("--chat", action="append", default=[], metavar="TEXT",
+                   help="a user message, sent through the target's chat template with the assistant's turn "
+                        "opened (an instruct model's prompt); repeat for a batch of one-message conversations")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message before each user message")
+    p.add_argument("--messages", metavar="FILE",
+                   help='a JSON file of one conversation, [{"role": "user", "content": "..."}, ...], or a list '
+                        "of them, sent through the target's chat template")
     p.add_argument("--drafter", metavar="NAME",
                    help="use this drafter; if it differs from the config's, the config's drafter options "
                         "are dropped (they belong to the other drafter) - add new ones with --set")
@@ -106,9 +115,12 @@ def build_config(config_path: str | None, drafter: str | None, overrides: list[s
 
 def _run_generate(args: argparse.Namespace) -> int:
     # Check the prompts before loading any model: a typo should not cost a model load.
-    if bool(args.prompt) == bool(args.input_ids):
-        raise UserError("give the prompts either as --prompt TEXT or as --input-ids 1,2,3 (repeat "
-                        "either for a batch), not both or neither")
+    if sum(map(bool, (args.prompt, args.input_ids, args.chat, args.messages))) != 1:
+        raise UserError("give the prompts one way: --prompt TEXT, --input-ids 1,2,3 or --chat TEXT (repeat "
+                        "any of them for a batch), or --messages FILE; not several, not none")
+    if args.system is not None and not args.chat:
+        raise UserError("--system goes with --chat (put a system message in the --messages file instead)")
+    conversations = chat_conversations(args)
     if args.logprobs and not args.json:
         raise UserError("--logprobs adds a field to the JSON output: add --json")
     if args.top_logprobs and not args.logprobs:
@@ -118,9 +130,11 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
-    if (not args.json and args.prompt and len(args.prompt) == 1 and args.num_return_sequences == 1
-            and decoder.tokenizer is not None):
-        return _stream_one(decoder, args, cfg)
+    if conversations is not None:
+        input_ids = decoder.encode_chat(conversations)
+    one_text_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
+    if not args.json and one_text_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
+        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
@@ -164,10 +178,32 @@ def sampling_flags(args: argparse.Namespace) -> dict:
     return flags
 
 
-def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict) -> int:
-    """One text prompt: print the continuation as rounds accept it."""
+def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
+    """--chat / --system or --messages as a list of checked conversations; None for other prompts."""
+    if args.chat:
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        return [[*system, {"role": "user", "content": text}] for text in args.chat]
+    if not args.messages:
+        return None
+    try:
+        with open(args.messages, encoding="utf-8") as f:
+            messages = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"--messages: no such file '{args.messages}'") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--messages '{args.messages}' is not valid JSON ({e}): expected "
+                        '[{"role": "user", "content": "..."}, ...] or a list of such lists') from None
+    try:
+        return check_conversations(messages)
+    except ValueError as e:
+        raise UserError(f"--messages '{args.messages}': {e}") from None
+
+
+def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None) -> int:
+    """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it."""
     stats = GenerationStats()
-    for piece in decoder.stream(args.prompt[0], max_new_tokens=args.max_new_tokens,
+    prompt = None if input_ids is not None else args.prompt[0]
+    for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, stop_token_ids=args.stop_token_ids, **sampling_flags(args)):
         print(piece, end="", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, AutoModelForCausalLM
 
 EOT = "<|endoftext|>"
@@ -24,6 +24,29 @@ def build_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedTokenizerF
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, bos_token=EOT, pad_token=EOT)
+    fast.save_pretrained(folder)
+    return fast
+
+
+# ChatML, as Qwen2's instruct models write it, behind a BOS token as Llama 3's templates add one.
+CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_chat_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A tokenizer like an instruct model's: BOS added to every encoding, turn-marker special
+    tokens and a ChatML chat template."""
+    specials = [EOT, "<s>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, bos_token="<s>", pad_token=EOT,
+                                   additional_special_tokens=specials[2:])
+    fast.chat_template = CHATML
     fast.save_pretrained(folder)
     return fast
 

@@ -1,0 +1,55 @@
+"""Chat prompts: conversations of {"role": ..., "content": ...} messages, rendered into token ids by
+the target tokenizer's own chat template (Hugging Face's apply_chat_template, as vLLM's LLM.chat
+does). An instruct model answers well only in the format it was tuned on; the template is that
+format, so it comes from the target folder, never from draftsman."""
+from __future__ import annotations
+
+Conversation = list[dict]
+
+MESSAGE_SHAPE = "{'role': 'user', 'content': '...'}"
+
+
+def check_conversations(conversations) -> list[Conversation]:
+    """One conversation (a list of messages) or a list of them -> a list of conversations, each
+    checked: a bad message is named by its place, before any model runs."""
+    if isinstance(conversations, dict):
+        raise ValueError(f"a conversation is a list of messages, got one message: wrap it as [{MESSAGE_SHAPE}]")
+    if not isinstance(conversations, (list, tuple)) or not conversations:
+        raise ValueError(f"expected a conversation (a non-empty list of messages like {MESSAGE_SHAPE}) or a "
+                         f"list of conversations, got {conversations!r}")
+    batched = isinstance(conversations[0], (list, tuple))
+    out = []
+    for i, conversation in enumerate(conversations if batched else [conversations]):
+        where = f"conversation {i}" if batched else "the conversation"
+        if not isinstance(conversation, (list, tuple)) or not conversation:
+            raise ValueError(f"{where} is {conversation!r}: expected a non-empty list of messages like {MESSAGE_SHAPE}")
+        for j, message in enumerate(conversation):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str) and message["role"]):
+                raise ValueError(f"{where}, message {j}: expected a dict with a 'role' and a 'content', "
+                                 f"like {MESSAGE_SHAPE}; got {message!r}")
+            if not isinstance(message.get("content", ""), (str, list)):
+                raise ValueError(f"{where}, message {j}: 'content' must be text, got {message['content']!r}")
+        out.append(list(conversation))
+    return out
+
+
+def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False) -> list[int]:
+    """The token ids of one conversation under the tokenizer's chat template, ending with the
+    header of the assistant's turn (or, with continue_final_message, inside the last assistant
+    message, so the model continues it)."""
+    if tokenizer is None:
+        raise ValueError(f"target folder '{folder}' has no tokenizer, so it has no chat template: "
+                         "pass input_ids=[[...], ...] instead of messages")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"the tokenizer in target folder '{folder}' has no chat template, so it cannot turn "
+                         "messages into a prompt: use an instruct/chat model (its folder has chat_template.jinja "
+                         "or a 'chat_template' in tokenizer_config.json), or pass plain text (generate(prompts), "
+                         "--prompt)")
+    if continue_final_message and conversation[-1]["role"] != "assistant":
+        raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
+                         f"it is the {conversation[-1]['role']!r} message")
+    # The template writes the special tokens (BOS, turn markers) itself: apply_chat_template
+    # tokenizes its text without adding them again.
+    return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=not continue_final_message,
+                                              continue_final_message=continue_final_message, tokenize=True,
+                                              return_dict=False))

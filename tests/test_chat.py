@@ -1,0 +1,152 @@
+"""Chat prompts: conversations rendered by the target tokenizer's own chat template (ChatML behind a
+BOS here, with turn markers as special tokens), then decoded exactly as token-id prompts are."""
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+import draftsman
+from draftsman import cli
+
+from tiny_models import build_chat_tokenizer, build_model_folder, build_tokenizer, load_for_reference
+
+NEW = 12
+SYSTEM = {"role": "system", "content": "Be brief."}
+CONVERSATIONS = [
+    [SYSTEM, {"role": "user", "content": "def parse(text):"}],
+    [{"role": "user", "content": "import os"}, {"role": "assistant", "content": "import sys"},
+     {"role": "user", "content": "for i in range(10):"}],
+]
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory):
+    """A tiny Qwen2 instruct-style target: its generation config ends rows at EOS and at <|im_end|>."""
+    folder = tmp_path_factory.mktemp("chat-target")
+    tok = build_chat_tokenizer(folder)
+    build_model_folder(folder, "qwen2", seed=31, tokenizer=tok)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id, end_of_turn],
+                     pad_token_id=tok.pad_token_id).save_pretrained(folder)
+    # As loaded, not as built: beside a Qwen2 config.json it loads as Qwen2's tokenizer class,
+    # which splits digits one by one.
+    return folder, AutoTokenizer.from_pretrained(folder)
+
+
+def expected_ids(tok, conversation) -> list[int]:
+    """ChatML written out by hand: one BOS, each turn's markers as single tokens."""
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    text = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = [tok.bos_token_id]
+    for m in conversation:
+        ids += [start, *text(f"{m['role']}\n{m['content']}"), end, *text("\n")]
+    return ids + [start, *text("assistant\n")]
+
+
+def test_encode_chat_renders_the_template_with_one_bos_and_the_assistant_turn_open(chat_target):
+    folder, tok = chat_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    assert dec.encode_chat(CONVERSATIONS) == [expected_ids(tok, c) for c in CONVERSATIONS]
+    assert dec.encode_chat(CONVERSATIONS[0]) == [expected_ids(tok, CONVERSATIONS[0])]  # one conversation
+    # Plain text through this tokenizer gets a BOS of its own: the template's must not be doubled.
+    assert tok("x")["input_ids"][0] == tok.bos_token_id
+    ongoing = [*CONVERSATIONS[1][:2]]
+    continued = dec.encode_chat(ongoing, continue_final_message=True)[0]
+    assert continued == expected_ids(tok, ongoing)[: -(len(tok("<|im_end|>\n<|im_start|>assistant\n",
+                                                              add_special_tokens=False)["input_ids"]))]
+    assert tok.decode(continued).endswith("assistant\nimport sys")
+
+
+@pytest.mark.parametrize("drafter", [{"name": "none"}, {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}])
+def test_chat_equals_hugging_face_generate_on_the_template_ids(chat_target, drafter):
+    """Greedy, a batch of two ragged conversations and each alone: the same tokens as HF's generate
+    on apply_chat_template's ids, and text without the special tokens."""
+    folder, tok = chat_target
+    model = load_for_reference(folder)
+    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+    want = []
+    for conversation in CONVERSATIONS:
+        ids = torch.tensor([tok.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False)])
+        row = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        want.append(row[0, ids.shape[1]:].tolist())
+    both = dec.chat(CONVERSATIONS, max_new_tokens=NEW)
+    assert both.token_ids == want
+    assert [dec.chat(c, max_new_tokens=NEW).token_ids[0] for c in CONVERSATIONS] == want
+    assert both.texts == [tok.decode(row, skip_special_tokens=True) for row in want]
+
+
+def test_the_end_of_turn_token_ends_a_reply(chat_target):
+    """<|im_end|> is in the generation config's eos_token_id: favoured, it ends the row at once,
+    and the reply's text leaves it out."""
+    folder, tok = chat_target
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    out = draftsman.load({"target": {"path": str(folder)}}).chat(
+        CONVERSATIONS[0], max_new_tokens=NEW, logit_bias={end_of_turn: 100})
+    assert out.token_ids == [[end_of_turn]] and out.texts == [""]
+
+
+def test_stream_of_a_conversation_joins_to_chat(chat_target):
+    folder, _ = chat_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    pieces = list(dec.stream(input_ids=dec.encode_chat(CONVERSATIONS[1])[0], max_new_tokens=NEW))
+    assert "".join(pieces) == dec.chat(CONVERSATIONS[1], max_new_tokens=NEW).texts[0] != ""
+
+
+@pytest.mark.parametrize("conversations, message", [
+    ([], "non-empty list of messages"),
+    ({"role": "user", "content": "hi"}, "got one message: wrap it as ["),
+    ([[{"role": "user", "content": "hi"}], []], "conversation 1 is []"),
+    ([{"content": "hi"}], "the conversation, message 0: expected a dict with a 'role'"),
+    ([{"role": "user", "content": "hi"}, "hello"], "message 1"),
+    ([{"role": "user", "content": 3}], "'content' must be text"),
+])
+def test_malformed_conversations_are_named(chat_target, conversations, message):
+    dec = draftsman.load({"target": {"path": str(chat_target[0])}})
+    with pytest.raises(ValueError, match=None) as e:
+        dec.chat(conversations)
+    assert message in str(e.value)
+
+
+def test_chat_refusals_name_the_fix(chat_target, tmp_path):
+    dec = draftsman.load({"target": {"path": str(chat_target[0])}})
+    with pytest.raises(ValueError, match="last message, which must be the assistant's; it is the 'user'"):
+        dec.encode_chat(CONVERSATIONS[0], continue_final_message=True)
+    with pytest.raises(ValueError, match="takes its prompts as messages"):
+        dec.chat(CONVERSATIONS[0], input_ids=[[1, 2]])
+    plain = build_model_folder(tmp_path / "plain", "llama", seed=3, tokenizer=build_tokenizer(tmp_path / "tok"))
+    with pytest.raises(ValueError, match="has no chat template.*use an instruct/chat model"):
+        draftsman.load({"target": {"path": str(plain)}}).chat(CONVERSATIONS[0])
+
+
+def test_cli_chat_system_and_messages(chat_target, tmp_path, capsys):
+    folder, _ = chat_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    base = ["generate", "--set", f"target.path={folder}", "--max-new-tokens", str(NEW)]
+    want = dec.chat(CONVERSATIONS[0], max_new_tokens=NEW)
+    assert cli.main([*base, "--chat", "def parse(text):", "--system", "Be brief.", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == want.token_ids
+    assert cli.main([*base, "--chat", "def parse(text):", "--system", "Be brief."]) == 0  # streamed
+    assert capsys.readouterr().out.startswith(want.texts[0] + "\n[stats]")
+    messages = tmp_path / "conversations.json"
+    messages.write_text(json.dumps(CONVERSATIONS))
+    assert cli.main([*base, "--messages", str(messages), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == dec.chat(CONVERSATIONS, max_new_tokens=NEW).token_ids
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chat", "hi", "--prompt", "a"], "give the prompts one way"),
+    (["--prompt", "a", "--system", "Be brief."], "--system goes with --chat"),
+    (["--messages", "/no/such.json"], "--messages: no such file '/no/such.json'"),
+    (["--messages", "BAD_JSON"], "is not valid JSON"),
+    (["--messages", "ONE_MESSAGE"], "got one message: wrap it as ["),
+])
+def test_cli_chat_errors_exit_2_before_loading_a_model(args, message, tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("[{'role': 'user'}]")
+    (tmp_path / "one.json").write_text(json.dumps({"role": "user", "content": "hi"}))
+    args = [{"BAD_JSON": str(tmp_path / "bad.json"), "ONE_MESSAGE": str(tmp_path / "one.json")}.get(a, a)
+            for a in args]
+    # The target folder does not exist: these must fail on the prompts, before any load.
+    assert cli.main(["generate", "--set", "target.path=/no/such/model", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err
