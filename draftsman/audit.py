@@ -23,6 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from .api import Decoder
+from .chat import check_conversation
 from .chisquare import two_sample_chi2
 from .cli import UserError, add_logit_bias_arg, build_config, sampling_flags
 from .config import DEFAULTS
@@ -42,10 +43,11 @@ TIE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, 
 
 # --------------------------------------------------------------------------- prompts
 
-def read_prompts(path: str | Path) -> list[str | list[int]]:
-    """A JSONL file (one object per line with "text", or "input_ids" for targets without a
-    tokenizer) or a plain text file with one prompt per line (blank lines skipped). A file whose
-    first non-blank line starts with '{' is read as JSONL."""
+def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
+    """A JSONL file (one object per line with "text", "messages" (a conversation, for a chat
+    target's template) or "input_ids" for targets without a tokenizer) or a plain text file with
+    one prompt per line (blank lines skipped). A file whose first non-blank line starts with '{' is
+    read as JSONL."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"prompts file '{p}' does not exist")
@@ -54,7 +56,7 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
         raise ValueError(f"prompts file '{p}' has no prompts: write one per line, or JSONL with a \"text\" field")
     if not lines[0][1].lstrip().startswith("{"):
         return [line for _, line in lines]
-    prompts: list[str | list[int]] = []
+    prompts: list[str | list[int] | list[dict]] = []
     for n, line in lines:
         try:
             row = json.loads(line)
@@ -63,20 +65,32 @@ def read_prompts(path: str | Path) -> list[str | list[int]]:
                              "object per line, e.g. {\"text\": \"def f(\"}") from None
         if isinstance(row, dict) and isinstance(row.get("text"), str):
             prompts.append(row["text"])
+        elif isinstance(row, dict) and "messages" in row:
+            try:
+                prompts.append(check_conversation(row["messages"]))
+            except ValueError as e:
+                raise ValueError(f'{p}:{n}: "messages": {e}') from None
         elif isinstance(row, dict) and isinstance(row.get("input_ids"), list) and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in row["input_ids"]):
             prompts.append(row["input_ids"])
         else:
-            raise ValueError(f"{p}:{n}: each JSONL line needs a \"text\" string (or an \"input_ids\" "
-                             f"list of integers), got {line.strip()[:80]}")
+            raise ValueError(f"{p}:{n}: each JSONL line needs a \"text\" string (or \"messages\", a "
+                             f"conversation, or an \"input_ids\" list of integers), got {line.strip()[:80]}")
     return prompts
 
 
-def encode_prompts(decoder: Decoder, prompts: list[str | list[int]]) -> list[list[int]]:
+def encode_prompts(decoder: Decoder, prompts: list[str | list[int] | list[dict]]) -> list[list[int]]:
     if any(isinstance(p, str) for p in prompts) and decoder.tokenizer is None:
         raise ValueError("the target folder has no tokenizer, so text prompts cannot be encoded: give "
                          "--prompts FILE in JSONL with {\"input_ids\": [...]} per line")
-    return [decoder.encode([p])[0] if isinstance(p, str) else list(p) for p in prompts]
+
+    def encode(p) -> list[int]:
+        if isinstance(p, str):
+            return decoder.encode([p])[0]
+        if p and isinstance(p[0], dict):  # a conversation
+            return decoder.encode_chat(p)[0]
+        return list(p)
+    return [encode(p) for p in prompts]
 
 
 # --------------------------------------------------------------------------- greedy
@@ -256,8 +270,9 @@ def format_report(r: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or JSON run config: the target and drafter to audit")
     p.add_argument("--prompts", metavar="FILE",
-                   help='JSONL with a "text" (or "input_ids") field per line, or plain text with one prompt '
-                        "per line; default: a few built-in short code prompts")
+                   help='JSONL with a "text" field per line (or "messages": a conversation for the target\'s chat '
+                        'template, or "input_ids"), or plain text with one prompt per line; default: a few built-in '
+                        "short code prompts")
     p.add_argument("--drafter", metavar="NAME", help="audit this drafter instead of the config's (its options "
                    "are dropped; add new ones with --set)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",

@@ -17,20 +17,22 @@ def check_conversations(conversations) -> list[Conversation]:
     if not isinstance(conversations, (list, tuple)) or not conversations:
         raise ValueError(f"expected a conversation (a non-empty list of messages like {MESSAGE_SHAPE}) or a "
                          f"list of conversations, got {conversations!r}")
-    batched = isinstance(conversations[0], (list, tuple))
-    out = []
-    for i, conversation in enumerate(conversations if batched else [conversations]):
-        where = f"conversation {i}" if batched else "the conversation"
-        if not isinstance(conversation, (list, tuple)) or not conversation:
-            raise ValueError(f"{where} is {conversation!r}: expected a non-empty list of messages like {MESSAGE_SHAPE}")
-        for j, message in enumerate(conversation):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str) and message["role"]):
-                raise ValueError(f"{where}, message {j}: expected a dict with a 'role' and a 'content', "
-                                 f"like {MESSAGE_SHAPE}; got {message!r}")
-            if not isinstance(message.get("content", ""), (str, list)):
-                raise ValueError(f"{where}, message {j}: 'content' must be text, got {message['content']!r}")
-        out.append(list(conversation))
-    return out
+    if isinstance(conversations[0], (list, tuple)):
+        return [check_conversation(c, f"conversation {i}") for i, c in enumerate(conversations)]
+    return [check_conversation(conversations)]
+
+
+def check_conversation(conversation, where: str = "the conversation") -> Conversation:
+    """One conversation: a non-empty list of {"role": ..., "content": ...} messages."""
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise ValueError(f"{where} is {conversation!r}: expected a non-empty list of messages like {MESSAGE_SHAPE}")
+    for j, message in enumerate(conversation):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and message["role"]):
+            raise ValueError(f"{where}, message {j}: expected a dict with a 'role' and a 'content', "
+                             f"like {MESSAGE_SHAPE}; got {message!r}")
+        if not isinstance(message.get("content", ""), (str, list)):
+            raise ValueError(f"{where}, message {j}: 'content' must be text, got {message['content']!r}")
+    return list(conversation)
 
 
 def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False) -> list[int]:

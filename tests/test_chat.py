@@ -150,3 +150,54 @@ def test_cli_chat_errors_exit_2_before_loading_a_model(args, message, tmp_path, 
     assert cli.main(["generate", "--set", "target.path=/no/such/model", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------------------- prompt files: audit and compare
+
+CHAT_LINES = [{"messages": CONVERSATIONS[0]}, {"text": "import os\n"}, {"messages": CONVERSATIONS[1], "category": "c"}]
+
+
+def test_prompt_files_take_conversations_as_messages(tmp_path):
+    from draftsman import audit
+    from draftsman.bench import prompts_set
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in CHAT_LINES) + "\n")
+    assert audit.read_prompts(path) == [CONVERSATIONS[0], "import os\n", CONVERSATIONS[1]]
+    prompts, _ = prompts_set.read_prompts(path)
+    assert [(p.messages, p.text, p.category) for p in prompts] == [
+        (CONVERSATIONS[0], "", "default"), (None, "import os\n", "default"), (CONVERSATIONS[1], "", "c")]
+    prompts_set.write_prompts(tmp_path / "again.jsonl", prompts, {})
+    assert prompts_set.read_prompts(tmp_path / "again.jsonl")[0] == prompts
+    assert "messages" not in (tmp_path / "again.jsonl").read_text().splitlines()[2]  # text rows stay as they were
+
+    for line, message in [({"messages": [{"content": "hi"}]}, 'chat.jsonl:1: "messages": the conversation, message 0'),
+                          ({"messages": []}, 'chat.jsonl:1: "messages": the conversation is []')]:
+        path.write_text(json.dumps(line) + "\n")
+        for read in (audit.read_prompts, prompts_set.read_prompts):
+            with pytest.raises(ValueError) as e:
+                read(path)
+            assert message in str(e.value), (read, e.value)
+    path.write_text(json.dumps({"text": "a", "messages": CONVERSATIONS[0]}) + "\n")
+    with pytest.raises(ValueError, match='either "text" or "messages", not both'):
+        prompts_set.read_prompts(path)
+
+
+def test_audit_and_compare_render_messages_through_the_chat_template(chat_target, tmp_path, capsys):
+    from draftsman import audit
+    from draftsman.bench import compare, prompts_set
+
+    folder, tok = chat_target
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in CHAT_LINES) + "\n")
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    want = [expected_ids(tok, CONVERSATIONS[0]), tok("import os\n")["input_ids"], expected_ids(tok, CONVERSATIONS[1])]
+    assert audit.encode_prompts(dec, audit.read_prompts(path)) == want
+    assert compare._encode(dec, prompts_set.read_prompts(path)[0], max_new_tokens=8) == want
+
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3}}))
+    assert cli.main(["audit", "--config", str(config), "--prompts", str(path), "--only", "greedy",
+                     "--max-new-tokens", "8", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and len(result["greedy"]["prompts"]) == 3

@@ -15,7 +15,8 @@ category per pass over them, so a large repetitive file cannot fill a category o
 
 JSONL: an optional first line {"meta": {...}} saying how the file was built, then one object per
 prompt: {"id", "category", "source", "line", "tokens", "text"}. A user's own file needs only
-"text" per line ("category" defaults to "default").
+"text" per line ("category" defaults to "default"), or, for a chat/instruct target, "messages":
+a conversation the target's chat template turns into the prompt (as Spec-Bench's MT-bench rows).
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..chat import check_conversation
 
 CATEGORIES = ("continuation", "copy", "docstring")
 BUILD_COMMAND = "draftsman compare --build-prompts {out}"
@@ -45,6 +48,7 @@ class Prompt:
     line: int = 0  # 1-based line number of the cut (the first line the model must write)
     tokens: int = 0  # prompt length in the building tokenizer's tokens
     text: str = ""
+    messages: list | None = None  # a conversation, rendered by the target's chat template (instead of text)
 
 
 # --------------------------------------------------------------------------- reading / writing
@@ -69,16 +73,24 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
         if "meta" in rec:
             meta = rec["meta"]
             continue
-        text = rec.get("text")
-        if not isinstance(text, str) or not text:
-            raise ValueError(f'{path}:{n}: every prompt needs a non-empty string "text"')
+        text, messages = rec.get("text"), rec.get("messages")
+        if messages is not None:
+            if text is not None:
+                raise ValueError(f'{path}:{n}: a prompt has either "text" or "messages", not both')
+            try:
+                messages, text = check_conversation(messages), ""
+            except ValueError as e:
+                raise ValueError(f'{path}:{n}: "messages": {e}') from None
+        elif not isinstance(text, str) or not text:
+            raise ValueError(f'{path}:{n}: every prompt needs a non-empty string "text" (or "messages": a '
+                             'conversation like [{"role": "user", "content": "..."}] for a chat target)')
         category = str(rec.get("category") or DEFAULT_CATEGORY)
         pid = str(rec.get("id") or f"{category}-{sum(p.category == category for p in prompts):03d}")
         if pid in seen:
             raise ValueError(f"{path}:{n}: prompt id '{pid}' is used twice; ids must be unique")
         seen.add(pid)
         prompts.append(Prompt(pid, category, str(rec.get("source", "")), int(rec.get("line", 0)),
-                              int(rec.get("tokens", 0)), text))
+                              int(rec.get("tokens", 0)), text, messages))
     if not prompts:
         raise ValueError(f"prompt file '{path}' holds no prompts")
     return prompts, meta
@@ -88,8 +100,15 @@ def write_prompts(path: str | Path, prompts: list[Prompt], meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"meta": meta}, ensure_ascii=False)]
-    lines += [json.dumps(asdict(p), ensure_ascii=False) for p in prompts]
+    lines += [json.dumps(_record(p), ensure_ascii=False) for p in prompts]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _record(p: Prompt) -> dict:
+    """A prompt's JSON object: "text" or "messages", whichever it has."""
+    rec = asdict(p)
+    del rec["text" if p.messages is not None else "messages"]
+    return rec
 
 
 def by_category(prompts: list[Prompt], categories: list[str] | None = None,
