@@ -35,10 +35,7 @@ def check_conversation(conversation, where: str = "the conversation") -> Convers
     return list(conversation)
 
 
-def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False) -> list[int]:
-    """The token ids of one conversation under the tokenizer's chat template, ending with the
-    header of the assistant's turn (or, with continue_final_message, inside the last assistant
-    message, so the model continues it)."""
+def require_chat_template(tokenizer, folder: str) -> None:
     if tokenizer is None:
         raise ValueError(f"target folder '{folder}' has no tokenizer, so it has no chat template: "
                          "pass input_ids=[[...], ...] instead of messages")
@@ -47,6 +44,13 @@ def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_
                          "messages into a prompt: use an instruct/chat model (its folder has chat_template.jinja "
                          "or a 'chat_template' in tokenizer_config.json), or pass plain text (generate(prompts), "
                          "--prompt)")
+
+
+def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False) -> list[int]:
+    """The token ids of one conversation under the tokenizer's chat template, ending with the
+    header of the assistant's turn (or, with continue_final_message, inside the last assistant
+    message, so the model continues it)."""
+    require_chat_template(tokenizer, folder)
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
                          f"it is the {conversation[-1]['role']!r} message")
@@ -54,4 +58,12 @@ def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_
     # tokenizes its text without adding them again.
     return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=not continue_final_message,
                                               continue_final_message=continue_final_message, tokenize=True,
+                                              return_dict=False))
+
+
+def whole_conversation_ids(tokenizer, conversation: Conversation, folder: str) -> list[int]:
+    """The token ids of a finished conversation under the chat template, replies included and no
+    turn left open: training text in the format the target serves."""
+    require_chat_template(tokenizer, folder)
+    return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=False, tokenize=True,
                                               return_dict=False))

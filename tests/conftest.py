@@ -1,5 +1,6 @@
 import pytest
 import torch
+from transformers import AutoTokenizer, GenerationConfig
 from transformers.utils import logging as hf_logging
 
 # Tiny models gain nothing from a second thread, and on a busy 2-core machine two OpenMP threads
@@ -7,7 +8,7 @@ from transformers.utils import logging as hf_logging
 torch.set_num_threads(1)
 hf_logging.disable_progress_bar()
 
-from tiny_models import CORPUS, build_model_folder, build_tokenizer, load_for_reference
+from tiny_models import CORPUS, build_chat_tokenizer, build_model_folder, build_tokenizer, load_for_reference
 
 
 @pytest.fixture(autouse=True)
@@ -64,3 +65,17 @@ def tiny_corpus(tmp_path_factory):
         (root / f"m{i}.py").write_text("".join(CORPUS[(i + k) % len(CORPUS)] for k in range(6)))
         i += 1
     return root
+
+
+@pytest.fixture(scope="session")
+def chat_target(tmp_path_factory):
+    """A tiny Qwen2 instruct-style target: its generation config ends rows at EOS and at <|im_end|>."""
+    folder = tmp_path_factory.mktemp("chat-target")
+    tok = build_chat_tokenizer(folder)
+    build_model_folder(folder, "qwen2", seed=31, tokenizer=tok)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id, end_of_turn],
+                     pad_token_id=tok.pad_token_id).save_pretrained(folder)
+    # As loaded, not as built: beside a Qwen2 config.json it loads as Qwen2's tokenizer class,
+    # which splits digits one by one.
+    return folder, AutoTokenizer.from_pretrained(folder)

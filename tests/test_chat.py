@@ -4,12 +4,11 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer, GenerationConfig
 
 import draftsman
 from draftsman import cli
 
-from tiny_models import build_chat_tokenizer, build_model_folder, build_tokenizer, load_for_reference
+from tiny_models import build_model_folder, build_tokenizer, chatml_ids, load_for_reference
 
 NEW = 12
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -20,40 +19,16 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def chat_target(tmp_path_factory):
-    """A tiny Qwen2 instruct-style target: its generation config ends rows at EOS and at <|im_end|>."""
-    folder = tmp_path_factory.mktemp("chat-target")
-    tok = build_chat_tokenizer(folder)
-    build_model_folder(folder, "qwen2", seed=31, tokenizer=tok)
-    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
-    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id, end_of_turn],
-                     pad_token_id=tok.pad_token_id).save_pretrained(folder)
-    # As loaded, not as built: beside a Qwen2 config.json it loads as Qwen2's tokenizer class,
-    # which splits digits one by one.
-    return folder, AutoTokenizer.from_pretrained(folder)
-
-
-def expected_ids(tok, conversation) -> list[int]:
-    """ChatML written out by hand: one BOS, each turn's markers as single tokens."""
-    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    text = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    ids = [tok.bos_token_id]
-    for m in conversation:
-        ids += [start, *text(f"{m['role']}\n{m['content']}"), end, *text("\n")]
-    return ids + [start, *text("assistant\n")]
-
-
 def test_encode_chat_renders_the_template_with_one_bos_and_the_assistant_turn_open(chat_target):
     folder, tok = chat_target
     dec = draftsman.load({"target": {"path": str(folder)}})
-    assert dec.encode_chat(CONVERSATIONS) == [expected_ids(tok, c) for c in CONVERSATIONS]
-    assert dec.encode_chat(CONVERSATIONS[0]) == [expected_ids(tok, CONVERSATIONS[0])]  # one conversation
+    assert dec.encode_chat(CONVERSATIONS) == [chatml_ids(tok, c) for c in CONVERSATIONS]
+    assert dec.encode_chat(CONVERSATIONS[0]) == [chatml_ids(tok, CONVERSATIONS[0])]  # one conversation
     # Plain text through this tokenizer gets a BOS of its own: the template's must not be doubled.
     assert tok("x")["input_ids"][0] == tok.bos_token_id
     ongoing = [*CONVERSATIONS[1][:2]]
     continued = dec.encode_chat(ongoing, continue_final_message=True)[0]
-    assert continued == expected_ids(tok, ongoing)[: -(len(tok("<|im_end|>\n<|im_start|>assistant\n",
+    assert continued == chatml_ids(tok, ongoing)[: -(len(tok("<|im_end|>\n<|im_start|>assistant\n",
                                                               add_special_tokens=False)["input_ids"]))]
     assert tok.decode(continued).endswith("assistant\nimport sys")
 
@@ -191,7 +166,7 @@ def test_audit_and_compare_render_messages_through_the_chat_template(chat_target
     path = tmp_path / "chat.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in CHAT_LINES) + "\n")
     dec = draftsman.load({"target": {"path": str(folder)}})
-    want = [expected_ids(tok, CONVERSATIONS[0]), tok("import os\n")["input_ids"], expected_ids(tok, CONVERSATIONS[1])]
+    want = [chatml_ids(tok, CONVERSATIONS[0]), tok("import os\n")["input_ids"], chatml_ids(tok, CONVERSATIONS[1])]
     assert audit.encode_prompts(dec, audit.read_prompts(path)) == want
     assert compare._encode(dec, prompts_set.read_prompts(path)[0], max_new_tokens=8) == want
 

@@ -51,6 +51,17 @@ def build_chat_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedToken
     return fast
 
 
+def chatml_ids(tok, conversation: list[dict], open_turn: bool = True) -> list[int]:
+    """CHATML written out by hand: one BOS, each turn's markers as single tokens, then (open_turn)
+    the assistant's turn opened."""
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    text = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = [tok.bos_token_id]
+    for m in conversation:
+        ids += [start, *text(f"{m['role']}\n{m['content']}"), end, *text("\n")]
+    return ids + [start, *text("assistant\n")] if open_turn else ids
+
+
 def model_config(arch: str, vocab_size: int, eos_id: int, size: str = "target"):
     hidden, layers = (64, 2) if size == "target" else (32, 1)
     common = dict(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)

@@ -9,6 +9,7 @@ atomically every few minutes and a rerun resumes. Accelerate runs the same comma
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
+from .documents import document_ids, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp")
@@ -36,6 +38,7 @@ DEFAULTS = {
     "mixed_precision": "auto",  # autocast for the frozen target's forward: "no", "bf16", or "auto" (bf16 where native)
     "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
+    "data_file": None,  # instead of corpus_root: JSONL of chat conversations or texts (training/documents.py)
     "num_heads": 4,  # medusa
     "num_layers": 1,  # medusa: residual blocks per head
     "share_lm_head": False,  # medusa: read out through the target's frozen LM head instead of copies
@@ -82,24 +85,36 @@ def load_config(raw) -> dict:
     if cfg["init_from"] and not Path(cfg["init_from"], "config.json").is_file():
         raise FileNotFoundError(f"init_from: no heads config.json in {cfg['init_from']}; point it at a "
                                 f"folder written by `draftsman train {cfg['kind']}`, or set init_from: null")
+    if cfg["data_file"] and cfg["corpus_root"]:
+        raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
+                         "source files), not both")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
 
 
 def token_streams(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Train / held-out token streams of the corpus in the target's tokenizer (cached as .npy)."""
-    root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
-    train_files, held_files = C.split_files(root)
+    """Train / held-out token streams in the target's tokenizer, documents joined by EOS (cached as
+    .npy): the corpus_root files, or the data_file's documents."""
+    if cfg["data_file"]:
+        data = Path(cfg["data_file"])
+        splits = read_documents(data)
+        # The file's content, not its name, keys the cache: an edited file is tokenized again.
+        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{file_digest(data)}"
+        encode = lambda docs: (document_ids(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
+    else:
+        root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
+        splits = C.split_files(root)
+        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(splits[0])}"
+        encode = lambda files: tokenizer(list(C.iter_texts(files)))["input_ids"]  # noqa: E731
     work = Path(cfg["work_dir"])
-    key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(train_files)}"
     out = []
-    for name, files in (("train", train_files), ("heldout", held_files)):
+    for name, docs in zip(("train", "heldout"), splits):
         cache = work / f"heads-{name}-{key}.npy"
         if not cache.exists():
             eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
             ids: list[int] = []
-            for enc in tokenizer(list(C.iter_texts(files)))["input_ids"]:
+            for enc in encode(docs):
                 ids.extend(enc)
                 ids.append(eos)
             work.mkdir(parents=True, exist_ok=True)
@@ -107,7 +122,14 @@ def token_streams(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
             np.save(tmp, np.asarray(ids, dtype=np.int32))
             os.replace(tmp, cache)
         out.append(np.load(cache, mmap_mode="r"))
+        if len(out[-1]) <= cfg["seq_len"]:
+            raise ValueError(f"the {name} split has {len(out[-1])} tokens, no more than seq_len {cfg['seq_len']}: "
+                             "add documents or lower seq_len")
     return out[0], out[1]
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
 def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):

@@ -1,0 +1,77 @@
+"""Training documents from a JSONL file (`data_file` in a heads config), for heads trained on the
+text a target will serve rather than on the bundled source corpus. One object per line:
+
+    {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}]}   chat (HF / OpenAI)
+    {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}     chat (ShareGPT, as
+                                                                                  Medusa and EAGLE train)
+    {"text": "..."}                                                               a plain document
+
+Conversations are rendered by the target tokenizer's own chat template, replies included, so the
+heads see the turn markers and formatting they will draft after. With self-distilled labels (the
+default) the heads learn the target's own pick at every position of this text, so replies written
+by another model still teach this target's choices.
+The held-out split is a hash of each line's text, as the corpus splits by file path.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsman.chat import check_conversation, whole_conversation_ids
+
+from .corpus import HELDOUT_PERCENT, is_heldout
+
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+FORMATS = '{"messages": [...]}, {"conversations": [{"from": ..., "value": ...}]} (ShareGPT) or {"text": ...}'
+
+Document = str | list[dict]  # plain text, or a conversation
+
+
+def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[list[Document], list[Document]]:
+    """(train, held-out) documents of a JSONL file; a bad line is named with what to fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data_file '{path}' does not exist: give a JSONL file with one {FORMATS} per line, "
+                                "or set data_file: null to train on corpus_root")
+    train, held = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = _document(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line holds one {FORMATS}") from None
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: {e}; each line holds one {FORMATS}") from None
+        (held if is_heldout(line.strip(), percent) else train).append(doc)
+    if not train or not held:
+        raise ValueError(f"data_file '{path}' gives {len(train)} training and {len(held)} held-out documents "
+                         f"(about {percent}% are held out, by a hash of each line): both need some, so add lines")
+    return train, held
+
+
+def _document(row) -> Document:
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    if "messages" in row:
+        return check_conversation(row["messages"])
+    if "conversations" in row:
+        turns = row["conversations"]
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise ValueError('"conversations" must be a list of {"from": ..., "value": ...} turns')
+        unknown = sorted({str(t.get("from")) for t in turns} - set(SHAREGPT_ROLES))
+        if unknown:
+            raise ValueError(f"ShareGPT roles {unknown} unknown; known: {sorted(SHAREGPT_ROLES)}")
+        return check_conversation([{"role": SHAREGPT_ROLES[t["from"]], "content": t.get("value")} for t in turns])
+    if isinstance(row.get("text"), str) and row["text"]:
+        return row["text"]
+    raise ValueError(f'no "messages", "conversations" or non-empty "text" among keys {sorted(row)}')
+
+
+def document_ids(tokenizer, doc: Document, target: str) -> list[int]:
+    """A document's token ids: text as the corpus is tokenized, a conversation through the chat
+    template (which writes its own special tokens, so none are added)."""
+    if isinstance(doc, str):
+        return tokenizer(doc)["input_ids"]
+    return whole_conversation_ids(tokenizer, doc, target)
