@@ -4,6 +4,8 @@ does). An instruct model answers well only in the format it was tuned on; the te
 format, so it comes from the target folder, never from draftsman."""
 from __future__ import annotations
 
+import inspect
+
 Conversation = list[dict]
 
 MESSAGE_SHAPE = "{'role': 'user', 'content': '...'}"
@@ -46,10 +48,26 @@ def require_chat_template(tokenizer, folder: str) -> None:
                          "--prompt)")
 
 
-def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False) -> list[int]:
+def check_template_kwargs(tokenizer, template_kwargs: dict | None) -> dict:
+    """Extra variables for the template (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking);
+    a name that apply_chat_template takes itself would be swallowed there, so it is refused."""
+    if not template_kwargs:
+        return {}
+    if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
+        raise ValueError(f"chat_template_kwargs must be a dict of template variable names to values, "
+                         f"got {template_kwargs!r}")
+    taken = sorted(set(template_kwargs) & set(inspect.signature(tokenizer.apply_chat_template).parameters))
+    if taken:
+        raise ValueError(f"chat_template_kwargs {taken} are apply_chat_template's own arguments, not template "
+                         "variables: use continue_final_message= for the turn, and leave the rest to draftsman")
+    return dict(template_kwargs)
+
+
+def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False,
+             template_kwargs: dict | None = None) -> list[int]:
     """The token ids of one conversation under the tokenizer's chat template, ending with the
     header of the assistant's turn (or, with continue_final_message, inside the last assistant
-    message, so the model continues it)."""
+    message, so the model continues it). template_kwargs: extra template variables."""
     require_chat_template(tokenizer, folder)
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
@@ -58,7 +76,7 @@ def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_
     # tokenizes its text without adding them again.
     return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=not continue_final_message,
                                               continue_final_message=continue_final_message, tokenize=True,
-                                              return_dict=False))
+                                              return_dict=False, **check_template_kwargs(tokenizer, template_kwargs)))
 
 
 def whole_conversation_ids(tokenizer, conversation: Conversation, folder: str) -> list[int]:

@@ -55,6 +55,10 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="a user message, sent through the target's chat template with the assistant's turn "
                         "opened (an instruct model's prompt); repeat for a batch of one-message conversations")
     p.add_argument("--system", metavar="TEXT", help="with --chat: a system message before each user message")
+    p.add_argument("--chat-template-kwarg", action="append", default=[], type=parse_template_kwarg,
+                   dest="chat_template_kwargs", metavar="NAME=VALUE",
+                   help="with --chat / --messages: a variable for the chat template, VALUE parsed as YAML "
+                        "(repeatable; vLLM's chat_template_kwargs), e.g. enable_thinking=false")
     p.add_argument("--messages", metavar="FILE",
                    help='a JSON file of one conversation, [{"role": "user", "content": "..."}, ...], or a list '
                         "of them, sent through the target's chat template")
@@ -120,6 +124,8 @@ def _run_generate(args: argparse.Namespace) -> int:
                         "any of them for a batch), or --messages FILE; not several, not none")
     if args.system is not None and not args.chat:
         raise UserError("--system goes with --chat (put a system message in the --messages file instead)")
+    if args.chat_template_kwargs and not (args.chat or args.messages):
+        raise UserError("--chat-template-kwarg goes with --chat or --messages: plain prompts use no template")
     conversations = chat_conversations(args)
     if args.logprobs and not args.json:
         raise UserError("--logprobs adds a field to the JSON output: add --json")
@@ -131,7 +137,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
     if conversations is not None:
-        input_ids = decoder.encode_chat(conversations)
+        input_ids = decoder.encode_chat(conversations, chat_template_kwargs=dict(args.chat_template_kwargs))
     one_text_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_text_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None)
@@ -176,6 +182,14 @@ def sampling_flags(args: argparse.Namespace) -> dict:
     flags = {key: getattr(args, key) for key in DEFAULTS["sampling"]}
     flags["logit_bias"] = dict(flags["logit_bias"]) if flags["logit_bias"] else None  # [(id, bias)] -> {id: bias}
     return flags
+
+
+def parse_template_kwarg(text: str) -> tuple[str, object]:
+    """'enable_thinking=false' -> ('enable_thinking', False)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"'{text}': expected NAME=VALUE, e.g. enable_thinking=false")
+    return name.strip(), yaml.safe_load(value)
 
 
 def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:

@@ -176,3 +176,27 @@ def test_audit_and_compare_render_messages_through_the_chat_template(chat_target
                      "--max-new-tokens", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["passed"] and len(result["greedy"]["prompts"]) == 3
+
+
+def test_chat_template_kwargs_reach_the_template(chat_target, capsys):
+    """vLLM's chat_template_kwargs: Qwen3's enable_thinking=False writes an empty thought after the
+    assistant's header; a name apply_chat_template takes itself is refused."""
+    folder, tok = chat_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    plain = chatml_ids(tok, CONVERSATIONS[0])
+    no_thinking = plain + tok("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    assert dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs={"enable_thinking": False}) == [no_thinking]
+    assert dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs={"enable_thinking": True}) == [plain]
+    want = dec.generate(input_ids=[no_thinking], max_new_tokens=NEW).token_ids
+    assert dec.chat(CONVERSATIONS[0], chat_template_kwargs={"enable_thinking": False}, max_new_tokens=NEW).token_ids \
+        == want
+    with pytest.raises(ValueError, match=r"chat_template_kwargs \['add_generation_prompt'\] are apply_chat_template"):
+        dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(ValueError, match="must be a dict of template variable names"):
+        dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs=[("enable_thinking", False)])
+    args = ["generate", "--set", f"target.path={folder}", "--max-new-tokens", str(NEW), "--json",
+            "--chat", "def parse(text):", "--system", "Be brief."]
+    assert cli.main([*args, "--chat-template-kwarg", "enable_thinking=false"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == want
+    assert cli.main(["generate", "--prompt", "a", "--chat-template-kwarg", "enable_thinking=false"]) == 2
+    assert "--chat-template-kwarg goes with --chat or --messages" in capsys.readouterr().err

@@ -28,9 +28,12 @@ def build_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedTokenizerF
     return fast
 
 
-# ChatML, as Qwen2's instruct models write it, behind a BOS token as Llama 3's templates add one.
+# ChatML, as Qwen2's instruct models write it, behind a BOS token as Llama 3's templates add one;
+# enable_thinking=false writes an empty thought, as Qwen3's template does.
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+          "{% endif %}")
 
 
 def build_chat_tokenizer(folder: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
