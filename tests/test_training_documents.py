@@ -3,12 +3,14 @@ target's chat template, replies included, or plain texts; split held-out by a ha
 import json
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
+from draftsman import cli
 from draftsman.training.documents import read_documents
-from draftsman.training.heads import load_config, token_streams, train
+from draftsman.training.heads import load_config, target_token_frequencies, token_streams, train
 
-from tiny_models import CORPUS, chatml_ids
+from tiny_models import CORPUS, chatml_ids, load_for_reference
 
 
 def rows(n: int = 120) -> list[dict]:
@@ -107,3 +109,22 @@ def test_data_file_refusals(chat_target, tiny_models, tmp_path):
         token_streams(load_config(config(plain, tmp_path, path)), AutoTokenizer.from_pretrained(plain))
     with pytest.raises(ValueError, match="the heldout split has .* tokens, no more than seq_len 4096: add documents"):
         token_streams(load_config(config(folder, tmp_path, path, seq_len=4096)), AutoTokenizer.from_pretrained(folder))
+
+
+def test_the_vocab_command_counts_on_a_data_file(chat_target, tmp_path, capsys):
+    """`draftsman vocab --data-file`: the target's picks counted on the rendered conversations'
+    training split (the same stream heads training reads), every token once."""
+    folder, tok = chat_target
+    path = write(tmp_path / "chat.jsonl", rows())
+    out = tmp_path / "order.json"
+    args = ["vocab", "--target", str(folder), "--out", str(out), "--data-file", str(path), "--work-dir",
+            str(tmp_path / "work"), "--tokens", "512", "--seq-len", "32", "--threads", "1"]
+    assert cli.main(args) == 0 and "coverage" in capsys.readouterr().out
+    written = json.loads(out.read_text())["tokens_by_frequency"]
+    assert sorted(written) == list(range(len(tok)))
+    cfg = load_config(config(folder, tmp_path, path, eval_tokens=512))
+    stream = token_streams(cfg, AutoTokenizer.from_pretrained(folder))[0]
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    assert written == target_token_frequencies(cfg, load_for_reference(folder), stream, autocast)["order"]
+    assert cli.main([*args, "--corpus-root", str(tmp_path)]) == 2
+    assert "not both" in capsys.readouterr().err

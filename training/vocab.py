@@ -1,5 +1,5 @@
 """`draftsman vocab --target FOLDER --out FILE`: which tokens the target picks most (greedy), counted
-on the training split of the corpus, never on held-out text. A drafter with `draft_vocab: N` keeps
+on the training split of the corpus (or of a data_file), never on held-out text. A drafter with `draft_vocab: N` keeps
 only the first N of that order in its LM head (drafters/draft_vocab.py). Heads carry the order in
 their config.json already; a separate draft model gets it from this file (by default
 `<draft model folder>/tokens_by_frequency.json`)."""
@@ -21,20 +21,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help=f"JSON file to write, or a folder (then {ORDER_FILE} in it)")
     p.add_argument("--corpus-root", default=None, help="text corpus (default: this interpreter's stdlib, "
                                                        "train split, as the bundled models use)")
+    p.add_argument("--data-file", default=None, help="instead of --corpus-root: a JSONL of conversations or texts, "
+                                                     "as heads training's data_file (training/documents.py)")
     p.add_argument("--tokens", type=int, default=DEFAULTS["eval_tokens"], help="training tokens the target reads")
     p.add_argument("--seq-len", type=int, default=256, help="window length of each target pass")
     p.add_argument("--work-dir", default=DEFAULTS["work_dir"], help="token caches of the corpus")
     p.add_argument("--threads", type=int, default=DEFAULTS["threads"])
 
 
-def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str) -> dict:
+def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str,
+          data_file: str | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..models import check_model_folder
 
     folder = check_model_folder(target, "--target")
-    cfg = {**DEFAULTS, "target": str(folder), "corpus_root": corpus_root, "eval_tokens": tokens,
-           "seq_len": seq_len, "work_dir": work_dir}
+    if corpus_root and data_file:
+        raise ValueError("give --corpus-root (a folder of source files) or --data-file (a JSONL), not both")
+    cfg = {**DEFAULTS, "target": str(folder), "corpus_root": corpus_root, "data_file": data_file,
+           "eval_tokens": tokens, "seq_len": seq_len, "work_dir": work_dir}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # The target runs as heads training runs it (bf16 autocast), so the order matches the heads'.
     # Plain torch.autocast, not an Accelerator: its process-wide state would pin mixed precision
@@ -50,7 +55,7 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir)
+    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file)
     out = Path(args.out)
     if out.is_dir():
         out = out / ORDER_FILE
