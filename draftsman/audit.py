@@ -63,6 +63,8 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{n}: not valid JSON ({e.msg}); a JSONL prompts file holds one "
                              "object per line, e.g. {\"text\": \"def f(\"}") from None
+        if isinstance(row, dict) and "text" in row and "messages" in row:
+            raise ValueError(f'{p}:{n}: a prompt has either "text" or "messages", not both')
         if isinstance(row, dict) and isinstance(row.get("text"), str):
             prompts.append(row["text"])
         elif isinstance(row, dict) and "messages" in row:

@@ -154,8 +154,9 @@ def test_prompt_files_take_conversations_as_messages(tmp_path):
                 read(path)
             assert message in str(e.value), (read, e.value)
     path.write_text(json.dumps({"text": "a", "messages": CONVERSATIONS[0]}) + "\n")
-    with pytest.raises(ValueError, match='either "text" or "messages", not both'):
-        prompts_set.read_prompts(path)
+    for read in (audit.read_prompts, prompts_set.read_prompts):
+        with pytest.raises(ValueError, match='either "text" or "messages", not both'):
+            read(path)
 
 
 def test_audit_and_compare_render_messages_through_the_chat_template(chat_target, tmp_path, capsys):
