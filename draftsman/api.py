@@ -67,7 +67,7 @@ class Decoder:
                              "pass input_ids=[[...], ...] instead of text prompts")
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
-    def encode_chat(self, conversations, continue_final_message: bool = False,
+    def encode_chat(self, conversations, *, continue_final_message: bool = False,
                     chat_template_kwargs: dict | None = None) -> list[list[int]]:
         """The prompt ids of one conversation ([{"role": ..., "content": ...}, ...]) or a list of
         them, rendered by the target tokenizer's chat template (draftsman/chat.py)."""
@@ -83,7 +83,8 @@ class Decoder:
         {"enable_thinking": False}. To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0])."""
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
-        ids = self.encode_chat(conversations, continue_final_message, chat_template_kwargs)
+        ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
+                               chat_template_kwargs=chat_template_kwargs)
         return self.generate(input_ids=ids, **generate_args)
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,

@@ -63,11 +63,11 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{n}: not valid JSON ({e.msg}); a JSONL prompts file holds one "
                              "object per line, e.g. {\"text\": \"def f(\"}") from None
-        if isinstance(row, dict) and "text" in row and "messages" in row:
+        if isinstance(row, dict) and row.get("text") is not None and row.get("messages") is not None:
             raise ValueError(f'{p}:{n}: a prompt has either "text" or "messages", not both')
         if isinstance(row, dict) and isinstance(row.get("text"), str):
             prompts.append(row["text"])
-        elif isinstance(row, dict) and "messages" in row:
+        elif isinstance(row, dict) and row.get("messages") is not None:
             try:
                 prompts.append(check_conversation(row["messages"]))
             except ValueError as e:

@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from . import __version__
 from .api import Decoder, GenerationStats
-from .chat import check_conversations
+from .chat import check_conversations, check_template_kwargs
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 
@@ -126,6 +126,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise UserError("--system goes with --chat (put a system message in the --messages file instead)")
     if args.chat_template_kwargs and not (args.chat or args.messages):
         raise UserError("--chat-template-kwarg goes with --chat or --messages: plain prompts use no template")
+    template_kwargs = check_template_kwargs(dict(args.chat_template_kwargs))
     conversations = chat_conversations(args)
     if args.logprobs and not args.json:
         raise UserError("--logprobs adds a field to the JSON output: add --json")
@@ -137,9 +138,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
     if conversations is not None:
-        input_ids = decoder.encode_chat(conversations, chat_template_kwargs=dict(args.chat_template_kwargs))
-    one_text_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
-    if not args.json and one_text_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
+        input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs)
+    one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
+    if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,

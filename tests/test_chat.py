@@ -1,6 +1,7 @@
 """Chat prompts: conversations rendered by the target tokenizer's own chat template (ChatML behind a
 BOS here, with turn markers as special tokens), then decoded exactly as token-id prompts are."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -74,7 +75,8 @@ def test_stream_of_a_conversation_joins_to_chat(chat_target):
     ([[{"role": "user", "content": "hi"}], []], "conversation 1 is []"),
     ([{"content": "hi"}], "the conversation, message 0: expected a dict with a 'role'"),
     ([{"role": "user", "content": "hi"}, "hello"], "message 1"),
-    ([{"role": "user", "content": 3}], "'content' must be text"),
+    ([{"role": "user", "content": 3}], "'content' must be a string, a list of text parts or null"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "only text parts"),
 ])
 def test_malformed_conversations_are_named(chat_target, conversations, message):
     dec = draftsman.load({"target": {"path": str(chat_target[0])}})
@@ -191,7 +193,7 @@ def test_chat_template_kwargs_reach_the_template(chat_target, capsys):
     want = dec.generate(input_ids=[no_thinking], max_new_tokens=NEW).token_ids
     assert dec.chat(CONVERSATIONS[0], chat_template_kwargs={"enable_thinking": False}, max_new_tokens=NEW).token_ids \
         == want
-    with pytest.raises(ValueError, match=r"chat_template_kwargs \['add_generation_prompt'\] are apply_chat_template"):
+    with pytest.raises(ValueError, match=r"chat_template_kwargs \['add_generation_prompt'\] are set by apply_chat_t"):
         dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs={"add_generation_prompt": False})
     with pytest.raises(ValueError, match="must be a dict of template variable names"):
         dec.encode_chat(CONVERSATIONS[0], chat_template_kwargs=[("enable_thinking", False)])
@@ -201,3 +203,39 @@ def test_chat_template_kwargs_reach_the_template(chat_target, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == want
     assert cli.main(["generate", "--prompt", "a", "--chat-template-kwarg", "enable_thinking=false"]) == 2
     assert "--chat-template-kwarg goes with --chat or --messages" in capsys.readouterr().err
+
+
+def test_text_parts_tuples_and_null_content_render_as_plain_messages(chat_target):
+    """OpenAI's content parts join into one string (vLLM's rendering for text templates); a tuple
+    is a conversation too; content null (an assistant turn with tool calls) is dropped by HF."""
+    folder, tok = chat_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    parts = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "def parse("},
+                                                  {"type": "text", "text": "text):"}]}]
+    joined = [SYSTEM, {"role": "user", "content": "def parse(\ntext):"}]
+    assert dec.encode_chat(parts) == dec.encode_chat(tuple(joined)) == [chatml_ids(tok, joined)]
+    assert parts[1]["content"][0]["text"] == "def parse("  # the caller's messages are left as they were
+    dec.encode_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
+
+
+def test_a_template_refusal_is_a_clear_error(chat_target, tmp_path, capsys):
+    folder = shutil.copytree(chat_target[0], tmp_path / "no-system")
+    template = folder / "chat_template.jinja"
+    template.write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                        "{% endif %}" + template.read_text())
+    assert cli.main(["generate", "--set", f"target.path={folder}", "--chat", "hi", "--system", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "chat template of target folder" in err and "System role not supported" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chat-template-kwarg", "enable_thinking"], "expected NAME=VALUE"),
+    (["--chat-template-kwarg", "messages=[]"], "['messages'] are set by apply_chat_template itself"),
+])
+def test_cli_template_kwargs_are_checked_before_loading_a_model(args, message, capsys):
+    try:
+        code = cli.main(["generate", "--set", "target.path=/no/such/model", "--chat", "hi", *args])
+    except SystemExit as e:  # argparse's own usage error
+        code = e.code
+    assert code == 2
+    assert message in capsys.readouterr().err

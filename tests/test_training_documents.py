@@ -1,6 +1,7 @@
 """Heads trained on a data_file: chat conversations (HF messages or ShareGPT turns) rendered by the
 target's chat template, replies included, or plain texts; split held-out by a hash of each line."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -45,11 +46,13 @@ def write(path, lines):
 def test_documents_in_three_formats_split_by_line_content(tmp_path):
     data = rows()
     train, held = read_documents(write(tmp_path / "d.jsonl", data))
-    assert sorted(map(json.dumps, train + held)) == sorted(json.dumps(as_document(r)) for r in data)
+    assert sorted(json.dumps(doc) for _, doc in train + held) == sorted(json.dumps(as_document(r)) for r in data)
+    assert [where for where, doc in train + held if doc == as_document(data[7])] == [f"{tmp_path / 'd.jsonl'}:8"]
     assert len(held) == 5 and len(train) == 115
     # The split follows each line, not its place: reversed and with blank lines, the same documents.
     again_train, again_held = read_documents(write(tmp_path / "r.jsonl", ["", *reversed(data), ""]))
-    assert again_held == held[::-1] and again_train == train[::-1]
+    documents = lambda numbered: [doc for _, doc in numbered]  # noqa: E731
+    assert documents(again_held) == documents(held)[::-1] and documents(again_train) == documents(train)[::-1]
 
 
 @pytest.mark.parametrize("line, message", [
@@ -88,7 +91,7 @@ def test_conversations_become_template_tokens_and_heads_train_on_them(chat_targe
     for stream, docs in zip(streams, (train_docs, held_docs)):
         # Replies included, no turn left open, one BOS per conversation; texts as tokenized plain.
         want = []
-        for doc in docs:
+        for _, doc in docs:
             want += chatml_ids(tok, doc, open_turn=False) if isinstance(doc, list) else tok(doc)["input_ids"]
             want.append(tok.eos_token_id)
         assert stream.tolist() == want
@@ -128,3 +131,18 @@ def test_the_vocab_command_counts_on_a_data_file(chat_target, tmp_path, capsys):
     assert written == target_token_frequencies(cfg, load_for_reference(folder), stream, autocast)["order"]
     assert cli.main([*args, "--corpus-root", str(tmp_path)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_conversation_the_template_refuses_is_named_by_its_line(chat_target, tmp_path):
+    """Gemma's template refuses a system message; Llama 2's, turns that do not alternate. The
+    refusal comes while tokenizing, long after reading: it still names the line."""
+    folder = shutil.copytree(chat_target[0], tmp_path / "no-system")
+    template = folder / "chat_template.jinja"
+    template.write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                        "{% endif %}" + template.read_text())
+    path = write(tmp_path / "chat.jsonl", rows())
+    first_system = next(n for n, r in enumerate(rows(), 1) if "conversations" in r)
+    with pytest.raises(ValueError) as e:
+        token_streams(load_config(config(folder, tmp_path, path)), AutoTokenizer.from_pretrained(folder))
+    assert "refused the conversation: System role not supported" in str(e.value)
+    assert str(e.value).startswith(f"{path}:") and int(str(e.value).split(":")[1]) % 3 == first_system % 3

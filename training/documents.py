@@ -26,10 +26,12 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 FORMATS = '{"messages": [...]}, {"conversations": [{"from": ..., "value": ...}]} (ShareGPT) or {"text": ...}'
 
 Document = str | list[dict]  # plain text, or a conversation
+Numbered = tuple[str, Document]  # ("file:line", document): where a template's refusal points
 
 
-def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[list[Document], list[Document]]:
-    """(train, held-out) documents of a JSONL file; a bad line is named with what to fix."""
+def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[list[Numbered], list[Numbered]]:
+    """(train, held-out) documents of a JSONL file, each with its "file:line"; a bad line is named
+    with what to fix."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data_file '{path}' does not exist: give a JSONL file with one {FORMATS} per line, "
@@ -44,7 +46,7 @@ def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[li
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line holds one {FORMATS}") from None
         except ValueError as e:
             raise ValueError(f"{path}:{n}: {e}; each line holds one {FORMATS}") from None
-        (held if is_heldout(line.strip(), percent) else train).append(doc)
+        (held if is_heldout(line.strip(), percent) else train).append((f"{path}:{n}", doc))
     if not train or not held:
         raise ValueError(f"data_file '{path}' gives {len(train)} training and {len(held)} held-out documents "
                          f"(about {percent}% are held out, by a hash of each line): both need some, so add lines")
@@ -69,9 +71,13 @@ def _document(row) -> Document:
     raise ValueError(f'no "messages", "conversations" or non-empty "text" among keys {sorted(row)}')
 
 
-def document_ids(tokenizer, doc: Document, target: str) -> list[int]:
+def document_ids(tokenizer, numbered: Numbered, target: str) -> list[int]:
     """A document's token ids: text as the corpus is tokenized, a conversation through the chat
     template (which writes its own special tokens, so none are added)."""
+    where, doc = numbered
     if isinstance(doc, str):
         return tokenizer(doc)["input_ids"]
-    return whole_conversation_ids(tokenizer, doc, target)
+    try:
+        return whole_conversation_ids(tokenizer, doc, target)
+    except ValueError as e:  # e.g. the template's "roles must alternate": name the line
+        raise ValueError(f"{where}: {e}") from None

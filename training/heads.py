@@ -93,14 +93,17 @@ def load_config(raw) -> dict:
     return cfg
 
 
-def token_streams(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Train / held-out token streams in the target's tokenizer, documents joined by EOS (cached as
-    .npy): the corpus_root files, or the data_file's documents."""
+    .npy): the corpus_root files, or the data_file's documents. check_heldout=False: the caller
+    reads only the train stream, so only it must be longer than seq_len."""
     if cfg["data_file"]:
         data = Path(cfg["data_file"])
         splits = read_documents(data)
-        # The file's content, not its name, keys the cache: an edited file is tokenized again.
-        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{file_digest(data)}"
+        # The file's content and the chat template, not names, key the cache: an edited file or
+        # template is tokenized again.
+        template = hashlib.sha256(str(getattr(tokenizer, "chat_template", None)).encode()).hexdigest()[:8]
+        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{file_digest(data)}-{template}"
         encode = lambda docs: (document_ids(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
     else:
         root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
@@ -122,7 +125,7 @@ def token_streams(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
             np.save(tmp, np.asarray(ids, dtype=np.int32))
             os.replace(tmp, cache)
         out.append(np.load(cache, mmap_mode="r"))
-        if len(out[-1]) <= cfg["seq_len"]:
+        if len(out[-1]) <= cfg["seq_len"] and (name == "train" or check_heldout):
             raise ValueError(f"the {name} split has {len(out[-1])} tokens, no more than seq_len {cfg['seq_len']}: "
                              "add documents or lower seq_len")
     return out[0], out[1]

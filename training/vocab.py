@@ -46,7 +46,7 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     # for any training later in the same process.
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
-    train_stream, _ = token_streams(cfg, AutoTokenizer.from_pretrained(folder))
+    train_stream, _ = token_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
     frequent = target_token_frequencies(cfg, model, train_stream, autocast)
     return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],
             "counted_on": f"greedy picks of {folder.name} on {tokens} training-split tokens "
