@@ -14,6 +14,7 @@ The held-out split is a hash of each line's text, as the corpus splits by file p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -32,10 +33,7 @@ Numbered = tuple[str, Document]  # ("file:line", document): where a template's r
 def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[list[Numbered], list[Numbered]]:
     """(train, held-out) documents of a JSONL file, each with its "file:line"; a bad line is named
     with what to fix."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data_file '{path}' does not exist: give a JSONL file with one {FORMATS} per line, "
-                                "or set data_file: null to train on corpus_root")
+    path = _existing(path)
     train, held = [], []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -51,6 +49,19 @@ def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[li
         raise ValueError(f"data_file '{path}' gives {len(train)} training and {len(held)} held-out documents "
                          f"(about {percent}% are held out, by a hash of each line): both need some, so add lines")
     return train, held
+
+
+def data_file_digest(path: str | Path) -> str:
+    """A short hash of the file's bytes: token caches built from it are keyed by its content."""
+    return hashlib.sha256(_existing(path).read_bytes()).hexdigest()[:12]
+
+
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data_file '{path}' does not exist: give a JSONL file with one {FORMATS} per line, "
+                                "or set data_file: null to train on corpus_root")
+    return path
 
 
 def _document(row) -> Document:

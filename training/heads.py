@@ -23,7 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
-from .documents import document_ids, read_documents
+from .documents import data_file_digest, document_ids, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp")
@@ -98,24 +98,24 @@ def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.
     .npy): the corpus_root files, or the data_file's documents. check_heldout=False: the caller
     reads only the train stream, so only it must be longer than seq_len."""
     if cfg["data_file"]:
-        data = Path(cfg["data_file"])
-        splits = read_documents(data)
         # The file's content and the chat template, not names, key the cache: an edited file or
-        # template is tokenized again.
+        # template is tokenized again. The file is parsed only when a cache is missing.
         template = hashlib.sha256(str(getattr(tokenizer, "chat_template", None)).encode()).hexdigest()[:8]
-        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{file_digest(data)}-{template}"
+        data = Path(cfg["data_file"])
+        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{data_file_digest(data)}-{template}"
+        splits = lambda: read_documents(data)  # noqa: E731
         encode = lambda docs: (document_ids(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
     else:
         root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
-        splits = C.split_files(root)
-        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(splits[0])}"
-        encode = lambda files: tokenizer(list(C.iter_texts(files)))["input_ids"]  # noqa: E731
+        files = C.split_files(root)
+        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
+        splits = lambda: files  # noqa: E731
+        encode = lambda paths: tokenizer(list(C.iter_texts(paths)))["input_ids"]  # noqa: E731
     work = Path(cfg["work_dir"])
-    out = []
-    for name, docs in zip(("train", "heldout"), splits):
-        cache = work / f"heads-{name}-{key}.npy"
-        if not cache.exists():
-            eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    caches = [work / f"heads-{name}-{key}.npy" for name in ("train", "heldout")]
+    if not all(cache.exists() for cache in caches):
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        for cache, docs in zip(caches, splits()):
             ids: list[int] = []
             for enc in encode(docs):
                 ids.extend(enc)
@@ -124,15 +124,13 @@ def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.
             tmp = cache.with_name(cache.stem + ".tmp.npy")
             np.save(tmp, np.asarray(ids, dtype=np.int32))
             os.replace(tmp, cache)
-        out.append(np.load(cache, mmap_mode="r"))
-        if len(out[-1]) <= cfg["seq_len"] and (name == "train" or check_heldout):
-            raise ValueError(f"the {name} split has {len(out[-1])} tokens, no more than seq_len {cfg['seq_len']}: "
+    train, held = (np.load(cache, mmap_mode="r") for cache in caches)
+    checked = (("train", train), ("heldout", held)) if check_heldout else (("train", train),)
+    for name, stream in checked:
+        if len(stream) <= cfg["seq_len"]:
+            raise ValueError(f"the {name} split has {len(stream)} tokens, no more than seq_len {cfg['seq_len']}: "
                              "add documents or lower seq_len")
-    return out[0], out[1]
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return train, held
 
 
 def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):

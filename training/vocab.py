@@ -1,6 +1,6 @@
 """`draftsman vocab --target FOLDER --out FILE`: which tokens the target picks most (greedy), counted
-on the training split of the corpus (or of a data_file), never on held-out text. A drafter with `draft_vocab: N` keeps
-only the first N of that order in its LM head (drafters/draft_vocab.py). Heads carry the order in
+on the training split of the corpus (or of a data_file), never on held-out text. A drafter with
+`draft_vocab: N` keeps only the first N of that order in its LM head (drafters/draft_vocab.py). Heads carry the order in
 their config.json already; a separate draft model gets it from this file (by default
 `<draft model folder>/tokens_by_frequency.json`)."""
 from __future__ import annotations
