@@ -5,6 +5,7 @@ format, so it comes from the target folder, never from draftsman."""
 from __future__ import annotations
 
 import inspect
+import re
 
 Conversation = list[dict]
 
@@ -82,13 +83,18 @@ def check_template_kwargs(template_kwargs: dict | None) -> dict:
 
 def _render(tokenizer, conversation: Conversation, folder: str, **how) -> list[int]:
     """apply_chat_template's ids. The template writes the special tokens (BOS, turn markers)
-    itself, so they are not added again. A template's own refusal (raise_exception: "roles must
-    alternate", "system role not supported") becomes a ValueError that says whose template it is."""
+    itself, so they are not added again."""
+    return list(_apply_template(tokenizer, conversation, folder, tokenize=True, return_dict=False, **how))
+
+
+def _apply_template(tokenizer, conversation: Conversation, folder: str, **how):
+    """apply_chat_template, with a template's own refusal (raise_exception: "roles must alternate",
+    "system role not supported") turned into a ValueError that says whose template it is."""
     from jinja2 import TemplateError
 
     require_chat_template(tokenizer, folder)
     try:
-        return list(tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False, **how))
+        return tokenizer.apply_chat_template(conversation, **how)
     except TemplateError as e:
         raise ValueError(f"the chat template of target folder '{folder}' refused the conversation: {e}") from None
 
@@ -109,3 +115,48 @@ def whole_conversation_ids(tokenizer, conversation: Conversation, folder: str) -
     """The token ids of a finished conversation under the chat template, replies included and no
     turn left open: training text in the format the target serves."""
     return _render(tokenizer, conversation, folder, add_generation_prompt=False)
+
+
+# {% generation %} ... {% endgeneration %}: HF's markers around the assistant's text in a template.
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def whole_conversation_reply_mask(tokenizer, conversation: Conversation, folder: str) -> tuple[list[int], list[int]]:
+    """whole_conversation_ids and a 0/1 mask over them: 1 on the tokens of the assistant's messages,
+    0 on the system and user turns and on the header that opens each reply (training heads on the
+    replies only, as EAGLE and Medusa do: drafts are only ever made inside a reply).
+
+    A template with {% generation %} markers marks the replies itself (HF's
+    return_assistant_tokens_mask). Other templates: reply k is the text that rendering the
+    conversation through message k adds to rendering it up to message k with the reply's header
+    opened. That needs a template that writes earlier turns the same whatever follows; one that
+    rewrites them (e.g. dropping earlier reasoning) is refused rather than guessed at."""
+    require_chat_template(tokenizer, folder)
+    if GENERATION_MARKER.search(tokenizer.get_chat_template()):
+        out = _apply_template(tokenizer, conversation, folder, tokenize=True, return_dict=True,
+                              return_assistant_tokens_mask=True, add_generation_prompt=False)
+        return list(out["input_ids"]), list(out["assistant_masks"])
+    text = lambda turns, opened: _apply_template(tokenizer, turns, folder, tokenize=False,  # noqa: E731
+                                                 add_generation_prompt=opened)
+    whole = text(conversation, False)
+    spans = []
+    for k, message in enumerate(conversation):
+        if message["role"] != "assistant":
+            continue
+        before = text(conversation[:k], True) if k else ""  # an opening reply counts from the start
+        through = text(conversation[: k + 1], False)
+        if not (whole.startswith(through) and through.startswith(before)):
+            raise ValueError(f"the chat template of target folder '{folder}' writes earlier turns differently once "
+                             f"later ones follow, so message {k}'s reply cannot be located in the whole "
+                             "conversation: set assistant_only_loss: false, or give the template "
+                             "{% generation %} markers around the assistant's text")
+        spans.append((len(before), len(through)))
+    try:
+        enc = tokenizer(whole, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise ValueError(f"assistant_only_loss needs character offsets, which the slow tokenizer of target folder "
+                         f"'{folder}' does not give: save a fast tokenizer (tokenizer.json) there, or set "
+                         "assistant_only_loss: false") from None
+    # A token is in a reply when its characters overlap one (HF's rule for its own mask).
+    in_reply = [int(any(first < end and last > begin for begin, end in spans)) for first, last in enc["offset_mapping"]]
+    return list(enc["input_ids"]), in_reply

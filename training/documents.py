@@ -11,6 +11,9 @@ heads see the turn markers and formatting they will draft after. With self-disti
 default) the heads learn the target's own pick at every position of this text, so replies written
 by another model still teach this target's choices.
 The held-out split is a hash of each line's text, as the corpus splits by file path.
+
+assistant_only_loss: the heads learn only where the next token belongs to an assistant's reply
+(the system and user turns are context, never drafted). A plain text document counts whole.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from draftsman.chat import check_conversation, whole_conversation_ids
+from draftsman.chat import check_conversation, whole_conversation_ids, whole_conversation_reply_mask
 
 from .corpus import HELDOUT_PERCENT, is_heldout
 
@@ -91,4 +94,17 @@ def document_ids(tokenizer, numbered: Numbered, target: str) -> list[int]:
     try:
         return whole_conversation_ids(tokenizer, doc, target)
     except ValueError as e:  # e.g. the template's "roles must alternate": name the line
+        raise ValueError(f"{where}: {e}") from None
+
+
+def document_ids_and_reply_mask(tokenizer, numbered: Numbered, target: str) -> tuple[list[int], list[int]]:
+    """document_ids and a 0/1 mask over them, 1 where a token belongs to an assistant's reply (a
+    plain text counts whole)."""
+    where, doc = numbered
+    if isinstance(doc, str):  # its own text, not the BOS the tokenizer may add
+        enc = tokenizer(doc, return_special_tokens_mask=True)
+        return enc["input_ids"], [1 - special for special in enc["special_tokens_mask"]]
+    try:
+        return whole_conversation_reply_mask(tokenizer, doc, target)
+    except ValueError as e:
         raise ValueError(f"{where}: {e}") from None

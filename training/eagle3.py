@@ -59,12 +59,15 @@ def unroll(head, aux: torch.Tensor, x: torch.Tensor, steps: int) -> list[torch.T
 
 
 def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, target_logits: torch.Tensor,
-                cfg: dict):
+                cfg: dict, learned: torch.Tensor | None = None):
     """Weighted soft cross-entropy against the target's distribution restricted (and renormalised)
     to the draft vocabulary, over `ttt_steps` steps. Returns the loss and the top-1 agreement with
-    the target's greedy token per step."""
+    the target's greedy token per step. learned (B, L) bool: the text positions whose next token is
+    learned (assistant_only_loss); None: all."""
     ids = getattr(head, "module", head).draft_token_ids
     L = x.shape[1]
+    if learned is None:
+        learned = torch.ones_like(x, dtype=torch.bool)
     total, accuracy = 0.0, []
     for j, logits in enumerate(unroll(head, aux, x, cfg["ttt_steps"])):
         m = L - 1 - j  # entries whose label lies inside the window
@@ -72,19 +75,25 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
             break
         p = target_logits[:, 1 + j: 1 + j + m][..., ids].softmax(-1)
         log_q = logits[:, :m].float().log_softmax(-1)
-        total = total + cfg["ttt_decay"] ** j * -(p * log_q).sum(-1).mean()
-        accuracy.append((ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]).float().mean().item())
+        keep = learned[:, 1 + j: 1 + j + m]
+        count = keep.sum().clamp_min(1)
+        total = total + cfg["ttt_decay"] ** j * (-(p * log_q).sum(-1) * keep).sum() / count
+        hits = (ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]) & keep
+        accuracy.append((hits.sum() / count).item())
     return total, accuracy
 
 
 @torch.no_grad()
-def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch: int = 4) -> dict:
+def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch: int = 4,
+                    learned: torch.Tensor | None = None) -> dict:
     """Held-out top-1 / top-5 agreement with the target's greedy token by draft depth, through the
-    same unrolling the drafter's cache reproduces (depth k = step k - 1)."""
+    same unrolling the drafter's cache reproduces (depth k = step k - 1). learned: which positions'
+    next tokens count; None: all."""
     top1, top5, counts = torch.zeros(depths), torch.zeros(depths), torch.zeros(depths)
     ids = head.draft_token_ids
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(ids.device)
+        keep = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
         aux, greedy, _ = run_target(x)
         L = x.shape[1]
         for k, logits in enumerate(unroll(head, aux, x, depths)):
@@ -93,31 +102,35 @@ def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch:
                 break
             cand = ids[logits[:, :m].topk(5, dim=-1).indices]
             truth = greedy[:, 1 + k: 1 + k + m]
-            top1[k] += (cand[..., 0] == truth).float().sum().cpu()
-            top5[k] += (cand == truth[..., None]).any(-1).float().sum().cpu()
-            counts[k] += truth.numel()
+            counted = keep[:, 1 + k: 1 + k + m]
+            top1[k] += ((cand[..., 0] == truth) & counted).float().sum().cpu()
+            top5[k] += ((cand == truth[..., None]).any(-1) & counted).float().sum().cpu()
+            counts[k] += counted.sum().cpu()
     return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
 
 
 @torch.no_grad()
-def greedy_score_scale(head, run_target, windows: torch.Tensor, depths: int, batch: int = 4) -> float:
+def greedy_score_scale(head, run_target, windows: torch.Tensor, learned: torch.Tensor | None, depths: int,
+                       batch: int = 4) -> float:
     """Temperature scaling (Guo et al. 2017) for greedy trees: the s for which softmax(s * logits)
     best predicts the target's *greedy* token (least cross-entropy, over depths 1..`depths`).
 
     The head learns the target's distribution, whose top probability understates how often its
     top token is the target's argmax; the EAGLE-2 tree ranks nodes by these confidences, so at
-    T=0 it ranks by the scaled ones (drafters/eagle.py). Fit on training text."""
+    T=0 it ranks by the scaled ones (drafters/eagle.py). Fit on training text, at the positions
+    `learned` keeps (None: all)."""
     ids = head.draft_token_ids
     position = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
     position[ids] = torch.arange(len(ids), device=ids.device)
     logits_seen, labels_seen = [], []
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(ids.device)
+        counted = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
         aux, greedy, _ = run_target(x)
         for k, logits in enumerate(unroll(head, aux, x, depths)):
             m = x.shape[1] - 1 - k
             labels = position[greedy[:, 1 + k: 1 + k + m]].reshape(-1)
-            keep = labels >= 0  # the greedy token is in the draft vocabulary
+            keep = (labels >= 0) & counted[:, 1 + k: 1 + k + m].reshape(-1)  # and the greedy token is drafted
             logits_seen.append(logits[:, :m].reshape(-1, logits.shape[-1])[keep].float())
             labels_seen.append(labels[keep])
     logits, labels = torch.cat(logits_seen), torch.cat(labels_seen)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from .heads import masked_cross_entropy
+
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
                       generator: torch.Generator | None = None):
@@ -24,29 +26,32 @@ def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: tor
         f_in = f_in + cfg["feature_noise"] * noise
     predicted, logits = head(f_in, x[:, 1:])
     target_tokens = labels[:, 1:]
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_tokens.reshape(-1), ignore_index=-100)
+    learned = target_tokens != -100  # the feature at i + 1 is learned where its token is
+    ce = masked_cross_entropy(logits, target_tokens)
     loss = ce
     if head.config.kind == "eagle":
-        loss = F.smooth_l1_loss(predicted.float(), features[:, 1:].float()) + cfg["ce_weight"] * ce
-    valid = target_tokens != -100
-    accuracy = ((logits.argmax(-1) == target_tokens) & valid).float().sum() / valid.sum().clamp_min(1)
+        regression = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1)
+        loss = (regression * learned).sum() / learned.sum().clamp_min(1) + cfg["ce_weight"] * ce
+    accuracy = ((logits.argmax(-1) == target_tokens) & learned).float().sum() / learned.sum().clamp_min(1)
     return loss, [accuracy.item()]
 
 
 @torch.no_grad()
 def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, depths: int = 4,
-                          batch: int = 4) -> dict:
+                          batch: int = 4, learned: torch.Tensor | None = None) -> dict:
     """Agreement with the target's greedy token on held-out text, by draft depth.
 
     Depth 1 is teacher-forced (true features, as after every verification). Depth k > 1 chains the
     head on its own predicted features, k - 1 times, with the true tokens as inputs: the head
     drafting k tokens ahead when its earlier guesses were right, which is what acceptance at depth
-    k needs. (Its attention history is the chained sequence, a close proxy for the drafter's.)"""
+    k needs. (Its attention history is the chained sequence, a close proxy for the drafter's.)
+    learned: which positions' next tokens count (training/heads.py learned_positions); None: all."""
     top1 = torch.zeros(depths)
     top5 = torch.zeros(depths)
     counts = torch.zeros(depths)
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(next(head.parameters()).device)
+        keep = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
         features, greedy = target_pass(x)
         f_in = features[:, :-1]
         L = x.shape[1]
@@ -56,24 +61,28 @@ def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, de
                 break
             predicted, logits = head(f_in[:, :n], x[:, 1 + k: 1 + k + n])
             truth = greedy[:, 1 + k: 1 + k + n]
+            counted = keep[:, 1 + k: 1 + k + n]
             cand = logits.topk(5, dim=-1).indices
-            top1[k] += (cand[..., 0] == truth).float().sum().cpu()
-            top5[k] += (cand == truth[..., None]).any(-1).float().sum().cpu()
-            counts[k] += truth.numel()
+            top1[k] += ((cand[..., 0] == truth) & counted).float().sum().cpu()
+            top5[k] += ((cand == truth[..., None]).any(-1) & counted).float().sum().cpu()
+            counts[k] += counted.sum().cpu()
             f_in = predicted[:, : n - 1]  # the head's own features feed the next depth
     return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
 
 
 @torch.no_grad()
-def tokens_by_frequency(target_pass, windows: torch.Tensor, vocab_size: int, batch: int = 4) -> dict:
+def tokens_by_frequency(target_pass, windows: torch.Tensor, vocab_size: int, batch: int = 4,
+                        learned: torch.Tensor | None = None) -> dict:
     """Token ids ordered by how often the target picks them (greedy) on training text, and the
     share of picks the top 256 / 1024 / 2048 / 4096 cover. A drafter can restrict its candidates to
     the first N (option draft_vocab: its LM head shrinks to N rows; EAGLE-3's reduced draft
-    vocabulary). Drafts stay exact: they are proposals, whatever set they come from."""
+    vocabulary). Drafts stay exact: they are proposals, whatever set they come from.
+    learned: which positions' picks count (assistant_only_loss: those inside replies); None: all."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for i in range(0, len(windows), batch):
         _, greedy = target_pass(windows[i:i + batch])
-        counts += torch.bincount(greedy.reshape(-1).cpu(), minlength=vocab_size)[:vocab_size]
+        picks = greedy.cpu() if learned is None else greedy.cpu()[learned[i:i + batch]]
+        counts += torch.bincount(picks.reshape(-1), minlength=vocab_size)[:vocab_size]
     order = torch.argsort(counts, descending=True, stable=True)
     cumulative = counts[order].cumsum(0).float() / counts.sum().clamp_min(1)
     coverage = {str(n): round(float(cumulative[min(n, vocab_size) - 1]), 4) for n in (256, 1024, 2048, 4096)}

@@ -23,7 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
-from .documents import data_file_digest, document_ids, read_documents
+from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp")
@@ -39,6 +39,7 @@ DEFAULTS = {
     "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
     "data_file": None,  # instead of corpus_root: JSONL of chat conversations or texts (training/documents.py)
+    "assistant_only_loss": False,  # data_file: learn only where the next token is in an assistant's reply
     "num_heads": 4,  # medusa
     "num_layers": 1,  # medusa: residual blocks per head
     "share_lm_head": False,  # medusa: read out through the target's frozen LM head instead of copies
@@ -88,6 +89,11 @@ def load_config(raw) -> dict:
     if cfg["data_file"] and cfg["corpus_root"]:
         raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
                          "source files), not both")
+    if not isinstance(cfg["assistant_only_loss"], bool):
+        raise ValueError(f"assistant_only_loss must be true or false, got {cfg['assistant_only_loss']!r}")
+    if cfg["assistant_only_loss"] and not cfg["data_file"]:
+        raise ValueError("assistant_only_loss needs a data_file of conversations: a corpus has no assistant "
+                         "replies. Set data_file, or set assistant_only_loss: false")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
@@ -97,6 +103,31 @@ def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.
     """Train / held-out token streams in the target's tokenizer, documents joined by EOS (cached as
     .npy): the corpus_root files, or the data_file's documents. check_heldout=False: the caller
     reads only the train stream, so only it must be longer than seq_len."""
+    streams = _cached_streams(cfg, tokenizer)
+    checked = ("train", "heldout") if check_heldout else ("train",)
+    for name in checked:
+        if len(streams[name]) <= cfg["seq_len"]:
+            raise ValueError(f"the {name} split has {len(streams[name])} tokens, no more than seq_len "
+                             f"{cfg['seq_len']}: add documents or lower seq_len")
+    return streams["train"], streams["heldout"]
+
+
+def reply_masks(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray] | None:
+    """With assistant_only_loss: 0/1 streams aligned with token_streams', 1 where the token belongs
+    to an assistant's reply (training/documents.py). None without it: every position counts."""
+    if not cfg["assistant_only_loss"]:
+        return None
+    streams = _cached_streams(cfg, tokenizer)
+    if not streams["train-replies"].any():
+        raise ValueError(f"data_file '{cfg['data_file']}' has no assistant replies in its training split, so "
+                         "assistant_only_loss leaves nothing to learn: add conversations with assistant messages, "
+                         "or set assistant_only_loss: false")
+    return streams["train-replies"], streams["heldout-replies"]
+
+
+def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
+    """The streams of token_streams (and, with assistant_only_loss, reply_masks) by name, built once
+    and then read from their .npy caches."""
     if cfg["data_file"]:
         # The file's content and the chat template, not names, key the cache: an edited file or
         # template is tokenized again. The file is parsed only when a cache is missing.
@@ -104,48 +135,83 @@ def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.
         data = Path(cfg["data_file"])
         key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{data_file_digest(data)}-{template}"
         splits = lambda: read_documents(data)  # noqa: E731
-        encode = lambda docs: (document_ids(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
+        if cfg["assistant_only_loss"]:
+            encode = lambda docs: (document_ids_and_reply_mask(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
+        else:
+            encode = lambda docs: ((document_ids(tokenizer, d, cfg["target"]), None) for d in docs)  # noqa: E731
     else:
         root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
         files = C.split_files(root)
         key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
         splits = lambda: files  # noqa: E731
-        encode = lambda paths: tokenizer(list(C.iter_texts(paths)))["input_ids"]  # noqa: E731
+        encode = lambda paths: ((ids, None) for ids in tokenizer(list(C.iter_texts(paths)))["input_ids"])  # noqa: E731
+    names = ("train", "heldout") + (("train-replies", "heldout-replies") if cfg["assistant_only_loss"] else ())
     work = Path(cfg["work_dir"])
-    caches = [work / f"heads-{name}-{key}.npy" for name in ("train", "heldout")]
-    if not all(cache.exists() for cache in caches):
+    caches = {name: work / f"heads-{name}-{key}.npy" for name in names}
+    if not all(cache.exists() for cache in caches.values()):
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-        for cache, docs in zip(caches, splits()):
+        work.mkdir(parents=True, exist_ok=True)
+        for split, docs in zip(("train", "heldout"), splits()):
             ids: list[int] = []
-            for enc in encode(docs):
-                ids.extend(enc)
+            in_reply: list[int] = []
+            for doc_ids, doc_mask in encode(docs):
+                ids.extend(doc_ids)
                 ids.append(eos)
-            work.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(cache.stem + ".tmp.npy")
-            np.save(tmp, np.asarray(ids, dtype=np.int32))
-            os.replace(tmp, cache)
-    train, held = (np.load(cache, mmap_mode="r") for cache in caches)
-    checked = (("train", train), ("heldout", held)) if check_heldout else (("train", train),)
-    for name, stream in checked:
-        if len(stream) <= cfg["seq_len"]:
-            raise ValueError(f"the {name} split has {len(stream)} tokens, no more than seq_len {cfg['seq_len']}: "
-                             "add documents or lower seq_len")
-    return train, held
+                if doc_mask is not None:
+                    in_reply.extend(doc_mask)
+                    in_reply.append(0)  # the separator belongs to no reply
+            _atomic_save(caches[split], np.asarray(ids, dtype=np.int32))
+            if cfg["assistant_only_loss"]:
+                _atomic_save(caches[f"{split}-replies"], np.asarray(in_reply, dtype=np.uint8))
+    return {name: np.load(cache, mmap_mode="r") for name, cache in caches.items()}
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.stem + ".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
 
 
 def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):
     """head_logits (H, B, L, V): head i at position t predicts labels[:, t + i + 1], where labels[:, s]
-    is the token at s + 1 (the next-token label of position s). Returns the weighted loss and the
-    per-head top-1 accuracy."""
+    is the token at s + 1 (the next-token label of position s; -100 where there is none to learn).
+    Returns the weighted loss and the per-head top-1 accuracy."""
     total, accuracy = 0.0, []
     L = labels.shape[1]
     for i, logits in enumerate(head_logits):
         pred = logits[:, : L - i - 1]  # positions that have a label i + 1 steps later
         target = labels[:, i + 1:]
-        loss = torch.nn.functional.cross_entropy(pred.float().reshape(-1, pred.shape[-1]), target.reshape(-1))
-        total = total + decay ** i * loss
-        accuracy.append((pred.argmax(-1) == target).float().mean().item())
+        total = total + decay ** i * masked_cross_entropy(pred, target)
+        learned = target != -100
+        accuracy.append(((pred.argmax(-1) == target) & learned).float().sum().item() / max(1, learned.sum().item()))
     return total, accuracy
+
+
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labels that are not -100; 0 (not NaN) when none is, as a batch
+    drawn wholly from user turns is under assistant_only_loss."""
+    summed = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                               ignore_index=-100, reduction="sum")
+    return summed / (labels != -100).sum().clamp_min(1)
+
+
+def learned_positions(in_reply: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, L) bool from a reply-mask window: whether position s's label (the token at s + 1) is
+    learned. None (no assistant_only_loss): every label is."""
+    if in_reply is None:
+        return None
+    return torch.cat([in_reply[:, 1:], torch.zeros_like(in_reply[:, :1])], dim=1).bool()
+
+
+def all_positions(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(x, dtype=torch.bool)
+
+
+def sample_windows(stream, mask, cfg: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fixed evaluation sample of a stream (eval_tokens of it) and its learned_positions (None
+    without a reply mask): the same starts, since the mask is as long as the stream."""
+    sample = lambda s: heldout_windows(s, cfg["eval_tokens"], cfg["seq_len"])  # noqa: E731
+    return sample(stream), None if mask is None else learned_positions(sample(mask))
 
 
 @torch.no_grad()
@@ -164,9 +230,11 @@ def labels_for(cfg, x, greedy):
 
 
 @torch.no_grad()
-def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, batch: int = 4) -> dict:
+def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, batch: int = 4,
+                   learned: torch.Tensor | None = None) -> dict:
     """Per head: top-1 / top-5 agreement with the target's greedy token on held-out text, and the
-    accuracy of each candidate rank (for tree calibration)."""
+    accuracy of each candidate rank (for tree calibration). learned: learned_positions of the
+    windows (only those positions are counted); None counts all."""
     H = heads.config.num_heads
     hits = torch.zeros(H, ranks)
     top5 = torch.zeros(H)
@@ -174,18 +242,21 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
     device = next(heads.parameters()).device
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(device)
+        keep = all_positions(x) if learned is None else learned[i:i + batch].to(device)
         hidden, greedy = target_pass(target, x, autocast)
         logits = heads(hidden)
         L = x.shape[1]
         for h in range(H):
             cand = logits[h, :, : L - h - 1].topk(ranks, dim=-1).indices  # (B, L', ranks)
             truth = greedy[:, h + 1:].unsqueeze(-1)
-            match = cand == truth
+            counted = keep[:, h + 1:]
+            match = (cand == truth) & counted[..., None]
             hits[h] += match.float().sum((0, 1)).cpu()
             top5[h] += match[..., :5].any(-1).float().sum().cpu()
-            counts[h] += truth.numel()
-    rank_accuracy = (hits / counts[:, None]).tolist()
-    return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts).tolist(), "rank_accuracy": rank_accuracy}
+            counts[h] += counted.sum().cpu()
+    rank_accuracy = (hits / counts.clamp_min(1)[:, None]).tolist()
+    return {"top1": [r[0] for r in rank_accuracy], "top5": (top5 / counts.clamp_min(1)).tolist(),
+            "rank_accuracy": rank_accuracy}
 
 
 def build_heads(cfg: dict, target, frequent_order: list[int]):
@@ -201,57 +272,59 @@ def build_heads(cfg: dict, target, frequent_order: list[int]):
     return FeatureHead.for_target(target, cfg["kind"])
 
 
-def target_token_frequencies(cfg: dict, target, train_stream, autocast) -> dict:
+def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_mask=None) -> dict:
     """Which tokens the target picks most (greedy), counted on training text, never on held-out
-    text: the order draft_vocab and an EAGLE-3 head's vocabulary take their tokens from."""
+    text: the order draft_vocab and an EAGLE-3 head's vocabulary take their tokens from.
+    train_mask: reply_masks' train stream; only the picks inside replies count."""
     from .feature_heads import tokens_by_frequency
     V = target.get_output_embeddings().weight.shape[0]
-    return tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast),
-                               train_windows(train_stream, cfg), V)
+    windows, learned = sample_windows(train_stream, train_mask, cfg)
+    return tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast), windows, V,
+                               learned=learned)
 
 
-def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator):
-    """Run the frozen target on a batch and return the heads' loss and per-head / per-step accuracy."""
+def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, learned: torch.Tensor | None = None):
+    """Run the frozen target on a batch and return the heads' loss and per-head / per-step accuracy.
+    learned: learned_positions of the batch (assistant_only_loss); None learns every position."""
     if cfg["kind"] == "eagle3":
         from .eagle3 import aux_target_pass, eagle3_loss
         aux, greedy, logits = aux_target_pass(target, x, getattr(heads, "module", heads).config.aux_layers, autocast)
-        return eagle3_loss(heads, aux, x, greedy, logits, cfg)
+        return eagle3_loss(heads, aux, x, greedy, logits, cfg, learned)
     hidden, greedy = target_pass(target, x, autocast)
     labels = labels_for(cfg, x, greedy)
+    if learned is not None:
+        labels = labels.masked_fill(~learned, -100)
     if cfg["kind"] == "medusa":
         return medusa_loss(heads(hidden), labels, cfg["loss_decay"])
     from .feature_heads import feature_head_loss
     return feature_head_loss(heads, hidden, x, labels, cfg, generator)
 
 
-def train_windows(train_stream, cfg: dict) -> torch.Tensor:
-    """A fixed sample of training text (eval_tokens of it) for statistics that must not peek at
-    held-out text."""
-    return heldout_windows(train_stream, cfg["eval_tokens"], cfg["seq_len"])
-
-
-def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None) -> dict:
+def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None,
+                      masks=None) -> dict:
     """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation).
-    frequent: target_token_frequencies, if the caller counted them already."""
+    frequent: target_token_frequencies, if the caller counted them already. masks: reply_masks
+    (train, held-out): agreement is then measured inside replies only."""
     from ..drafters.medusa import tree_from_accuracies
-    windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"])
+    train_mask, held_mask = masks or (None, None)
+    windows, learned = sample_windows(held_stream, held_mask, cfg)
     from .feature_heads import evaluate_feature_head
     run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
-    frequent = frequent or target_token_frequencies(cfg, target, train_stream, autocast)
+    frequent = frequent or target_token_frequencies(cfg, target, train_stream, autocast, train_mask)
     if cfg["kind"] == "medusa":
-        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast)
+        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
     elif cfg["kind"] == "eagle3":
         from .eagle3 import aux_target_pass, evaluate_eagle3, greedy_score_scale
         layers = heads.config.aux_layers
         run_aux = lambda x: aux_target_pass(target, x, layers, autocast)  # noqa: E731
-        ev = evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"])
+        ev = evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"], learned=learned)
         # Confidence calibration for greedy trees, fitted on training text (training/eagle3.py).
-        scale = greedy_score_scale(heads, run_aux, train_windows(train_stream, cfg), cfg["ttt_steps"])
+        scale = greedy_score_scale(heads, run_aux, *sample_windows(train_stream, train_mask, cfg), cfg["ttt_steps"])
         extra = {"heldout_agreement": ev, "greedy_score_scale": scale}
     else:
-        ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"])
+        ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"], learned=learned)
         extra = {"heldout_agreement": ev}
     ev["draft_vocab_coverage"] = frequent["coverage"]
     heads.save(cfg["out"], target, extra={**extra, "tokens_by_frequency": frequent["order"]})
@@ -293,10 +366,12 @@ def evaluate_only(config) -> dict:
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
-    train_stream, held_stream = token_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
+    tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
+    train_stream, held_stream = token_streams(cfg, tokenizer)
     heads = load_heads(cfg, cfg["out"], target)
-    return {"kind": cfg["kind"],
-            "heldout_agreement": evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream)}
+    ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream,
+                           masks=reply_masks(cfg, tokenizer))
+    return {"kind": cfg["kind"], "heldout_agreement": ev}
 
 
 def train(config) -> dict:
@@ -312,7 +387,10 @@ def train(config) -> dict:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream = token_streams(cfg, tokenizer)
-    frequent = target_token_frequencies(cfg, target, train_stream, acc.autocast)  # once: build and save use it
+    masks = reply_masks(cfg, tokenizer)
+    train_mask = masks[0] if masks else None
+    # Once: building and saving the heads both use it.
+    frequent = target_token_frequencies(cfg, target, train_stream, acc.autocast, train_mask)
     if cfg["init_from"]:  # continue training: shape and draft vocabulary come from those heads
         heads = load_heads(cfg, cfg["init_from"], target).train()
         acc.print(f"[{cfg['kind']}] starting from the heads in {cfg['init_from']}")
@@ -342,10 +420,13 @@ def train(config) -> dict:
         if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
             break
         step = state["step"]
-        x = train_batch(train_stream, step, acc.process_index, cfg["seed"], cfg["batch_size"], cfg["seq_len"]).to(acc.device)
+        draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"], cfg["seq_len"])
+        x = train_batch(train_stream, *draw).to(acc.device)
+        # The mask is as long as the stream, so the same draw gives the same windows of it.
+        learned = None if train_mask is None else learned_positions(train_batch(train_mask, *draw)).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss, head_acc = batch_loss(cfg, heads, target, x, acc.autocast, noise)
+        loss, head_acc = batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
         acc.backward(loss)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -364,7 +445,7 @@ def train(config) -> dict:
 
     metrics = {}
     if acc.is_main_process:
-        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream, frequent)
+        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream, frequent, masks)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
