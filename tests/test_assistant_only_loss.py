@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from draftsman import cli
 from draftsman.chat import whole_conversation_ids, whole_conversation_reply_mask
 from draftsman.training import heads as H
 from draftsman.training.documents import read_documents
@@ -200,3 +201,27 @@ def test_evaluations_and_token_counts_honour_the_learned_positions(chat_target):
     counts = torch.bincount(windows[learned], minlength=len(tok))
     assert counts[counted["order"]].tolist() == sorted(counts.tolist(), reverse=True)
     assert counted != tokens_by_frequency(lambda x: (None, x), windows, len(tok))
+
+
+def test_the_vocab_command_counts_inside_replies(chat_target, tmp_path, capsys):
+    """`draftsman vocab --data-file F --assistant-only`: the order heads trained with
+    assistant_only_loss count, which differs from counting every position."""
+    folder, tok = chat_target
+    path = write(tmp_path / "chat.jsonl", rows())
+    out = tmp_path / "order.json"
+    args = ["vocab", "--target", str(folder), "--out", str(out), "--data-file", str(path), "--work-dir",
+            str(tmp_path / "work"), "--tokens", "512", "--seq-len", "32", "--threads", "1"]
+    assert cli.main([*args, "--assistant-only"]) == 0
+    written = json.loads(out.read_text())
+    assert "inside assistant replies" in written["counted_on"]
+    cfg = H.load_config(config(folder, tmp_path, path, eval_tokens=512, assistant_only_loss=True))
+    stream = H.token_streams(cfg, AutoTokenizer.from_pretrained(folder))[0]
+    train_mask = H.reply_masks(cfg, AutoTokenizer.from_pretrained(folder))[0]
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    reference = load_for_reference(folder)
+    assert written["tokens_by_frequency"] == \
+        H.target_token_frequencies(cfg, reference, stream, autocast, train_mask)["order"]
+    assert written["tokens_by_frequency"] != H.target_token_frequencies(cfg, reference, stream, autocast)["order"]
+    capsys.readouterr()
+    assert cli.main([*args[:5], "--assistant-only"]) == 2
+    assert "--assistant-only counts inside the replies of a --data-file" in capsys.readouterr().err

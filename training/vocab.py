@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.draft_vocab import ORDER_FILE
-from .heads import DEFAULTS, target_token_frequencies, token_streams
+from .heads import DEFAULTS, reply_masks, target_token_frequencies, token_streams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                        "train split, as the bundled models use)")
     p.add_argument("--data-file", default=None, help="instead of --corpus-root: a JSONL of conversations or texts, "
                                                      "as heads training's data_file (training/documents.py)")
+    p.add_argument("--assistant-only", action="store_true",
+                   help="with --data-file: count only the picks inside assistant replies, as heads trained with "
+                        "assistant_only_loss count them")
     p.add_argument("--tokens", type=int, default=DEFAULTS["eval_tokens"], help="training tokens the target reads")
     p.add_argument("--seq-len", type=int, default=256, help="window length of each target pass")
     p.add_argument("--work-dir", default=DEFAULTS["work_dir"], help="token caches of the corpus")
@@ -30,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str,
-          data_file: str | None = None) -> dict:
+          data_file: str | None = None, assistant_only: bool = False) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..models import check_model_folder
@@ -38,24 +41,31 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     folder = check_model_folder(target, "--target")
     if corpus_root and data_file:
         raise ValueError("give --corpus-root (a folder of source files) or --data-file (a JSONL), not both")
+    if assistant_only and not data_file:
+        raise ValueError("--assistant-only counts inside the replies of a --data-file of conversations: "
+                         "give --data-file, or drop --assistant-only")
     cfg = {**DEFAULTS, "target": str(folder), "corpus_root": corpus_root, "data_file": data_file,
-           "eval_tokens": tokens, "seq_len": seq_len, "work_dir": work_dir}
+           "eval_tokens": tokens, "seq_len": seq_len, "work_dir": work_dir, "assistant_only_loss": assistant_only}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # The target runs as heads training runs it (bf16 autocast), so the order matches the heads'.
     # Plain torch.autocast, not an Accelerator: its process-wide state would pin mixed precision
     # for any training later in the same process.
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
-    train_stream, _ = token_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
-    frequent = target_token_frequencies(cfg, model, train_stream, autocast)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    train_stream, _ = token_streams(cfg, tokenizer, check_heldout=False)
+    masks = reply_masks(cfg, tokenizer)
+    frequent = target_token_frequencies(cfg, model, train_stream, autocast, masks[0] if masks else None)
+    where = " inside assistant replies" if assistant_only else ""
     return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],
-            "counted_on": f"greedy picks of {folder.name} on {tokens} training-split tokens "
+            "counted_on": f"greedy picks of {folder.name}{where} on {tokens} training-split tokens "
                           f"(windows of {seq_len})"}
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file)
+    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file,
+                   args.assistant_only)
     out = Path(args.out)
     if out.is_dir():
         out = out / ORDER_FILE
