@@ -68,23 +68,26 @@ class Decoder:
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
     def encode_chat(self, conversations, *, continue_final_message: bool = False,
-                    chat_template_kwargs: dict | None = None) -> list[list[int]]:
+                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[list[int]]:
         """The prompt ids of one conversation ([{"role": ..., "content": ...}, ...]) or a list of
-        them, rendered by the target tokenizer's chat template (draftsman/chat.py)."""
-        return [chat_ids(self.tokenizer, c, self.config["target"]["path"], continue_final_message, chat_template_kwargs)
-                for c in check_conversations(conversations)]
+        them, rendered by the target tokenizer's chat template (draftsman/chat.py); tools: tool
+        definitions every conversation offers, for a tool-calling template."""
+        return [chat_ids(self.tokenizer, c, self.config["target"]["path"], continue_final_message, chat_template_kwargs,
+                         tools) for c in check_conversations(conversations)]
 
     def chat(self, conversations, *, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             **generate_args) -> GenerationOutput:
+             tools: list[dict] | None = None, **generate_args) -> GenerationOutput:
         """generate() for chat messages: one conversation or a list of them, each rendered by the
         target tokenizer's chat template with the assistant's turn opened (vLLM's LLM.chat). Takes
         generate's keyword arguments. continue_final_message: the last message is the assistant's
         and the model continues it; chat_template_kwargs: extra template variables (vLLM's), e.g.
-        {"enable_thinking": False}. To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0])."""
+        {"enable_thinking": False}; tools: tool definitions (OpenAI's JSON schemas, vLLM's tools=) for a
+        tool-calling template; the reply's tool call is text, parsed by the caller.
+        To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0])."""
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
-                               chat_template_kwargs=chat_template_kwargs)
+                               chat_template_kwargs=chat_template_kwargs, tools=tools)
         return self.generate(input_ids=ids, **generate_args)
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,

@@ -76,9 +76,22 @@ def check_template_kwargs(template_kwargs: dict | None) -> dict:
     taken = sorted(set(template_kwargs) & own)
     if taken:
         raise ValueError(f"chat_template_kwargs {taken} are set by apply_chat_template itself, not free template "
-                         "variables: use continue_final_message= to choose the turn; tools and documents are not "
-                         "supported")
+                         "variables: use continue_final_message= to choose the turn and tools= for tool "
+                         "definitions; documents are not supported")
     return dict(template_kwargs)
+
+
+TOOL_SHAPE = "{'type': 'function', 'function': {'name': ..., 'description': ..., 'parameters': {...}}}"
+
+
+def check_tools(tools) -> list[dict] | None:
+    """Tool definitions for a tool-calling template (apply_chat_template's tools=, vLLM's): a
+    non-empty list of JSON schemas in OpenAI's form. None: no tools."""
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)) or not tools or not all(isinstance(t, dict) for t in tools):
+        raise ValueError(f"tools must be a non-empty list of tool definitions like {TOOL_SHAPE}, got {tools!r}")
+    return list(tools)
 
 
 def _render(tokenizer, conversation: Conversation, folder: str, **how) -> list[int]:
@@ -93,6 +106,10 @@ def _apply_template(tokenizer, conversation: Conversation, folder: str, **how):
     from jinja2 import TemplateError
 
     require_chat_template(tokenizer, folder)
+    if how.get("tools") and "tools" not in tokenizer.get_chat_template(None, how["tools"]):
+        raise ValueError(f"the chat template of target folder '{folder}' never reads `tools`, so the tool "
+                         "definitions would be dropped without a word: use a tool-calling model's template, or "
+                         "leave tools out")
     try:
         return tokenizer.apply_chat_template(conversation, **how)
     except TemplateError as e:
@@ -100,28 +117,32 @@ def _apply_template(tokenizer, conversation: Conversation, folder: str, **how):
 
 
 def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False,
-             template_kwargs: dict | None = None) -> list[int]:
+             template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
     """The token ids of one conversation under the tokenizer's chat template, ending with the
     header of the assistant's turn (or, with continue_final_message, inside the last assistant
-    message, so the model continues it). template_kwargs: extra template variables."""
+    message, so the model continues it). template_kwargs: extra template variables; tools: tool
+    definitions for a tool-calling template (check_tools)."""
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
                          f"it is the {conversation[-1]['role']!r} message")
     return _render(tokenizer, conversation, folder, add_generation_prompt=not continue_final_message,
-                   continue_final_message=continue_final_message, **check_template_kwargs(template_kwargs))
+                   continue_final_message=continue_final_message, tools=check_tools(tools),
+                   **check_template_kwargs(template_kwargs))
 
 
-def whole_conversation_ids(tokenizer, conversation: Conversation, folder: str) -> list[int]:
+def whole_conversation_ids(tokenizer, conversation: Conversation, folder: str,
+                           tools: list[dict] | None = None) -> list[int]:
     """The token ids of a finished conversation under the chat template, replies included and no
-    turn left open: training text in the format the target serves."""
-    return _render(tokenizer, conversation, folder, add_generation_prompt=False)
+    turn left open: training text in the format the target serves. tools: its tool definitions."""
+    return _render(tokenizer, conversation, folder, add_generation_prompt=False, tools=check_tools(tools))
 
 
 # {% generation %} ... {% endgeneration %}: HF's markers around the assistant's text in a template.
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
-def whole_conversation_reply_mask(tokenizer, conversation: Conversation, folder: str) -> tuple[list[int], list[int]]:
+def whole_conversation_reply_mask(tokenizer, conversation: Conversation, folder: str,
+                                  tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
     """whole_conversation_ids and a 0/1 mask over them: 1 on the tokens of the assistant's messages,
     0 on the system and user turns and on the header that opens each reply (training heads on the
     replies only, as EAGLE and Medusa do: drafts are only ever made inside a reply).
@@ -132,12 +153,13 @@ def whole_conversation_reply_mask(tokenizer, conversation: Conversation, folder:
     opened. That needs a template that writes earlier turns the same whatever follows; one that
     rewrites them (e.g. dropping earlier reasoning) is refused rather than guessed at."""
     require_chat_template(tokenizer, folder)
-    if GENERATION_MARKER.search(tokenizer.get_chat_template()):
+    tools = check_tools(tools)
+    if GENERATION_MARKER.search(tokenizer.get_chat_template(None, tools)):
         out = _apply_template(tokenizer, conversation, folder, tokenize=True, return_dict=True,
-                              return_assistant_tokens_mask=True, add_generation_prompt=False)
+                              return_assistant_tokens_mask=True, add_generation_prompt=False, tools=tools)
         return list(out["input_ids"]), list(out["assistant_masks"])
     text = lambda turns, opened: _apply_template(tokenizer, turns, folder, tokenize=False,  # noqa: E731
-                                                 add_generation_prompt=opened)
+                                                 add_generation_prompt=opened, tools=tools)
     whole = text(conversation, False)
     spans = []
     for k, message in enumerate(conversation):

@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from . import __version__
 from .api import Decoder, GenerationStats
-from .chat import check_conversations, check_template_kwargs
+from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 
@@ -62,6 +62,9 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--messages", metavar="FILE",
                    help='a JSON file of one conversation, [{"role": "user", "content": "..."}, ...], or a list '
                         "of them, sent through the target's chat template")
+    p.add_argument("--tools", metavar="FILE",
+                   help="with --chat / --messages: a JSON file of tool definitions (a list of OpenAI-style "
+                        "function schemas) for a tool-calling model's chat template")
     p.add_argument("--drafter", metavar="NAME",
                    help="use this drafter; if it differs from the config's, the config's drafter options "
                         "are dropped (they belong to the other drafter) - add new ones with --set")
@@ -126,8 +129,11 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise UserError("--system goes with --chat (put a system message in the --messages file instead)")
     if args.chat_template_kwargs and not (args.chat or args.messages):
         raise UserError("--chat-template-kwarg goes with --chat or --messages: plain prompts use no template")
+    if args.tools and not (args.chat or args.messages):
+        raise UserError("--tools goes with --chat or --messages: plain prompts use no template")
     template_kwargs = check_template_kwargs(dict(args.chat_template_kwargs))
     conversations = chat_conversations(args)
+    tools = read_tools(args.tools)
     if args.logprobs and not args.json:
         raise UserError("--logprobs adds a field to the JSON output: add --json")
     if args.top_logprobs and not args.logprobs:
@@ -138,7 +144,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
     if conversations is not None:
-        input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs)
+        input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
         return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None)
@@ -212,6 +218,21 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
         return check_conversations(messages)
     except ValueError as e:
         raise UserError(f"--messages '{args.messages}': {e}") from None
+
+
+def read_tools(path: str | None) -> list[dict] | None:
+    """--tools FILE: its checked list of tool definitions; None without the flag."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return check_tools(json.load(f))
+    except FileNotFoundError:
+        raise UserError(f"--tools: no such file '{path}'") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--tools '{path}' is not valid JSON ({e}): expected a list like [{TOOL_SHAPE}]") from None
+    except ValueError as e:
+        raise UserError(f"--tools '{path}': {e}") from None
 
 
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None) -> int:

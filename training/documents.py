@@ -6,6 +6,9 @@ text a target will serve rather than on the bundled source corpus. One object pe
                                                                                   Medusa and EAGLE train)
     {"text": "..."}                                                               a plain document
 
+A conversation line may carry "tools": [...] (OpenAI-style function schemas), which a tool-calling
+template renders with it, as in function-calling datasets.
+
 Conversations are rendered by the target tokenizer's own chat template, replies included, so the
 heads see the turn markers and formatting they will draft after. With self-distilled labels (the
 default) the heads learn the target's own pick at every position of this text, so replies written
@@ -20,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import NamedTuple
 
-from draftsman.chat import check_conversation, whole_conversation_ids, whole_conversation_reply_mask
+from draftsman.chat import check_conversation, check_tools, whole_conversation_ids, whole_conversation_reply_mask
 
 from .corpus import HELDOUT_PERCENT, is_heldout
 
@@ -29,7 +33,15 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
                   "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 FORMATS = '{"messages": [...]}, {"conversations": [{"from": ..., "value": ...}]} (ShareGPT) or {"text": ...}'
 
-Document = str | list[dict]  # plain text, or a conversation
+
+
+class ToolConversation(NamedTuple):
+    """A conversation whose line offers tools to the model."""
+    messages: list[dict]
+    tools: list[dict]
+
+
+Document = str | list[dict] | ToolConversation  # plain text, or a conversation (with its tools)
 Numbered = tuple[str, Document]  # ("file:line", document): where a template's refusal points
 
 
@@ -70,6 +82,11 @@ def _existing(path: str | Path) -> Path:
 def _document(row) -> Document:
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    if row.get("tools") is not None:
+        if "messages" not in row and "conversations" not in row:
+            raise ValueError('"tools" go with a conversation ("messages" or "conversations"), not with "text"')
+        conversation = _document({key: value for key, value in row.items() if key != "tools"})
+        return ToolConversation(conversation, check_tools(row["tools"]))
     if "messages" in row:
         return check_conversation(row["messages"])
     if "conversations" in row:
@@ -91,8 +108,9 @@ def document_ids(tokenizer, numbered: Numbered, target: str) -> list[int]:
     where, doc = numbered
     if isinstance(doc, str):
         return tokenizer(doc)["input_ids"]
+    messages, tools = doc if isinstance(doc, ToolConversation) else (doc, None)
     try:
-        return whole_conversation_ids(tokenizer, doc, target)
+        return whole_conversation_ids(tokenizer, messages, target, tools)
     except ValueError as e:  # e.g. the template's "roles must alternate": name the line
         raise ValueError(f"{where}: {e}") from None
 
@@ -104,7 +122,8 @@ def document_ids_and_reply_mask(tokenizer, numbered: Numbered, target: str) -> t
     if isinstance(doc, str):  # its own text, not the BOS the tokenizer may add
         enc = tokenizer(doc, return_special_tokens_mask=True)
         return enc["input_ids"], [1 - special for special in enc["special_tokens_mask"]]
+    messages, tools = doc if isinstance(doc, ToolConversation) else (doc, None)
     try:
-        return whole_conversation_reply_mask(tokenizer, doc, target)
+        return whole_conversation_reply_mask(tokenizer, messages, target, tools)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
