@@ -9,6 +9,7 @@
     draftsman audit --config cfg.yaml [--prompts FILE] [--json]   # is the drafter lossless? (exit 1 if not)
 
     draftsman train medusa|eagle|eagle3|mtp --config training/configs/<kind>.yaml   # heads on a frozen target
+    draftsman regenerate --target DIR --data-file IN.jsonl --out OUT.jsonl   # replies by the target itself
     draftsman export eagle|medusa --heads DIR --target DIR --engine vllm --out DIR   # for serving engines
 
 Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). User errors (bad config, missing folder, bad prompt) print
@@ -372,6 +373,20 @@ def _run_vocab(args: argparse.Namespace) -> int:
     return vocab.run(args)
 
 
+# --------------------------------------------------------------------------- regenerate
+
+def _add_regenerate_args(p: argparse.ArgumentParser) -> None:
+    from .training import regenerate
+
+    regenerate.add_arguments(p)
+
+
+def _run_regenerate(args: argparse.Namespace) -> int:
+    from .training import regenerate
+
+    return regenerate.run(args)
+
+
 # --------------------------------------------------------------------------- export
 
 def _add_export_args(p: argparse.ArgumentParser) -> None:
@@ -402,6 +417,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
     "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp --config FILE", None, _run_train),
     "vocab": ("count the tokens the target picks most, for a draft model's draft_vocab", _add_vocab_args,
               _run_vocab),
+    "regenerate": ("write a data_file's assistant replies again with the target itself (self-distilled "
+                   "training data for heads)", _add_regenerate_args, _run_regenerate),
     "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
                _run_export),
 }

@@ -34,7 +34,6 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 FORMATS = '{"messages": [...]}, {"conversations": [{"from": ..., "value": ...}]} (ShareGPT) or {"text": ...}'
 
 
-
 class ToolConversation(NamedTuple):
     """A conversation whose line offers tools to the model."""
     messages: list[dict]
@@ -48,8 +47,18 @@ Numbered = tuple[str, Document]  # ("file:line", document): where a template's r
 def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[list[Numbered], list[Numbered]]:
     """(train, held-out) documents of a JSONL file, each with its "file:line"; a bad line is named
     with what to fix."""
-    path = _existing(path)
     train, held = [], []
+    for where, line, doc in iter_documents(path):
+        (held if is_heldout(line.strip(), percent) else train).append((where, doc))
+    if not train or not held:
+        raise ValueError(f"data_file '{path}' gives {len(train)} training and {len(held)} held-out documents "
+                         f"(about {percent}% are held out, by a hash of each line): both need some, so add lines")
+    return train, held
+
+
+def iter_documents(path: str | Path):
+    """("file:line", the line's text, its document) for each non-blank line, in file order."""
+    path = _existing(path)
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -59,11 +68,7 @@ def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[li
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line holds one {FORMATS}") from None
         except ValueError as e:
             raise ValueError(f"{path}:{n}: {e}; each line holds one {FORMATS}") from None
-        (held if is_heldout(line.strip(), percent) else train).append((f"{path}:{n}", doc))
-    if not train or not held:
-        raise ValueError(f"data_file '{path}' gives {len(train)} training and {len(held)} held-out documents "
-                         f"(about {percent}% are held out, by a hash of each line): both need some, so add lines")
-    return train, held
+        yield f"{path}:{n}", line, doc
 
 
 def data_file_digest(path: str | Path) -> str:

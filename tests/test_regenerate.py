@@ -1,0 +1,111 @@
+"""`draftsman regenerate`: a data_file's assistant replies written again by the target itself,
+turn by turn, through speculative decoding; resumable."""
+import json
+
+import pytest
+
+import draftsman
+from draftsman import cli
+
+NEW = 8
+CALL = {"role": "assistant", "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "run", "arguments": {"code": "x"}}}]}
+LINES = [
+    {"messages": [{"role": "user", "content": "def parse(text):"}, {"role": "assistant", "content": "pass"},
+                  {"role": "user", "content": "import os"}, {"role": "assistant", "content": "import sys"}]},
+    {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "for i in range(3):"},
+                       {"from": "gpt", "value": "print(i)"}]},
+    {"text": "x = 1\n"},
+    {"messages": [{"role": "user", "content": "run x"}, CALL, {"role": "tool", "content": "1"},
+                  {"role": "assistant", "content": "done"}]},
+    {"messages": [{"role": "assistant", "content": "Hello, how can I help?"}, {"role": "user", "content": "a = ["},
+                  {"role": "assistant", "content": "1]"}]},
+]
+
+
+def replayed(folder) -> tuple[list[dict], int]:
+    """What regeneration must write, computed one conversation and one turn at a time by plain
+    decoding (no drafter, no batch), and how many replies max_new_tokens cut."""
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    out, cut = [], 0
+    for line in LINES:
+        if "text" in line:
+            out.append(line)
+            continue
+        messages = line.get("messages") or [{"role": roles[t["from"]], "content": t["value"]}
+                                            for t in line["conversations"]]
+        messages = [dict(m) for m in messages]
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant" and i > 0 and not m.get("tool_calls"):
+                reply = dec.chat(messages[:i], max_new_tokens=NEW)
+                messages[i]["content"] = reply.texts[0]
+                cut += reply.stats.finish_reasons[0] == "length"
+        out.append({"messages": messages})
+    return out, cut
+
+
+def write(path, lines):
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def test_replies_are_the_targets_own_turn_by_turn(chat_target, tmp_path, capsys):
+    folder, _ = chat_target
+    data = write(tmp_path / "in.jsonl", LINES)
+    out = tmp_path / "out.jsonl"
+    args = ["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out),
+            "--drafter", "ngram", "--set", "drafter.min_ngram=1", "--max-new-tokens", str(NEW), "--batch-size", "2"]
+    assert cli.main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    want, cut = replayed(folder)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == want
+    assert want[0]["messages"][1]["content"] != "pass"  # replaced, and then answered after
+    assert summary["lines"] == 5 and summary["replies"] == 5 and summary["kept_as_given"] == 2
+    assert summary["cut_at_max_new_tokens"] == cut
+
+
+def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, capsys):
+    folder, _ = chat_target
+    data = write(tmp_path / "in.jsonl", LINES)
+    base = ["regenerate", "--target", str(folder), "--data-file", str(data), "--max-new-tokens", str(NEW)]
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    assert cli.main([*base, "--out", str(whole)]) == 0
+    assert cli.main([*base, "--out", str(part), "--limit", "2"]) == 0
+    assert len(part.read_text().splitlines()) == 2
+    with part.open("a") as f:
+        f.write('{"messages": [{"ro')  # killed mid-line
+    assert cli.main([*base, "--out", str(part)]) == 0
+    assert part.read_text() == whole.read_text()
+    capsys.readouterr()
+    assert cli.main([*base, "--out", str(part), "--limit", "3"]) == 2
+    assert "already holds 5 lines, more than the 3 to write" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lines, args, message", [
+    ([LINES[0], {"messages": []}], [], "in.jsonl:2: the conversation is []"),
+    (LINES, ["--out", "SAME"], "--out must be another file than --data-file"),
+    (LINES, ["--batch-size", "0"], "--batch-size and --max-new-tokens must be at least 1"),
+])
+def test_refusals_come_before_any_model_loads(tmp_path, capsys, lines, args, message):
+    data = write(tmp_path / "in.jsonl", lines)
+    args = [str(data) if a == "SAME" else a for a in args]
+    base = ["regenerate", "--target", "/no/such/model", "--data-file", str(data)]
+    assert cli.main([*base, *([] if "--out" in args else ["--out", str(tmp_path / "o.jsonl")]), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_a_conversation_past_the_context_keeps_its_reply(chat_target, tmp_path, capsys):
+    """No room to answer (the conversation so far fills the target's 256 positions): that reply is
+    kept as given and counted; the other rows of the batch are still written again."""
+    folder, _ = chat_target
+    long = {"messages": [{"role": "user", "content": "x = 1\n" * 200}, {"role": "assistant", "content": "ok"}]}
+    data = write(tmp_path / "in.jsonl", [long, LINES[0]])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out),
+                     "--max-new-tokens", str(NEW)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["kept_past_context"] == 1 and summary["replies"] == 2
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written[0] == long and written[1] == replayed(folder)[0][0]
