@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from .api import Decoder
-from .chat import check_conversation
+from .chat import ToolConversation, check_conversation, tool_line
 from .chisquare import two_sample_chi2
 from .cli import UserError, add_logit_bias_arg, build_config, sampling_flags
 from .config import DEFAULTS
@@ -45,7 +45,7 @@ TIE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, 
 
 def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
     """A JSONL file (one object per line with "text", "messages" (a conversation, for a chat
-    target's template) or "input_ids" for targets without a tokenizer) or a plain text file with
+    target's template, with its "tools" if any) or "input_ids" for targets without a tokenizer) or a plain text file with
     one prompt per line (blank lines skipped). A file whose first non-blank line starts with '{' is
     read as JSONL."""
     p = Path(path)
@@ -65,11 +65,13 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
                              "object per line, e.g. {\"text\": \"def f(\"}") from None
         if isinstance(row, dict) and row.get("text") is not None and row.get("messages") is not None:
             raise ValueError(f'{p}:{n}: a prompt has either "text" or "messages", not both')
+        if isinstance(row, dict) and row.get("tools") is not None and row.get("messages") is None:
+            raise ValueError(f'{p}:{n}: "tools" go with "messages", not with "text" or "input_ids"')
         if isinstance(row, dict) and isinstance(row.get("text"), str):
             prompts.append(row["text"])
         elif isinstance(row, dict) and row.get("messages") is not None:
             try:
-                prompts.append(check_conversation(row["messages"]))
+                prompts.append(tool_line(row, check_conversation(row["messages"])))
             except ValueError as e:
                 raise ValueError(f'{p}:{n}: "messages": {e}') from None
         elif isinstance(row, dict) and isinstance(row.get("input_ids"), list) and all(
@@ -89,6 +91,8 @@ def encode_prompts(decoder: Decoder, prompts: list[str | list[int] | list[dict]]
     def encode(p) -> list[int]:
         if isinstance(p, str):
             return decoder.encode([p])[0]
+        if isinstance(p, ToolConversation):
+            return decoder.encode_chat(p.messages, tools=p.tools)[0]
         if p and isinstance(p[0], dict):  # a conversation
             return decoder.encode_chat(p)[0]
         return list(p)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import NamedTuple
 
 Conversation = list[dict]
 
@@ -79,6 +80,17 @@ def check_template_kwargs(template_kwargs: dict | None) -> dict:
                          "variables: use continue_final_message= to choose the turn and tools= for tool "
                          "definitions; documents are not supported")
     return dict(template_kwargs)
+
+
+class ToolConversation(NamedTuple):
+    """A conversation that offers tools to the model (a prompt or data_file line with "tools")."""
+    messages: Conversation
+    tools: list[dict]
+
+
+def tool_line(row: dict, conversation: Conversation) -> Conversation | ToolConversation:
+    """A JSONL line's checked conversation, with the line's "tools" when it has them."""
+    return conversation if row.get("tools") is None else ToolConversation(conversation, check_tools(row["tools"]))
 
 
 TOOL_SHAPE = "{'type': 'function', 'function': {'name': ..., 'description': ..., 'parameters': {...}}}"

@@ -133,3 +133,30 @@ def test_data_file_lines_carry_their_tools(tool_target, tmp_path):
     bad = write(tmp_path / "bad2.jsonl", [rows(1)[0], {"messages": ASK, "tools": "get_weather"}])
     with pytest.raises(ValueError, match="bad2.jsonl:2: tools must be a non-empty list"):
         read_documents(bad)
+
+
+def test_audit_and_compare_prompt_files_take_tools(tool_target, tmp_path, capsys):
+    from draftsman import audit
+    from draftsman.bench import compare, prompts_set
+
+    folder, tok = tool_target
+    path = write(tmp_path / "prompts.jsonl", [{"messages": ASK, "tools": TOOLS}, {"messages": ASK}])
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    want = [chatml_ids(tok, with_tools_turn(ASK)), chatml_ids(tok, ASK)]
+    assert audit.encode_prompts(dec, audit.read_prompts(path)) == want
+    prompts = prompts_set.read_prompts(path)[0]
+    assert compare._encode(dec, prompts, max_new_tokens=NEW) == want
+    prompts_set.write_prompts(tmp_path / "again.jsonl", prompts, {})  # tools survive a rewrite, only where given
+    assert prompts_set.read_prompts(tmp_path / "again.jsonl")[0] == prompts
+    assert '"tools"' not in (tmp_path / "again.jsonl").read_text().splitlines()[2]
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3}}))
+    assert cli.main(["audit", "--config", str(config), "--prompts", str(path), "--only", "greedy",
+                     "--max-new-tokens", str(NEW), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"]
+    for line, message in [({"text": "a", "tools": TOOLS}, '"tools" go with "messages"'),
+                          ({"messages": ASK, "tools": {"name": "x"}}, "tools must be a non-empty list")]:
+        write(path, [line])
+        for read in (audit.read_prompts, prompts_set.read_prompts):
+            with pytest.raises(ValueError, match=f"prompts.jsonl:1: .*{message}"):
+                read(path)

@@ -23,21 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import NamedTuple
-
-from draftsman.chat import check_conversation, check_tools, whole_conversation_ids, whole_conversation_reply_mask
+from draftsman.chat import (ToolConversation, check_conversation, tool_line, whole_conversation_ids,
+                            whole_conversation_reply_mask)
 
 from .corpus import HELDOUT_PERCENT, is_heldout
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 FORMATS = '{"messages": [...]}, {"conversations": [{"from": ..., "value": ...}]} (ShareGPT) or {"text": ...}'
-
-
-class ToolConversation(NamedTuple):
-    """A conversation whose line offers tools to the model."""
-    messages: list[dict]
-    tools: list[dict]
 
 
 Document = str | list[dict] | ToolConversation  # plain text, or a conversation (with its tools)
@@ -90,8 +83,7 @@ def _document(row) -> Document:
     if row.get("tools") is not None:
         if "messages" not in row and "conversations" not in row:
             raise ValueError('"tools" go with a conversation ("messages" or "conversations"), not with "text"')
-        conversation = _document({key: value for key, value in row.items() if key != "tools"})
-        return ToolConversation(conversation, check_tools(row["tools"]))
+        return tool_line(row, _document({key: value for key, value in row.items() if key != "tools"}))
     if "messages" in row:
         return check_conversation(row["messages"])
     if "conversations" in row:

@@ -102,8 +102,8 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
 
 def _encode(decoder: Decoder, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
-    ids = [decoder.encode_chat(p.messages)[0] if p.messages is not None else decoder.encode([p.text])[0]
-           for p in prompts]
+    ids = [decoder.encode_chat(p.messages, tools=p.tools)[0] if p.messages is not None
+           else decoder.encode([p.text])[0] for p in prompts]
     room = decoder.engine.max_context
     for p, row in zip(prompts, ids):
         if len(row) + max_new_tokens > room:

@@ -27,7 +27,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..chat import check_conversation
+from ..chat import check_conversation, check_tools
 
 CATEGORIES = ("continuation", "copy", "docstring")
 BUILD_COMMAND = "draftsman compare --build-prompts {out}"
@@ -49,6 +49,7 @@ class Prompt:
     tokens: int = 0  # prompt length in the building tokenizer's tokens
     text: str = ""
     messages: list | None = None  # a conversation, rendered by the target's chat template (instead of text)
+    tools: list | None = None  # with messages: tool definitions for a tool-calling template
 
 
 # --------------------------------------------------------------------------- reading / writing
@@ -79,8 +80,11 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
                 raise ValueError(f'{path}:{n}: a prompt has either "text" or "messages", not both')
             try:
                 messages, text = check_conversation(messages), ""
+                tools = check_tools(rec.get("tools"))
             except ValueError as e:
                 raise ValueError(f'{path}:{n}: "messages": {e}') from None
+        elif rec.get("tools") is not None:
+            raise ValueError(f'{path}:{n}: "tools" go with "messages", not with "text"')
         elif not isinstance(text, str) or not text:
             raise ValueError(f'{path}:{n}: every prompt needs a non-empty string "text" (or "messages": a '
                              'conversation like [{"role": "user", "content": "..."}] for a chat target)')
@@ -90,7 +94,7 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
             raise ValueError(f"{path}:{n}: prompt id '{pid}' is used twice; ids must be unique")
         seen.add(pid)
         prompts.append(Prompt(pid, category, str(rec.get("source", "")), int(rec.get("line", 0)),
-                              int(rec.get("tokens", 0)), text, messages))
+                              int(rec.get("tokens", 0)), text, messages, tools if messages is not None else None))
     if not prompts:
         raise ValueError(f"prompt file '{path}' holds no prompts")
     return prompts, meta
@@ -108,6 +112,8 @@ def _record(p: Prompt) -> dict:
     """A prompt's JSON object: "text" or "messages", whichever it has."""
     rec = asdict(p)
     del rec["text" if p.messages is not None else "messages"]
+    if p.tools is None:
+        del rec["tools"]
     return rec
 
 
