@@ -45,9 +45,9 @@ TIE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, 
 
 def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
     """A JSONL file (one object per line with "text", "messages" (a conversation, for a chat
-    target's template, with its "tools" if any) or "input_ids" for targets without a tokenizer) or a plain text file with
-    one prompt per line (blank lines skipped). A file whose first non-blank line starts with '{' is
-    read as JSONL."""
+    target's template, with its "tools" if any) or "input_ids" for targets without a tokenizer) or
+    a plain text file with one prompt per line (blank lines skipped). A file whose first non-blank
+    line starts with '{' is read as JSONL."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"prompts file '{p}' does not exist")
@@ -71,9 +71,13 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
             prompts.append(row["text"])
         elif isinstance(row, dict) and row.get("messages") is not None:
             try:
-                prompts.append(tool_line(row, check_conversation(row["messages"])))
+                conversation = check_conversation(row["messages"])
             except ValueError as e:
                 raise ValueError(f'{p}:{n}: "messages": {e}') from None
+            try:
+                prompts.append(tool_line(row, conversation))
+            except ValueError as e:
+                raise ValueError(f'{p}:{n}: "tools": {e}') from None
         elif isinstance(row, dict) and isinstance(row.get("input_ids"), list) and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in row["input_ids"]):
             prompts.append(row["input_ids"])

@@ -155,7 +155,7 @@ def test_audit_and_compare_prompt_files_take_tools(tool_target, tmp_path, capsys
                      "--max-new-tokens", str(NEW), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["passed"]
     for line, message in [({"text": "a", "tools": TOOLS}, '"tools" go with "messages"'),
-                          ({"messages": ASK, "tools": {"name": "x"}}, "tools must be a non-empty list")]:
+                          ({"messages": ASK, "tools": {"name": "x"}}, '"tools": tools must be a non-empty list')]:
         write(path, [line])
         for read in (audit.read_prompts, prompts_set.read_prompts):
             with pytest.raises(ValueError, match=f"prompts.jsonl:1: .*{message}"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+
 from draftsman.chat import (ToolConversation, check_conversation, tool_line, whole_conversation_ids,
                             whole_conversation_reply_mask)
 
@@ -102,25 +103,26 @@ def _document(row) -> Document:
 def document_ids(tokenizer, numbered: Numbered, target: str) -> list[int]:
     """A document's token ids: text as the corpus is tokenized, a conversation through the chat
     template (which writes its own special tokens, so none are added)."""
-    where, doc = numbered
-    if isinstance(doc, str):
-        return tokenizer(doc)["input_ids"]
-    messages, tools = doc if isinstance(doc, ToolConversation) else (doc, None)
-    try:
-        return whole_conversation_ids(tokenizer, messages, target, tools)
-    except ValueError as e:  # e.g. the template's "roles must alternate": name the line
-        raise ValueError(f"{where}: {e}") from None
+    if isinstance(numbered[1], str):
+        return tokenizer(numbered[1])["input_ids"]
+    return _through_template(whole_conversation_ids, tokenizer, numbered, target)
 
 
 def document_ids_and_reply_mask(tokenizer, numbered: Numbered, target: str) -> tuple[list[int], list[int]]:
     """document_ids and a 0/1 mask over them, 1 where a token belongs to an assistant's reply (a
     plain text counts whole)."""
-    where, doc = numbered
-    if isinstance(doc, str):  # its own text, not the BOS the tokenizer may add
-        enc = tokenizer(doc, return_special_tokens_mask=True)
+    if isinstance(numbered[1], str):  # its own text, not the BOS the tokenizer may add
+        enc = tokenizer(numbered[1], return_special_tokens_mask=True)
         return enc["input_ids"], [1 - special for special in enc["special_tokens_mask"]]
+    return _through_template(whole_conversation_reply_mask, tokenizer, numbered, target)
+
+
+def _through_template(render, tokenizer, numbered: Numbered, target: str):
+    """render(tokenizer, messages, target, tools) for a conversation document; a refusal (e.g. the
+    template's "roles must alternate") names the line."""
+    where, doc = numbered
     messages, tools = doc if isinstance(doc, ToolConversation) else (doc, None)
     try:
-        return whole_conversation_reply_mask(tokenizer, messages, target, tools)
+        return render(tokenizer, messages, target, tools)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from ..verifier.hf_compat import cache_kwarg
+from .heads import all_positions
 
 
 @torch.no_grad()
@@ -66,8 +67,7 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
     learned (assistant_only_loss); None: all."""
     ids = getattr(head, "module", head).draft_token_ids
     L = x.shape[1]
-    if learned is None:
-        learned = torch.ones_like(x, dtype=torch.bool)
+    learned = all_positions(x) if learned is None else learned
     total, accuracy = 0.0, []
     for j, logits in enumerate(unroll(head, aux, x, cfg["ttt_steps"])):
         m = L - 1 - j  # entries whose label lies inside the window
@@ -93,7 +93,7 @@ def evaluate_eagle3(head, run_target, windows: torch.Tensor, depths: int, batch:
     ids = head.draft_token_ids
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(ids.device)
-        keep = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
+        keep = all_positions(x) if learned is None else learned[i:i + batch].to(x.device)
         aux, greedy, _ = run_target(x)
         L = x.shape[1]
         for k, logits in enumerate(unroll(head, aux, x, depths)):
@@ -125,7 +125,7 @@ def greedy_score_scale(head, run_target, windows: torch.Tensor, learned: torch.T
     logits_seen, labels_seen = [], []
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(ids.device)
-        counted = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
+        counted = all_positions(x) if learned is None else learned[i:i + batch].to(x.device)
         aux, greedy, _ = run_target(x)
         for k, logits in enumerate(unroll(head, aux, x, depths)):
             m = x.shape[1] - 1 - k

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .heads import masked_cross_entropy
+from .heads import all_positions, masked_cross_entropy
 
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
@@ -51,7 +51,7 @@ def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, de
     counts = torch.zeros(depths)
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch].to(next(head.parameters()).device)
-        keep = torch.ones_like(x, dtype=torch.bool) if learned is None else learned[i:i + batch].to(x.device)
+        keep = all_positions(x) if learned is None else learned[i:i + batch].to(x.device)
         features, greedy = target_pass(x)
         f_in = features[:, :-1]
         L = x.shape[1]

@@ -99,30 +99,37 @@ def load_config(raw) -> dict:
     return cfg
 
 
-def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Train / held-out token streams in the target's tokenizer, documents joined by EOS (cached as
-    .npy): the corpus_root files, or the data_file's documents. check_heldout=False: the caller
-    reads only the train stream, so only it must be longer than seq_len."""
+def training_streams(cfg: dict, tokenizer, check_heldout: bool = True):
+    """(train, held-out, masks): token streams in the target's tokenizer, documents joined by EOS
+    (cached as .npy), from the corpus_root files or the data_file's documents; masks, with
+    assistant_only_loss, are 0/1 streams aligned with them, 1 where the token belongs to an
+    assistant's reply (training/documents.py), else None (every position counts).
+    check_heldout=False: the caller reads only the train stream, so only it must be longer than
+    seq_len."""
     streams = _cached_streams(cfg, tokenizer)
     checked = ("train", "heldout") if check_heldout else ("train",)
     for name in checked:
         if len(streams[name]) <= cfg["seq_len"]:
             raise ValueError(f"the {name} split has {len(streams[name])} tokens, no more than seq_len "
                              f"{cfg['seq_len']}: add documents or lower seq_len")
-    return streams["train"], streams["heldout"]
+    masks = None
+    if cfg["assistant_only_loss"]:
+        if not streams["train-replies"].any():
+            raise ValueError(f"data_file '{cfg['data_file']}' has no assistant replies in its training split, so "
+                             "assistant_only_loss leaves nothing to learn: add conversations with assistant "
+                             "messages, or set assistant_only_loss: false")
+        masks = streams["train-replies"], streams["heldout-replies"]
+    return streams["train"], streams["heldout"], masks
+
+
+def token_streams(cfg: dict, tokenizer, check_heldout: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """training_streams' train and held-out token streams."""
+    return training_streams(cfg, tokenizer, check_heldout)[:2]
 
 
 def reply_masks(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray] | None:
-    """With assistant_only_loss: 0/1 streams aligned with token_streams', 1 where the token belongs
-    to an assistant's reply (training/documents.py). None without it: every position counts."""
-    if not cfg["assistant_only_loss"]:
-        return None
-    streams = _cached_streams(cfg, tokenizer)
-    if not streams["train-replies"].any():
-        raise ValueError(f"data_file '{cfg['data_file']}' has no assistant replies in its training split, so "
-                         "assistant_only_loss leaves nothing to learn: add conversations with assistant messages, "
-                         "or set assistant_only_loss: false")
-    return streams["train-replies"], streams["heldout-replies"]
+    """training_streams' reply masks (None without assistant_only_loss)."""
+    return training_streams(cfg, tokenizer, check_heldout=False)[2]
 
 
 def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
@@ -204,6 +211,7 @@ def learned_positions(in_reply: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def all_positions(x: torch.Tensor) -> torch.Tensor:
+    """learned_positions without a mask: every position of x."""
     return torch.ones_like(x, dtype=torch.bool)
 
 
@@ -366,11 +374,9 @@ def evaluate_only(config) -> dict:
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
-    train_stream, held_stream = token_streams(cfg, tokenizer)
+    train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
-    ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream,
-                           masks=reply_masks(cfg, tokenizer))
+    ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream, masks=masks)
     return {"kind": cfg["kind"], "heldout_agreement": ev}
 
 
@@ -386,8 +392,7 @@ def train(config) -> dict:
     target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
-    train_stream, held_stream = token_streams(cfg, tokenizer)
-    masks = reply_masks(cfg, tokenizer)
+    train_stream, held_stream, masks = training_streams(cfg, tokenizer)
     train_mask = masks[0] if masks else None
     # Once: building and saving the heads both use it.
     frequent = target_token_frequencies(cfg, target, train_stream, acc.autocast, train_mask)

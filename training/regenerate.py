@@ -83,10 +83,11 @@ def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dic
     """The output lines of a batch of documents: conversations with their assistant replies
     generated again, all conversations' k-th replies in one batched call."""
     chats = [_as_chat(doc) for doc in documents]
-    pending = [[i for i, m in enumerate(chat["messages"]) if _regenerated(chat["messages"], i)]
-               if "messages" in chat else [] for chat in chats]
-    summary["kept_as_given"] += sum(m.get("role") == "assistant" for chat in chats for m in chat.get("messages", [])) \
-        - sum(map(len, pending))
+    pending = []  # per conversation: the places of the replies to write again, in order
+    for chat in chats:
+        messages = chat.get("messages", [])
+        pending.append([i for i in range(len(messages)) if _regenerated(messages, i)])
+        summary["kept_as_given"] += sum(m.get("role") == "assistant" for m in messages) - len(pending[-1])
     while any(pending):
         rows = [(c, pending[c].pop(0)) for c in range(len(chats)) if pending[c]]
         by_tools: dict[str, list[tuple[int, int]]] = {}  # one generate call per tool set

@@ -1,7 +1,7 @@
 """`draftsman vocab --target FOLDER --out FILE`: which tokens the target picks most (greedy), counted
 on the training split of the corpus (or of a data_file), never on held-out text. A drafter with
-`draft_vocab: N` keeps only the first N of that order in its LM head (drafters/draft_vocab.py). Heads carry the order in
-their config.json already; a separate draft model gets it from this file (by default
+`draft_vocab: N` keeps only the first N of that order in its LM head (drafters/draft_vocab.py).
+Heads carry the order in their config.json already; a separate draft model gets it from this file (by default
 `<draft model folder>/tokens_by_frequency.json`)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.draft_vocab import ORDER_FILE
-from .heads import DEFAULTS, reply_masks, target_token_frequencies, token_streams
+from .heads import DEFAULTS, target_token_frequencies, training_streams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,9 +52,7 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     # for any training later in the same process.
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    train_stream, _ = token_streams(cfg, tokenizer, check_heldout=False)
-    masks = reply_masks(cfg, tokenizer)
+    train_stream, _, masks = training_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
     frequent = target_token_frequencies(cfg, model, train_stream, autocast, masks[0] if masks else None)
     where = " inside assistant replies" if assistant_only else ""
     return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],

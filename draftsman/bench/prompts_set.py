@@ -80,9 +80,12 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
                 raise ValueError(f'{path}:{n}: a prompt has either "text" or "messages", not both')
             try:
                 messages, text = check_conversation(messages), ""
-                tools = check_tools(rec.get("tools"))
             except ValueError as e:
                 raise ValueError(f'{path}:{n}: "messages": {e}') from None
+            try:
+                tools = check_tools(rec.get("tools"))
+            except ValueError as e:
+                raise ValueError(f'{path}:{n}: "tools": {e}') from None
         elif rec.get("tools") is not None:
             raise ValueError(f'{path}:{n}: "tools" go with "messages", not with "text"')
         elif not isinstance(text, str) or not text:
