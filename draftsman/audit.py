@@ -23,6 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from .api import Decoder
+from .bench.prompts_set import turn_prompts
 from .chat import ToolConversation, check_conversation, tool_line
 from .chisquare import two_sample_chi2
 from .cli import UserError, add_logit_bias_arg, build_config, sampling_flags
@@ -45,7 +46,8 @@ TIE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, 
 
 def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
     """A JSONL file (one object per line with "text", "messages" (a conversation, for a chat
-    target's template, with its "tools" if any) or "input_ids" for targets without a tokenizer) or
+    target's template, with its "tools" if any), "turns" (a Spec-Bench question, whose first turn
+    is the prompt) or "input_ids" for targets without a tokenizer) or
     a plain text file with one prompt per line (blank lines skipped). A file whose first non-blank
     line starts with '{' is read as JSONL."""
     p = Path(path)
@@ -67,7 +69,9 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
             raise ValueError(f'{p}:{n}: a prompt has either "text" or "messages", not both')
         if isinstance(row, dict) and row.get("tools") is not None and row.get("messages") is None:
             raise ValueError(f'{p}:{n}: "tools" go with "messages", not with "text" or "input_ids"')
-        if isinstance(row, dict) and isinstance(row.get("text"), str):
+        if isinstance(row, dict) and row.get("turns") is not None:  # Spec-Bench's question.jsonl
+            prompts.append(turn_prompts(row, f"{p}:{n}")[0].messages)  # the first turn: no reply needed
+        elif isinstance(row, dict) and isinstance(row.get("text"), str):
             prompts.append(row["text"])
         elif isinstance(row, dict) and row.get("messages") is not None:
             try:
@@ -281,8 +285,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or JSON run config: the target and drafter to audit")
     p.add_argument("--prompts", metavar="FILE",
                    help='JSONL with a "text" field per line (or "messages": a conversation for the target\'s chat '
-                        'template, or "input_ids"), or plain text with one prompt per line; default: a few built-in '
-                        "short code prompts")
+                        'template, "input_ids", or Spec-Bench\'s "turns": the first turn), or plain text with one '
+                        "prompt per line; default: a few built-in short code prompts")
     p.add_argument("--drafter", metavar="NAME", help="audit this drafter instead of the config's (its options "
                    "are dropped; add new ones with --set)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",

@@ -79,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dict) -> list[dict]:
+def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dict, **generate_args) -> list[dict]:
     """The output lines of a batch of documents: conversations with their assistant replies
-    generated again, all conversations' k-th replies in one batched call."""
+    generated again, all conversations' k-th replies in one batched call (generate_args: e.g.
+    temperature=0 over the decoder's config)."""
     chats = [_as_chat(doc) for doc in documents]
     pending = []  # per conversation: the places of the replies to write again, in order
     for chat in chats:
@@ -99,7 +100,7 @@ def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dic
             summary["kept_past_context"] += len(group) - len(fits)  # no room left to answer: kept as given
             if not fits:
                 continue
-            out = decoder.generate(input_ids=[ids[k] for k in fits], max_new_tokens=max_new_tokens)
+            out = decoder.generate(input_ids=[ids[k] for k in fits], max_new_tokens=max_new_tokens, **generate_args)
             for k, text, reason in zip(fits, out.texts, out.stats.finish_reasons):
                 c, at = group[k]
                 chats[c]["messages"][at] = {**chats[c]["messages"][at], "content": text}

@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default results/compare)")
     p.add_argument("--prompts", help="JSONL prompt file, one {\"text\": ..., \"category\": ...} per line, or "
                                      "\"messages\" (a conversation for the target's chat template) in place of "
-                                     "\"text\" (default: the bundled held-out set)")
+                                     "\"text\"; Spec-Bench's question.jsonl ({\"question_id\", \"category\", "
+                                     "\"turns\"}) reads as it is (default: the bundled held-out set)")
     p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c], help="e.g. copy,docstring")
     p.add_argument("--prompts-per-category", type=int, metavar="N")
     p.add_argument("--temperatures", type=_numbers(float), help="e.g. 0,1 (default 0,1)")

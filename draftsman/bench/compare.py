@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from ..config import load_config
 from .config import changes_greedy_output, drafter_label, drafter_options
 from .memory import PeakMemory
 from .peers import build_peers
-from .prompts_set import Prompt, by_category, read_prompts
+from .prompts_set import Prompt, answer_earlier_turns, by_category, read_prompts
 from .runner import Ours, Tally, batch_sweep, first_divergence, median_interval, time_interleaved
 
 
@@ -34,6 +35,11 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     if base.tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer; compare reads text "
                          "prompts, so it needs one")
+    chosen = [p for ps in groups.values() for p in ps]
+    if any(p.messages is None and p.turns is not None for p in chosen):
+        if progress:
+            print("answering the earlier turns of multi-turn prompts with the target (greedy) ...", file=sys.stderr)
+        answer_earlier_turns(base, chosen, cfg["max_new_tokens"])
     encoded = {c: _encode(base, ps, cfg["max_new_tokens"]) for c, ps in groups.items()}
 
     # `none` needs no second Decoder: the base one already has it.
@@ -102,6 +108,9 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
 
 def _encode(decoder: Decoder, prompts: list[Prompt], max_new_tokens: int) -> list[list[int]]:
+    unanswered = [p.id for p in prompts if p.messages is None and p.turns is not None]
+    if unanswered:  # its text is empty: it would time a prompt of nothing
+        raise RuntimeError(f"prompts {unanswered} need answer_earlier_turns before they are encoded")
     ids = [decoder.encode_chat(p.messages, tools=p.tools)[0] if p.messages is not None
            else decoder.encode([p.text])[0] for p in prompts]
     room = decoder.engine.max_context

@@ -16,7 +16,13 @@ category per pass over them, so a large repetitive file cannot fill a category o
 JSONL: an optional first line {"meta": {...}} saying how the file was built, then one object per
 prompt: {"id", "category", "source", "line", "tokens", "text"}. A user's own file needs only
 "text" per line ("category" defaults to "default"), or, for a chat/instruct target, "messages":
-a conversation the target's chat template turns into the prompt (as Spec-Bench's MT-bench rows).
+a conversation the target's chat template turns into the prompt.
+
+Spec-Bench's question.jsonl reads as it is: a row {"question_id", "category", "turns": [...]}
+gives one prompt per user turn. A later turn's conversation holds the earlier turns with the
+target's own greedy replies, written once before timing (answer_earlier_turns), so every drafter
+and temperature times the same prompts. Spec-Bench's eight MT-bench categories are reported as
+its one task "mt_bench" (each prompt keeps its own category in "source").
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ from pathlib import Path
 from ..chat import check_conversation, check_tools
 
 CATEGORIES = ("continuation", "copy", "docstring")
+# Spec-Bench's speed report groups these categories of its question.jsonl as the task "mt_bench".
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+REPLAY_BATCH = 8  # questions whose earlier turns are answered side by side
 BUILD_COMMAND = "draftsman compare --build-prompts {out}"
 DEFAULT_CATEGORY = "default"
 
@@ -50,6 +59,9 @@ class Prompt:
     text: str = ""
     messages: list | None = None  # a conversation, rendered by the target's chat template (instead of text)
     tools: list | None = None  # with messages: tool definitions for a tool-calling template
+    # A Spec-Bench row's prompt: the user's turns up to this prompt's one. A later turn's messages
+    # stay None until answer_earlier_turns writes the target's replies between them.
+    turns: list | None = None
 
 
 # --------------------------------------------------------------------------- reading / writing
@@ -73,6 +85,13 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
             raise ValueError(f"{path}:{n}: expected a JSON object like {{\"text\": \"...\"}}, got {type(rec).__name__}")
         if "meta" in rec:
             meta = rec["meta"]
+            continue
+        if rec.get("turns") is not None:
+            for prompt in turn_prompts(rec, f"{path}:{n}"):
+                if prompt.id in seen:
+                    raise ValueError(f"{path}:{n}: prompt id '{prompt.id}' is used twice; ids must be unique")
+                seen.add(prompt.id)
+                prompts.append(prompt)
             continue
         text, messages = rec.get("text"), rec.get("messages")
         if messages is not None:
@@ -103,6 +122,50 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
     return prompts, meta
 
 
+def turn_prompts(rec: dict, where: str) -> list[Prompt]:
+    """A Spec-Bench row's prompts, one per user turn: ids "<question_id>", "<question_id>-turn2", ..."""
+    turns = rec["turns"]
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
+        raise ValueError(f'{where}: "turns" must be a non-empty list of the user\'s messages (strings), as in '
+                         f"Spec-Bench's question.jsonl; got {turns!r}"[:300])
+    other = [key for key in ("text", "messages", "tools") if rec.get(key) is not None]
+    if other:
+        raise ValueError(f'{where}: a prompt has "turns" or {other[0]!r}, not both')
+    asked = str(rec.get("category") or DEFAULT_CATEGORY)
+    category = "mt_bench" if asked in MT_BENCH_CATEGORIES else asked
+    qid = rec.get("question_id", rec.get("id"))
+    if qid is None:
+        raise ValueError(f'{where}: a "turns" row needs its "question_id" (Spec-Bench\'s) or an "id"')
+    return [Prompt(str(qid) if k == 1 else f"{qid}-turn{k}", category, asked, turns=turns[:k],
+                   messages=[{"role": "user", "content": turns[0]}] if k == 1 else None)
+            for k in range(1, len(turns) + 1)]
+
+
+def answer_earlier_turns(decoder, prompts: list[Prompt], max_new_tokens: int) -> int:
+    """Write the conversation of every later-turn prompt: the user's earlier turns, each answered
+    by the target's greedy reply of at most max_new_tokens, as Spec-Bench replays a question (whose
+    T>0 runs answer with a sample instead). Returns how many replies were generated."""
+    from ..training.regenerate import regenerate_batch
+
+    later = [p for p in prompts if p.messages is None and p.turns is not None]
+    asked = list(dict.fromkeys(tuple(p.turns) for p in later))
+    # One replay per question, through its last turn asked: a shorter list of turns is its prefix.
+    replays = [t for t in asked if not any(len(o) > len(t) and o[:len(t)] == t for o in asked)]
+    summary = {"replies": 0, "cut_at_max_new_tokens": 0, "kept_as_given": 0, "kept_past_context": 0}
+    conversations = []
+    for start in range(0, len(replays), REPLAY_BATCH):
+        chats = [[m for turn in turns for m in ({"role": "user", "content": turn},
+                                                {"role": "assistant", "content": ""})][:-1]
+                 for turns in replays[start:start + REPLAY_BATCH]]
+        conversations += [c["messages"] for c in regenerate_batch(decoder, chats, max_new_tokens, summary,
+                                                                  temperature=0)]
+    for p in later:
+        k = len(p.turns)
+        whole = next(c for turns, c in zip(replays, conversations) if turns[:k] == tuple(p.turns))
+        p.messages = whole[:2 * k - 1]
+    return summary["replies"]
+
+
 def write_prompts(path: str | Path, prompts: list[Prompt], meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +178,9 @@ def _record(p: Prompt) -> dict:
     """A prompt's JSON object: "text" or "messages", whichever it has."""
     rec = asdict(p)
     del rec["text" if p.messages is not None else "messages"]
-    if p.tools is None:
-        del rec["tools"]
+    for key in ("tools", "turns"):
+        if rec[key] is None:
+            del rec[key]
     return rec
 
 
