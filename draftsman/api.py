@@ -98,7 +98,8 @@ class Decoder:
                  frequency_penalty: float | None = None, min_new_tokens: int | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
-                 logit_bias: dict[int, float] | None = None) -> GenerationOutput:
+                 logit_bias: dict[int, float] | None = None,
+                 lossy_typical_acceptance: bool | dict | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
@@ -108,7 +109,11 @@ class Decoder:
         position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's);
         num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
         prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n;
-        logit_bias: {token id: bias} added to the target's logits (OpenAI's)."""
+        logit_bias: {token id: bias} added to the target's logits (OpenAI's);
+        lossy_typical_acceptance: LOSSY, True or {"posterior_threshold": 0.09, "posterior_alpha": 0.3}:
+        at temperature > 0 drafts are accepted by Medusa's typical acceptance, so the output is no
+        longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
+        turns a config's setting off."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -116,8 +121,8 @@ class Decoder:
         ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias),
-            min_new_tokens, stop_token_ids)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+            lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
         if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) \
                 or num_return_sequences < 1:
             raise ValueError(f"num_return_sequences must be a whole number >= 1, got {num_return_sequences!r}")
@@ -140,10 +145,11 @@ class Decoder:
                min_p: float | None = None, stop: list[str] | None = None,
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, min_new_tokens: int | None = None,
-               stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None):
+               stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None,
+               lossy_typical_acceptance: bool | dict | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
-        statistics afterwards."""
+        statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass either a prompt (text) or input_ids (token ids), not both or neither")
         if self.tokenizer is None:
@@ -153,8 +159,8 @@ class Decoder:
         shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias),
-            min_new_tokens, stop_token_ids)
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+            lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
         stops = args["stop"]
         for _, new in self.engine.stream(ids, stats=stats, **args):
             if not text.add(new):  # nothing new, or a character still incomplete

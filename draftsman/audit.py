@@ -26,7 +26,7 @@ from .api import Decoder
 from .bench.prompts_set import turn_prompts
 from .chat import ToolConversation, check_conversation, tool_line
 from .chisquare import two_sample_chi2
-from .cli import UserError, add_logit_bias_arg, build_config, sampling_flags
+from .cli import UserError, add_logit_bias_arg, add_lossy_typical_arg, build_config, sampling_flags
 from .config import DEFAULTS
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
@@ -234,6 +234,9 @@ def run_audit(decoder: Decoder, prompts: list[list[int]], *, max_new_tokens: int
     if "sampling" in checks:
         result["sampling"] = sampling_check(decoder, prompts[:sample_prompts], sampling, samples, positions,
                                             alpha, seed, batch_size)
+        if sampling.lossy:
+            result["warnings"].append("sampling: lossy_typical_acceptance is on, so this check is expected to fail: "
+                                      "drafts accepted by typical acceptance are not the target's samples")
         if weak and min(result["sampling"]["tau"]) <= 1.0:
             result["warnings"].append("sampling: on some prompt no draft was accepted, so the accept path "
                                       "went unchecked there")
@@ -305,6 +308,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalty", type=float, help="sampling: default sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="sampling: default sampling.frequency_penalty")
     add_logit_bias_arg(p, prefix="sampling: ")
+    add_lossy_typical_arg(p, prefix="sampling: ")
     p.add_argument("--samples", type=int, default=2000, help="sampling: samples per side per prompt (default 2000)")
     p.add_argument("--sample-prompts", type=int, default=2, help="sampling: how many of the prompts (default 2)")
     p.add_argument("--positions", type=int, default=3, help="sampling: first tokens compared (default 3)")

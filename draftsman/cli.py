@@ -84,6 +84,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="vLLM / OpenAI's; default: sampling.frequency_penalty")
     add_logit_bias_arg(p)
+    add_lossy_typical_arg(p)
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a row when it generates TEXT (repeatable; the output ends before it); "
                         "default: generation.stop. In bash, --stop $'\\n\\n' is two newlines")
@@ -141,6 +142,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise UserError("--top-logprobs needs --logprobs (and --json): add them")
     input_ids = [parse_input_ids(s) for s in args.input_ids] or None
     cfg = build_config(args.config, args.drafter, args.overrides)
+    lossy_warning({key: cfg["sampling"][key] if value is None else value
+                   for key, value in sampling_flags(args).items()})
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
@@ -174,6 +177,29 @@ def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--logit-bias", action="append", type=parse_logit_bias, metavar="ID=BIAS",
                    help=f"{prefix}add BIAS (in [-100, 100]) to token ID's logit (repeatable; OpenAI's logit_bias); "
                         "default: sampling.logit_bias")
+
+
+def add_lossy_typical_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    p.add_argument("--lossy-typical-acceptance", nargs="?", const=True, type=parse_typical, metavar="THRESHOLD,ALPHA",
+                   help=f"{prefix}LOSSY: accept drafts by Medusa's typical acceptance at temperature > 0 "
+                        "(posterior threshold and alpha; default 0.09,0.3). More drafts are accepted, and the "
+                        "output is no longer distributed as the target's; default: sampling.lossy_typical_acceptance")
+
+
+def parse_typical(text: str) -> dict:
+    """'0.09,0.3' -> {'posterior_threshold': 0.09, 'posterior_alpha': 0.3}."""
+    try:
+        threshold, alpha = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected THRESHOLD,ALPHA, e.g. 0.09,0.3") from None
+    return {"posterior_threshold": threshold, "posterior_alpha": alpha}
+
+
+def lossy_warning(sampling: dict) -> None:
+    """Say it on stderr whenever a run is lossy, so no output passes for the target's own."""
+    if sampling.get("lossy_typical_acceptance") not in (None, False) and sampling.get("temperature"):
+        print("warning: lossy_typical_acceptance is on: drafts are accepted by Medusa's typical acceptance, so "
+              "this output is NOT distributed as the target's own samples", file=sys.stderr)
 
 
 def parse_logit_bias(text: str) -> tuple[int, float]:
@@ -252,7 +278,7 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids
 def _print_stats(cfg: dict, s: GenerationStats) -> None:
     print(f"[stats] drafter {cfg['drafter']['name']}: tau {s.tau:.2f} tokens/pass, "
           f"{s.tokens_per_second:.1f} tokens/s, {s.rounds} rounds, {s.new_tokens} new tokens, "
-          f"{s.total_seconds:.2f} s")
+          f"{s.total_seconds:.2f} s" + (" (LOSSY: typical acceptance)" if s.lossy else ""))
 
 
 # --------------------------------------------------------------------------- drafters

@@ -3,7 +3,8 @@
     target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, repetition_penalty: null,
-               presence_penalty: null, frequency_penalty: null, logit_bias: null}
+               presence_penalty: null, frequency_penalty: null, logit_bias: null,
+               lossy_typical_acceptance: null}                  # LOSSY when set (verifier/typical.py)
     generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null}
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from .stop import check_stop_strings
+from .verifier.sampling import TypicalAcceptance
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "target": {
@@ -37,6 +39,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "presence_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this for each token generated before
         "frequency_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this x how often it was generated
         "logit_bias": None,  # OpenAI's: {token id: bias in [-100, 100]}, added to the target's logits first
+        # LOSSY when set: Medusa's typical acceptance at T > 0 (true = its defaults, or {posterior_threshold,
+        # posterior_alpha}); the output is then NOT the target's distribution (verifier/typical.py)
+        "lossy_typical_acceptance": None,
     },
     "generation": {
         "max_new_tokens": 64,
@@ -101,6 +106,10 @@ def merge(raw: dict) -> dict:
     ids = cfg["generation"]["stop_token_ids"]
     if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ValueError(f"generation.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+    try:
+        TypicalAcceptance.parse(cfg["sampling"]["lossy_typical_acceptance"])
+    except ValueError as e:
+        raise ValueError(f"sampling.{e}") from None
     return cfg
 
 

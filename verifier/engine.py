@@ -18,6 +18,7 @@ from .cached_model import CachedLM
 from .context_tokens import ContextTokens
 from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
+from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
@@ -40,6 +41,7 @@ class GenerationStats:
     total_seconds: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)  # per row: eos | stop | length | context
     drafter_report: dict = field(default_factory=dict)  # the drafter's own report(), e.g. cascade usage
+    lossy: bool = False  # drafts were accepted by typical acceptance: not the target's distribution
 
     @property
     def tau(self) -> float:
@@ -61,7 +63,7 @@ class GenerationStats:
             "accepted_per_round": self.accepted_per_round,
             "draft_seconds": self.draft_seconds, "verify_seconds": self.verify_seconds,
             "total_seconds": self.total_seconds, "tokens_per_second": self.tokens_per_second,
-            "finish_reasons": self.finish_reasons, "drafter_report": self.drafter_report,
+            "finish_reasons": self.finish_reasons, "drafter_report": self.drafter_report, "lossy": self.lossy,
         }
 
     def _count_depths(self, tree: DraftTree, num_accepted: int) -> None:
@@ -161,6 +163,7 @@ class SpeculativeEngine:
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
         stats.finish_reasons = [""] * len(prompts)
+        stats.lossy = sampling.lossy
         t_start = time.perf_counter()
         generator = torch.Generator(device=self.device).manual_seed(seed)
         coin = GeneratorCoin(generator)
@@ -292,6 +295,9 @@ class SpeculativeEngine:
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
+            elif sampling.lossy:  # opted in: Medusa's typical acceptance, not exact
+                verdict = verify_typical(processed_probs(logits, sampling), drafts, coin,
+                                         sampling.lossy_typical_acceptance)
             else:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
         return verdict, hidden, block.tokens.shape[1], for_logprobs

@@ -25,6 +25,40 @@ import torch
 
 
 @dataclass(frozen=True)
+class TypicalAcceptance:
+    posterior_threshold: float = 0.09  # Medusa's epsilon: a probability always enough to pass
+    posterior_alpha: float = 0.3  # Medusa's delta: scales exp(-entropy), the bar where p is flat
+
+    def __post_init__(self):
+        for name in ("posterior_threshold", "posterior_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"lossy_typical_acceptance.{name} must be a number > 0, got {value!r}")
+        if self.posterior_threshold > 1:
+            raise ValueError(f"lossy_typical_acceptance.posterior_threshold must be <= 1 (a probability), "
+                             f"got {self.posterior_threshold!r}")
+
+    @staticmethod
+    def parse(value) -> "TypicalAcceptance | None":
+        """The config value: null/false (off, exact), true (Medusa's defaults) or a mapping of
+        posterior_threshold / posterior_alpha."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return TypicalAcceptance()
+        if isinstance(value, TypicalAcceptance):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"posterior_threshold", "posterior_alpha"})
+            if unknown:
+                raise ValueError(f"lossy_typical_acceptance has unknown key(s) {unknown}; valid: "
+                                 "['posterior_alpha', 'posterior_threshold']")
+            return TypicalAcceptance(**value)
+        raise ValueError(f"lossy_typical_acceptance must be null (exact), true (Medusa's defaults) or "
+                         f"{{posterior_threshold: 0.09, posterior_alpha: 0.3}}, got {value!r}")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
     top_k: int | None = None
@@ -35,9 +69,13 @@ class SamplingParams:
     frequency_penalty: float | None = None  # vLLM / OpenAI: minus this x how often a token was generated
     # OpenAI's: {token id: bias in [-100, 100]} added to the logits; kept as sorted (id, bias) pairs
     logit_bias: dict[int, float] | tuple[tuple[int, float], ...] | None = None
+    # LOSSY, off by default: Medusa's typical acceptance at temperature > 0 (verifier/typical.py);
+    # None, True (Medusa's defaults) or {posterior_threshold, posterior_alpha}, kept as a TypicalAcceptance
+    lossy_typical_acceptance: "TypicalAcceptance | bool | dict | None" = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        object.__setattr__(self, "lossy_typical_acceptance", TypicalAcceptance.parse(self.lossy_typical_acceptance))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
@@ -57,6 +95,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def lossy(self) -> bool:
+        """Typical acceptance decides at temperature > 0: the output is not the target's distribution."""
+        return self.lossy_typical_acceptance is not None and not self.greedy
 
     @property
     def penalizes_repeats(self) -> bool:

@@ -53,6 +53,10 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     elif cfg["peers"] and not with_peers:
         notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties "
                      "change greedy output")
+    if (cfg["sampling"] or {}).get("lossy_typical_acceptance") not in (None, False) \
+            and any(t > 0 for t in cfg["temperatures"]):
+        notes.append("LOSSY: sampling.lossy_typical_acceptance is on, so at T > 0 drafts are accepted by Medusa's "
+                     "typical acceptance and the outputs are not distributed as the target's own samples")
     meter = PeakMemory(base.device)
     weights = sum(p.numel() * p.element_size() for p in base.target.parameters())
     elem = base.target.dtype.itemsize
