@@ -180,6 +180,10 @@ class Decoder:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
 
+    def decode_token(self, token: int) -> str:
+        """One token's own text, special tokens included (how an API names a scored token)."""
+        return self.tokenizer.decode([token]) if self.tokenizer else str(token)
+
     def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None) -> dict:
         """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]

@@ -427,6 +427,20 @@ def _run_export(args: argparse.Namespace) -> int:
     return export.run(args)
 
 
+# --------------------------------------------------------------------------- serve
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    from . import serve
+
+    serve.add_arguments(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from . import serve
+
+    return serve.run(args)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 # name -> (help, add_arguments, run). Commands whose add_arguments is None take their raw argv and
@@ -447,6 +461,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                    "training data for heads)", _add_regenerate_args, _run_regenerate),
     "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
                _run_export),
+    "serve": ("serve the OpenAI API (/v1/completions, /v1/chat/completions) with speculative decoding",
+              _add_serve_args, _run_serve),
 }
 
 

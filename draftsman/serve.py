@@ -1,0 +1,327 @@
+"""`draftsman serve --config run.yaml`: the OpenAI API (`/v1/completions`, `/v1/chat/completions`,
+`/v1/models`) over one Decoder, so clients written for vLLM or the OpenAI SDK get speculative
+decoding by changing their base URL.
+
+- One request generates at a time (a lock); a request's prompts and its n samples are one batch.
+  Health checks and model lists answer while a request generates.
+- `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1.
+- Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
+  frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
+  stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
+  a setting that silently did nothing would be a lie about the output.
+- Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy.
+
+Built on the standard library's http.server: no web framework to install, and one process
+serves one model, as the rest of draftsman does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .api import Decoder, GenerationStats
+from .chat import check_conversation
+
+# OpenAI / vLLM request field -> Decoder.generate argument.
+SAMPLING_FIELDS = {
+    "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "temperature": "temperature",
+    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
+    "stop_token_ids": "stop_token_ids", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
+    "logit_bias": "logit_bias", "n": "num_return_sequences",
+    "lossy_typical_acceptance": "lossy_typical_acceptance",
+}
+IGNORED_FIELDS = {"model", "stream", "user", "stream_options"}  # read elsewhere, or change nothing here
+COMPLETION_FIELDS = {"prompt", "logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
+CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
+               | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5)
+# OpenAI's finish reasons for the engine's.
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+class RequestError(ValueError):
+    """A request the server refuses (400), with a message that says what to change."""
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False):
+        self.decoder, self.model_name, self.quiet = decoder, model_name, quiet
+        self.generating = threading.Lock()
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+
+    def do_GET(self):
+        if self.path.rstrip("/") == "/health":
+            return self._json(200, {"status": "ok"})
+        if self.path.rstrip("/") == "/v1/models":
+            return self._json(200, {"object": "list", "data": [
+                {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "draftsman"}]})
+        self._error(404, f"no route GET {self.path}: try /v1/models or /health")
+
+    def do_POST(self):
+        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat}
+        route = routes.get(self.path.rstrip("/"))
+        if route is None:
+            return self._error(404, f"no route POST {self.path}: try {' or '.join(routes)}")
+        try:
+            body = self._body()
+            route(body)
+        except (ValueError, TypeError) as e:  # RequestError, and the Decoder's own checks of the input
+            self._error(400, str(e))
+        except (BrokenPipeError, ConnectionResetError):  # the client left mid-stream: nothing to answer
+            pass
+        except RuntimeError as e:  # e.g. out of memory: say so rather than drop the connection
+            self._error(500, f"generation failed: {e}")
+
+    # ----------------------------------------------------------------------- the two endpoints
+
+    def _completions(self, body: dict) -> None:
+        check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+        self._check_model(body)
+        prompts = completion_prompts(body.get("prompt"))
+        decoder = self.server.decoder
+        ids = [decoder.encode([p])[0] if isinstance(p, str) else p for p in prompts]
+        self._answer(body, ids, chat=False)
+
+    def _chat(self, body: dict) -> None:
+        check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+        self._check_model(body)
+        if "max_completion_tokens" in body:  # OpenAI's newer name for max_tokens
+            if "max_tokens" in body:
+                raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
+            body = dict(body)
+            body["max_tokens"] = body.pop("max_completion_tokens")
+        try:
+            messages = check_conversation(body.get("messages"), '"messages"')
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        ids = self.server.decoder.encode_chat(messages, tools=body.get("tools"),
+                                              chat_template_kwargs=body.get("chat_template_kwargs"))
+        self._answer(body, ids, chat=True)
+
+    def _answer(self, body: dict, ids: list[list[int]], chat: bool) -> None:
+        args = generate_args(body)
+        top = logprobs_asked(body, chat)
+        if top is not None:
+            if body.get("stream"):
+                raise RequestError("logprobs are not streamed: drop \"stream\" or the logprobs fields")
+            args.update(logprobs=True, top_logprobs=top)
+        kind = "chat.completion" if chat else "text_completion"
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": self.server.model_name}
+        with self.server.generating:
+            if body.get("stream"):
+                return self._stream(ids, args, head, kind, chat)
+            out = self.server.decoder.generate(input_ids=ids, **args)
+        choices = []
+        for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
+            scores = self._logprobs(out, i, chat) if top is not None else None
+            content = ({"message": {"role": "assistant", "content": text}, "logprobs": scores} if chat
+                       else {"text": text, "logprobs": scores})
+            choices.append({"index": i, **content, "finish_reason": FINISH.get(reason, reason)})
+        prompt_tokens = sum(map(len, ids))
+        completion_tokens = sum(map(len, out.token_ids))
+        self._json(200, {**head, "object": kind, "choices": choices,
+                         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                   "total_tokens": prompt_tokens + completion_tokens},
+                         "draftsman": self._report(out.stats)})
+
+    def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool) -> None:
+        if len(ids) != 1 or args.get("num_return_sequences", 1) != 1:
+            raise RequestError('"stream": true sends one prompt\'s text with n = 1: send the prompts one per '
+                               "request, or drop stream")
+        args.pop("num_return_sequences", None)
+        stats = GenerationStats()
+        pieces = self.server.decoder.stream(input_ids=ids[0], stats=stats, **args)
+        first = next(pieces, None)  # the input's errors surface here, before any header is sent
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        chunk_kind = f"{kind}.chunk" if chat else kind
+
+        def send(delta: str | None, reason: str | None = None, role: bool = False) -> None:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
+                choice = {"index": 0, "delta": d, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+            event = {**head, "object": chunk_kind, "choices": [choice]}
+            if reason is not None:
+                event["draftsman"] = self._report(stats)
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+
+        if chat:
+            send(None, role=True)
+        if first is not None:
+            send(first)
+        for piece in pieces:
+            send(piece)
+        send(None, FINISH.get(stats.finish_reasons[0], stats.finish_reasons[0]))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _logprobs(self, out, row: int, chat: bool) -> dict:
+        """Row `row`'s token scores in the endpoint's OpenAI shape: the target's raw log-probability
+        of each new token (as vLLM reports them), tokens as their decoded text."""
+        piece = self.server.decoder.decode_token
+        tokens, values = out.token_ids[row], out.logprobs[row]
+        tops = out.top_logprobs[row] if out.top_logprobs is not None else [[] for _ in tokens]
+        if chat:
+            def entry(t: int, v: float) -> dict:
+                return {"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
+            return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top]}
+                                for t, v, top in zip(tokens, values, tops)]}
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(piece(t))
+        return {"tokens": [piece(t) for t in tokens], "token_logprobs": values,
+                "top_logprobs": [{piece(a): b for a, b in top} for top in tops], "text_offset": offsets}
+
+    # ----------------------------------------------------------------------- plumbing
+
+    def _check_model(self, body: dict) -> None:
+        name = body.get("model")
+        if name is not None and name != self.server.model_name:
+            raise RequestError(f"model '{name}' is not served here; this server serves '{self.server.model_name}' "
+                               "(GET /v1/models)")
+
+    def _report(self, stats) -> dict:
+        return {"drafter": self.server.decoder.config["drafter"]["name"], "tau": round(stats.tau, 4),
+                "lossy": stats.lossy}
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+        except json.JSONDecodeError as e:
+            raise RequestError(f"the request body is not valid JSON ({e.msg}): send one JSON object") from None
+        if not isinstance(body, dict):
+            raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def _json(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status == 400 else "not_found_error"
+        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+    def log_message(self, format, *args):  # http.server's signature
+        if not self.server.quiet:
+            super().log_message(format, *args)
+
+
+def check_fields(body: dict, valid: set[str], endpoint: str) -> None:
+    unknown = sorted(set(body) - valid)
+    if unknown:
+        raise RequestError(f"{endpoint} does not take {unknown}; valid fields: {sorted(valid)}")
+
+
+def completion_prompts(prompt) -> list:
+    """OpenAI's prompt forms: a string, a list of strings, a list of token ids, or a list of those."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                               for t in p)) for p in prompt):
+        return prompt
+    raise RequestError(f'"prompt" must be a string, a list of strings, a list of token ids or a list of such '
+                       f"lists; got {json.dumps(prompt)[:100]}")
+
+
+def logprobs_asked(body: dict, chat: bool) -> int | None:
+    """None when no scores are asked, else how many top alternatives per token. Completions:
+    "logprobs": N (OpenAI's legacy form, N alternatives); chat: "logprobs": true, "top_logprobs": N."""
+    if chat:
+        asked, top = body.get("logprobs"), body.get("top_logprobs")
+        if asked is not None and not isinstance(asked, bool):
+            raise RequestError(f'"logprobs" is true or false for chat (the count is "top_logprobs"), got {asked!r}')
+        if top is not None and not asked:
+            raise RequestError('"top_logprobs" needs "logprobs": true')
+        if not asked:
+            return None
+    else:
+        top = body.get("logprobs")
+        if top is None:
+            return None
+    top = 0 if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"the number of top logprobs must be a whole number in [0, {MAX_TOP_LOGPROBS}], "
+                           f"got {top!r}")
+    return top
+
+
+def generate_args(body: dict) -> dict:
+    """The Decoder.generate arguments of a request's sampling fields (absent ones: the config's)."""
+    args = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
+    if isinstance(args.get("stop"), str):
+        args["stop"] = [args["stop"]]
+    if "logit_bias" in args:  # JSON object keys are strings
+        try:
+            args["logit_bias"] = {int(k): float(v) for k, v in args["logit_bias"].items()}
+        except (AttributeError, ValueError):
+            raise RequestError(f'"logit_bias" must map token ids to biases, e.g. {{"50256": -100}}; '
+                               f"got {args['logit_bias']!r}") from None
+    return args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML or JSON run config (target, drafter, sampling, generation): the "
+                                    "defaults of every request")
+    p.add_argument("--drafter", metavar="NAME", help="use this drafter instead of the config's (its options are "
+                                                     "dropped; add new ones with --set)")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                   help="override one config value, parsed as YAML (drafter.k=6)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model name clients send and /v1/models lists (default: the target folder's name)")
+    p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transformers.utils import logging as hf_logging
+
+    from .cli import build_config
+
+    cfg = build_config(args.config, args.drafter, args.overrides)
+    hf_logging.disable_progress_bar()
+    decoder = Decoder(cfg)
+    if decoder.tokenizer is None:
+        raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
+    name = args.served_model_name or Path(cfg["target"]["path"]).name
+    server = Server(decoder, name, args.host, args.port, quiet=args.quiet)
+    print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,174 @@
+"""`draftsman serve`: the OpenAI API over one Decoder. Responses equal Decoder.generate / chat for
+the same settings (greedy, seeded sampling, batches, token-id prompts); streams join to the same
+text; OpenAI's field names map to ours; bad requests get a 400 that names the fix."""
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+import draftsman
+from draftsman import cli
+from draftsman.serve import Server
+
+NEW = 12
+USER = [{"role": "user", "content": "def parse(text):"}]
+
+
+@pytest.fixture(scope="module")
+def served(chat_target):
+    folder, _ = chat_target
+    decoder = draftsman.load({"target": {"path": str(folder)},
+                              "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
+    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield decoder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def call(base: str, path: str, body=None, raw: bytes | None = None):
+    """(status, parsed JSON) of a GET (body None) or POST."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def events(base: str, path: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        lines = [line.decode() for line in r.read().splitlines() if line.strip()]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+def test_models_and_health(served):
+    _, base = served
+    assert call(base, "/health") == (200, {"status": "ok"})
+    status, got = call(base, "/v1/models")
+    assert status == 200 and [m["id"] for m in got["data"]] == ["tiny"]
+
+
+def test_completions_equal_generate_greedy_batched_and_by_token_ids(served):
+    decoder, base = served
+    prompts = ["def parse(text):\n", "import os\nimport"]
+    want = decoder.generate(prompts, max_new_tokens=NEW)
+    status, got = call(base, "/v1/completions", {"model": "tiny", "prompt": prompts, "max_tokens": NEW})
+    assert status == 200 and got["object"] == "text_completion"
+    assert [c["text"] for c in got["choices"]] == want.texts and [c["index"] for c in got["choices"]] == [0, 1]
+    assert [c["finish_reason"] for c in got["choices"]] == [
+        {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}[r] for r in want.stats.finish_reasons]
+    ids = decoder.encode(prompts)
+    assert got["usage"] == {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, want.token_ids)),
+                            "total_tokens": sum(map(len, ids)) + sum(map(len, want.token_ids))}
+    assert got["draftsman"] == {"drafter": "ngram", "tau": round(want.stats.tau, 4), "lossy": False}
+    status, by_ids = call(base, "/v1/completions", {"prompt": ids[0], "max_tokens": NEW})
+    assert by_ids["choices"][0]["text"] == want.texts[0]
+
+
+def test_sampling_fields_map_to_ours(served):
+    decoder, base = served
+    settings = dict(temperature=0.9, top_p=0.95, top_k=40, seed=7, presence_penalty=0.3, stop=["\n\n"])
+    want = decoder.generate(["class Foo:\n"], max_new_tokens=NEW, num_return_sequences=2, logit_bias={5: 2.0},
+                            min_new_tokens=2, **settings)
+    status, got = call(base, "/v1/completions", {"prompt": "class Foo:\n", "max_tokens": NEW, "n": 2, "min_tokens": 2,
+                                                 "logit_bias": {"5": 2.0}, **settings})
+    assert status == 200 and [c["text"] for c in got["choices"]] == want.texts
+    one_stop = decoder.generate(["class Foo:\n"], max_new_tokens=NEW, stop=["\n"], temperature=0)
+    _, got = call(base, "/v1/completions", {"prompt": "class Foo:\n", "max_tokens": NEW, "stop": "\n",
+                                            "temperature": 0})
+    assert got["choices"][0]["text"] == one_stop.texts[0]  # OpenAI's stop may be one string
+    eos = decoder.tokenizer.eos_token_id
+    _, got = call(base, "/v1/completions", {"prompt": "class Foo:\n", "max_tokens": NEW, "logit_bias": {eos: 100}})
+    assert got["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}  # ended at EOS
+    assert got["usage"]["completion_tokens"] == 1
+
+
+def test_chat_equals_decoder_chat_and_streams_join_to_the_same_text(served):
+    decoder, base = served
+    want = decoder.chat(USER, max_new_tokens=NEW).texts[0]
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, "max_completion_tokens": NEW})
+    assert status == 200 and got["object"] == "chat.completion"
+    assert got["choices"][0]["message"] == {"role": "assistant", "content": want}
+
+    chunks = events(base, "/v1/chat/completions", {"messages": USER, "max_tokens": NEW, "stream": True})
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and chunks[-1]["draftsman"]["drafter"]
+
+    text = decoder.generate("def parse(text):\n", max_new_tokens=NEW).texts[0]
+    chunks = events(base, "/v1/completions", {"prompt": "def parse(text):\n", "max_tokens": NEW, "stream": True})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text and len(chunks) > 2
+
+
+def test_logprobs_are_the_targets_in_openais_shapes(served):
+    decoder, base = served
+    want = decoder.generate(["def parse(text):\n"], max_new_tokens=NEW, logprobs=True, top_logprobs=2)
+    pieces = [decoder.decode_token(t) for t in want.token_ids[0]]
+    _, got = call(base, "/v1/completions", {"prompt": "def parse(text):\n", "max_tokens": NEW, "logprobs": 2})
+    scores = got["choices"][0]["logprobs"]
+    assert scores["tokens"] == pieces and scores["token_logprobs"] == want.logprobs[0]
+    assert scores["top_logprobs"] == [{decoder.decode_token(t): v for t, v in top} for top in want.top_logprobs[0]]
+    assert scores["text_offset"] == [sum(map(len, pieces[:i])) for i in range(len(pieces))]
+
+    want = decoder.chat(USER, max_new_tokens=NEW, logprobs=True, top_logprobs=3)
+    _, got = call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": NEW, "logprobs": True,
+                                                 "top_logprobs": 3})
+    content = got["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == want.logprobs[0]
+    assert [c["token"] for c in content] == [decoder.decode_token(t) for t in want.token_ids[0]]
+    assert [[(a["token"], a["logprob"]) for a in c["top_logprobs"]] for c in content] == [
+        [(decoder.decode_token(t), v) for t, v in top] for top in want.top_logprobs[0]]
+    _, got = call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": NEW})
+    assert got["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/chat/completions", {"messages": USER, "logprobs": 3}, '"logprobs" is true or false for chat'),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "max_completion_tokens": 3}, "not both"),
+    ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, '"top_logprobs" needs "logprobs": true'),
+    ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 21}, "in [0, 20], got 21"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 1, "stream": True}, "logprobs are not streamed"),
+    ("/v1/completions", {"prompt": "a", "max_token": 3}, "does not take ['max_token']; valid fields: ["),
+    ("/v1/completions", {"prompt": "a", "model": "gpt-4"}, "model 'gpt-4' is not served here; this server serves "
+                                                           "'tiny'"),
+    ("/v1/completions", {"prompt": ["a", []]}, "prompt 1 is empty: give at least one token"),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt 0 has token ids [99999] outside the target's vocabulary"),
+    ("/v1/completions", {"prompt": "a" * 3000}, "leaving no room to generate"),
+    ("/v1/completions", {"prompt": {"text": "a"}}, '"prompt" must be a string, a list of strings'),
+    ("/v1/completions", {"prompt": "a", "logit_bias": [1, 2]}, '"logit_bias" must map token ids to biases'),
+    ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, '"stream": true sends one prompt'),
+    ("/v1/completions", {"prompt": "a", "n": 2}, "num_return_sequences=2 at temperature 0"),
+    ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
+    ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
+    ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "never reads"),
+])
+def test_bad_requests_get_a_400_naming_the_fix(served, path, body, message):
+    _, base = served
+    status, got = call(base, path, body)
+    assert status == 400 and got["error"]["type"] == "invalid_request_error"
+    assert message in got["error"]["message"]
+
+
+def test_bad_bodies_and_routes(served):
+    _, base = served
+    status, got = call(base, "/v1/completions", raw=b"{not json")
+    assert status == 400 and "not valid JSON" in got["error"]["message"]
+    status, got = call(base, "/v1/completions", raw=b"[1, 2]")
+    assert status == 400 and "must be a JSON object, got list" in got["error"]["message"]
+    status, got = call(base, "/v1/embeddings", {"input": "a"})
+    assert status == 404 and "/v1/completions" in got["error"]["message"]
+
+
+def test_the_command_checks_its_target_before_serving(capsys):
+    assert cli.main(["serve", "--set", "target.path=/no/such/model", "--port", "0"]) == 2
+    assert "/no/such/model" in capsys.readouterr().err
