@@ -44,6 +44,15 @@ class UserError(ValueError):
     """A problem in what the user asked for, reported without a traceback."""
 
 
+def add_run_config_args(p: argparse.ArgumentParser) -> None:
+    """--config / --drafter / --set, for the commands that build one Decoder and keep it (serve, chat)."""
+    p.add_argument("--config", help="YAML or JSON run config (sections: target, drafter, sampling, generation)")
+    p.add_argument("--drafter", metavar="NAME", help="use this drafter instead of the config's (its options are "
+                                                     "dropped; add new ones with --set)")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                   help="override one config value, parsed as YAML (drafter.k=6, sampling.temperature=0.7)")
+
+
 # --------------------------------------------------------------------------- generate
 
 def _add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -441,6 +450,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve.run(args)
 
 
+# --------------------------------------------------------------------------- chat
+
+def _add_chat_args(p: argparse.ArgumentParser) -> None:
+    from . import interactive
+
+    interactive.add_arguments(p)
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from . import interactive
+
+    return interactive.run(args)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 # name -> (help, add_arguments, run). Commands whose add_arguments is None take their raw argv and
@@ -463,6 +486,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                _run_export),
     "serve": ("serve the OpenAI API (/v1/completions, /v1/chat/completions) with speculative decoding",
               _add_serve_args, _run_serve),
+    "chat": ("talk to an instruct target in the terminal, each reply streamed with its tau and speed",
+             _add_chat_args, _run_chat),
 }
 
 

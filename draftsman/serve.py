@@ -292,12 +292,9 @@ def generate_args(body: dict) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML or JSON run config (target, drafter, sampling, generation): the "
-                                    "defaults of every request")
-    p.add_argument("--drafter", metavar="NAME", help="use this drafter instead of the config's (its options are "
-                                                     "dropped; add new ones with --set)")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
-                   help="override one config value, parsed as YAML (drafter.k=6)")
+    from .cli import add_run_config_args
+
+    add_run_config_args(p)  # the config's sampling and generation values are every request's defaults
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
     p.add_argument("--served-model-name", metavar="NAME",

@@ -1,0 +1,84 @@
+"""`draftsman chat --config chat.yaml`: talk to an instruct target in the terminal, as Medusa's and
+EAGLE's demos do, with any drafter. Each reply streams as rounds accept tokens and is followed by
+its stats (tau, tokens/s), so a drafter's effect on a real conversation is visible turn by turn.
+
+One line is one user message. The conversation so far goes through the target's chat template
+every turn; the replies join it as assistant messages. Commands: /reset forgets the conversation
+(the system message stays), /exit or end of input quits.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .api import Decoder, GenerationStats
+
+PROMPT = ">>> "
+COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .cli import add_run_config_args
+
+    add_run_config_args(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
+    p.add_argument("--max-new-tokens", type=int, help="longest reply; default: generation.max_new_tokens")
+    p.add_argument("--temperature", type=float, help="0 = greedy; default: sampling.temperature")
+    p.add_argument("--no-stats", action="store_true", help="no stats line after each reply")
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from .cli import build_config, lossy_warning
+
+    cfg = build_config(args.config, args.drafter, args.overrides)
+    lossy_warning({**cfg["sampling"], **({"temperature": args.temperature} if args.temperature is not None else {})})
+    hf_logging.disable_progress_bar()
+    decoder = Decoder(cfg)
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    decoder.encode_chat(system + [{"role": "user", "content": "hello"}])  # no chat template: refused before input
+    print(f"chatting with {cfg['target']['path']} (drafter {cfg['drafter']['name']}); {COMMANDS}", file=sys.stderr)
+    converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats)
+    return 0
+
+
+def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | None = None,
+             temperature: float | None = None, show_stats: bool = True) -> list[dict]:
+    """The loop, on any iterable of lines; returns the conversation as it stands at the end."""
+    messages = list(system)
+    interactive = hasattr(lines, "isatty") and lines.isatty()
+    while True:
+        if interactive:
+            print(PROMPT, end="", flush=True)
+        line = lines.readline()
+        if not line:  # end of input
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        if text.strip() == "/exit":
+            break
+        if text.strip() == "/reset":
+            messages = list(system)
+            print("(conversation reset)", file=sys.stderr)
+            continue
+        asked = messages + [{"role": "user", "content": text}]
+        stats = GenerationStats()
+        reply = ""
+        try:
+            ids = decoder.encode_chat(asked)[0]
+            for piece in decoder.stream(input_ids=ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        stats=stats):
+                print(piece, end="", flush=True)
+                reply += piece
+        except ValueError as e:  # e.g. the conversation outgrew the context: keep it as it was
+            print(f"error: {e} (/reset starts over)", file=sys.stderr)
+            continue
+        print()
+        messages = asked + [{"role": "assistant", "content": reply}]
+        if show_stats:
+            lossy = " LOSSY" if stats.lossy else ""
+            print(f"[tau {stats.tau:.2f}, {stats.tokens_per_second:.1f} tokens/s, {stats.new_tokens} tokens, "
+                  f"{stats.finish_reasons[0]}{lossy}]", file=sys.stderr)
+    return messages

@@ -1,0 +1,63 @@
+"""`draftsman chat`: each reply is what Decoder.chat gives for the conversation so far (earlier
+replies included), /reset forgets all but the system message, a turn that fails leaves the
+conversation as it was, and a target without a chat template is refused before any input."""
+import io
+import json
+import sys
+
+import pytest
+
+import draftsman
+from draftsman import cli
+from draftsman.interactive import converse
+
+NEW = 10
+SYSTEM = [{"role": "system", "content": "Be brief."}]
+
+
+@pytest.fixture(scope="module")
+def decoder(chat_target):
+    folder, _ = chat_target
+    return draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def test_replies_follow_the_conversation_and_reset_forgets_it(decoder, capsys):
+    lines = io.StringIO("def parse(text):\nimport os\n/reset\nclass Foo:\n")
+    end = converse(decoder, lines, SYSTEM, max_new_tokens=NEW)
+    out = capsys.readouterr()
+
+    first = decoder.chat(SYSTEM + [user("def parse(text):")], max_new_tokens=NEW).texts[0]
+    second = decoder.chat(SYSTEM + [user("def parse(text):"), {"role": "assistant", "content": first},
+                                    user("import os")], max_new_tokens=NEW).texts[0]
+    third = decoder.chat(SYSTEM + [user("class Foo:")], max_new_tokens=NEW).texts[0]
+    assert out.out == f"{first}\n{second}\n{third}\n"  # streamed pieces join to each whole reply
+    assert end == SYSTEM + [user("class Foo:"), {"role": "assistant", "content": third}]
+    assert out.err.count("[tau ") == 3 and "(conversation reset)" in out.err
+
+
+def test_a_failed_turn_keeps_the_conversation_and_exit_stops(decoder, capsys):
+    too_long = "x " * 5000
+    end = converse(decoder, io.StringIO(f"import os\n{too_long}\n/exit\nnever read\n"), [], max_new_tokens=NEW)
+    err = capsys.readouterr().err
+    assert "error: prompt 0 has" in err and "(/reset starts over)" in err
+    assert [m["content"] for m in end if m["role"] == "user"] == ["import os"]
+
+
+def test_the_command_runs_on_stdin_and_refuses_a_target_without_a_template(chat_target, tiny_models, tmp_path,
+                                                                          monkeypatch, capsys):
+    folder, _ = chat_target
+    config = tmp_path / "chat.json"
+    config.write_text(json.dumps({"target": {"path": str(folder)}, "drafter": {"name": "ngram"}}))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def parse(text):\n"))
+    assert cli.main(["chat", "--config", str(config), "--max-new-tokens", str(NEW), "--system", "Be brief."]) == 0
+    dec = draftsman.load(str(config))
+    want = dec.chat(SYSTEM + [user("def parse(text):")], max_new_tokens=NEW).texts[0]
+    assert capsys.readouterr().out == want + "\n"
+
+    plain_target, _ = tiny_models["llama"]
+    assert cli.main(["chat", "--set", f"target.path={plain_target}"]) == 2
+    assert "has no chat template" in capsys.readouterr().err
