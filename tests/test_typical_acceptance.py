@@ -187,3 +187,27 @@ def test_compare_notes_a_lossy_run(target, tmp_path, capsys):
     assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 0
     assert "note: LOSSY: sampling.lossy_typical_acceptance is on" in capsys.readouterr().out
     assert any(n.startswith("LOSSY") for n in json.loads((tmp_path / "out" / "results.json").read_text())["notes"])
+
+
+def test_compare_puts_lossy_rows_beside_exact_ones(target, tmp_path, capsys):
+    """A drafter entry's own lossy_typical_acceptance: its label says LOSSY, its T>0 cells are
+    marked lossy, its T=0 cells stay equal to plain decoding."""
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"text": "def parse(text):\n"}) + "\n")
+    (tmp_path / "bench.yaml").write_text(json.dumps({
+        "target": {"path": str(target)}, "prompts": str(tmp_path / "prompts.jsonl"), "peers": False,
+        "drafters": [{"name": "none"}, {"name": "ngram", "k": 3},
+                     {"name": "ngram", "k": 3, "lossy_typical_acceptance": True}],
+        "temperatures": [0, 1], "out": str(tmp_path / "out")}))
+    assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 0
+    assert "note: LOSSY: at T > 0 the rows labelled (LOSSY)" in capsys.readouterr().out
+    cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    lossy = {(c["drafter"], c["temperature"]): c["lossy"] for c in cells}
+    assert lossy == {("none", 0): False, ("ngram", 0): False, ("ngram (LOSSY)", 0): False,
+                     ("none", 1): False, ("ngram", 1): False, ("ngram (LOSSY)", 1): True}
+    assert all(c["mismatches"] == 0 for c in cells if c["temperature"] == 0)
+    bad = json.loads((tmp_path / "bench.yaml").read_text())
+    bad["drafters"][2]["lossy_typical_acceptance"] = {"posterior_alpha": 0}
+    (tmp_path / "bench.yaml").write_text(json.dumps(bad))
+    assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 2
+    assert "drafters[2] (ngram): lossy_typical_acceptance.posterior_alpha must be a number > 0" \
+        in capsys.readouterr().err

@@ -15,7 +15,7 @@ import torch
 from .. import __version__
 from ..api import Decoder
 from ..config import load_config
-from .config import changes_greedy_output, drafter_label, drafter_options
+from .config import changes_greedy_output, drafter_label, drafter_options, is_lossy
 from .memory import PeakMemory
 from .peers import build_peers
 from .prompts_set import Prompt, answer_earlier_turns, by_category, read_prompts
@@ -44,7 +44,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
 
     # `none` needs no second Decoder: the base one already has it.
     ours = [Ours(drafter_label(d), base if d["name"] == "none" else base.with_drafter(drafter_options(d)),
-                 cfg["min_new_tokens"]) for d in cfg["drafters"]]
+                 cfg["min_new_tokens"], d.get("lossy_typical_acceptance")) for d in cfg["drafters"]]
     baseline = next(o.label for o in ours if o.name == "none")
     with_peers = cfg["peers"] and 0 in cfg["temperatures"] and not changes_greedy_output(cfg["sampling"])
     peers, notes = build_peers(base, cfg["drafters"], cfg["min_new_tokens"]) if with_peers else ([], [])
@@ -53,10 +53,13 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     elif cfg["peers"] and not with_peers:
         notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties "
                      "change greedy output")
-    if (cfg["sampling"] or {}).get("lossy_typical_acceptance") not in (None, False) \
-            and any(t > 0 for t in cfg["temperatures"]):
-        notes.append("LOSSY: sampling.lossy_typical_acceptance is on, so at T > 0 drafts are accepted by Medusa's "
-                     "typical acceptance and the outputs are not distributed as the target's own samples")
+    if any(t > 0 for t in cfg["temperatures"]):
+        if (cfg["sampling"] or {}).get("lossy_typical_acceptance") not in (None, False):
+            notes.append("LOSSY: sampling.lossy_typical_acceptance is on, so at T > 0 drafts are accepted by "
+                         "Medusa's typical acceptance and the outputs are not distributed as the target's own samples")
+        elif any(is_lossy(d) for d in cfg["drafters"]):
+            notes.append("LOSSY: at T > 0 the rows labelled (LOSSY) accept drafts by Medusa's typical acceptance; "
+                         "their outputs are not distributed as the target's own samples")
     meter = PeakMemory(base.device)
     weights = sum(p.numel() * p.element_size() for p in base.target.parameters())
     elem = base.target.dtype.itemsize
@@ -155,7 +158,7 @@ def _cell(o: Ours, t: Tally, plain: Tally, category: str, temperature: float, pr
     div = _divergences(target, prompts, ids, plain.outputs, t.outputs) if greedy else []
     return {
         "drafter": o.label, "name": o.name, "category": category, "temperature": temperature,
-        "prompts": len(prompts), "repeats": len(t.rep_tokens),
+        "lossy": t.lossy, "prompts": len(prompts), "repeats": len(t.rep_tokens),
         "tokens_per_s": t.tokens_per_s, "tokens_per_s_repeats": t.rep_tokens_per_s,
         "speedup": statistics.median(t.speedups(plain)), "speedup_repeats": t.speedups(plain),
         "tau": t.tau, "acceptance": t.acceptance, "rounds": t.rounds, "new_tokens": t.new_tokens,

@@ -15,7 +15,7 @@ import yaml
 
 from ..config import DEFAULTS as RUN_DEFAULTS, check_type
 from ..models import resolve_device
-from ..verifier.sampling import SamplingParams
+from ..verifier.sampling import SamplingParams, TypicalAcceptance
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
@@ -169,9 +169,13 @@ def _validate(cfg: dict) -> None:
     if not isinstance(drafters, list) or not drafters or not all(isinstance(d, dict) for d in drafters):
         raise ValueError("drafters must be a non-empty list of drafter mappings, e.g. "
                          "[{name: none}, {name: ngram, k: 4}]")
-    for d in drafters:
+    for i, d in enumerate(drafters):
         if "name" not in d:
             raise ValueError(f"drafter {d} has no name; e.g. {{name: ngram, k: 4}}")
+        try:  # this drafter's rows verified by typical acceptance, beside the exact ones
+            TypicalAcceptance.parse(d.get("lossy_typical_acceptance"))
+        except ValueError as e:
+            raise ValueError(f"drafters[{i}] ({d['name']}): {e}") from None
     labels = [drafter_label(d) for d in drafters]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
@@ -244,10 +248,20 @@ def changes_greedy_output(sampling: dict | None) -> bool:
     return params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
 
 
+# Keys of a compare drafter entry that are not the drafter's own options.
+BENCH_ONLY_KEYS = ("label", "lossy_typical_acceptance")
+
+
 def drafter_label(d: dict) -> str:
-    return str(d.get("label") or d["name"])
+    """`label` or the name; a drafter verified by LOSSY typical acceptance says so in its label."""
+    label = str(d.get("label") or d["name"])
+    return label if not is_lossy(d) or "LOSSY" in label else f"{label} (LOSSY)"
+
+
+def is_lossy(d: dict) -> bool:
+    return d.get("lossy_typical_acceptance") not in (None, False)
 
 
 def drafter_options(d: dict) -> dict:
-    """The drafter config without the bench-only `label`."""
-    return {k: v for k, v in d.items() if k != "label"}
+    """The drafter config without the bench-only keys."""
+    return {k: v for k, v in d.items() if k not in BENCH_ONLY_KEYS}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 CELL_COLUMNS = ["drafter", "name", "category", "temperature", "prompts", "repeats", "tokens_per_s", "speedup",
                 "tau", "acceptance", "rounds", "new_tokens", "draft_s", "verify_s", "other_s", "draft_frac",
-                "verify_frac", "other_frac", "peak_memory_mb", "working_memory_mb", "extra_parameters", "mismatches"]
+                "verify_frac", "other_frac", "peak_memory_mb", "working_memory_mb", "extra_parameters", "mismatches",
+                "lossy"]
 PEER_COLUMNS = ["peer", "category", "temperature", "prompts", "tokens_per_s", "speedup", "speedup_vs_hf_generate",
                 "counterpart", "counterpart_over_peer", "same_as_ours", "peak_memory_mb", "extra_parameters"]
 SWEEP_COLUMNS = ["drafter", "batch_size", "tokens_per_s", "speedup", "speedup_low", "speedup_high", "tau", "new_tokens"]

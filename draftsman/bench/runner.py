@@ -49,17 +49,19 @@ class Ours:
 
     kind = "ours"
 
-    def __init__(self, label: str, decoder, min_new_tokens: int = 0):
+    def __init__(self, label: str, decoder, min_new_tokens: int = 0, lossy_typical_acceptance=None):
         self.label = label
         self.decoder = decoder
         self.min_new_tokens = min_new_tokens
         self.name = decoder.config["drafter"]["name"]
         self.extra_parameters = decoder.drafter.extra_parameters()
+        self.lossy_typical_acceptance = lossy_typical_acceptance  # None: the config's sampling section decides
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> Run:
         t0 = time.perf_counter()
         out = self.decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    seed=seed, min_new_tokens=min(self.min_new_tokens, max_new_tokens))
+                                    seed=seed, min_new_tokens=min(self.min_new_tokens, max_new_tokens),
+                                    lossy_typical_acceptance=self.lossy_typical_acceptance)
         return Run(out.token_ids, time.perf_counter() - t0, out.stats)
 
 
@@ -81,6 +83,7 @@ class Tally:
     verify_seconds: float = 0.0
     engine_seconds: float = 0.0
     peak_bytes: int | None = None
+    lossy: bool = False  # some run accepted drafts by LOSSY typical acceptance (its stats say so)
 
     def add(self, run: Run, rep: int) -> None:
         while len(self.rep_tokens) <= rep:
@@ -94,6 +97,7 @@ class Tally:
         if rep == 0:
             self.outputs.extend(run.tokens)
         s = run.stats
+        self.lossy |= bool(s is not None and s.lossy)
         if s is not None:
             self.rounds += s.rounds
             self.row_rounds += s.row_rounds
