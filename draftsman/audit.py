@@ -23,8 +23,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from .api import Decoder
-from .bench.prompts_set import turn_prompts
-from .chat import ToolConversation, check_conversation, tool_line
+from .bench.prompts_set import read_prompts as read_prompt_set
+from .chat import ToolConversation
 from .chisquare import two_sample_chi2
 from .cli import UserError, add_logit_bias_arg, add_lossy_typical_arg, build_config, sampling_flags
 from .config import DEFAULTS
@@ -47,47 +47,27 @@ TIE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, 
 def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
     """A JSONL file (one object per line with "text", "messages" (a conversation, for a chat
     target's template, with its "tools" if any), "turns" (a Spec-Bench question, whose first turn
-    is the prompt) or "input_ids" for targets without a tokenizer) or
+    is the prompt) or "input_ids" for targets without a tokenizer; read by compare's reader) or
     a plain text file with one prompt per line (blank lines skipped). A file whose first non-blank
     line starts with '{' is read as JSONL."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"prompts file '{p}' does not exist")
-    lines = [(n, line) for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"prompts file '{p}' has no prompts: write one per line, or JSONL with a \"text\" field")
-    if not lines[0][1].lstrip().startswith("{"):
-        return [line for _, line in lines]
+    if not lines[0].lstrip().startswith("{"):
+        return lines
     prompts: list[str | list[int] | list[dict]] = []
-    for n, line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not valid JSON ({e.msg}); a JSONL prompts file holds one "
-                             "object per line, e.g. {\"text\": \"def f(\"}") from None
-        if isinstance(row, dict) and row.get("text") is not None and row.get("messages") is not None:
-            raise ValueError(f'{p}:{n}: a prompt has either "text" or "messages", not both')
-        if isinstance(row, dict) and row.get("tools") is not None and row.get("messages") is None:
-            raise ValueError(f'{p}:{n}: "tools" go with "messages", not with "text" or "input_ids"')
-        if isinstance(row, dict) and row.get("turns") is not None:  # Spec-Bench's question.jsonl
-            prompts.append(turn_prompts(row, f"{p}:{n}")[0].messages)  # the first turn: no reply needed
-        elif isinstance(row, dict) and isinstance(row.get("text"), str):
-            prompts.append(row["text"])
-        elif isinstance(row, dict) and row.get("messages") is not None:
-            try:
-                conversation = check_conversation(row["messages"])
-            except ValueError as e:
-                raise ValueError(f'{p}:{n}: "messages": {e}') from None
-            try:
-                prompts.append(tool_line(row, conversation))
-            except ValueError as e:
-                raise ValueError(f'{p}:{n}: "tools": {e}') from None
-        elif isinstance(row, dict) and isinstance(row.get("input_ids"), list) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in row["input_ids"]):
-            prompts.append(row["input_ids"])
+    for prompt in read_prompt_set(p)[0]:
+        if prompt.turns is not None and len(prompt.turns) > 1:
+            continue  # a Spec-Bench question's later turn: its first turn, which needs no reply, is enough
+        if prompt.input_ids is not None:
+            prompts.append(prompt.input_ids)
+        elif prompt.messages is not None:
+            prompts.append(ToolConversation(prompt.messages, prompt.tools) if prompt.tools else prompt.messages)
         else:
-            raise ValueError(f"{p}:{n}: each JSONL line needs a \"text\" string (or \"messages\", a "
-                             f"conversation, or an \"input_ids\" list of integers), got {line.strip()[:80]}")
+            prompts.append(prompt.text)
     return prompts
 
 

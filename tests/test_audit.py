@@ -190,7 +190,7 @@ def test_prompt_files_jsonl_or_one_per_line(tmp_path):
     assert read_prompts(txt) == ["import os", "class A:"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\n{"prompt": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: each JSONL line needs a \"text\""):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: every prompt needs a non-empty string \"text\""):
         read_prompts(bad)
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="has no prompts"):

@@ -157,7 +157,7 @@ def test_prompt_files_take_conversations_as_messages(tmp_path):
             assert message in str(e.value), (read, e.value)
     path.write_text(json.dumps({"text": "a", "messages": CONVERSATIONS[0]}) + "\n")
     for read in (audit.read_prompts, prompts_set.read_prompts):
-        with pytest.raises(ValueError, match='either "text" or "messages", not both'):
+        with pytest.raises(ValueError, match=r'one of "text", "messages" or "input_ids"; this one has \['):
             read(path)
 
 
@@ -172,6 +172,10 @@ def test_audit_and_compare_render_messages_through_the_chat_template(chat_target
     want = [chatml_ids(tok, CONVERSATIONS[0]), tok("import os\n")["input_ids"], chatml_ids(tok, CONVERSATIONS[1])]
     assert audit.encode_prompts(dec, audit.read_prompts(path)) == want
     assert compare._encode(dec, prompts_set.read_prompts(path)[0], max_new_tokens=8) == want
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"input_ids": [5, 6, 7]}\n')
+    assert compare._encode(dec, prompts_set.read_prompts(ids)[0], max_new_tokens=8) == [[5, 6, 7]]
+    assert audit.encode_prompts(dec, audit.read_prompts(ids)) == [[5, 6, 7]]
 
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3}}))

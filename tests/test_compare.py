@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import re
 import statistics
 
 import pytest
@@ -314,6 +315,23 @@ def test_jsonl_round_trip_and_user_files(tmp_path, tiny_tokenizer):
     user.write_text("not json\n")
     with pytest.raises(ValueError, match=r"mine.jsonl:1: not valid JSON"):
         P.read_prompts(user)
+
+    # Token ids, as audit's files take them: read, written back and encoded as they are.
+    user.write_text('{"input_ids": [5, 6, 7], "category": "ids"}\n{"text": "x = 1\\n"}\n')
+    mine, _ = P.read_prompts(user)
+    assert mine[0].input_ids == [5, 6, 7] and mine[0].category == "ids" and mine[1].input_ids is None
+    P.write_prompts(tmp_path / "again.jsonl", mine, {})
+    assert P.read_prompts(tmp_path / "again.jsonl")[0] == mine
+    assert json.loads((tmp_path / "again.jsonl").read_text().splitlines()[1]) == {
+        "id": "ids-000", "category": "ids", "source": "", "line": 0, "tokens": 0, "input_ids": [5, 6, 7]}
+    for bad, message in [('{"input_ids": []}', '"input_ids" must be a non-empty list of token ids'),
+                         ('{"input_ids": [1, "2"]}', '"input_ids" must be a non-empty list of token ids'),
+                         ('{"input_ids": [1], "text": "a"}',
+                          "a prompt has one of \"text\", \"messages\" or \"input_ids\""),
+                         ('{"input_ids": [1], "tools": [{}]}', '"tools" go with "messages"')]:
+        user.write_text(bad + "\n")
+        with pytest.raises(ValueError, match="mine.jsonl:1: " + re.escape(message)):
+            P.read_prompts(user)
 
 
 def test_bundled_prompt_set():

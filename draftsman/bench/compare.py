@@ -118,7 +118,8 @@ def _encode(decoder: Decoder, prompts: list[Prompt], max_new_tokens: int) -> lis
     unanswered = [p.id for p in prompts if p.messages is None and p.turns is not None]
     if unanswered:  # its text is empty: it would time a prompt of nothing
         raise RuntimeError(f"prompts {unanswered} need answer_earlier_turns before they are encoded")
-    ids = [decoder.encode_chat(p.messages, tools=p.tools)[0] if p.messages is not None
+    ids = [list(p.input_ids) if p.input_ids is not None
+           else decoder.encode_chat(p.messages, tools=p.tools)[0] if p.messages is not None
            else decoder.encode([p.text])[0] for p in prompts]
     room = decoder.engine.max_context
     for p, row in zip(prompts, ids):

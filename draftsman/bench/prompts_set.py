@@ -16,7 +16,8 @@ category per pass over them, so a large repetitive file cannot fill a category o
 JSONL: an optional first line {"meta": {...}} saying how the file was built, then one object per
 prompt: {"id", "category", "source", "line", "tokens", "text"}. A user's own file needs only
 "text" per line ("category" defaults to "default"), or, for a chat/instruct target, "messages":
-a conversation the target's chat template turns into the prompt.
+a conversation the target's chat template turns into the prompt, or "input_ids": token ids. The
+audit reads its JSONL files through this reader too (row_prompts).
 
 Spec-Bench's question.jsonl reads as it is: a row {"question_id", "category", "turns": [...]}
 gives one prompt per user turn. A later turn's conversation holds the earlier turns with the
@@ -59,6 +60,7 @@ class Prompt:
     text: str = ""
     messages: list | None = None  # a conversation, rendered by the target's chat template (instead of text)
     tools: list | None = None  # with messages: tool definitions for a tool-calling template
+    input_ids: list | None = None  # the prompt as token ids (instead of text)
     # A Spec-Bench row's prompt: the user's turns up to this prompt's one. A later turn's messages
     # stay None until answer_earlier_turns writes the target's replies between them.
     turns: list | None = None
@@ -86,40 +88,53 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
         if "meta" in rec:
             meta = rec["meta"]
             continue
-        if rec.get("turns") is not None:
-            for prompt in turn_prompts(rec, f"{path}:{n}"):
-                if prompt.id in seen:
-                    raise ValueError(f"{path}:{n}: prompt id '{prompt.id}' is used twice; ids must be unique")
-                seen.add(prompt.id)
-                prompts.append(prompt)
-            continue
-        text, messages = rec.get("text"), rec.get("messages")
-        if messages is not None:
-            if text is not None:
-                raise ValueError(f'{path}:{n}: a prompt has either "text" or "messages", not both')
-            try:
-                messages, text = check_conversation(messages), ""
-            except ValueError as e:
-                raise ValueError(f'{path}:{n}: "messages": {e}') from None
-            try:
-                tools = check_tools(rec.get("tools"))
-            except ValueError as e:
-                raise ValueError(f'{path}:{n}: "tools": {e}') from None
-        elif rec.get("tools") is not None:
-            raise ValueError(f'{path}:{n}: "tools" go with "messages", not with "text"')
-        elif not isinstance(text, str) or not text:
-            raise ValueError(f'{path}:{n}: every prompt needs a non-empty string "text" (or "messages": a '
-                             'conversation like [{"role": "user", "content": "..."}] for a chat target)')
         category = str(rec.get("category") or DEFAULT_CATEGORY)
-        pid = str(rec.get("id") or f"{category}-{sum(p.category == category for p in prompts):03d}")
-        if pid in seen:
-            raise ValueError(f"{path}:{n}: prompt id '{pid}' is used twice; ids must be unique")
-        seen.add(pid)
-        prompts.append(Prompt(pid, category, str(rec.get("source", "")), int(rec.get("line", 0)),
-                              int(rec.get("tokens", 0)), text, messages, tools if messages is not None else None))
+        default_id = f"{category}-{sum(p.category == category for p in prompts):03d}"
+        for prompt in row_prompts(rec, f"{path}:{n}", default_id):
+            if prompt.id in seen:
+                raise ValueError(f"{path}:{n}: prompt id '{prompt.id}' is used twice; ids must be unique")
+            seen.add(prompt.id)
+            prompts.append(prompt)
     if not prompts:
         raise ValueError(f"prompt file '{path}' holds no prompts")
     return prompts, meta
+
+
+def row_prompts(rec: dict, where: str, default_id: str) -> list[Prompt]:
+    """The prompts of one JSONL row: "text", "messages" (with "tools"), "input_ids" or Spec-Bench's
+    "turns" (one prompt per turn). `where` names the row in errors."""
+    if rec.get("turns") is not None:
+        return turn_prompts(rec, where)
+    given = [key for key in ("text", "messages", "input_ids") if rec.get(key) is not None]
+    if len(given) > 1:
+        raise ValueError(f'{where}: a prompt has one of "text", "messages" or "input_ids"; this one has {given}')
+    if rec.get("tools") is not None and given != ["messages"]:
+        raise ValueError(f'{where}: "tools" go with "messages", not with "text" or "input_ids"')
+    category = str(rec.get("category") or DEFAULT_CATEGORY)
+    prompt = Prompt(str(rec.get("id") or default_id), category, str(rec.get("source", "")), int(rec.get("line", 0)),
+                    int(rec.get("tokens", 0)))
+    if given == ["messages"]:
+        try:
+            prompt.messages = check_conversation(rec["messages"])
+        except ValueError as e:
+            raise ValueError(f'{where}: "messages": {e}') from None
+        try:
+            prompt.tools = check_tools(rec.get("tools"))
+        except ValueError as e:
+            raise ValueError(f'{where}: "tools": {e}') from None
+    elif given == ["input_ids"]:
+        ids = rec["input_ids"]
+        if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            raise ValueError(f'{where}: "input_ids" must be a non-empty list of token ids (integers), '
+                             f"got {ids!r}"[:300])
+        prompt.input_ids = ids
+    elif isinstance(rec.get("text"), str) and rec["text"]:
+        prompt.text = rec["text"]
+    else:
+        raise ValueError(f'{where}: every prompt needs a non-empty string "text" (or "messages": a conversation '
+                         'like [{"role": "user", "content": "..."}] for a chat target, "input_ids": token ids, '
+                         '"turns": a Spec-Bench question)')
+    return [prompt]
 
 
 def turn_prompts(rec: dict, where: str) -> list[Prompt]:
@@ -128,7 +143,7 @@ def turn_prompts(rec: dict, where: str) -> list[Prompt]:
     if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
         raise ValueError(f'{where}: "turns" must be a non-empty list of the user\'s messages (strings), as in '
                          f"Spec-Bench's question.jsonl; got {turns!r}"[:300])
-    other = [key for key in ("text", "messages", "tools") if rec.get(key) is not None]
+    other = [key for key in ("text", "messages", "tools", "input_ids") if rec.get(key) is not None]
     if other:
         raise ValueError(f'{where}: a prompt has "turns" or {other[0]!r}, not both')
     asked = str(rec.get("category") or DEFAULT_CATEGORY)
@@ -175,12 +190,14 @@ def write_prompts(path: str | Path, prompts: list[Prompt], meta: dict) -> None:
 
 
 def _record(p: Prompt) -> dict:
-    """A prompt's JSON object: "text" or "messages", whichever it has."""
+    """A prompt's JSON object: "text", "messages" or "input_ids", whichever it has."""
     rec = asdict(p)
     del rec["text" if p.messages is not None else "messages"]
-    for key in ("tools", "turns"):
+    for key in ("tools", "turns", "input_ids"):
         if rec[key] is None:
             del rec[key]
+    if p.input_ids is not None:
+        del rec["text"]
     return rec
 
 
