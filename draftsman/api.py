@@ -28,6 +28,24 @@ class GenerationOutput:
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None
 
 
+@dataclass
+class StreamChunk:
+    """What one round of stream_chunks() adds: newly visible text, new token ids, and their scores
+    when asked for (as GenerationOutput's logprobs / top_logprobs, for these tokens only)."""
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+def _scores(recorder: TokenLogprobs | None, start: int, count: int) -> tuple:
+    """The recorder's values for tokens [start, start + count) of the one row, or (None, None)."""
+    if recorder is None:
+        return None, None
+    top = recorder.top_tokens[0][start:start + count] if recorder.top_tokens is not None else None
+    return recorder.values[0][start:start + count], top
+
+
 class Decoder:
     """A target model, a drafter and the shared verifier, ready to generate."""
 
@@ -149,7 +167,30 @@ class Decoder:
                lossy_typical_acceptance: bool | dict | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
-        statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's."""
+        statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
+        their log-probabilities as well, use stream_chunks()."""
+        for chunk in self.stream_chunks(
+                prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                top_p=top_p, seed=seed, stats=stats, min_p=min_p, stop=stop, repetition_penalty=repetition_penalty,
+                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, min_new_tokens=min_new_tokens,
+                stop_token_ids=stop_token_ids, logit_bias=logit_bias,
+                lossy_typical_acceptance=lossy_typical_acceptance):
+            if chunk.text:
+                yield chunk.text
+
+    def stream_chunks(self, prompt: str | None = None, *, input_ids: list[int] | None = None,
+                      max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
+                      top_p: float | None = None, seed: int | None = None, stats: GenerationStats | None = None,
+                      min_p: float | None = None, stop: list[str] | None = None,
+                      repetition_penalty: float | None = None, presence_penalty: float | None = None,
+                      frequency_penalty: float | None = None, min_new_tokens: int | None = None,
+                      stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None,
+                      lossy_typical_acceptance: bool | dict | None = None, logprobs: bool | str = False,
+                      top_logprobs: int = 0):
+        """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
+        text that became visible (may be "" while a stop string might still complete), the new
+        token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
+        join to generate's text, the token ids to its token_ids."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass either a prompt (text) or input_ids (token ids), not both or neither")
         if self.tokenizer is None:
@@ -161,21 +202,23 @@ class Decoder:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
+        recorder = self._logprobs_recorder(1, logprobs, top_logprobs)
         stops = args["stop"]
-        for _, new in self.engine.stream(ids, stats=stats, **args):
-            if not text.add(new):  # nothing new, or a character still incomplete
-                continue
-            visible = text.text
-            if stops:  # never show a stop string, nor the start of one that may yet complete
-                at = stops.first_stop(visible, len(shown))  # what is shown holds no stop's start
-                visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
-            if len(visible) > len(shown):
-                yield visible[len(shown):]
-                shown = visible
+        for _, new in self.engine.stream(ids, stats=stats, logprobs=recorder, **args):
+            scores = _scores(recorder, len(text.tokens), len(new))
+            piece = ""
+            if text.add(new):  # else nothing new, or a character still incomplete
+                visible = text.text
+                if stops:  # never show a stop string, nor the start of one that may yet complete
+                    at = stops.first_stop(visible, len(shown))  # what is shown holds no stop's start
+                    visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
+                if len(visible) > len(shown):
+                    piece, shown = visible[len(shown):], visible
+            yield StreamChunk(piece, list(new), *scores)
         final = self.decode(text.tokens)  # the one whole decode, as generate's
         final = stops.cut(final) if stops else final
         if final.startswith(shown) and len(final) > len(shown):  # a held-back tail, now final
-            yield final[len(shown):]
+            yield StreamChunk(final[len(shown):], [], *_scores(recorder, 0, 0))  # no new tokens: empty scores
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""

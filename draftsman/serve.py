@@ -17,6 +17,7 @@ serves one model, as the rest of draftsman does.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import threading
@@ -119,8 +120,6 @@ class Handler(BaseHTTPRequestHandler):
         args = generate_args(body)
         top = logprobs_asked(body, chat)
         if top is not None:
-            if body.get("stream"):
-                raise RequestError("logprobs are not streamed: drop \"stream\" or the logprobs fields")
             args.update(logprobs=True, top_logprobs=top)
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -148,20 +147,26 @@ class Handler(BaseHTTPRequestHandler):
                                "request, or drop stream")
         args.pop("num_return_sequences", None)
         stats = GenerationStats()
-        pieces = self.server.decoder.stream(input_ids=ids[0], stats=stats, **args)
-        first = next(pieces, None)  # the input's errors surface here, before any header is sent
+        chunks = self.server.decoder.stream_chunks(input_ids=ids[0], stats=stats, **args)
+        first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         chunk_kind = f"{kind}.chunk" if chat else kind
+        offset = 0  # completions' text_offset counts from the start of the whole completion
 
-        def send(delta: str | None, reason: str | None = None, role: bool = False) -> None:
+        def send(delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
+            nonlocal offset
+            scores = None
+            if chunk is not None and chunk.logprobs is not None:
+                scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offset)
+                offset += sum(len(self.server.decoder.decode_token(t)) for t in chunk.token_ids)
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
-                choice = {"index": 0, "delta": d, "finish_reason": reason}
+                choice = {"index": 0, "delta": d, "logprobs": scores, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "text": delta or "", "logprobs": scores, "finish_reason": reason}
             event = {**head, "object": chunk_kind, "choices": [choice]}
             if reason is not None:
                 event["draftsman"] = self._report(stats)
@@ -170,26 +175,30 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             send(None, role=True)
-        if first is not None:
-            send(first)
-        for piece in pieces:
-            send(piece)
+        for chunk in itertools.chain([first] if first is not None else [], chunks):
+            if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
+                send(chunk.text, chunk=chunk)
         send(None, FINISH.get(stats.finish_reasons[0], stats.finish_reasons[0]))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
     def _logprobs(self, out, row: int, chat: bool) -> dict:
-        """Row `row`'s token scores in the endpoint's OpenAI shape: the target's raw log-probability
-        of each new token (as vLLM reports them), tokens as their decoded text."""
+        """Row `row`'s token scores in the endpoint's OpenAI shape."""
+        tops = out.top_logprobs[row] if out.top_logprobs is not None else None
+        return self._scores(out.token_ids[row], out.logprobs[row], tops, chat)
+
+    def _scores(self, tokens: list[int], values: list[float], tops, chat: bool, offset: int = 0) -> dict:
+        """Token scores in OpenAI's chat or completions shape: the target's raw log-probability of
+        each token (as vLLM reports them), tokens as their decoded text; offset: the completion
+        text's length before these tokens."""
         piece = self.server.decoder.decode_token
-        tokens, values = out.token_ids[row], out.logprobs[row]
-        tops = out.top_logprobs[row] if out.top_logprobs is not None else [[] for _ in tokens]
+        tops = tops if tops is not None else [[] for _ in tokens]
         if chat:
             def entry(t: int, v: float) -> dict:
                 return {"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
             return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top]}
                                 for t, v, top in zip(tokens, values, tops)]}
-        offsets, at = [], 0
+        offsets, at = [], offset
         for t in tokens:
             offsets.append(at)
             at += len(piece(t))

@@ -136,7 +136,6 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "max_completion_tokens": 3}, "not both"),
     ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, '"top_logprobs" needs "logprobs": true'),
     ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 21}, "in [0, 20], got 21"),
-    ("/v1/completions", {"prompt": "a", "logprobs": 1, "stream": True}, "logprobs are not streamed"),
     ("/v1/completions", {"prompt": "a", "max_token": 3}, "does not take ['max_token']; valid fields: ["),
     ("/v1/completions", {"prompt": "a", "model": "gpt-4"}, "model 'gpt-4' is not served here; this server serves "
                                                            "'tiny'"),

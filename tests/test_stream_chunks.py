@@ -1,0 +1,75 @@
+"""Decoder.stream_chunks: per round the newly visible text, the new token ids and their scores.
+Joined, they equal generate's text, token_ids, logprobs and top_logprobs, with a stop string
+holding text back too; stream() yields the same text pieces. The server streams the same scores."""
+import json
+import threading
+import urllib.request
+
+import pytest
+
+import draftsman
+from draftsman.serve import Server
+
+NEW = 24
+PROMPT = "def parse(text):\n"
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_models):
+    target, _ = tiny_models["llama"]
+    return draftsman.load({"target": {"path": str(target)},
+                           "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
+
+
+def joined(chunks):
+    out = {"text": "", "token_ids": [], "logprobs": [], "top_logprobs": []}
+    for c in chunks:
+        out["text"] += c.text
+        out["token_ids"] += c.token_ids
+        out["logprobs"] += c.logprobs or []
+        out["top_logprobs"] += c.top_logprobs or []
+    return out
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_k": 30, "seed": 4}], ids=["greedy", "sampled"])
+def test_chunks_join_to_generates_output(decoder, settings):
+    want = decoder.generate(PROMPT, max_new_tokens=NEW, logprobs=True, top_logprobs=3, **settings)
+    chunks = list(decoder.stream_chunks(PROMPT, max_new_tokens=NEW, logprobs=True, top_logprobs=3, **settings))
+    got = joined(chunks)
+    assert got["text"] == want.texts[0] and got["token_ids"] == want.token_ids[0]
+    assert got["logprobs"] == want.logprobs[0] and got["top_logprobs"] == want.top_logprobs[0]
+    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+    plain = list(decoder.stream_chunks(PROMPT, max_new_tokens=NEW, **settings))
+    assert all(c.logprobs is None and c.top_logprobs is None for c in plain)
+    assert [c.text for c in plain if c.text] == list(decoder.stream(PROMPT, max_new_tokens=NEW, **settings))
+
+
+def test_a_stop_string_holds_text_back_but_not_tokens(decoder):
+    text = decoder.generate(PROMPT, max_new_tokens=NEW).texts[0]
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    want = decoder.generate(PROMPT, max_new_tokens=NEW, stop=[stop], logprobs=True)
+    got = joined(decoder.stream_chunks(PROMPT, max_new_tokens=NEW, stop=[stop], logprobs=True))
+    assert got["text"] == want.texts[0] and stop not in got["text"]
+    assert got["token_ids"] == want.token_ids[0] and got["logprobs"] == want.logprobs[0]
+
+
+def test_the_server_streams_the_same_scores(decoder):
+    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        def post(body):
+            request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode())
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.read().decode()
+
+        whole = json.loads(post({"prompt": PROMPT, "max_tokens": NEW, "logprobs": 2}))["choices"][0]["logprobs"]
+        events = [json.loads(line[len("data: "):]) for line in post({"prompt": PROMPT, "max_tokens": NEW, "logprobs": 2,
+                                                                     "stream": True}).splitlines()
+                  if line.startswith("data: {")]
+        scored = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [x for s in scored for x in s[key]] == whole[key], key
+    finally:
+        server.shutdown()
+        server.server_close()
