@@ -29,6 +29,13 @@ class _Trie:
                 found = len(self.tokens) - 1
             parent = found
 
+    def tree(self, device) -> DraftTree:
+        """The continuations merged so far as one deterministic draft tree."""
+        n = len(self.tokens)
+        return DraftTree(torch.tensor(self.tokens, dtype=torch.long, device=device),
+                         torch.tensor(self.parents, dtype=torch.long, device=device),
+                         torch.full((n,), DETERMINISTIC, dtype=torch.long, device=device))
+
 
 class _NgramIndex:
     """For one row: n-gram -> end positions (most recent last) where at least one token follows."""
@@ -108,10 +115,7 @@ class NgramDrafter(Drafter):
             banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
                 trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
-            n = len(trie.tokens)
-            trees.append(DraftTree(torch.tensor(trie.tokens, dtype=torch.long, device=self.device),
-                                   torch.tensor(trie.parents, dtype=torch.long, device=self.device),
-                                   torch.full((n,), DETERMINISTIC, dtype=torch.long, device=self.device)))
+            trees.append(trie.tree(self.device))
         return trees
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
-from .base import DETERMINISTIC, Drafter, DraftTree
+from .base import Drafter
 from .datastore import Datastore, read_documents
 from .draft_bias import BAN
 from .ngram import _before_banned, _Trie
@@ -84,10 +82,7 @@ class RetrievalDrafter(Drafter):
             banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
                 trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
-            n = len(trie.tokens)
-            trees.append(DraftTree(torch.tensor(trie.tokens, dtype=torch.long, device=self.device),
-                                   torch.tensor(trie.parents, dtype=torch.long, device=self.device),
-                                   torch.full((n,), DETERMINISTIC, dtype=torch.long, device=self.device)))
+            trees.append(trie.tree(self.device))
         return trees
 
     def report(self) -> dict:
