@@ -4,7 +4,9 @@ decoding by changing their base URL.
 
 - One request generates at a time (a lock); a request's prompts and its n samples are one batch.
   Health checks and model lists answer while a request generates.
-- `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1.
+- `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
+  `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk.
+- Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too.
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
@@ -37,7 +39,7 @@ SAMPLING_FIELDS = {
     "logit_bias": "logit_bias", "n": "num_return_sequences",
     "lossy_typical_acceptance": "lossy_typical_acceptance",
 }
-IGNORED_FIELDS = {"model", "stream", "user", "stream_options"}  # read elsewhere, or change nothing here
+IGNORED_FIELDS = {"model", "stream", "stream_options", "user"}  # read elsewhere, or change nothing here
 COMPLETION_FIELDS = {"prompt", "logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
                | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
@@ -118,6 +120,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool) -> None:
         args = generate_args(body)
+        include_usage = stream_usage(body)
         top = logprobs_asked(body, chat)
         if top is not None:
             args.update(logprobs=True, top_logprobs=top)
@@ -126,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
                 "model": self.server.model_name}
         with self.server.generating:
             if body.get("stream"):
-                return self._stream(ids, args, head, kind, chat)
+                return self._stream(ids, args, head, kind, chat, include_usage)
             out = self.server.decoder.generate(input_ids=ids, **args)
         choices = []
         for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
@@ -141,7 +144,7 @@ class Handler(BaseHTTPRequestHandler):
                                    "total_tokens": prompt_tokens + completion_tokens},
                          "draftsman": self._report(out.stats)})
 
-    def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool) -> None:
+    def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False) -> None:
         if len(ids) != 1 or args.get("num_return_sequences", 1) != 1:
             raise RequestError('"stream": true sends one prompt\'s text with n = 1: send the prompts one per '
                                "request, or drop stream")
@@ -155,6 +158,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         chunk_kind = f"{kind}.chunk" if chat else kind
         offset = 0  # completions' text_offset counts from the start of the whole completion
+        completion_tokens = 0
 
         def send(delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             nonlocal offset
@@ -176,9 +180,15 @@ class Handler(BaseHTTPRequestHandler):
         if chat:
             send(None, role=True)
         for chunk in itertools.chain([first] if first is not None else [], chunks):
+            completion_tokens += len(chunk.token_ids)
             if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
                 send(chunk.text, chunk=chunk)
         send(None, FINISH.get(stats.finish_reasons[0], stats.finish_reasons[0]))
+        if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
+            usage = {"prompt_tokens": len(ids[0]), "completion_tokens": completion_tokens,
+                     "total_tokens": len(ids[0]) + completion_tokens}
+            event = {**head, "object": chunk_kind, "choices": [], "usage": usage}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
@@ -284,6 +294,19 @@ def logprobs_asked(body: dict, chat: bool) -> int | None:
         raise RequestError(f"the number of top logprobs must be a whole number in [0, {MAX_TOP_LOGPROBS}], "
                            f"got {top!r}")
     return top
+
+
+def stream_usage(body: dict) -> bool:
+    """OpenAI's stream_options: {"include_usage": bool} is the one option it has."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or set(options) - {"include_usage"} or \
+            not isinstance(options.get("include_usage", False), bool):
+        raise RequestError(f'"stream_options" takes {{"include_usage": true or false}}, got {options!r}')
+    if not body.get("stream"):
+        raise RequestError('"stream_options" goes with "stream": true')
+    return options.get("include_usage", False)
 
 
 def generate_args(body: dict) -> dict:

@@ -104,9 +104,15 @@ def test_chat_equals_decoder_chat_and_streams_join_to_the_same_text(served):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and chunks[-1]["draftsman"]["drafter"]
 
-    text = decoder.generate("def parse(text):\n", max_new_tokens=NEW).texts[0]
-    chunks = events(base, "/v1/completions", {"prompt": "def parse(text):\n", "max_tokens": NEW, "stream": True})
-    assert "".join(c["choices"][0]["text"] for c in chunks) == text and len(chunks) > 2
+    want = decoder.generate("def parse(text):\n", max_new_tokens=NEW)
+    chunks = events(base, "/v1/completions", {"prompt": "def parse(text):\n", "max_tokens": NEW, "stream": True,
+                                              "stream_options": {"include_usage": True}})
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == want.texts[0] and len(chunks) > 2
+    prompt_tokens = len(decoder.encode(["def parse(text):\n"])[0])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": prompt_tokens, "completion_tokens": len(want.token_ids[0]),
+        "total_tokens": prompt_tokens + len(want.token_ids[0])}
+    assert all("usage" not in c for c in chunks[:-1])
 
 
 def test_logprobs_are_the_targets_in_openais_shapes(served):
@@ -148,6 +154,8 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     ("/v1/completions", {"prompt": "a", "n": 2}, "num_return_sequences=2 at temperature 0"),
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
+    ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"usage": True}}, '"stream_options" takes'),
+    ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 'goes with "stream": true'),
     ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "never reads"),
 ])
