@@ -77,6 +77,20 @@ def test_quick_run_writes_files_with_consistent_numbers(quick_run, capsys):
     draft = [c for c in cells if c["drafter"] == "draft_model"]
     assert all(c["extra_parameters"] > 0 and len(c["acceptance"]) == 3 for c in draft)
 
+    # Every category at once (Spec-Bench's "overall"): tokens and rounds add up across the cells,
+    # and with one repeat, tokens over summed seconds lies between the categories' own rates.
+    assert "### All categories together" in stdout
+    overall = {(r["drafter"], r["temperature"]): r for r in res["overall"]}
+    assert set(overall) == {(d, t) for d in DRAFTERS for t in temps}
+    for (d, t), r in overall.items():
+        mine = [c for c in cells if c["drafter"] == d and c["temperature"] == t]
+        assert r["prompts"] == sum(c["prompts"] for c in mine) == 4
+        assert r["new_tokens"] == sum(c["new_tokens"] for c in mine)
+        assert r["tau"] == r["new_tokens"] / sum(c["rounds"] for c in mine)  # batch 1: a row-round is a round
+        rates = [c["tokens_per_s"] for c in mine]
+        assert min(rates) <= r["tokens_per_s"] <= max(rates)
+    assert all(r["speedup"] == 1.0 for (d, _), r in overall.items() if d == "none")
+
     peers = {(p["peer"], p["category"]): p for p in res["peers"]}
     assert set(peers) == {(p, c) for p in ("hf_generate", "hf_assisted", "hf_prompt_lookup") for c in cats}
     for (name, _), p in peers.items():

@@ -70,8 +70,9 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     bar = tqdm(total=_plan(cfg, encoded, len(ours), len(peers), len(swept)), unit="run", disable=not progress,
                dynamic_ncols=True)
 
-    cells, peer_rows = [], []
+    cells, peer_rows, overall = [], [], []
     for temperature in cfg["temperatures"]:
+        together = {o.label: Tally() for o in ours}  # every category at once, as Spec-Bench's "overall"
         for category, ids in encoded.items():
             bar.set_description(f"T={temperature:g} {category}")
             contenders = ours + (peers if temperature == 0 else [])
@@ -81,9 +82,12 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
             for o in ours:
                 cells.append(_cell(o, tallies[o.label], plain, category, temperature, groups[category], ids,
                                    base.target, weights + o.extra_parameters * elem))
+                together[o.label].absorb(tallies[o.label])
             for p in peers if temperature == 0 else []:
                 peer_rows.append(_peer_row(p, tallies, plain, ours, category, groups[category], ids, base.target,
                                            weights + p.extra_parameters * elem))
+        overall += [_overall(o, together[o.label], together[baseline], temperature, sum(map(len, groups.values())))
+                    for o in ours]
 
     bar.set_description(f"batch sweep T={sweep_t:g}")
     sweep = batch_sweep(swept, sweep_rows, cfg["batch_sizes"], max_new_tokens=cfg["max_new_tokens"],
@@ -107,6 +111,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
         "prompts": {"file": str(cfg["prompts"]), "meta": meta, "counts": {c: len(ps) for c, ps in groups.items()}},
         "baseline": baseline,
         "cells": cells,
+        "overall": overall,
         "peers": peer_rows,
         "peer_settings": {p.label: p.settings for p in peers},
         "notes": notes,
@@ -168,6 +173,15 @@ def _cell(o: Ours, t: Tally, plain: Tally, category: str, temperature: float, pr
         "extra_parameters": o.extra_parameters,
         "mismatches": len(div) if greedy else None, "divergences": div,
     }
+
+
+def _overall(o: Ours, t: Tally, plain: Tally, temperature: float, prompts: int) -> dict:
+    """One drafter over every category at once: tokens over seconds summed across categories, repeat
+    by repeat (the speedup is the median of those per-repeat ratios, as in a cell)."""
+    return {"drafter": o.label, "temperature": temperature, "prompts": prompts, "lossy": t.lossy,
+            "tokens_per_s": t.tokens_per_s, "speedup": statistics.median(t.speedups(plain)),
+            "speedup_repeats": t.speedups(plain), "tau": t.tau, "acceptance": t.acceptance,
+            "new_tokens": t.new_tokens, "row_rounds": t.row_rounds}
 
 
 def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts, ids, target,

@@ -92,6 +92,15 @@ def markdown(results: dict) -> str:
         lines.append(f"| {c['drafter']} | {c['category']} | {c['temperature']:g} | {c['tokens_per_s']:.1f} | "
                      f"{c['speedup']:.2f}x | {_f(c['tau'])} | {acc} | {c['rounds']} | {split} | "
                      f"{_f(c['peak_memory_mb'], '.0f')} | {_human(c['extra_parameters'])} | {mism} |")
+    if len({c["category"] for c in results["cells"]}) > 1 and results.get("overall"):
+        lines += ["", "### All categories together (Spec-Bench's \"overall\")", "",
+                  "tokens over seconds summed across the categories, per repeat; speedup = median over repeats.", "",
+                  "| drafter | T | prompts | tokens/s | speedup | tau | acceptance by position |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in results["overall"]:
+            acc = " ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
+            lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['prompts']} | {r['tokens_per_s']:.1f} | "
+                         f"{r['speedup']:.2f}x | {_f(r['tau'])} | {acc} |")
     div = [(c["drafter"], c["category"], d) for c in results["cells"] for d in c["divergences"]]
     div += [(p["peer"], p["category"], d) for p in results["peers"] for d in p["divergences"]]
     if results["peers"]:

@@ -107,6 +107,23 @@ class Tally:
             self.verify_seconds += s.verify_seconds
             self.engine_seconds += s.total_seconds
 
+    def absorb(self, other: "Tally") -> None:
+        """Add another prompt list's tally (another category, same repeats): throughput over all of
+        them is total tokens over total seconds, repeat by repeat."""
+        _add(self.rep_tokens, other.rep_tokens)
+        _add(self.rep_seconds, other.rep_seconds)
+        self.outputs += other.outputs
+        self.calls += other.calls
+        self.new_tokens += other.new_tokens
+        self.rounds += other.rounds
+        self.row_rounds += other.row_rounds
+        _add(self.proposed_at_depth, other.proposed_at_depth)
+        _add(self.accepted_at_depth, other.accepted_at_depth)
+        self.draft_seconds += other.draft_seconds
+        self.verify_seconds += other.verify_seconds
+        self.engine_seconds += other.engine_seconds
+        self.lossy |= other.lossy
+
     @property
     def rep_tokens_per_s(self) -> list[float]:
         return [t / s if s else 0.0 for t, s in zip(self.rep_tokens, self.rep_seconds)]
