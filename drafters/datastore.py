@@ -82,12 +82,16 @@ class Datastore:
 
 def read_documents(path: str | Path) -> list[str]:
     """A text file (one document), a JSONL file ({"text": ...} per line) or a folder of such files
-    (every file below it; files that are not UTF-8 text are skipped)."""
+    (every file below it but hidden ones; files that are not UTF-8 text are skipped)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"retrieval: datastore path '{path}' does not exist: give a text file, a JSONL file "
                                 'of {"text": ...} lines, or a folder of such files')
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if path.is_dir():  # hidden files and folders (.git, .venv, ...) are not the text you meant
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    else:
+        files = [path]
     texts = []
     for f in files:
         try:

@@ -49,6 +49,8 @@ def datastore_dir(tmp_path_factory):
     (folder / "sub").mkdir()
     (folder / "sub" / "more.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in CORPUS[1:]) + "\n")
     (folder / "blob.bin").write_bytes(b"\xff\xfe\x00")  # not text: skipped
+    (folder / ".git").mkdir()
+    (folder / ".git" / "config").write_text("[core]\n\tbare = false\n")  # hidden: skipped
     return folder
 
 
