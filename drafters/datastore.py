@@ -65,9 +65,12 @@ class Datastore:
             at = at[(windows == query).all(1)]  # drop hash collisions
             if at.numel() == 0:
                 continue
+            # Every match's next k tokens in one gather; past the datastore's end reads as a boundary.
+            spots = (at + n)[:, None] + torch.arange(k)
+            following = self.tokens[spots.clamp(max=self.tokens.numel() - 1)]
+            following[spots >= self.tokens.numel()] = BOUNDARY
             counts = Counter()
-            for start in (at + n).tolist():
-                cont = self.tokens[start: start + k].tolist()
+            for cont in following.tolist():
                 if BOUNDARY in cont:
                     cont = cont[: cont.index(BOUNDARY)]
                 if cont:

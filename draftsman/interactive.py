@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from .api import Decoder, GenerationStats
+from .chat import require_chat_template
 
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    decoder.encode_chat(system + [{"role": "user", "content": "hello"}])  # no chat template: refused before input
+    require_chat_template(decoder.tokenizer, cfg["target"]["path"])  # refused before any input is read
     print(f"chatting with {cfg['target']['path']} (drafter {cfg['drafter']['name']}); {COMMANDS}", file=sys.stderr)
     converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats)
     return 0

@@ -205,7 +205,8 @@ class Handler(BaseHTTPRequestHandler):
         tops = tops if tops is not None else [[] for _ in tokens]
         if chat:
             def entry(t: int, v: float) -> dict:
-                return {"token": piece(t), "logprob": v, "bytes": list(piece(t).encode())}
+                text = piece(t)
+                return {"token": text, "logprob": v, "bytes": list(text.encode())}
             return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top]}
                                 for t, v, top in zip(tokens, values, tops)]}
         offsets, at = [], offset

@@ -28,6 +28,8 @@ def test_longest_suffix_first_then_most_frequent_continuations():
     # [2] alone is followed by 3 | 5 6 | 5 6 | 3 1: the twice-seen first, then datastore order.
     assert s.continuations([0, 2], k=2, branches=3, max_matches=64) == [[5, 6], [3], [3, 1]]
     assert s.continuations([0, 2], k=2, branches=1, max_matches=64) == [[5, 6]]
+    # k past the datastore's end: the last continuation stops there as at a boundary.
+    assert s.continuations([0, 2], k=4, branches=3, max_matches=64) == [[5, 6], [3], [3, 1]]
     assert s.continuations([42], k=2, branches=3, max_matches=64) == []  # nowhere in the datastore
 
 

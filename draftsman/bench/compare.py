@@ -54,7 +54,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
         notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties "
                      "change greedy output")
     if any(t > 0 for t in cfg["temperatures"]):
-        if (cfg["sampling"] or {}).get("lossy_typical_acceptance") not in (None, False):
+        if is_lossy(cfg["sampling"] or {}):
             notes.append("LOSSY: sampling.lossy_typical_acceptance is on, so at T > 0 drafts are accepted by "
                          "Medusa's typical acceptance and the outputs are not distributed as the target's own samples")
         elif any(is_lossy(d) for d in cfg["drafters"]):

@@ -258,8 +258,9 @@ def drafter_label(d: dict) -> str:
     return label if not is_lossy(d) or "LOSSY" in label else f"{label} (LOSSY)"
 
 
-def is_lossy(d: dict) -> bool:
-    return d.get("lossy_typical_acceptance") not in (None, False)
+def is_lossy(settings: dict) -> bool:
+    """A drafter entry or a sampling section that turns LOSSY typical acceptance on."""
+    return settings.get("lossy_typical_acceptance") not in (None, False)
 
 
 def drafter_options(d: dict) -> dict:
