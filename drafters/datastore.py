@@ -29,11 +29,16 @@ def window_hashes(tokens: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class Datastore:
-    def __init__(self, tokens: torch.Tensor, sizes: range):
+    def __init__(self, tokens: torch.Tensor, sizes: range,
+                 tables: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """tables: the (sorted hashes, their positions) of each size, as built before and saved
+        (drafters/datastore_index.py); built here when not given."""
         self.tokens = tokens
         self.sizes = sizes
-        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.tables = dict(tables or {})
         for n in sizes:
+            if n in self.tables:
+                continue
             h = window_hashes(tokens, n)[: max(tokens.numel() - n, 0)]  # a window needs a token after it
             order = torch.argsort(h, stable=True)  # equal hashes keep datastore order
             self.tables[n] = (h[order], order)

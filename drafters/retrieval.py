@@ -5,7 +5,8 @@ guesses. `ngram` looks in the prompt; this looks in the datastore, and the two c
 `cascade`.
 
 The datastore (drafters/datastore.py) is read and tokenized with the target's tokenizer when the
-drafter is built. Each round the longest suffix of the context (max_ngram down to min_ngram
+drafter is built, or loaded from an index `draftsman datastore` built ahead
+(drafters/datastore_index.py). Each round the longest suffix of the context (max_ngram down to min_ngram
 tokens) found in it gives its continuations, the most frequent `branches` of them merged into
 one tree. Proposals are deterministic, so verification is exact at any temperature.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from .base import Drafter
 from .datastore import Datastore, read_documents
+from .datastore_index import is_index, load_index
 from .draft_bias import BAN
 from .ngram import _before_banned, _Trie
 from .registry import register
@@ -27,7 +29,9 @@ class RetrievalDrafter(Drafter):
 
     @dataclass
     class Options:
-        path: str = ""  # the datastore: a text file, a JSONL file of {"text": ...} lines, or a folder of such files
+        # The datastore: a text file, a JSONL file of {"text": ...} lines, a folder of such files, or
+        # an index built from them ahead (`draftsman datastore`, a .safetensors file).
+        path: str = ""
         k: int = 4  # tokens proposed per branch (4 beat 6 on the bundled target: docs/choosing-a-drafter.md)
         min_ngram: int = 2  # shortest suffix looked up
         max_ngram: int = 4  # longest suffix, tried first
@@ -52,14 +56,20 @@ class RetrievalDrafter(Drafter):
                              "target its tokenizer files")
         self.device = target.device
         t0 = time.perf_counter()
-        texts = read_documents(options.path)
-        self.datastore = Datastore.from_texts(texts, target.tokenizer, range(options.min_ngram, options.max_ngram + 1))
+        sizes = range(options.min_ngram, options.max_ngram + 1)
+        if is_index(options.path):  # built ahead by `draftsman datastore`
+            self.datastore, meta = load_index(options.path, target.tokenizer, sizes, target=str(target.path))
+            documents, seconds = int(meta["documents"]), "load_seconds"
+        else:
+            texts = read_documents(options.path)
+            self.datastore = Datastore.from_texts(texts, target.tokenizer, sizes)
+            documents, seconds = len(texts), "build_seconds"
         outside = self.datastore.tokens.max().item() if len(self.datastore) else -1
         if outside >= target.vocab_size:
             raise ValueError(f"retrieval: the tokenizer gave token id {outside}, outside the target's vocabulary "
                              f"of {target.vocab_size}")
-        self.build_report = {"documents": len(texts), "tokens": len(self.datastore),
-                             "build_seconds": round(time.perf_counter() - t0, 2)}
+        self.build_report = {"documents": documents, "tokens": len(self.datastore),
+                             seconds: round(time.perf_counter() - t0, 2)}
         self.prompt_lengths: list[int] = []
 
     def max_depth(self) -> int:

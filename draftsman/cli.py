@@ -436,6 +436,20 @@ def _run_export(args: argparse.Namespace) -> int:
     return export.run(args)
 
 
+# --------------------------------------------------------------------------- datastore
+
+def _add_datastore_args(p: argparse.ArgumentParser) -> None:
+    from . import datastore_build
+
+    datastore_build.add_arguments(p)
+
+
+def _run_datastore(args: argparse.Namespace) -> int:
+    from . import datastore_build
+
+    return datastore_build.run(args)
+
+
 # --------------------------------------------------------------------------- serve
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -484,6 +498,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                    "training data for heads)", _add_regenerate_args, _run_regenerate),
     "export": ("write trained heads in the layout vLLM / SGLang (or the Medusa repo) load", _add_export_args,
                _run_export),
+    "datastore": ("tokenize a retrieval drafter's datastore once and write it as an index it loads in a moment",
+                  _add_datastore_args, _run_datastore),
     "serve": ("serve the OpenAI API (/v1/completions, /v1/chat/completions) with speculative decoding",
               _add_serve_args, _run_serve),
     "chat": ("talk to an instruct target in the terminal, each reply streamed with its tau and speed",

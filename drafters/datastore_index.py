@@ -1,0 +1,95 @@
+"""A `retrieval` datastore written once to a file (`draftsman datastore`), so a drafter loads it in
+a moment instead of reading and tokenizing its text at every start (REST, too, builds its index
+ahead of time). One safetensors file: the tokens and, for each n-gram size, the sorted hash table.
+
+The file records which tokenizer made its ids. Looked up with another tokenizer's ids, a datastore
+would find nothing, or the wrong text, without any error, so a mismatch is refused at load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .datastore import Datastore
+
+FORMAT = "draftsman-retrieval-datastore"
+VERSION = "1"
+SUFFIX = ".safetensors"
+# Tokenized as part of the fingerprint: two tokenizers with one vocabulary may still split text
+# differently (normalizers, pre-tokenizers), and then the datastore's ids are not the target's.
+_PROBE = "def f(x, y=1):\n    return x  # café, naïve ✓\n\n\tEnd. 2024 ->  spaced"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Hex digest of the tokenizer's vocabulary and of how it splits a probe text: what decides the
+    datastore's ids (special-token settings do not: the datastore is tokenized without them)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    probe = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
+    blob = json.dumps([vocab, probe], ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def is_index(path: str | Path) -> bool:
+    return Path(path).suffix == SUFFIX
+
+
+def build_command(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> str:
+    return (f"draftsman datastore {source} --target {target} --out {out} "
+            f"--min-ngram {min_ngram} --max-ngram {max_ngram}")
+
+
+def save_index(path: str | Path, datastore: Datastore, tokenizer, documents: int, source: str) -> None:
+    """Written to a temporary file beside `path`, then moved over it: a kill leaves no half index."""
+    path = Path(path)
+    if datastore.tokens.numel() >= 2**31:
+        raise ValueError(f"the datastore holds {datastore.tokens.numel()} tokens; an index stores positions as "
+                         "int32, so it takes fewer than 2^31: split the text into several datastores")
+    # int32 halves the file; hashes are below 2^31 and token ids far below.
+    tensors = {"tokens": datastore.tokens.to(torch.int32)}
+    for n, (keys, positions) in datastore.tables.items():
+        tensors[f"keys.{n}"] = keys.to(torch.int32)
+        tensors[f"positions.{n}"] = positions.to(torch.int32)
+    metadata = {"format": FORMAT, "version": VERSION, "sizes": ",".join(str(n) for n in datastore.sizes),
+                "tokenizer": tokenizer_fingerprint(tokenizer), "documents": str(documents), "source": source}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.chmod(tmp, 0o644)  # an index is meant to be shared, as a heads folder is
+    os.replace(tmp, path)
+
+
+def load_index(path: str | Path, tokenizer, sizes: range, target: str = "TARGET") -> tuple[Datastore, dict]:
+    """The datastore in `path`, with the tables of `sizes` only, and the file's metadata. `target`
+    names the target folder in the rebuild command an error suggests."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"retrieval: datastore index '{path}' does not exist: build it with "
+                                f"`{build_command('TEXT', target, str(path))}`")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"retrieval: '{path}' is a safetensors file but not a datastore index: build one "
+                             f"with `{build_command('TEXT', target, str(path))}`, or give the text itself")
+        stored = [int(n) for n in meta["sizes"].split(",")]
+        rebuild = build_command(meta.get("source", "TEXT"), target, str(path), sizes.start, sizes.stop - 1)
+        if meta.get("version") != VERSION:
+            raise ValueError(f"retrieval: datastore index '{path}' has format version {meta.get('version')}, this "
+                             f"draftsman reads version {VERSION}: rebuild it with `{rebuild}`")
+        if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+            raise ValueError(f"retrieval: datastore index '{path}' was tokenized by another tokenizer than the "
+                             "target's, so its token ids would not mean the target's text: rebuild it for this "
+                             f"target with `{rebuild}`")
+        missing = [n for n in sizes if n not in stored]
+        if missing:
+            raise ValueError(f"retrieval: datastore index '{path}' holds n-gram sizes {stored[0]}..{stored[-1]}, "
+                             f"not {', '.join(map(str, missing))}: set min_ngram / max_ngram within "
+                             f"{stored[0]}..{stored[-1]}, or rebuild it with `{rebuild}`")
+        tokens = f.get_tensor("tokens").long()
+        tables = {n: (f.get_tensor(f"keys.{n}").long(), f.get_tensor(f"positions.{n}").long()) for n in sizes}
+    return Datastore(tokens, sizes, tables), meta

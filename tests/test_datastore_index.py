@@ -1,0 +1,113 @@
+"""`draftsman datastore`: a retrieval datastore tokenized once and written as an index. Loaded, it
+is the same datastore the text gives (tokens, tables, drafts, greedy output); an index made by
+another tokenizer, for other n-gram sizes, or a file that is no index is refused with the fix."""
+import json
+import os
+import stat
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import draftsman
+from draftsman import cli
+from draftsman.drafters import datastore_index
+from draftsman.drafters.datastore import Datastore, read_documents
+
+from tiny_models import CORPUS, load_for_reference
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("datastore-source")
+    (folder / "a.py").write_text(CORPUS[0])
+    (folder / "more.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in CORPUS[1:]) + "\n")
+    return folder
+
+
+def build(source, target, out, *sizes) -> int:
+    extra = ["--min-ngram", str(sizes[0]), "--max-ngram", str(sizes[1])] if sizes else []
+    return cli.main(["datastore", str(source), "--target", str(target), "--out", str(out), *extra])
+
+
+def retrieval(path, **options):
+    return {"name": "retrieval", "path": str(path), "k": 4, "branches": 3, **options}
+
+
+def test_index_loads_the_datastore_the_text_gives(tiny_models, tiny_tokenizer, source, tmp_path, capsys):
+    target, _ = tiny_models["llama"]
+    out = tmp_path / "docs.safetensors"
+    assert build(source, target, out, 1, 5) == 0
+    assert "use it with: drafter: {name: retrieval" in capsys.readouterr().err
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o644 and not list(tmp_path.glob("*.tmp"))
+    from_text = Datastore.from_texts(read_documents(source), tiny_tokenizer, range(2, 5))
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(out, min_ngram=2, max_ngram=4)})
+    loaded = dec.drafter.datastore
+    assert torch.equal(loaded.tokens, from_text.tokens)
+    assert sorted(loaded.tables) == [2, 3, 4]  # only the sizes asked for, of the 1..5 stored
+    for n in (2, 3, 4):
+        assert all(torch.equal(a, b) for a, b in zip(loaded.tables[n], from_text.tables[n]))
+    report = dec.drafter.report()["datastore"]
+    assert report["documents"] == len(CORPUS) and report["tokens"] == len(from_text) and "load_seconds" in report
+    doc = tiny_tokenizer(CORPUS[2], add_special_tokens=False)["input_ids"]
+    for cut in (5, 17, 40):
+        assert loaded.continuations(doc[:cut], 4, 3, 256) == from_text.continuations(doc[:cut], 4, 3, 256)
+    assert doc[17:21] in loaded.continuations(doc[:17], 4, 8, 256)
+
+
+def test_greedy_through_an_index_equals_the_targets_generate(tiny_models, tiny_tokenizer, source, tmp_path):
+    target, _ = tiny_models["llama"]
+    out = tmp_path / "docs.safetensors"
+    assert build(source, target, out) == 0
+    model = load_for_reference(target)
+    prompts = [tiny_tokenizer(t[: len(t) // 2])["input_ids"] for t in CORPUS[:2]]
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):].tolist()
+                for p in prompts]
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(out)})
+    assert dec.generate(input_ids=prompts, max_new_tokens=16).token_ids == expected
+
+
+def test_an_index_made_by_another_tokenizer_is_refused(tiny_models, tiny_tokenizer, source, tmp_path):
+    # One tokenizer.json, but beside Qwen2's config.json it loads as Qwen2's class, which splits
+    # digits one by one: the same vocabulary, other ids for the same text.
+    llama, _ = tiny_models["llama"]
+    qwen2, _ = tiny_models["qwen2"]
+    out = tmp_path / "docs.safetensors"
+    assert build(source, qwen2, out) == 0
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(qwen2).get_vocab() == tiny_tokenizer.get_vocab()
+    with pytest.raises(ValueError, match="tokenized by another tokenizer than the target's.*rebuild it for this "
+                                         f"target with `draftsman datastore {source} --target {llama}"):
+        draftsman.load({"target": {"path": str(llama)}, "drafter": retrieval(out)})
+    draftsman.load({"target": {"path": str(qwen2)}, "drafter": retrieval(out)})  # its own target loads it
+
+
+def test_bad_indexes_are_refused_with_the_fix(tiny_models, source, tmp_path, capsys, monkeypatch):
+    target, _ = tiny_models["llama"]
+    narrow = tmp_path / "narrow.safetensors"
+    assert build(source, target, narrow, 3, 4) == 0
+    foreign = tmp_path / "heads.safetensors"
+    save_file({"w": torch.zeros(2)}, str(foreign))
+    with monkeypatch.context() as m:
+        m.setattr(datastore_index, "VERSION", "0")
+        old = tmp_path / "old.safetensors"
+        assert build(source, target, old) == 0
+    cases = [(retrieval(narrow), r"holds n-gram sizes 3..4, not 2: set min_ngram / max_ngram within 3..4, or "
+                                 r"rebuild it with `draftsman datastore .* --min-ngram 2 --max-ngram 4`"),
+             (retrieval(foreign), "is a safetensors file but not a datastore index: build one with `draftsman "
+                                  "datastore TEXT"),
+             (retrieval(tmp_path / "missing.safetensors"), "index '.*missing.safetensors' does not exist: build it"),
+             (retrieval(old), "has format version 0, this draftsman reads version 1: rebuild it")]
+    for drafter, message in cases:
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            draftsman.load({"target": {"path": str(target)}, "drafter": drafter})
+    draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(narrow, min_ngram=3)})
+
+    capsys.readouterr()
+    assert build(source, target, tmp_path / "docs.bin") == 2
+    assert "must end in .safetensors" in capsys.readouterr().err and not (tmp_path / "docs.bin").exists()
+    assert build(source, target, tmp_path / "x.safetensors", 3, 2) == 2
+    assert "need 1 <= --min-ngram <= --max-ngram" in capsys.readouterr().err
+    assert build(tmp_path / "nothing", target, tmp_path / "x.safetensors") == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "x.safetensors").exists()
