@@ -2,8 +2,10 @@
 `/v1/models`) over one Decoder, so clients written for vLLM or the OpenAI SDK get speculative
 decoding by changing their base URL.
 
-- One request generates at a time (a lock); a request's prompts and its n samples are one batch.
-  Health checks and model lists answer while a request generates.
+- One batch generates at a time. A request's prompts and its n samples are one batch, and
+  requests that arrive while another generates join the next batch when their settings are the
+  same (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns it off). Health checks and model
+  lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
   `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk.
 - Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too.
@@ -11,7 +13,9 @@ decoding by changing their base URL.
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
-- Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy.
+- Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy;
+  a response that is not streamed also `batch_rows`, the rows of the batch it ran in (its tau is
+  that batch's).
 
 Built on the standard library's http.server: no web framework to install, and one process
 serves one model, as the rest of draftsman does.
@@ -29,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationStats
 from .chat import check_conversation
+from .serve_batch import Batcher, check_max_rows
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -55,9 +60,11 @@ class RequestError(ValueError):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False):
+    def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False,
+                 max_batch_rows: int = 16):
         self.decoder, self.model_name, self.quiet = decoder, model_name, quiet
         self.generating = threading.Lock()
+        self.batcher = Batcher(decoder, self.generating, max_batch_rows)
         super().__init__((host, port), Handler)
 
     @property
@@ -127,10 +134,10 @@ class Handler(BaseHTTPRequestHandler):
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
-        with self.server.generating:
-            if body.get("stream"):
+        if body.get("stream"):
+            with self.server.generating:
                 return self._stream(ids, args, head, kind, chat, include_usage)
-            out = self.server.decoder.generate(input_ids=ids, **args)
+        out, batch_rows = self.server.batcher.generate(ids, args)
         choices = []
         for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
             scores = self._logprobs(out, i, chat) if top is not None else None
@@ -142,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {**head, "object": kind, "choices": choices,
                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens},
-                         "draftsman": self._report(out.stats)})
+                         "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False) -> None:
         if len(ids) != 1 or args.get("num_return_sequences", 1) != 1:
@@ -214,7 +221,7 @@ class Handler(BaseHTTPRequestHandler):
             offsets.append(at)
             at += len(piece(t))
         return {"tokens": [piece(t) for t in tokens], "token_logprobs": values,
-                "top_logprobs": [{piece(a): b for a, b in top} for top in tops], "text_offset": offsets}
+                "top_logprobs": [_by_text(top, piece) for top in tops], "text_offset": offsets}
 
     # ----------------------------------------------------------------------- plumbing
 
@@ -253,6 +260,15 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # http.server's signature
         if not self.server.quiet:
             super().log_message(format, *args)
+
+
+def _by_text(top: list[tuple[int, float]], piece) -> dict[str, float]:
+    """Completions' {token text: logprob}, likeliest first. Two tokens can decode to one text (byte
+    tokens of a split character both read "\ufffd"): the likelier one keeps the key."""
+    scores: dict[str, float] = {}
+    for token, value in top:
+        scores.setdefault(piece(token), value)
+    return scores
 
 
 def check_fields(body: dict, valid: set[str], endpoint: str) -> None:
@@ -333,6 +349,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model name clients send and /v1/models lists (default: the target folder's name)")
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    p.add_argument("--max-batch-rows", type=int, default=16, metavar="N",
+                   help="requests waiting with the same settings run as one batch of at most N rows (default 16; "
+                        "1: one request at a time)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,13 +361,14 @@ def run(args: argparse.Namespace) -> int:
 
     from .cli import build_config
 
+    check_max_rows(args.max_batch_rows)  # before the model loads
     cfg = build_config(args.config, args.drafter, args.overrides)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     if decoder.tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
     name = args.served_model_name or Path(cfg["target"]["path"]).name
-    server = Server(decoder, name, args.host, args.port, quiet=args.quiet)
+    server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows)
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
     try:
         server.serve_forever()

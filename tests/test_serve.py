@@ -68,7 +68,7 @@ def test_completions_equal_generate_greedy_batched_and_by_token_ids(served):
     ids = decoder.encode(prompts)
     assert got["usage"] == {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, want.token_ids)),
                             "total_tokens": sum(map(len, ids)) + sum(map(len, want.token_ids))}
-    assert got["draftsman"] == {"drafter": "ngram", "tau": round(want.stats.tau, 4), "lossy": False}
+    assert got["draftsman"] == {"drafter": "ngram", "tau": round(want.stats.tau, 4), "lossy": False, "batch_rows": 2}
     status, by_ids = call(base, "/v1/completions", {"prompt": ids[0], "max_tokens": NEW})
     assert by_ids["choices"][0]["text"] == want.texts[0]
 
@@ -122,7 +122,13 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     _, got = call(base, "/v1/completions", {"prompt": "def parse(text):\n", "max_tokens": NEW, "logprobs": 2})
     scores = got["choices"][0]["logprobs"]
     assert scores["tokens"] == pieces and scores["token_logprobs"] == want.logprobs[0]
-    assert scores["top_logprobs"] == [{decoder.decode_token(t): v for t, v in top} for top in want.top_logprobs[0]]
+    expected = []
+    for top in want.top_logprobs[0]:  # two byte tokens may both read "\ufffd": the likelier one keeps the key
+        expected.append({})
+        for t, v in top:
+            expected[-1].setdefault(decoder.decode_token(t), v)
+    assert scores["top_logprobs"] == expected
+    assert any(len(d) < 2 for d in expected)  # such a position is in this output (the last-wins bug showed there)
     assert scores["text_offset"] == [sum(map(len, pieces[:i])) for i in range(len(pieces))]
 
     want = decoder.chat(USER, max_new_tokens=NEW, logprobs=True, top_logprobs=3)

@@ -1,0 +1,109 @@
+"""Requests that arrive while the server is generating wait, and then run together as one batch
+(batching at generation boundaries, as TGI's router does between its batches; vLLM's scheduler
+does it continuously, at every step). On this project's 2-core CPU plain decoding makes 2.2x more
+tokens per second at batch 4 than at batch 1, so clients that come at once are served sooner.
+
+Requests join one batch only when every setting is the same (one `generate` call takes one set of
+settings), up to `max_rows` rows; the first waiting request always runs, whatever its size. A
+request with a `seed` runs alone: its output is then what the same request gives on its own.
+Every row stays exact: a batch's rows are verified row by row (greedy equality at batch 4 in
+tests/test_greedy_equality.py, the chi-square suites at batch > 1).
+
+No thread of its own: whichever waiting request takes the generation lock first runs the batch
+for itself and the others, then each reads its own rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+from .api import Decoder, GenerationOutput
+
+
+class _Job:
+    def __init__(self, ids: list[list[int]], args: dict):
+        self.ids, self.args = ids, args
+        self.rows = len(ids) * args.get("num_return_sequences", 1)
+        # Settings as a comparable string; None: this job runs alone.
+        self.key = None if "seed" in args else json.dumps(args, sort_keys=True, default=str)
+        self.output: GenerationOutput | None = None
+        self.batch_rows = 0
+        self.error: BaseException | None = None
+        self.done = False
+
+
+def check_max_rows(max_rows: int) -> None:
+    if max_rows < 1:
+        raise ValueError(f"--max-batch-rows must be >= 1 (1 serves one request at a time), got {max_rows}")
+
+
+class Batcher:
+    def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16):
+        check_max_rows(max_rows)
+        self.decoder, self.lock, self.max_rows = decoder, lock, max_rows
+        self.waiting: list[_Job] = []
+        self._waiting_lock = threading.Lock()
+
+    def generate(self, ids: list[list[int]], args: dict) -> tuple[GenerationOutput, int]:
+        """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
+        this request's output, and how many rows the batch it ran in had."""
+        job = _Job(ids, args)
+        with self._waiting_lock:
+            self.waiting.append(job)
+        while True:
+            with self.lock:
+                if not job.done:  # else an earlier holder ran it
+                    self._run(self._take())
+            if job.done:
+                break
+        if job.error is not None:
+            raise job.error
+        return job.output, job.batch_rows
+
+    def _take(self) -> list[_Job]:
+        """The first waiting job, and the later ones with its settings, while the rows fit."""
+        with self._waiting_lock:
+            first = self.waiting[0]
+            batch, rows = [first], first.rows
+            if first.key is not None:
+                for job in self.waiting[1:]:
+                    if job.key == first.key and rows + job.rows <= self.max_rows:
+                        batch.append(job)
+                        rows += job.rows
+            self.waiting = [job for job in self.waiting if job not in batch]
+        return batch
+
+    def _run(self, batch: list[_Job]) -> None:
+        try:
+            if len(batch) > 1:
+                try:
+                    self._share(self.decoder.generate(input_ids=[row for job in batch for row in job.ids],
+                                                      **batch[0].args), batch)
+                    return
+                except ValueError:  # one request's input (e.g. too long for the context): each runs
+                    pass  # alone, so each gets its own answer or its own error
+            for job in batch:
+                try:
+                    self._share(self.decoder.generate(input_ids=job.ids, **job.args), [job])
+                except Exception as e:  # noqa: BLE001  (its handler answers with it)
+                    job.error = e
+        except Exception as e:  # noqa: BLE001  the batch itself failed (e.g. out of memory): all say so
+            for job in batch:
+                job.error = e
+        finally:
+            for job in batch:
+                job.done = True
+
+    @staticmethod
+    def _share(out: GenerationOutput, batch: list[_Job]) -> None:
+        """Each job's rows of a batch's output, with the batch's statistics."""
+        total, start = sum(job.rows for job in batch), 0
+        for job in batch:
+            rows = slice(start, start + job.rows)
+            stats = dataclasses.replace(out.stats, finish_reasons=out.stats.finish_reasons[rows])
+            job.output = GenerationOutput(out.texts[rows], out.token_ids[rows], stats,
+                                          out.logprobs[rows] if out.logprobs is not None else None,
+                                          out.top_logprobs[rows] if out.top_logprobs is not None else None)
+            job.batch_rows = total
+            start += job.rows

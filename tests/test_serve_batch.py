@@ -1,0 +1,125 @@
+"""`draftsman serve` batches the requests that wait while it generates: those with the same
+settings run as one batch of at most --max-batch-rows rows, in arrival order; a seeded request
+runs alone; one bad input in a batch fails only its own request. Every answer equals what the
+request gets on its own."""
+import threading
+import time
+
+import pytest
+
+import draftsman
+from draftsman import cli
+from draftsman.serve import Server
+
+from test_serve import NEW, call, events
+
+
+@pytest.fixture(scope="module")
+def server(chat_target):
+    folder, _ = chat_target
+    decoder = draftsman.load({"target": {"path": str(folder)},
+                              "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
+    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True, max_batch_rows=4)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, decoder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
+    """Send the requests one by one while a generation holds the server, each waiting before the
+    next is sent (so the arrival order is known), then let them run: [(status, response)]."""
+    answers = [None] * len(bodies)
+
+    def send(i):
+        answers[i] = call(base, "/v1/completions", bodies[i])
+
+    threads = []
+    with server.generating:
+        for i in range(len(bodies)):
+            threads.append(threading.Thread(target=send, args=(i,)))
+            threads[-1].start()
+            deadline = time.time() + 30
+            while len(server.batcher.waiting) < i + 1:
+                assert time.time() < deadline, "a request never reached the waiting list"
+                time.sleep(0.01)
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+def test_waiting_requests_with_the_same_settings_run_together(server):
+    server, decoder, base = server
+    prompts = ["def parse(text):\n", "import os\nimport", "class Foo:\n", "x = [", "for i in range(", "if x:\n"]
+    greedy = lambda p: {"prompt": p, "max_tokens": NEW}  # noqa: E731
+    seeded = {"prompt": prompts[0], "max_tokens": NEW, "temperature": 1.0, "seed": 3}
+    longer = {"prompt": prompts[1], "max_tokens": NEW + 3}
+    bodies = [greedy(prompts[0]), greedy(prompts[1:3]), seeded, greedy(prompts[3]), seeded, longer,
+              greedy(prompts[4]), greedy(prompts[5])]
+    answers = queue_while_busy(server, base, bodies)
+    assert all(status == 200 for status, _ in answers), answers
+    texts = [[c["text"] for c in got["choices"]] for _, got in answers]
+    for body, got in zip(bodies, texts):  # each answer is the request's own output
+        settings = {k: v for k, v in body.items() if k != "prompt"}
+        settings["max_new_tokens"] = settings.pop("max_tokens")
+        p = body["prompt"]
+        want = decoder.generate([p] if isinstance(p, str) else p, **settings)
+        assert got == want.texts, body
+        assert [c["finish_reason"] for c in answers[bodies.index(body)][1]["choices"]] == [
+            {"eos": "stop", "length": "length"}[r] for r in want.stats.finish_reasons]
+    # 1 + 2 + 1 rows fill the first batch (4); the seeded requests (alike, so their outputs are
+    # equal) and the longer one each run alone; the two greedy ones the full batch left waiting
+    # run together.
+    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 4, 1, 4, 1, 1, 2, 2]
+    assert [len(c) for c in texts] == [1, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_each_request_gets_its_own_rows_logprobs(server):
+    server, decoder, base = server
+    bodies = [{"prompt": p, "max_tokens": NEW, "logprobs": 2, "stop": "W"}
+              for p in ("def parse(text):\n", "x = [", "if x:\n")]
+    answers = queue_while_busy(server, base, bodies)
+    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [3, 3, 3]
+    reasons = []
+    for body, (status, got) in zip(bodies, answers):
+        want = decoder.generate([body["prompt"]], max_new_tokens=NEW, logprobs=True, top_logprobs=2, stop=["W"])
+        assert got["choices"][0]["text"] == want.texts[0]
+        reasons.append(got["choices"][0]["finish_reason"])
+        assert reasons[-1] == {"stop": "stop", "eos": "stop", "length": "length"}[want.stats.finish_reasons[0]]
+        scores = got["choices"][0]["logprobs"]
+        assert scores["token_logprobs"] == pytest.approx(want.logprobs[0], abs=1e-4)
+        # (keyed by text, two byte tokens may share "\ufffd": compare each position's likeliest)
+        assert [max(top.values()) for top in scores["top_logprobs"]] == pytest.approx(
+            [top[0][1] for top in want.top_logprobs[0]], abs=1e-4)
+    assert sorted(set(reasons)) == ["length", "stop"]  # the rows ended differently: each reads its own
+
+
+def test_one_bad_input_in_a_batch_fails_only_its_request(server):
+    server, decoder, base = server
+    too_long = {"prompt": [5] * 300, "max_tokens": NEW}  # the tiny target's context is 256
+    bodies = [{"prompt": "def parse(text):\n", "max_tokens": NEW}, too_long, {"prompt": "x = [", "max_tokens": NEW}]
+    answers = queue_while_busy(server, base, bodies)
+    assert [status for status, _ in answers] == [200, 400, 200]
+    assert "prompt 0 has 300 tokens but the target's context is 256" in answers[1][1]["error"]["message"]
+    assert answers[0][1]["choices"][0]["text"] == decoder.generate(["def parse(text):\n"], max_new_tokens=NEW).texts[0]
+    assert [answers[i][1]["draftsman"]["batch_rows"] for i in (0, 2)] == [1, 1]
+
+
+def test_a_stream_waits_for_the_batch_that_is_generating(server):
+    server, decoder, base = server
+    answer = []
+    body = {"prompt": "def parse(text):\n", "max_tokens": NEW, "stream": True}
+    with server.generating:
+        thread = threading.Thread(target=lambda: answer.append(events(base, "/v1/completions", body)))
+        thread.start()
+        thread.join(0.5)
+        assert not answer, "a stream ran while another generation held the model"
+    thread.join(60)
+    text = "".join(e["choices"][0]["text"] for e in answer[0])
+    assert text == decoder.generate(["def parse(text):\n"], max_new_tokens=NEW).texts[0]
+
+
+def test_max_batch_rows_must_be_positive(capsys):
+    assert cli.main(["serve", "--max-batch-rows", "0", "--port", "0"]) == 2  # before any model loads
+    assert "--max-batch-rows must be >= 1" in capsys.readouterr().err
