@@ -13,6 +13,8 @@ decoding by changing their base URL.
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
+- `GET /metrics`: Prometheus counters named as vLLM's (prompt and generation tokens, finished
+  rows, drafts, draft and accepted tokens, acceptance by position, batches; draftsman/serve_metrics.py).
 - Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy;
   a response that is not streamed also `batch_rows`, the rows of the batch it ran in (its tau is
   that batch's).
@@ -34,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationStats
 from .chat import check_conversation
 from .serve_batch import Batcher, check_max_rows
+from .serve_metrics import ServeMetrics
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -64,7 +67,8 @@ class Server(ThreadingHTTPServer):
                  max_batch_rows: int = 16):
         self.decoder, self.model_name, self.quiet = decoder, model_name, quiet
         self.generating = threading.Lock()
-        self.batcher = Batcher(decoder, self.generating, max_batch_rows)
+        self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
+        self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record)
         super().__init__((host, port), Handler)
 
     @property
@@ -82,7 +86,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") == "/v1/models":
             return self._json(200, {"object": "list", "data": [
                 {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "draftsman"}]})
-        self._error(404, f"no route GET {self.path}: try /v1/models or /health")
+        if self.path.rstrip("/") == "/metrics":
+            return self._send(200, self.server.metrics.content_type, self.server.metrics.exposition())
+        self._error(404, f"no route GET {self.path}: try /v1/models, /metrics or /health")
 
     def do_POST(self):
         routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat}
@@ -190,6 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             completion_tokens += len(chunk.token_ids)
             if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
                 send(chunk.text, chunk=chunk)
+        self.server.metrics.record(ids, stats)
         send(None, FINISH.get(stats.finish_reasons[0], stats.finish_reasons[0]))
         if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
             usage = {"prompt_tokens": len(ids[0]), "completion_tokens": completion_tokens,
@@ -246,9 +253,11 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _json(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+        self._send(status, "application/json", json.dumps(payload).encode())
+
+    def _send(self, status: int, content_type: str, data: bytes) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -39,9 +39,11 @@ def check_max_rows(max_rows: int) -> None:
 
 
 class Batcher:
-    def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16):
+    def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16, record=None):
+        """record(ids, stats): called once per generate call with its prompts and statistics
+        (the server's metrics)."""
         check_max_rows(max_rows)
-        self.decoder, self.lock, self.max_rows = decoder, lock, max_rows
+        self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
         self.waiting: list[_Job] = []
         self._waiting_lock = threading.Lock()
 
@@ -78,14 +80,13 @@ class Batcher:
         try:
             if len(batch) > 1:
                 try:
-                    self._share(self.decoder.generate(input_ids=[row for job in batch for row in job.ids],
-                                                      **batch[0].args), batch)
+                    self._share(self._generate([row for job in batch for row in job.ids], batch[0].args), batch)
                     return
                 except ValueError:  # one request's input (e.g. too long for the context): each runs
                     pass  # alone, so each gets its own answer or its own error
             for job in batch:
                 try:
-                    self._share(self.decoder.generate(input_ids=job.ids, **job.args), [job])
+                    self._share(self._generate(job.ids, job.args), [job])
                 except Exception as e:  # noqa: BLE001  (its handler answers with it)
                     job.error = e
         except Exception as e:  # noqa: BLE001  the batch itself failed (e.g. out of memory): all say so
@@ -94,6 +95,12 @@ class Batcher:
         finally:
             for job in batch:
                 job.done = True
+
+    def _generate(self, ids: list[list[int]], args: dict) -> GenerationOutput:
+        out = self.decoder.generate(input_ids=ids, **args)
+        if self.record is not None:
+            self.record(ids, out.stats)
+        return out
 
     @staticmethod
     def _share(out: GenerationOutput, batch: list[_Job]) -> None:

@@ -36,6 +36,7 @@ class GenerationStats:
     accepted_per_round: list[list[int]] = field(default_factory=list)  # per row, accepted drafts each round
     proposed_at_depth: list[int] = field(default_factory=list)  # row-rounds with a node at depth d+1
     accepted_at_depth: list[int] = field(default_factory=list)  # row-rounds that accepted depth d+1
+    proposed_tokens: int = 0  # draft tokens (tree nodes) verified, over all row-rounds
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -60,13 +61,14 @@ class GenerationStats:
         return {
             "rounds": self.rounds, "row_rounds": self.row_rounds, "new_tokens": self.new_tokens,
             "tau": self.tau, "per_position_acceptance": self.per_position_acceptance,
-            "accepted_per_round": self.accepted_per_round,
+            "accepted_per_round": self.accepted_per_round, "proposed_tokens": self.proposed_tokens,
             "draft_seconds": self.draft_seconds, "verify_seconds": self.verify_seconds,
             "total_seconds": self.total_seconds, "tokens_per_second": self.tokens_per_second,
             "finish_reasons": self.finish_reasons, "drafter_report": self.drafter_report, "lossy": self.lossy,
         }
 
     def _count_depths(self, tree: DraftTree, num_accepted: int) -> None:
+        self.proposed_tokens += tree.size
         deepest = max(tree.depths(), default=0)
         while len(self.proposed_at_depth) < deepest:
             self.proposed_at_depth.append(0)

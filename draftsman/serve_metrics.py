@@ -1,0 +1,69 @@
+"""`GET /metrics` of `draftsman serve`: Prometheus counters of what the server generated and how
+its drafts fared, named as vLLM names its own (`draftsman:` for `vllm:`), so a dashboard built
+for vLLM's speculative decoding reads them with the prefix changed:
+
+    acceptance rate   = spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens
+    mean accepted     = spec_decode_num_accepted_tokens / spec_decode_num_drafts
+    acceptance at k   = spec_decode_num_accepted_tokens_per_pos{position=k}
+                        / spec_decode_num_drafts_per_pos{position=k}
+    mean batch size   = batch_rows / batches
+
+A draft here is a tree (a chain is one), so draft tokens count its nodes and the positions are
+depths. prometheus_client writes the exposition format, as vLLM's server does.
+"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Info, generate_latest
+
+from .api import GenerationStats
+
+PREFIX = "draftsman:"
+
+
+class ServeMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str, drafter: str):
+        self.registry = r = CollectorRegistry()
+
+        def counter(name: str, doc: str, labels=()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r)
+
+        Info(PREFIX + "served", "The model and drafter this server runs", registry=r).info(
+            {"model_name": model_name, "drafter": drafter})
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled, over all rows")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated, over all rows")
+        self.request_success = counter("request_success", "Rows (choices) finished, by reason",
+                                       ["finished_reason"])
+        self.batches = counter("batches", "Generations run: one batch of one or more requests, or one stream")
+        self.batch_rows = counter("batch_rows", "Rows over all generations (divided by batches: mean batch size)")
+        self.drafts = counter("spec_decode_num_drafts", "Row-rounds that verified a draft")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens (tree nodes) verified")
+        self.accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self.drafts_per_pos = counter("spec_decode_num_drafts_per_pos",
+                                      "Row-rounds whose draft reached this depth (0: the first token)", ["position"])
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Row-rounds that accepted the draft token at this depth", ["position"])
+        self.seconds = counter("generation_seconds", "Engine time: drafting, target verification, and in all",
+                               ["phase"])
+
+    def record(self, ids: list[list[int]], stats: GenerationStats) -> None:
+        """One generation's counts: its input rows `ids` (n samples repeated) and its statistics."""
+        self.batches.inc()
+        self.batch_rows.inc(len(stats.finish_reasons))
+        self.prompt_tokens.inc(sum(map(len, ids)))
+        self.generation_tokens.inc(stats.new_tokens)
+        for reason in stats.finish_reasons:
+            self.request_success.labels(finished_reason=reason).inc()
+        self.drafts.inc(stats.proposed_at_depth[0] if stats.proposed_at_depth else 0)
+        self.draft_tokens.inc(stats.proposed_tokens)
+        self.accepted.inc(sum(map(sum, stats.accepted_per_round)))
+        for depth, (proposed, accepted) in enumerate(zip(stats.proposed_at_depth, stats.accepted_at_depth)):
+            self.drafts_per_pos.labels(position=str(depth)).inc(proposed)
+            self.accepted_per_pos.labels(position=str(depth)).inc(accepted)
+        for phase, seconds in (("draft", stats.draft_seconds), ("verify", stats.verify_seconds),
+                               ("total", stats.total_seconds)):
+            self.seconds.labels(phase=phase).inc(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,104 @@
+"""`GET /metrics` of `draftsman serve`: Prometheus counters named as vLLM's. After a known set of
+requests (a batch, a request with n samples, a stream) every counter equals what the same
+generate calls report in their statistics, counted once per generation, not once per request."""
+import threading
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import draftsman
+from draftsman.serve import Server
+
+from test_serve import NEW, call, events
+from test_serve_batch import queue_while_busy
+
+
+@pytest.fixture()
+def fresh_server(chat_target):
+    folder, _ = chat_target
+    # The target drafting for itself: drafts are accepted (a random target's n-grams seldom are),
+    # and greedy rounds draft a tree of 6 nodes and depth 3.
+    decoder = draftsman.load({"target": {"path": str(folder)},
+                              "drafter": {"name": "draft_model", "path": str(folder), "k": 3, "top_k": 2,
+                                          "total_tokens": 6}})
+    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, decoder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def scrape(base: str) -> dict:
+    """{(sample name, labels as sorted tuple): value}"""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_counters_equal_the_generations_statistics(fresh_server):
+    server, decoder, base = fresh_server
+    before = scrape(base)
+    assert before[("draftsman:served_info", (("drafter", "draft_model"), ("model_name", "tiny")))] == 1
+    assert before[("draftsman:generation_tokens_total", ())] == 0
+    prompts = ["def parse(text):\n", "x = [", "import os\nimport"]
+    # Two greedy requests queued while busy run as one batch of 2 rows; then one request with n=2
+    # samples (seeded: alone); then a stream.
+    queue_while_busy(server, base, [{"prompt": p, "max_tokens": NEW} for p in prompts[:2]])
+    status, _ = call(base, "/v1/completions", {"prompt": prompts[2], "max_tokens": NEW, "n": 2, "temperature": 1.0,
+                                               "seed": 5})
+    assert status == 200
+    events(base, "/v1/completions", {"prompt": prompts[0], "max_tokens": NEW - 4, "stream": True})
+
+    runs = [(decoder.encode(prompts[:2]), decoder.generate(prompts[:2], max_new_tokens=NEW).stats),
+            (decoder.encode(prompts[2:]), decoder.generate(prompts[2:], max_new_tokens=NEW, num_return_sequences=2,
+                                                           temperature=1.0, seed=5).stats),
+            (decoder.encode(prompts[:1]), decoder.generate(prompts[:1], max_new_tokens=NEW - 4).stats)]
+    got = scrape(base)
+    value = lambda name, **labels: got.get((f"draftsman:{name}", tuple(sorted(labels.items()))), 0)  # noqa: E731
+    assert value("batches_total") == 3 and value("batch_rows_total") == 2 + 2 + 1
+    assert value("prompt_tokens_total") == sum(len(row) for ids, _ in runs for row in ids)
+    assert value("generation_tokens_total") == sum(s.new_tokens for _, s in runs)
+    reasons = [r for _, s in runs for r in s.finish_reasons]
+    for reason in set(reasons):
+        assert value("request_success_total", finished_reason=reason) == reasons.count(reason)
+    assert value("spec_decode_num_drafts_total") == sum(s.proposed_at_depth[0] for _, s in runs if s.proposed_at_depth)
+    assert value("spec_decode_num_draft_tokens_total") == sum(s.proposed_tokens for _, s in runs) > 0
+    assert value("spec_decode_num_accepted_tokens_total") == sum(sum(map(sum, s.accepted_per_round)) for _, s in runs)
+    assert value("spec_decode_num_accepted_tokens_total") > 0
+    depth = max(len(s.proposed_at_depth) for _, s in runs)
+    assert depth == 3
+    # a tree has more nodes than levels: draft tokens count nodes
+    assert value("spec_decode_num_draft_tokens_total") > sum(
+        value("spec_decode_num_drafts_per_pos_total", position=str(d)) for d in range(depth))
+    for d in range(depth):
+        assert value("spec_decode_num_drafts_per_pos_total", position=str(d)) == sum(
+            s.proposed_at_depth[d] for _, s in runs if d < len(s.proposed_at_depth))
+        assert value("spec_decode_num_accepted_tokens_per_pos_total", position=str(d)) == sum(
+            s.accepted_at_depth[d] for _, s in runs if d < len(s.accepted_at_depth))
+    assert value("generation_seconds_total", phase="total") > value("generation_seconds_total", phase="verify") > 0
+
+
+def test_record_counts_rounds_with_a_draft_not_every_round():
+    from draftsman.api import GenerationStats
+    from draftsman.serve_metrics import ServeMetrics
+
+    # Two rows, 5 row-rounds; only 2 of them had a draft (an n-gram drafter finds none in the others).
+    stats = GenerationStats(rounds=3, row_rounds=5, new_tokens=8, accepted_per_round=[[2, 0, 0], [1, 0]],
+                            proposed_at_depth=[2, 2, 1], accepted_at_depth=[2, 1, 0], proposed_tokens=7,
+                            finish_reasons=["eos", "length"])
+    metrics = ServeMetrics("m", "ngram")
+    metrics.record([[1, 2, 3], [4]], stats)
+    got = {(s.name, tuple(s.labels.values())): s.value
+           for family in text_string_to_metric_families(metrics.exposition().decode()) for s in family.samples}
+    assert got[("draftsman:spec_decode_num_drafts_total", ())] == 2
+    assert got[("draftsman:spec_decode_num_draft_tokens_total", ())] == 7
+    assert got[("draftsman:spec_decode_num_accepted_tokens_total", ())] == 3
+    assert [got[("draftsman:spec_decode_num_accepted_tokens_per_pos_total", (str(d),))] for d in range(3)] == [2, 1, 0]
+    assert [got[("draftsman:spec_decode_num_drafts_per_pos_total", (str(d),))] for d in range(3)] == [2, 2, 1]
+    assert got[("draftsman:prompt_tokens_total", ())] == 4 and got[("draftsman:generation_tokens_total", ())] == 8
+    assert got[("draftsman:request_success_total", ("eos",))] == 1
+    assert got[("draftsman:request_success_total", ("length",))] == 1
+    assert got[("draftsman:batch_rows_total", ())] == 2 and got[("draftsman:batches_total", ())] == 1
