@@ -11,7 +11,7 @@ from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
 from .verifier.logprobs import MODES as LOGPROBS_MODES
-from .verifier.logprobs import TokenLogprobs
+from .verifier.logprobs import TokenLogprobs, prompt_logprobs
 from .verifier.sampling import SamplingParams
 
 
@@ -219,6 +219,16 @@ class Decoder:
         final = stops.cut(final) if stops else final
         if final.startswith(shown) and len(final) > len(shown):  # a held-back tail, now final
             yield StreamChunk(final[len(shown):], [], *_scores(recorder, 0, 0))  # no new tokens: empty scores
+
+    def prompt_logprobs(self, input_ids: list[list[int]], top_logprobs: int = 0) -> tuple[list, list | None]:
+        """The target's log-probability of each prompt token given the ones before it, None for
+        the first (vLLM's prompt_logprobs); with top_logprobs=N also the N likeliest tokens at each
+        position, as generate's top_logprobs. The model's raw distribution; no drafter involved."""
+        ids = [list(map(int, row)) for row in input_ids]
+        self.engine.check_prompts(ids)
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
+        return prompt_logprobs(self.target, ids, top_logprobs)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""

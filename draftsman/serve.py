@@ -8,7 +8,8 @@ decoding by changing their base URL.
   lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
   `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk.
-- Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too.
+- Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too;
+  completions' `echo` adds the prompt and its scores (lm-evaluation-harness's loglikelihood).
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
@@ -33,7 +34,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .api import Decoder, GenerationStats
+from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
@@ -48,7 +49,7 @@ SAMPLING_FIELDS = {
     "lossy_typical_acceptance": "lossy_typical_acceptance",
 }
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user"}  # read elsewhere, or change nothing here
-COMPLETION_FIELDS = {"prompt", "logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
+COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
                | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5)
@@ -113,7 +114,13 @@ class Handler(BaseHTTPRequestHandler):
         prompts = completion_prompts(body.get("prompt"))
         decoder = self.server.decoder
         ids = [decoder.encode([p])[0] if isinstance(p, str) else p for p in prompts]
-        self._answer(body, ids, chat=False)
+        echo = body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise RequestError(f'"echo" is true or false, got {echo!r}')
+        if echo and body.get("stream"):
+            raise RequestError('"echo" is not served with "stream": true; drop one of them')
+        echoed = [p if isinstance(p, str) else decoder.decode(p) for p in prompts] if echo else None
+        self._answer(body, ids, chat=False, echoed=echoed)
 
     def _chat(self, body: dict) -> None:
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
@@ -131,7 +138,9 @@ class Handler(BaseHTTPRequestHandler):
                                               chat_template_kwargs=body.get("chat_template_kwargs"))
         self._answer(body, ids, chat=True)
 
-    def _answer(self, body: dict, ids: list[list[int]], chat: bool) -> None:
+    def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None) -> None:
+        """echoed: with completions' "echo", each prompt's text, written before its completion
+        (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it."""
         args = generate_args(body)
         include_usage = stream_usage(body)
         top = logprobs_asked(body, chat)
@@ -143,10 +152,26 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             with self.server.generating:
                 return self._stream(ids, args, head, kind, chat, include_usage)
-        out, batch_rows = self.server.batcher.generate(ids, args)
+        n = args.get("num_return_sequences", 1)
+        if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
+            rows = len(ids) * n
+            out, batch_rows = GenerationOutput([""] * rows, [[] for _ in range(rows)],
+                                               GenerationStats(finish_reasons=["length"] * rows),
+                                               [[] for _ in range(rows)], [[] for _ in range(rows)]), 0
+        else:
+            out, batch_rows = self.server.batcher.generate(ids, args)
+        if echoed is not None and top is not None:
+            with self.server.generating:  # one model: no scoring while a batch generates
+                prompt_values, prompt_tops = self.server.decoder.prompt_logprobs(ids, top)
         choices = []
         for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
             scores = self._logprobs(out, i, chat) if top is not None else None
+            if echoed is not None:
+                p = i // n  # rows are prompt by prompt, n samples each
+                if scores is not None:
+                    scores = self._echo_scores(ids[p], prompt_values[p], prompt_tops[p] if top else None,
+                                               len(echoed[p]), out, i)
+                text = echoed[p] + text
             content = ({"message": {"role": "assistant", "content": text}, "logprobs": scores} if chat
                        else {"text": text, "logprobs": scores})
             choices.append({"index": i, **content, "finish_reason": FINISH.get(reason, reason)})
@@ -206,6 +231,16 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
+    def _echo_scores(self, prompt: list[int], values: list, tops, prompt_chars: int, out, row: int) -> dict:
+        """Completions' scores of the prompt's tokens (the first has none), then the completion's."""
+        before = self._scores(prompt, values, tops, chat=False)
+        after = self._scores(out.token_ids[row], out.logprobs[row],
+                             out.top_logprobs[row] if out.top_logprobs is not None else None, chat=False,
+                             offset=prompt_chars)
+        if tops is None:  # OpenAI's first prompt token has no alternatives either
+            before["top_logprobs"][0] = None
+        return {key: before[key] + after[key] for key in before}
+
     def _logprobs(self, out, row: int, chat: bool) -> dict:
         """Row `row`'s token scores in the endpoint's OpenAI shape."""
         tops = out.top_logprobs[row] if out.top_logprobs is not None else None
@@ -228,7 +263,8 @@ class Handler(BaseHTTPRequestHandler):
             offsets.append(at)
             at += len(piece(t))
         return {"tokens": [piece(t) for t in tokens], "token_logprobs": values,
-                "top_logprobs": [_by_text(top, piece) for top in tops], "text_offset": offsets}
+                "top_logprobs": [_by_text(top, piece) if top is not None else None for top in tops],
+                "text_offset": offsets}
 
     # ----------------------------------------------------------------------- plumbing
 

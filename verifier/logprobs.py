@@ -59,3 +59,22 @@ class TokenLogprobs:
         self.values[row] += values[index][:count]
         if self.top_tokens is not None:
             self.top_tokens[row] += top_tokens[index][:count]
+
+
+@torch.inference_mode()
+def prompt_logprobs(model: torch.nn.Module, prompts: list[list[int]], top: int = 0) -> tuple[list, list | None]:
+    """The target's raw log-probability of each prompt token given the tokens before it (vLLM's
+    prompt_logprobs; what an OpenAI completion with echo reports): per row, None for the first
+    token, which nothing predicts, then one value per token; with `top` > 0 also the `top` most
+    likely tokens at each position as (token id, log-probability), most likely first. One plain
+    forward pass per prompt: no drafter takes part."""
+    device = model.get_output_embeddings().weight.device
+    values, tops = [], [] if top else None
+    for row in prompts:
+        ids = torch.tensor([row], device=device)
+        logp = model(input_ids=ids, use_cache=False).logits[0, :-1].float().log_softmax(-1)
+        values.append([None] + logp.gather(-1, ids[0, 1:, None])[:, 0].tolist())
+        if top:
+            best = logp.topk(min(top, logp.shape[-1]), dim=-1)
+            tops.append([None] + [list(zip(i, v)) for i, v in zip(best.indices.tolist(), best.values.tolist())])
+    return values, tops
