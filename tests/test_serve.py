@@ -1,52 +1,21 @@
 """`draftsman serve`: the OpenAI API over one Decoder. Responses equal Decoder.generate / chat for
 the same settings (greedy, seeded sampling, batches, token-id prompts); streams join to the same
 text; OpenAI's field names map to ours; bad requests get a 400 that names the fix."""
-import json
-import threading
-import urllib.error
-import urllib.request
 
 import pytest
 
-import draftsman
 from draftsman import cli
-from draftsman.serve import Server
 
-NEW = 12
+from serving import NEW, call, events, ngram_decoder, running
+
 USER = [{"role": "user", "content": "def parse(text):"}]
 
 
 @pytest.fixture(scope="module")
 def served(chat_target):
-    folder, _ = chat_target
-    decoder = draftsman.load({"target": {"path": str(folder)},
-                              "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
-    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield decoder, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def call(base: str, path: str, body=None, raw: bytes | None = None):
-    """(status, parsed JSON) of a GET (body None) or POST."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def events(base: str, path: str, body: dict) -> list[dict]:
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode())
-    with urllib.request.urlopen(request, timeout=60) as r:
-        assert r.headers["Content-Type"] == "text/event-stream"
-        lines = [line.decode() for line in r.read().splitlines() if line.strip()]
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder) as (_, base):
+        yield decoder, base
 
 
 def test_models_and_health(served):

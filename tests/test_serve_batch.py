@@ -3,50 +3,19 @@ settings run as one batch of at most --max-batch-rows rows, in arrival order; a 
 runs alone; one bad input in a batch fails only its own request. Every answer equals what the
 request gets on its own."""
 import threading
-import time
 
 import pytest
 
-import draftsman
 from draftsman import cli
-from draftsman.serve import Server
 
-from test_serve import NEW, call, events
+from serving import NEW, events, ngram_decoder, queue_while_busy, running
 
 
 @pytest.fixture(scope="module")
 def server(chat_target):
-    folder, _ = chat_target
-    decoder = draftsman.load({"target": {"path": str(folder)},
-                              "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
-    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True, max_batch_rows=4)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server, decoder, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
-    """Send the requests one by one while a generation holds the server, each waiting before the
-    next is sent (so the arrival order is known), then let them run: [(status, response)]."""
-    answers = [None] * len(bodies)
-
-    def send(i):
-        answers[i] = call(base, "/v1/completions", bodies[i])
-
-    threads = []
-    with server.generating:
-        for i in range(len(bodies)):
-            threads.append(threading.Thread(target=send, args=(i,)))
-            threads[-1].start()
-            deadline = time.time() + 30
-            while len(server.batcher.waiting) < i + 1:
-                assert time.time() < deadline, "a request never reached the waiting list"
-                time.sleep(0.01)
-    for t in threads:
-        t.join(60)
-    return answers
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder, max_batch_rows=4) as (server, base):
+        yield server, decoder, base
 
 
 def test_waiting_requests_with_the_same_settings_run_together(server):

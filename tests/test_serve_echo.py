@@ -5,8 +5,15 @@ in the shape lm-evaluation-harness's `local-completions` reads for loglikelihood
 import pytest
 import torch
 
-from test_serve import NEW, call, served  # noqa: F401  (the module's server fixture)
+from serving import NEW, call, ngram_decoder, running
 from tiny_models import load_for_reference
+
+
+@pytest.fixture(scope="module")
+def served(chat_target):
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder) as (_, base):
+        yield decoder, base
 
 
 def test_prompt_logprobs_are_the_targets(served):

@@ -1,17 +1,14 @@
 """`GET /metrics` of `draftsman serve`: Prometheus counters named as vLLM's. After a known set of
 requests (a batch, a request with n samples, a stream) every counter equals what the same
 generate calls report in their statistics, counted once per generation, not once per request."""
-import threading
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import draftsman
-from draftsman.serve import Server
 
-from test_serve import NEW, call, events
-from test_serve_batch import queue_while_busy
+from serving import NEW, call, events, queue_while_busy, running
 
 
 @pytest.fixture()
@@ -22,11 +19,8 @@ def fresh_server(chat_target):
     decoder = draftsman.load({"target": {"path": str(folder)},
                               "drafter": {"name": "draft_model", "path": str(folder), "k": 3, "top_k": 2,
                                           "total_tokens": 6}})
-    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, decoder, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with running(decoder) as (server, base):
+        yield server, decoder, base
 
 
 def scrape(base: str) -> dict:

@@ -1,0 +1,71 @@
+"""What the `draftsman serve` tests share: a server on a free port in a thread, and a client."""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+
+import draftsman
+from draftsman.serve import Server
+
+NEW = 12
+
+
+def ngram_decoder(target_folder):
+    return draftsman.load({"target": {"path": str(target_folder)},
+                           "drafter": {"name": "ngram", "k": 3, "branches": 2, "min_ngram": 1}})
+
+
+@contextmanager
+def running(decoder, **options):
+    """(server, base URL) of a Server for `decoder`, serving in a thread until the block ends."""
+    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True, **options)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def call(base: str, path: str, body=None, raw: bytes | None = None):
+    """(status, parsed JSON) of a GET (body None) or POST."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def events(base: str, path: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        lines = [line.decode() for line in r.read().splitlines() if line.strip()]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
+    """Send the requests one by one while a generation holds the server, each waiting before the
+    next is sent (so the arrival order is known), then let them run: [(status, response)]."""
+    answers = [None] * len(bodies)
+
+    def send(i):
+        answers[i] = call(base, "/v1/completions", bodies[i])
+
+    threads = []
+    with server.generating:
+        for i in range(len(bodies)):
+            threads.append(threading.Thread(target=send, args=(i,)))
+            threads[-1].start()
+            deadline = time.time() + 30
+            while len(server.batcher.waiting) < i + 1:
+                assert time.time() < deadline, "a request never reached the waiting list"
+                time.sleep(0.01)
+    for t in threads:
+        t.join(60)
+    return answers
