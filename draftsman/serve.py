@@ -14,6 +14,9 @@ decoding by changing their base URL.
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
+- vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
+  `POST /detokenize`.
+- `--api-key KEY` (or DRAFTSMAN_API_KEY): the /v1 routes need "Authorization: Bearer KEY".
 - `GET /metrics`: Prometheus counters named as vLLM's (prompt and generation tokens, finished
   rows, drafts, draft and accepted tokens, acceptance by position, batches; draftsman/serve_metrics.py).
 - Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy;
@@ -26,8 +29,10 @@ serves one model, as the rest of draftsman does.
 from __future__ import annotations
 
 import argparse
+import hmac
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -50,6 +55,7 @@ SAMPLING_FIELDS = {
 }
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user"}  # read elsewhere, or change nothing here
 COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
+TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
 CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
                | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5)
@@ -65,8 +71,8 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False,
-                 max_batch_rows: int = 16):
-        self.decoder, self.model_name, self.quiet = decoder, model_name, quiet
+                 max_batch_rows: int = 16, api_key: str | None = None):
+        self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record)
@@ -82,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
     server: Server
 
     def do_GET(self):
+        if not self._authorized():
+            return
         if self.path.rstrip("/") == "/health":
             return self._json(200, {"status": "ok"})
         if self.path.rstrip("/") == "/v1/models":
@@ -92,7 +100,10 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, f"no route GET {self.path}: try /v1/models, /metrics or /health")
 
     def do_POST(self):
-        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat}
+        if not self._authorized():
+            return
+        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat,
+                  "/tokenize": self._tokenize, "/detokenize": self._detokenize}
         route = routes.get(self.path.rstrip("/"))
         if route is None:
             return self._error(404, f"no route POST {self.path}: try {' or '.join(routes)}")
@@ -266,7 +277,52 @@ class Handler(BaseHTTPRequestHandler):
                 "top_logprobs": [_by_text(top, piece) if top is not None else None for top in tops],
                 "text_offset": offsets}
 
+    # ----------------------------------------------------------------------- vLLM's token routes
+
+    def _tokenize(self, body: dict) -> None:
+        """{"prompt": text, "add_special_tokens": true} or a chat's {"messages", "tools",
+        "chat_template_kwargs"}, as the completions and chat endpoints would encode them."""
+        check_fields(body, TOKENIZE_FIELDS, "/tokenize")
+        self._check_model(body)
+        decoder = self.server.decoder
+        if ("prompt" in body) == ("messages" in body):
+            raise RequestError('/tokenize takes "prompt" (text) or "messages" (a chat), one of them')
+        if "messages" in body:
+            messages = check_conversation(body["messages"], '"messages"')
+            ids = decoder.encode_chat(messages, tools=body.get("tools"),
+                                      chat_template_kwargs=body.get("chat_template_kwargs"))[0]
+        else:
+            special = body.get("add_special_tokens", True)
+            if not isinstance(body["prompt"], str) or not isinstance(special, bool):
+                raise RequestError('"prompt" must be a string and "add_special_tokens" true or false')
+            ids = decoder.tokenizer(body["prompt"], add_special_tokens=special)["input_ids"]
+        self._json(200, {"count": len(ids), "max_model_len": decoder.engine.max_context, "tokens": ids})
+
+    def _detokenize(self, body: dict) -> None:
+        check_fields(body, {"model", "tokens"}, "/detokenize")
+        self._check_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise RequestError(f'"tokens" must be a list of token ids, got {json.dumps(tokens)[:100]}')
+        vocab = self.server.decoder.engine.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the target's vocabulary [0, {vocab})")
+        self._json(200, {"prompt": self.server.decoder.decode(tokens)})
+
     # ----------------------------------------------------------------------- plumbing
+
+    def _authorized(self) -> bool:
+        """With --api-key, the /v1 routes need "Authorization: Bearer KEY" (as vLLM's); health,
+        metrics and the token routes stay open, as there."""
+        key = self.server.api_key
+        if not key or not self.path.startswith("/v1"):
+            return True
+        if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+            return True
+        self._error(401, 'this server needs the header "Authorization: Bearer <key>", the key it was started '
+                         "with (draftsman serve --api-key; the OpenAI SDK sends its api_key so)")
+        return False
 
     def _check_model(self, body: dict) -> None:
         name = body.get("model")
@@ -299,7 +355,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, status: int, message: str) -> None:
-        kind = "invalid_request_error" if status == 400 else "not_found_error"
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(status,
+                                                                                                       "server_error")
         self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
 
     def log_message(self, format, *args):  # http.server's signature
@@ -394,6 +451,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model name clients send and /v1/models lists (default: the target folder's name)")
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("DRAFTSMAN_API_KEY"),
+                   help="the /v1 routes need the header 'Authorization: Bearer KEY' (default: the DRAFTSMAN_API_KEY "
+                        "environment variable; none: open)")
     p.add_argument("--max-batch-rows", type=int, default=16, metavar="N",
                    help="requests waiting with the same settings run as one batch of at most N rows (default 16; "
                         "1: one request at a time)")
@@ -413,7 +473,8 @@ def run(args: argparse.Namespace) -> int:
     if decoder.tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
     name = args.served_model_name or Path(cfg["target"]["path"]).name
-    server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows)
+    server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
+                    api_key=args.api_key)
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
     try:
         server.serve_forever()
