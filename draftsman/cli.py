@@ -450,6 +450,20 @@ def _run_datastore(args: argparse.Namespace) -> int:
     return datastore_build.run(args)
 
 
+# --------------------------------------------------------------------------- loadtest
+
+def _add_loadtest_args(p: argparse.ArgumentParser) -> None:
+    from . import loadtest
+
+    loadtest.add_arguments(p)
+
+
+def _run_loadtest(args: argparse.Namespace) -> int:
+    from . import loadtest
+
+    return loadtest.run(args)
+
+
 # --------------------------------------------------------------------------- serve
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -502,6 +516,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                   _add_datastore_args, _run_datastore),
     "serve": ("serve the OpenAI API (/v1/completions, /v1/chat/completions) with speculative decoding",
               _add_serve_args, _run_serve),
+    "loadtest": ("clients at once against an OpenAI-compatible server (ours, vLLM's, ...): throughput, latency, "
+                 "TTFT", _add_loadtest_args, _run_loadtest),
     "chat": ("talk to an instruct target in the terminal, each reply streamed with its tau and speed",
              _add_chat_args, _run_chat),
 }

@@ -1,0 +1,197 @@
+"""`draftsman loadtest --url http://HOST:PORT/v1`: clients at once against an OpenAI-compatible
+server (`draftsman serve`, or vLLM's, SGLang's...), as vLLM's benchmark_serving measures one:
+requests per second, output tokens per second, and each request's latency; with `--stream`, the
+time to the first token (TTFT) and per output token after it (TPOT) too. Run it against two
+servers on one machine to compare them on the same prompts.
+
+`draftsman serve` batches waiting requests only when they are not streamed (draftsman/serve_batch.py),
+so `--stream` there measures one request at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .bench.config import BUNDLED_PROMPTS
+from .bench.prompts_set import by_category, read_prompts
+
+
+@dataclass
+class Result:
+    prompt_id: str
+    ok: bool
+    error: str = ""
+    seconds: float = 0.0  # sent to last byte
+    first_token_seconds: float | None = None  # --stream: sent to the first text
+    output_tokens: int = 0
+    tau: float | None = None  # draftsman serve's tokens per target pass, when the server reports it
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="the model name to send (default: the first of GET /models)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--prompts", default=str(BUNDLED_PROMPTS),
+                   help='JSONL of {"text"} / {"messages"} / {"input_ids"} / Spec-Bench rows (first turns) '
+                        "(default: the bundled held-out prompts)")
+    p.add_argument("--categories", help="comma-separated categories of the prompt file to use (default: all)")
+    p.add_argument("--requests", type=int, default=32, help="requests to send in all (prompts are reused in turn)")
+    p.add_argument("--concurrency", type=int, default=4, help="clients sending at once")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--fixed-length", action="store_true",
+                   help="also send min_tokens = max_tokens, so every request makes the same number of tokens")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
+    p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
+
+
+def load_prompts(path: str, categories: list[str] | None) -> list[tuple[str, dict]]:
+    """(id, request fields) per prompt: text and token ids go to completions, chats to chat."""
+    prompts = [p for group in by_category(read_prompts(path)[0], categories).values() for p in group
+               if p.turns is None or len(p.turns) == 1]  # a Spec-Bench question's later turn needs a reply
+    rows = []
+    for p in prompts:
+        if p.messages is not None:
+            rows.append((p.id, {"messages": p.messages, **({"tools": p.tools} if p.tools else {})}))
+        else:
+            rows.append((p.id, {"prompt": p.input_ids if p.input_ids is not None else p.text}))
+    if not rows:
+        raise ValueError(f"prompt file '{path}' has no prompts to send")
+    return rows
+
+
+def _request(url: str, body: dict, api_key: str | None) -> urllib.request.Request:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+
+
+def served_model(base: str, api_key: str | None) -> str:
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {api_key}"} if api_key
+                                     else {})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, api_key: str | None) -> Result:
+    chat = "messages" in fields
+    body = {**fields, **settings}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    t0 = time.perf_counter()
+    first, tokens, tau = None, 0, None
+    try:
+        with urllib.request.urlopen(_request(base + ("/chat/completions" if chat else "/completions"), body,
+                                             api_key), timeout=600) as r:
+            if not stream:
+                answer = json.loads(r.read())
+                tokens = answer["usage"]["completion_tokens"]
+                tau = answer.get("draftsman", {}).get("tau")
+            else:
+                for line in r:
+                    line = line.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    choice = (event.get("choices") or [{}])[0]
+                    text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+                    if text and first is None:
+                        first = time.perf_counter() - t0
+                    if event.get("usage"):
+                        tokens = event["usage"]["completion_tokens"]
+                    tau = event.get("draftsman", {}).get("tau", tau)
+    except urllib.error.HTTPError as e:
+        return Result(prompt_id, False, f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
+    except (urllib.error.URLError, OSError) as e:
+        return Result(prompt_id, False, f"{type(e).__name__}: {e}")
+    return Result(prompt_id, True, seconds=time.perf_counter() - t0, first_token_seconds=first,
+                  output_tokens=tokens, tau=tau)
+
+
+def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict, requests: int, concurrency: int,
+             stream: bool = False, api_key: str | None = None) -> tuple[list[Result], float]:
+    """`requests` requests, `concurrency` at a time, prompts in turn: (results in order, wall seconds)."""
+    results: list[Result | None] = [None] * requests
+    next_index, lock = iter(range(requests)), threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            prompt_id, fields = prompts[i % len(prompts)]
+            results[i] = send(base, prompt_id, fields, settings, stream, api_key)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(min(concurrency, requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def summary(results: list[Result], wall: float) -> dict:
+    ok = [r for r in results if r.ok]
+
+    def spread(values: list[float]) -> dict | None:
+        if not values:
+            return None
+        cuts = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
+        return {"mean": statistics.mean(values), "median": statistics.median(values), "p99": cuts[98]}
+
+    tokens = sum(r.output_tokens for r in ok)
+    firsts = [r.first_token_seconds for r in ok if r.first_token_seconds is not None]
+    per_token = [(r.seconds - r.first_token_seconds) / (r.output_tokens - 1) for r in ok
+                 if r.first_token_seconds is not None and r.output_tokens > 1]
+    taus = [r.tau for r in ok if r.tau is not None]
+    return {"requests": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+            "seconds": wall, "requests_per_second": len(ok) / wall if wall else 0.0,
+            "output_tokens": tokens, "output_tokens_per_second": tokens / wall if wall else 0.0,
+            "latency_seconds": spread([r.seconds for r in ok]), "ttft_seconds": spread(firsts),
+            "tpot_seconds": spread(per_token), "mean_tau": statistics.mean(taus) if taus else None,
+            "first_error": next((r.error for r in results if not r.ok), None)}
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"requests: {s['completed']} of {s['requests']} completed in {s['seconds']:.2f} s",
+             f"request throughput: {s['requests_per_second']:.2f} req/s",
+             f"output tokens: {s['output_tokens']} ({s['output_tokens_per_second']:.1f} tokens/s)"]
+    for key, name, unit in (("latency_seconds", "latency", 1), ("ttft_seconds", "TTFT", 1000),
+                            ("tpot_seconds", "TPOT", 1000)):
+        if s[key]:
+            label = "s" if unit == 1 else "ms"
+            lines.append(f"{name}: mean {s[key]['mean'] * unit:.2f} {label}, median {s[key]['median'] * unit:.2f} "
+                         f"{label}, p99 {s[key]['p99'] * unit:.2f} {label}")
+    if s["mean_tau"] is not None:
+        lines.append(f"tau (draftsman serve): mean {s['mean_tau']:.2f}")
+    if s["failed"]:
+        lines.append(f"failed: {s['failed']}; the first: {s['first_error']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("requests", "concurrency", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    base = args.url.rstrip("/")
+    prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
+    model = args.model or served_model(base, args.api_key)
+    settings = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.fixed_length:
+        settings["min_tokens"] = args.max_tokens
+    results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream, args.api_key)
+    s = summary(results, wall)
+    print(f"{args.requests} requests to {base} ({model}), {args.concurrency} at a time, {args.max_tokens} tokens at "
+          f"most{', streamed' if args.stream else ''}, temperature {args.temperature}")
+    print(format_summary(s))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"summary": s, "results": [asdict(r) for r in results]}, indent=1))
+    return 0 if s["failed"] == 0 else 1

@@ -1,0 +1,115 @@
+"""`draftsman loadtest`: every request is sent and counted, its tokens and timings read from the
+server's answers (streamed or not), and failures are reported, not hidden."""
+import json
+
+import pytest
+
+from draftsman import cli
+from draftsman.loadtest import Result, load_prompts, summary
+
+from serving import ngram_decoder, running
+
+
+@pytest.fixture(scope="module")
+def served(chat_target):
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder) as (server, base):
+        yield server, decoder, base
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loadtest") / "prompts.jsonl"
+    rows = [{"id": "a", "text": "def parse(text):\n", "category": "code"},
+            {"id": "b", "input_ids": [5, 6, 7, 8], "category": "code"},
+            {"id": "c", "messages": [{"role": "user", "content": "Hi"}], "category": "chat"},
+            {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_prompts_go_to_their_endpoint_and_later_turns_are_left_out(prompt_file):
+    rows = load_prompts(str(prompt_file), None)
+    assert [i for i, _ in rows] == ["a", "b", "c", "81"]
+    assert rows[0][1] == {"prompt": "def parse(text):\n"} and rows[1][1] == {"prompt": [5, 6, 7, 8]}
+    assert rows[2][1] == {"messages": [{"role": "user", "content": "Hi"}]}
+    assert rows[3][1] == {"messages": [{"role": "user", "content": "Write a poem."}]}
+    assert [i for i, _ in load_prompts(str(prompt_file), ["chat"])] == ["c"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_request_is_counted(served, prompt_file, tmp_path, capsys, stream):
+    server, decoder, base = served
+    out = tmp_path / "load.json"
+    argv = ["loadtest", "--url", base + "/v1", "--prompts", str(prompt_file), "--requests", "7", "--concurrency",
+            "3", "--max-tokens", "6", "--fixed-length", "--json", str(out)] + (["--stream"] if stream else [])
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "requests: 7 of 7 completed" in printed and "tau (draftsman serve)" in printed
+    got = json.loads(out.read_text())
+    s, results = got["summary"], got["results"]
+    # prompts in turn; every request made exactly 6 tokens (min_tokens = max_tokens)
+    assert [r["prompt_id"] for r in results] == ["a", "b", "c", "81", "a", "b", "c"]
+    assert s["output_tokens"] == 42 and all(r["output_tokens"] == 6 for r in results)
+    assert s["completed"] == 7 and s["failed"] == 0 and s["requests_per_second"] > 0
+    if stream:
+        assert "TTFT" in printed and all(0 < r["first_token_seconds"] <= r["seconds"] for r in results)
+        assert s["tpot_seconds"]["mean"] > 0
+    else:
+        assert s["ttft_seconds"] is None and "TTFT" not in printed
+
+
+def test_failures_are_reported(served, prompt_file, capsys):
+    _, _, base = served
+    argv = ["loadtest", "--url", base + "/v1", "--prompts", str(prompt_file), "--requests", "2", "--model", "other"]
+    assert cli.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "requests: 0 of 2 completed" in printed and "HTTP 400" in printed
+    assert "model 'other' is not served" in printed
+    assert cli.main(["loadtest", "--url", base + "/v1", "--requests", "0"]) == 2
+    assert "--requests must be >= 1" in capsys.readouterr().err
+    assert cli.main(["loadtest", "--url", "http://127.0.0.1:9/v1", "--prompts", str(prompt_file)]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_summary_percentiles_and_per_token_time():
+    results = [Result("a", True, seconds=s, first_token_seconds=0.1, output_tokens=11) for s in (1.1, 2.1, 3.1)]
+    results.append(Result("b", False, "HTTP 500: boom"))
+    s = summary(results, wall=4.0)
+    assert (s["completed"], s["failed"], s["first_error"]) == (3, 1, "HTTP 500: boom")
+    assert s["output_tokens_per_second"] == pytest.approx(33 / 4)
+    assert s["latency_seconds"]["median"] == pytest.approx(2.1)
+    assert s["tpot_seconds"]["mean"] == pytest.approx(0.2)  # (2.1 - 0.1) / 10
+    assert s["latency_seconds"]["p99"] == pytest.approx(3.08)
+
+
+def test_clients_send_at_once(monkeypatch):
+    import threading
+    import time
+
+    import draftsman.loadtest as L
+    in_flight, most, lock = [0], [0], threading.Lock()
+
+    def fake_send(base, prompt_id, fields, settings, stream, api_key):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.05)
+        with lock:
+            in_flight[0] -= 1
+        return Result(prompt_id, True, seconds=0.05, output_tokens=1)
+
+    monkeypatch.setattr(L, "send", fake_send)
+    results, _ = L.run_load("http://x", [("a", {}), ("b", {})], {}, requests=9, concurrency=3)
+    assert most[0] == 3 and [r.prompt_id for r in results] == ["a", "b"] * 4 + ["a"]
+
+
+def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
+    import draftsman.loadtest as L
+    sent = []
+    monkeypatch.setattr(L, "served_model", lambda base, key: "m")
+    monkeypatch.setattr(L, "send", lambda base, pid, fields, settings, stream, key: sent.append(settings) or
+                        Result(pid, True, seconds=0.1, output_tokens=5))
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "1",
+                     "--max-tokens", "5", "--fixed-length"]) == 0
+    assert sent == [{"model": "m", "max_tokens": 5, "temperature": 0.0, "min_tokens": 5}]
