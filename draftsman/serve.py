@@ -165,6 +165,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._stream(ids, args, head, kind, chat, include_usage)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
+            self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
             rows = len(ids) * n
             out, batch_rows = GenerationOutput([""] * rows, [[] for _ in range(rows)],
                                                GenerationStats(finish_reasons=["length"] * rows),

@@ -91,8 +91,9 @@ def test_echo_with_no_new_tokens_scores_the_prompt(served):
     ({"echo": "yes"}, '"echo" is true or false'),
     ({"echo": True, "stream": True}, '"echo" is not served with "stream": true'),
     ({"max_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"max_tokens": 0, "echo": True, "prompt": [5, 10**9]}, "outside the target's vocabulary"),
 ])
 def test_bad_echo_requests(served, body, message):
     _, base = served
-    status, got = call(base, "/v1/completions", {"prompt": "x = [", **body})
+    status, got = call(base, "/v1/completions", {"prompt": "x = [", **body})  # body's prompt wins
     assert status == 400 and message in got["error"]["message"]
