@@ -1,5 +1,5 @@
 """What batching waiting requests buys `draftsman serve` on the bundled target
-(draftsman/serve_batch.py; docs/quickstart.md).
+(draftsman/serve_batch.py; docs/serving.md).
 
 For each drafter, one server answers `--clients` requests sent at the same moment (one prompt each,
 greedy, a fixed number of new tokens), with `--max-batch-rows 1` (one request at a time) and with
