@@ -76,6 +76,7 @@ class Server(ThreadingHTTPServer):
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record)
+        self.metrics.watch(self.batcher)
         super().__init__((host, port), Handler)
 
     @property
@@ -161,7 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            with self.server.generating:
+            with self.server.batcher.alone():
                 return self._stream(ids, args, head, kind, chat, include_usage)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from contextlib import contextmanager
 
 from .api import Decoder, GenerationOutput
 
@@ -45,6 +46,7 @@ class Batcher:
         check_max_rows(max_rows)
         self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
         self.waiting: list[_Job] = []
+        self.running = 0  # requests in the generation now running (a batch, or one stream)
         self._waiting_lock = threading.Lock()
 
     def generate(self, ids: list[list[int]], args: dict) -> tuple[GenerationOutput, int]:
@@ -76,7 +78,18 @@ class Batcher:
             self.waiting = [job for job in self.waiting if job not in batch]
         return batch
 
+    @contextmanager
+    def alone(self):
+        """The model for one request that cannot join a batch (a stream), counted as running."""
+        with self.lock:
+            self.running = 1
+            try:
+                yield
+            finally:
+                self.running = 0
+
     def _run(self, batch: list[_Job]) -> None:
+        self.running = len(batch)
         try:
             if len(batch) > 1:
                 try:
@@ -93,6 +106,7 @@ class Batcher:
             for job in batch:
                 job.error = e
         finally:
+            self.running = 0
             for job in batch:
                 job.done = True
 

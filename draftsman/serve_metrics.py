@@ -8,12 +8,14 @@ for vLLM's speculative decoding reads them with the prefix changed:
                         / spec_decode_num_drafts_per_pos{position=k}
     mean batch size   = batch_rows / batches
 
+and the gauges num_requests_waiting and num_requests_running, as vLLM's.
+
 A draft here is a tree (a chain is one), so draft tokens count its nodes and the positions are
 depths. prometheus_client writes the exposition format, as vLLM's server does.
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Info, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
 
 from .api import GenerationStats
 
@@ -46,6 +48,13 @@ class ServeMetrics:
                                         "Row-rounds that accepted the draft token at this depth", ["position"])
         self.seconds = counter("generation_seconds", "Engine time: drafting, target verification, and in all",
                                ["phase"])
+
+    def watch(self, batcher) -> None:
+        """Gauges read from the batcher at each scrape: requests waiting, and running."""
+        Gauge(PREFIX + "num_requests_waiting", "Requests waiting for the model", registry=self.registry
+              ).set_function(lambda: len(batcher.waiting))
+        Gauge(PREFIX + "num_requests_running", "Requests in the generation now running", registry=self.registry
+              ).set_function(lambda: batcher.running)
 
     def record(self, ids: list[list[int]], stats: GenerationStats) -> None:
         """One generation's counts: its input rows `ids` (n samples repeated) and its statistics."""

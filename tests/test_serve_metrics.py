@@ -96,3 +96,42 @@ def test_record_counts_rounds_with_a_draft_not_every_round():
     assert got[("draftsman:request_success_total", ("eos",))] == 1
     assert got[("draftsman:request_success_total", ("length",))] == 1
     assert got[("draftsman:batch_rows_total", ())] == 2 and got[("draftsman:batches_total", ())] == 1
+
+
+def test_waiting_and_running_gauges(fresh_server, monkeypatch):
+    import threading
+    import time
+
+    server, decoder, base = fresh_server
+    gauge = lambda name: scrape(base)[(f"draftsman:num_requests_{name}", ())]  # noqa: E731
+    running_seen = []
+    generate = decoder.generate
+
+    def spying_generate(*args, **kwargs):  # the gauges as a scrape sees them mid-generation
+        running_seen.append((gauge("running"), gauge("waiting")))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "generate", spying_generate)
+    threads = [threading.Thread(target=call, args=(base, "/v1/completions", {"prompt": p, "max_tokens": NEW}))
+               for p in ("x = [", "if x:\n")]
+    with server.generating:
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while len(server.batcher.waiting) < 2:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        assert (gauge("waiting"), gauge("running")) == (2, 0)
+    for t in threads:
+        t.join(60)
+    assert running_seen == [(2, 0)]  # one batch of both requests, none left waiting
+    assert (gauge("waiting"), gauge("running")) == (0, 0)
+    stream_chunks = decoder.stream_chunks
+
+    def spying_stream(*args, **kwargs):
+        running_seen.append(gauge("running"))
+        return stream_chunks(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "stream_chunks", spying_stream)
+    events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
+    assert running_seen[-1] == 1 and gauge("running") == 0  # a stream runs alone, and counts
