@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import threading
 import time
@@ -43,7 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the bundled held-out prompts)")
     p.add_argument("--categories", help="comma-separated categories of the prompt file to use (default: all)")
     p.add_argument("--requests", type=int, default=32, help="requests to send in all (prompts are reused in turn)")
-    p.add_argument("--concurrency", type=int, default=4, help="clients sending at once")
+    p.add_argument("--concurrency", type=int, default=4, help="clients sending at once (with --request-rate: "
+                                                              "requests in flight at most)")
+    p.add_argument("--request-rate", type=float, default=None, metavar="R",
+                   help="start requests at random (Poisson) times, R per second on average, whether or not the "
+                        "earlier ones have finished (vLLM's benchmark_serving --request-rate); default: each client "
+                        "sends its next request when its last one is answered")
+    p.add_argument("--seed", type=int, default=0, help="seeds the --request-rate arrival times")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--fixed-length", action="store_true",
                    help="also send min_tokens = max_tokens, so every request makes the same number of tokens")
@@ -114,9 +121,23 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
                   output_tokens=tokens, tau=tau)
 
 
+def arrival_gaps(requests: int, rate: float | None, seed: int = 0) -> list[float]:
+    """Seconds to wait before each request starts: none without a rate, else a Poisson process's
+    exponential gaps (the first request starts at once)."""
+    if rate is None:
+        return [0.0] * requests
+    draw = random.Random(seed)
+    return [0.0] + [draw.expovariate(rate) for _ in range(requests - 1)]
+
+
 def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict, requests: int, concurrency: int,
-             stream: bool = False, api_key: str | None = None) -> tuple[list[Result], float]:
-    """`requests` requests, `concurrency` at a time, prompts in turn: (results in order, wall seconds)."""
+             stream: bool = False, api_key: str | None = None, rate: float | None = None,
+             seed: int = 0) -> tuple[list[Result], float]:
+    """`requests` requests, prompts in turn: (results in order, wall seconds). Without `rate`,
+    `concurrency` clients each send their next request when the last one is answered; with it,
+    requests start at Poisson times, `concurrency` in flight at most."""
+    if rate is not None:
+        return _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_key, rate, seed)
     results: list[Result | None] = [None] * requests
     next_index, lock = iter(range(requests)), threading.Lock()
 
@@ -133,6 +154,28 @@ def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict, request
     threads = [threading.Thread(target=client) for _ in range(min(concurrency, requests))]
     for t in threads:
         t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_key, rate, seed):
+    results: list[Result | None] = [None] * requests
+    slots = threading.Semaphore(concurrency)
+
+    def one(i: int) -> None:
+        try:
+            prompt_id, fields = prompts[i % len(prompts)]
+            results[i] = send(base, prompt_id, fields, settings, stream, api_key)
+        finally:
+            slots.release()
+
+    t0, threads = time.perf_counter(), []
+    for i, gap in enumerate(arrival_gaps(requests, rate, seed)):
+        time.sleep(gap)
+        slots.acquire()  # at most `concurrency` in flight: a late start waits here
+        threads.append(threading.Thread(target=one, args=(i,)))
+        threads[-1].start()
     for t in threads:
         t.join()
     return results, time.perf_counter() - t0
@@ -181,15 +224,20 @@ def run(args: argparse.Namespace) -> int:
     for name in ("requests", "concurrency", "max_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     base = args.url.rstrip("/")
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     model = args.model or served_model(base, args.api_key)
     settings = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature}
     if args.fixed_length:
         settings["min_tokens"] = args.max_tokens
-    results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream, args.api_key)
+    results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream, args.api_key,
+                             args.request_rate, args.seed)
     s = summary(results, wall)
-    print(f"{args.requests} requests to {base} ({model}), {args.concurrency} at a time, {args.max_tokens} tokens at "
+    pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
+            if args.request_rate is not None else f"{args.concurrency} at a time")
+    print(f"{args.requests} requests to {base} ({model}), {pace}, {args.max_tokens} tokens at "
           f"most{', streamed' if args.stream else ''}, temperature {args.temperature}")
     print(format_summary(s))
     if args.json_out:

@@ -113,3 +113,34 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "1",
                      "--max-tokens", "5", "--fixed-length"]) == 0
     assert sent == [{"model": "m", "max_tokens": 5, "temperature": 0.0, "min_tokens": 5}]
+
+
+def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prompt_file):
+    import threading
+    import time
+
+    import draftsman.loadtest as L
+    gaps = L.arrival_gaps(6, rate=20.0, seed=3)
+    assert gaps[0] == 0 and gaps == L.arrival_gaps(6, rate=20.0, seed=3) and len(set(gaps)) == 6
+    assert L.arrival_gaps(3, None) == [0.0, 0.0, 0.0]
+    starts, lock = [], threading.Lock()
+
+    def fake_send(base, prompt_id, fields, settings, stream, api_key):
+        with lock:
+            starts.append(time.perf_counter())
+        time.sleep(0.3)  # longer than the gaps: an open loop does not wait for answers
+        return Result(prompt_id, True, seconds=0.3, output_tokens=1)
+
+    monkeypatch.setattr(L, "send", fake_send)
+    results, wall = L.run_load("http://x", [("a", {})], {}, requests=6, concurrency=6, rate=20.0, seed=3)
+    assert all(r.ok for r in results)
+    offsets = [s - starts[0] for s in sorted(starts)]
+    want = [sum(gaps[1:i + 1]) for i in range(6)]
+    assert all(abs(o - w) < 0.15 for o, w in zip(offsets, want)), (offsets, want)
+    assert wall < sum(gaps) + 0.3 + 0.3  # overlapped, not one after another (6 x 0.3 s)
+    # in flight at most `concurrency`: with 1, each start waits for the answer before it
+    starts.clear()
+    L.run_load("http://x", [("a", {})], {}, requests=3, concurrency=1, rate=1000.0)
+    assert all(b - a >= 0.29 for a, b in zip(starts, starts[1:]))
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--request-rate", "0"]) == 2
+    assert "--request-rate must be > 0" in capsys.readouterr().err
