@@ -36,8 +36,12 @@ class Result:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="the model name to send (default: the first of GET /models)")
+    p.add_argument("--url", required=True, action="append",
+                   help="the server's base URL, e.g. http://127.0.0.1:8000/v1; give it again for another server: "
+                        "the same load then runs against each in turn, and a side-by-side table follows")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per server, the servers' order flipped every run (medians are compared)")
+    p.add_argument("--model", help="the model name to send (default: each server's first of GET /models)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--prompts", default=str(BUNDLED_PROMPTS),
                    help='JSONL of {"text"} / {"messages"} / {"input_ids"} / Spec-Bench rows (first turns) '
@@ -220,26 +224,67 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(runs: list[dict]) -> list[dict]:
+    """Per server, the median over its runs of each figure, and its tokens/s over the first server's."""
+    def median(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    rows = []
+    for url in dict.fromkeys(r["url"] for r in runs):
+        mine = [r["summary"] for r in runs if r["url"] == url]
+        rows.append({"url": url, "runs": len(mine),
+                     "requests_per_second": median(m["requests_per_second"] for m in mine),
+                     "output_tokens_per_second": median(m["output_tokens_per_second"] for m in mine),
+                     "latency_mean_seconds": median((m["latency_seconds"] or {}).get("mean") for m in mine),
+                     "ttft_mean_seconds": median((m["ttft_seconds"] or {}).get("mean") for m in mine)})
+    first = rows[0]["output_tokens_per_second"]
+    for row in rows:
+        row["tokens_per_second_vs_first"] = row["output_tokens_per_second"] / first if first else None
+    return rows
+
+
+def format_side_by_side(rows: list[dict]) -> str:
+    lines = ["| server | runs | req/s | tokens/s | latency mean s | TTFT mean ms | tokens/s vs first |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ttft = f"{r['ttft_mean_seconds'] * 1000:.0f}" if r["ttft_mean_seconds"] is not None else "-"
+        latency = f"{r['latency_mean_seconds']:.2f}" if r["latency_mean_seconds"] is not None else "-"
+        ratio = f"{r['tokens_per_second_vs_first']:.2f}x" if r["tokens_per_second_vs_first"] is not None else "-"
+        lines.append(f"| {r['url']} | {r['runs']} | {r['requests_per_second']:.2f} | "
+                     f"{r['output_tokens_per_second']:.1f} | {latency} | {ttft} | {ratio} |")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
-    for name in ("requests", "concurrency", "max_tokens"):
+    for name in ("requests", "concurrency", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.request_rate is not None and args.request_rate <= 0:
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
-    base = args.url.rstrip("/")
+    bases = [url.rstrip("/") for url in args.url]
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
-    model = args.model or served_model(base, args.api_key)
-    settings = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature}
-    if args.fixed_length:
-        settings["min_tokens"] = args.max_tokens
-    results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream, args.api_key,
-                             args.request_rate, args.seed)
-    s = summary(results, wall)
+    models = {base: args.model or served_model(base, args.api_key) for base in bases}
     pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
             if args.request_rate is not None else f"{args.concurrency} at a time")
-    print(f"{args.requests} requests to {base} ({model}), {pace}, {args.max_tokens} tokens at "
-          f"most{', streamed' if args.stream else ''}, temperature {args.temperature}")
-    print(format_summary(s))
+    runs = []
+    for repeat in range(args.repeats):
+        for base in (bases if repeat % 2 == 0 else bases[::-1]):  # the order flips: drift hits each server alike
+            settings = {"model": models[base], "max_tokens": args.max_tokens, "temperature": args.temperature}
+            if args.fixed_length:
+                settings["min_tokens"] = args.max_tokens
+            results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
+                                     args.api_key, args.request_rate, args.seed)
+            s = summary(results, wall)
+            runs.append({"url": base, "repeat": repeat, "summary": s, "results": [asdict(r) for r in results]})
+            print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {args.max_tokens} tokens at "
+                  f"most{', streamed' if args.stream else ''}, temperature {args.temperature}"
+                  + (f"; run {repeat + 1} of {args.repeats}" if args.repeats > 1 else ""))
+            print(format_summary(s) + "\n")
+    table = side_by_side(runs) if len(bases) > 1 or args.repeats > 1 else None
+    if table:
+        print("side by side (medians over runs):\n" + format_side_by_side(table))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"summary": s, "results": [asdict(r) for r in results]}, indent=1))
-    return 0 if s["failed"] == 0 else 1
+        Path(args.json_out).write_text(json.dumps({"summary": runs[0]["summary"], "results": runs[0]["results"],
+                                                   "runs": runs, "side_by_side": table}, indent=1))
+    return 0 if all(r["summary"]["failed"] == 0 for r in runs) else 1

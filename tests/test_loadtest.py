@@ -144,3 +144,30 @@ def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prom
     assert all(b - a >= 0.29 for a, b in zip(starts, starts[1:]))
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--request-rate", "0"]) == 2
     assert "--request-rate must be > 0" in capsys.readouterr().err
+
+
+def test_two_servers_side_by_side(chat_target, prompt_file, tmp_path, capsys):
+    import draftsman
+    from serving import running
+
+    plain = draftsman.load({"target": {"path": str(chat_target[0])}, "drafter": {"name": "none"}})
+    with running(ngram_decoder(chat_target[0])) as (_, first), running(plain) as (_, second):
+        first, second = first + "/v1", second + "/v1"
+        out = tmp_path / "two.json"
+        argv = ["loadtest", "--url", first, "--url", second, "--repeats", "3", "--prompts",
+                str(prompt_file), "--requests", "3", "--max-tokens", "4", "--fixed-length", "--json", str(out)]
+        assert cli.main(argv) == 0
+    got = json.loads(out.read_text())
+    # the order flips every run, so drift on the machine hits both servers alike
+    assert [r["url"] for r in got["runs"]] == [first, second, second, first, first, second]
+    assert all(r["summary"]["output_tokens"] == 12 for r in got["runs"])
+    rows = got["side_by_side"]
+    assert [r["url"] for r in rows] == [first, second] and [r["runs"] for r in rows] == [3, 3]
+    assert rows[0]["tokens_per_second_vs_first"] == 1.0
+    for row in rows:
+        mine = sorted(r["summary"]["output_tokens_per_second"] for r in got["runs"] if r["url"] == row["url"])
+        assert row["output_tokens_per_second"] == mine[1]  # the median of three
+    assert rows[1]["tokens_per_second_vs_first"] == pytest.approx(
+        rows[1]["output_tokens_per_second"] / rows[0]["output_tokens_per_second"])
+    printed = capsys.readouterr().out
+    assert "side by side (medians over runs)" in printed and "| 1.00x |" in printed
