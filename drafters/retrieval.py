@@ -6,9 +6,9 @@ guesses. `ngram` looks in the prompt; this looks in the datastore, and the two c
 
 The datastore (drafters/datastore.py) is read and tokenized with the target's tokenizer when the
 drafter is built, or loaded from an index `draftsman datastore` built ahead
-(drafters/datastore_index.py). Each round the longest suffix of the context (max_ngram down to min_ngram
-tokens) found in it gives its continuations, the most frequent `branches` of them merged into
-one tree. Proposals are deterministic, so verification is exact at any temperature.
+(drafters/datastore_index.py). Each round the longest suffix of the context (max_ngram down to
+min_ngram tokens) found in it gives its continuations, the most frequent `branches` of them
+merged into one tree. Proposals are deterministic, so verification is exact at any temperature.
 """
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ class ServeMetrics:
               ).set_function(lambda: batcher.running)
 
     def record(self, ids: list[list[int]], stats: GenerationStats) -> None:
-        """One generation's counts: its input rows `ids` (n samples repeated) and its statistics."""
+        """One generation's counts: its prompts `ids` (each once, whatever its n: one prefill serves
+        all its samples) and its statistics."""
         self.batches.inc()
         self.batch_rows.inc(len(stats.finish_reasons))
         self.prompt_tokens.inc(sum(map(len, ids)))

@@ -79,3 +79,14 @@ def chat_target(tmp_path_factory):
     # As loaded, not as built: beside a Qwen2 config.json it loads as Qwen2's tokenizer class,
     # which splits digits one by one.
     return folder, AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def served(chat_target):
+    """(decoder, base URL): `draftsman serve` on the tiny chat target with an n-gram drafter, in a
+    thread, one per test module (tests/serving.py)."""
+    from serving import ngram_decoder, running
+
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder) as (_, base):
+        yield decoder, base

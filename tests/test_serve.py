@@ -6,16 +6,9 @@ import pytest
 
 from draftsman import cli
 
-from serving import NEW, call, events, ngram_decoder, running
+from serving import NEW, call, events
 
 USER = [{"role": "user", "content": "def parse(text):"}]
-
-
-@pytest.fixture(scope="module")
-def served(chat_target):
-    decoder = ngram_decoder(chat_target[0])
-    with running(decoder) as (_, base):
-        yield decoder, base
 
 
 def test_models_and_health(served):

@@ -5,15 +5,8 @@ in the shape lm-evaluation-harness's `local-completions` reads for loglikelihood
 import pytest
 import torch
 
-from serving import NEW, call, ngram_decoder, running
+from serving import NEW, call
 from tiny_models import load_for_reference
-
-
-@pytest.fixture(scope="module")
-def served(chat_target):
-    decoder = ngram_decoder(chat_target[0])
-    with running(decoder) as (_, base):
-        yield decoder, base
 
 
 def test_prompt_logprobs_are_the_targets(served):
