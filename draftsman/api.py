@@ -38,12 +38,17 @@ class StreamChunk:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
-def _scores(recorder: TokenLogprobs | None, start: int, count: int) -> tuple:
-    """The recorder's values for tokens [start, start + count) of the one row, or (None, None)."""
+def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
+    """The recorder's values for tokens [start, start + count) of `row`, or (None, None)."""
     if recorder is None:
         return None, None
-    top = recorder.top_tokens[0][start:start + count] if recorder.top_tokens is not None else None
-    return recorder.values[0][start:start + count], top
+    top = recorder.top_tokens[row][start:start + count] if recorder.top_tokens is not None else None
+    return recorder.values[row][start:start + count], top
+
+
+# generate's sampling keywords, as _run_args takes them in one dict.
+_SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                      "frequency_penalty", "logit_bias", "lossy_typical_acceptance")
 
 
 class Decoder:
@@ -196,29 +201,56 @@ class Decoder:
         if self.tokenizer is None:
             raise ValueError("stream() yields text and the target folder has no tokenizer; use generate(input_ids=...)")
         ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
-        text = IncrementalText(self.decode)  # decodes a window per round, not the whole row
-        shown = ""
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
-        recorder = self._logprobs_recorder(1, logprobs, top_logprobs)
+        for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
+            yield chunk
+
+    def stream_batch(self, input_ids: list[list[int]], *, stats: GenerationStats | None = None, **settings):
+        """stream_chunks() for several prompts generated as one batch (how `draftsman serve`
+        streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
+        rounds commit their tokens; each row's chunks join to generate's output for that prompt.
+        settings: stream_chunks' keywords (max_new_tokens, temperature, ..., logprobs,
+        top_logprobs). A row's held-back tail (text that might have begun a stop string) comes
+        when the whole batch ends."""
+        if self.tokenizer is None:
+            raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
+        ids = [list(map(int, row)) for row in input_ids]
+        logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
+        known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", *_SAMPLING_SETTINGS}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise TypeError(f"stream_batch() got unknown settings {unknown}; valid: {sorted(known)}")
+        sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
+        args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
+                              settings.get("min_new_tokens"), settings.get("stop_token_ids"))
+        yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats)
+
+    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats):
+        """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
+        held back while a stop string may yet complete."""
+        texts = [IncrementalText(self.decode) for _ in ids]  # decodes a window per round, not the whole row
+        shown = [""] * len(ids)
         stops = args["stop"]
-        for _, new in self.engine.stream(ids, stats=stats, logprobs=recorder, **args):
-            scores = _scores(recorder, len(text.tokens), len(new))
+        for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, **args):
+            text = texts[row]
+            scores = _scores(recorder, row, len(text.tokens), len(new))
             piece = ""
             if text.add(new):  # else nothing new, or a character still incomplete
                 visible = text.text
                 if stops:  # never show a stop string, nor the start of one that may yet complete
-                    at = stops.first_stop(visible, len(shown))  # what is shown holds no stop's start
+                    at = stops.first_stop(visible, len(shown[row]))  # what is shown holds no stop's start
                     visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
-                if len(visible) > len(shown):
-                    piece, shown = visible[len(shown):], visible
-            yield StreamChunk(piece, list(new), *scores)
-        final = self.decode(text.tokens)  # the one whole decode, as generate's
-        final = stops.cut(final) if stops else final
-        if final.startswith(shown) and len(final) > len(shown):  # a held-back tail, now final
-            yield StreamChunk(final[len(shown):], [], *_scores(recorder, 0, 0))  # no new tokens: empty scores
+                if len(visible) > len(shown[row]):
+                    piece, shown[row] = visible[len(shown[row]):], visible
+            yield row, StreamChunk(piece, list(new), *scores)
+        for row, text in enumerate(texts):
+            final = self.decode(text.tokens)  # the one whole decode, as generate's
+            final = stops.cut(final) if stops else final
+            if final.startswith(shown[row]) and len(final) > len(shown[row]):  # a held-back tail, now final
+                yield row, StreamChunk(final[len(shown[row]):], [], *_scores(recorder, row, 0, 0))  # no new tokens
 
     def prompt_logprobs(self, input_ids: list[list[int]], top_logprobs: int = 0) -> tuple[list, list | None]:
         """The target's log-probability of each prompt token given the ones before it, None for

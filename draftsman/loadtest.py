@@ -4,8 +4,8 @@ requests per second, output tokens per second, and each request's latency; with 
 time to the first token (TTFT) and per output token after it (TPOT) too. Run it against two
 servers on one machine to compare them on the same prompts.
 
-`draftsman serve` batches waiting requests only when they are not streamed (draftsman/serve_batch.py),
-so `--stream` there measures one request at a time.
+`draftsman serve` batches the requests that wait while it generates, streamed or not
+(draftsman/serve_batch.py); `--max-batch-rows 1` there serves one at a time.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ decoding by changing their base URL.
 
 - One batch generates at a time. A request's prompts and its n samples are one batch, and
   requests that arrive while another generates join the next batch when their settings are the
-  same (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns it off). Health checks and model
-  lists answer while a batch generates.
+  same, streamed ones with streamed ones (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns
+  it off). Health checks and model lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
   `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk.
 - Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too;
@@ -20,8 +20,8 @@ decoding by changing their base URL.
 - `GET /metrics`: Prometheus counters named as vLLM's (prompt and generation tokens, finished
   rows, drafts, draft and accepted tokens, acceptance by position, batches; draftsman/serve_metrics.py).
 - Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy;
-  a response that is not streamed also `batch_rows`, the rows of the batch it ran in (its tau is
-  that batch's).
+  also `batch_rows`, the rows of the batch it ran in (its tau is that batch's; a stream's comes
+  in its last chunk).
 
 Built on the standard library's http.server: no web framework to install, and one process
 serves one model, as the rest of draftsman does.
@@ -162,8 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            with self.server.batcher.alone():
-                return self._stream(ids, args, head, kind, chat, include_usage)
+            return self._stream(ids, args, head, kind, chat, include_usage)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -200,8 +199,7 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError('"stream": true sends one prompt\'s text with n = 1: send the prompts one per '
                                "request, or drop stream")
         args.pop("num_return_sequences", None)
-        stats = GenerationStats()
-        chunks = self.server.decoder.stream_chunks(input_ids=ids[0], stats=stats, **args)
+        job, chunks = self.server.batcher.stream(ids[0], args)  # with the other streams waiting now
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -223,8 +221,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 choice = {"index": 0, "text": delta or "", "logprobs": scores, "finish_reason": reason}
             event = {**head, "object": chunk_kind, "choices": [choice]}
-            if reason is not None:
-                event["draftsman"] = self._report(stats)
+            if reason is not None:  # the batch's statistics, known once the chunks are read
+                event["draftsman"] = {**self._report(job.stats), "batch_rows": job.batch_rows}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
 
@@ -234,8 +232,7 @@ class Handler(BaseHTTPRequestHandler):
             completion_tokens += len(chunk.token_ids)
             if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
                 send(chunk.text, chunk=chunk)
-        self.server.metrics.record(ids, stats)
-        send(None, FINISH.get(stats.finish_reasons[0], stats.finish_reasons[0]))
+        send(None, FINISH.get(job.stats.finish_reasons[0], job.stats.finish_reasons[0]))
         if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
             usage = {"prompt_tokens": len(ids[0]), "completion_tokens": completion_tokens,
                      "total_tokens": len(ids[0]) + completion_tokens}

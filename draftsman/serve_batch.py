@@ -6,32 +6,40 @@ tokens per second at batch 4 than at batch 1, so clients that come at once are s
 Requests join one batch only when every setting is the same (one `generate` call takes one set of
 settings), up to `max_rows` rows; the first waiting request always runs, whatever its size. A
 request with a `seed` runs alone: its output is then what the same request gives on its own.
+Streamed requests batch with streamed ones (Decoder.stream_batch): each reads its own rows'
+chunks from a queue as rounds commit them.
 Every row stays exact: a batch's rows are verified row by row (greedy equality at batch 4 in
 tests/test_greedy_equality.py, the chi-square suites at batch > 1).
 
 No thread of its own: whichever waiting request takes the generation lock first runs the batch
-for itself and the others, then each reads its own rows.
+for itself and the others, then each reads its own rows. A streamed request that takes the lock
+starts a thread for the batch instead, and reads its chunks from its queue as the others do.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import threading
-from contextlib import contextmanager
 
-from .api import Decoder, GenerationOutput
+from .api import Decoder, GenerationOutput, GenerationStats
 
 
 class _Job:
-    def __init__(self, ids: list[list[int]], args: dict):
-        self.ids, self.args = ids, args
+    def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
+        self.ids, self.args, self.stream = ids, args, stream
         self.rows = len(ids) * args.get("num_return_sequences", 1)
         # Settings as a comparable string; None: this job runs alone.
-        self.key = None if "seed" in args else json.dumps(args, sort_keys=True, default=str)
+        self.key = None if "seed" in args else json.dumps([stream, args], sort_keys=True, default=str)
         self.output: GenerationOutput | None = None
         self.batch_rows = 0
         self.error: BaseException | None = None
         self.done = False
+        # Streams: the batch's runner puts ("chunk", StreamChunk), then ("end", stats) or ("error", e).
+        self.taken = threading.Event()
+        self.queue: queue.Queue = queue.Queue()
+        self.sent = False  # a chunk went out: the batch can no longer be rerun request by request
+        self.stats: GenerationStats | None = None
 
 
 def check_max_rows(max_rows: int) -> None:
@@ -76,19 +84,48 @@ class Batcher:
                         batch.append(job)
                         rows += job.rows
             self.waiting = [job for job in self.waiting if job not in batch]
+        for job in batch:
+            job.taken.set()
         return batch
 
-    @contextmanager
-    def alone(self):
-        """The model for one request that cannot join a batch (a stream), counted as running."""
-        with self.lock:
-            self.running = 1
-            try:
-                yield
-            finally:
-                self.running = 0
+    def stream(self, row: list[int], args: dict):
+        """Decoder.stream_chunks(input_ids=row, **args), maybe in a batch with other waiting
+        streams: yields this request's StreamChunks as rounds commit them; afterwards `job.stats`
+        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks)."""
+        job = _Job([row], args, stream=True)
+        with self._waiting_lock:
+            self.waiting.append(job)
+        return job, self._chunks(job)
+
+    def _chunks(self, job: _Job):
+        while not job.taken.is_set():
+            if not self.lock.acquire(timeout=0.01):  # short: another runner may take this job meanwhile
+                continue
+            if job.taken.is_set():
+                self.lock.release()
+                break
+            # The batch runs in its own thread, which releases the lock when it ends; this thread
+            # reads its chunks as they come, as every other request of the batch does.
+            threading.Thread(target=self._run_then_release, args=(self._take(),), daemon=True).start()
+        while True:
+            kind, item = job.queue.get()
+            if kind == "chunk":
+                yield item
+            elif kind == "end":
+                job.stats = item
+                return
+            else:
+                raise item
+
+    def _run_then_release(self, batch: list[_Job]) -> None:
+        try:
+            self._run(batch)
+        finally:
+            self.lock.release()
 
     def _run(self, batch: list[_Job]) -> None:
+        if batch[0].stream:
+            return self._run_streams(batch)
         self.running = len(batch)
         try:
             if len(batch) > 1:
@@ -109,6 +146,36 @@ class Batcher:
             self.running = 0
             for job in batch:
                 job.done = True
+
+    def _run_streams(self, batch: list[_Job]) -> None:
+        self.running = len(batch)
+        try:
+            try:
+                self._stream_rows(batch)
+            except ValueError:  # an input check fails before any chunk: each request runs alone
+                if len(batch) == 1 or any(job.sent for job in batch):
+                    raise
+                for job in batch:
+                    try:
+                        self._stream_rows([job])
+                    except Exception as e:  # noqa: BLE001  (its handler answers with it)
+                        job.queue.put(("error", e))
+        except Exception as e:  # noqa: BLE001  the batch failed (e.g. out of memory): all say so
+            for job in batch:
+                job.queue.put(("error", e))
+        finally:
+            self.running = 0
+
+    def _stream_rows(self, jobs: list[_Job]) -> None:
+        stats, rows = GenerationStats(), [job.ids[0] for job in jobs]
+        for row, chunk in self.decoder.stream_batch(rows, stats=stats, **jobs[0].args):
+            jobs[row].sent = True
+            jobs[row].queue.put(("chunk", chunk))
+        if self.record is not None:
+            self.record(rows, stats)
+        for row, job in enumerate(jobs):
+            job.batch_rows = len(jobs)
+            job.queue.put(("end", dataclasses.replace(stats, finish_reasons=stats.finish_reasons[row:row + 1])))
 
     def _generate(self, ids: list[list[int]], args: dict) -> GenerationOutput:
         out = self.decoder.generate(input_ids=ids, **args)

@@ -51,11 +51,18 @@ def events(base: str, path: str, body: dict) -> list[dict]:
 
 def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
     """Send the requests one by one while a generation holds the server, each waiting before the
-    next is sent (so the arrival order is known), then let them run: [(status, response)]."""
+    next is sent (so the arrival order is known), then let them run: [(status, response)], a
+    stream's response being its list of events."""
     answers = [None] * len(bodies)
 
     def send(i):
-        answers[i] = call(base, "/v1/completions", bodies[i])
+        if not bodies[i].get("stream"):
+            answers[i] = call(base, "/v1/completions", bodies[i])
+            return
+        try:  # a stream: (200, its events), or the error before any event
+            answers[i] = (200, events(base, "/v1/completions", bodies[i]))
+        except urllib.error.HTTPError as e:
+            answers[i] = (e.code, json.loads(e.read()))
 
     threads = []
     with server.generating:

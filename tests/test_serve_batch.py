@@ -92,3 +92,43 @@ def test_a_stream_waits_for_the_batch_that_is_generating(server):
 def test_max_batch_rows_must_be_positive(capsys):
     assert cli.main(["serve", "--max-batch-rows", "0", "--port", "0"]) == 2  # before any model loads
     assert "--max-batch-rows must be >= 1" in capsys.readouterr().err
+
+
+def test_streams_that_wait_together_stream_as_one_batch(server):
+    server, decoder, base = server
+    stream = lambda p, **more: {"prompt": p, "max_tokens": NEW, "stream": True, **more}  # noqa: E731
+    bodies = [stream("def parse(text):\n"), stream("x = ["), {"prompt": "if x:\n", "max_tokens": NEW},
+              stream("import os\nimport", logprobs=1), stream("if x:\n"), stream("class Foo:\n", seed=2,
+                                                                                   temperature=1.0)]
+    answers = queue_while_busy(server, base, bodies)
+    assert [status for status, _ in answers] == [200] * 6
+    for body, (_, got) in zip(bodies, answers):
+        settings = {k: v for k, v in body.items() if k not in ("prompt", "stream", "max_tokens", "logprobs")}
+        want = decoder.generate([body["prompt"]], max_new_tokens=NEW, **settings)
+        if body.get("stream"):
+            assert "".join(e["choices"][0]["text"] for e in got) == want.texts[0], body
+            assert got[-1]["choices"][0]["finish_reason"] == {"eos": "stop", "length": "length"}[
+                want.stats.finish_reasons[0]]
+        else:
+            assert got["choices"][0]["text"] == want.texts[0]
+    rows = [got[-1]["draftsman"]["batch_rows"] if body.get("stream") else got["draftsman"]["batch_rows"]
+            for body, (_, got) in zip(bodies, answers)]
+    # Streams with the same settings share a batch (three of them; the cap is 4 rows); a request
+    # that is not streamed, one asking for logprobs and a seeded one each run on their own.
+    assert rows == [3, 3, 1, 1, 3, 1]
+    scored = [e["choices"][0]["logprobs"] for e in answers[3][1] if e["choices"][0]["logprobs"]]
+    want = decoder.generate(["import os\nimport"], max_new_tokens=NEW, logprobs=True)
+    assert [v for s in scored for v in s["token_logprobs"]] == pytest.approx(want.logprobs[0], abs=1e-5)
+
+
+def test_a_bad_stream_in_a_batch_fails_only_its_request(server):
+    server, decoder, base = server
+    bodies = [{"prompt": "x = [", "max_tokens": NEW, "stream": True},
+              {"prompt": [5] * 300, "max_tokens": NEW, "stream": True},
+              {"prompt": "if x:\n", "max_tokens": NEW, "stream": True}]
+    answers = queue_while_busy(server, base, bodies)
+    assert [status for status, _ in answers] == [200, 400, 200]
+    assert "prompt 0 has 300 tokens" in answers[1][1]["error"]["message"]
+    assert "".join(e["choices"][0]["text"] for e in answers[2][1]) == decoder.generate(
+        ["if x:\n"], max_new_tokens=NEW).texts[0]
+    assert answers[0][1][-1]["draftsman"]["batch_rows"] == 1  # rerun alone after the batch's input check failed

@@ -126,12 +126,12 @@ def test_waiting_and_running_gauges(fresh_server, monkeypatch):
         t.join(60)
     assert running_seen == [(2, 0)]  # one batch of both requests, none left waiting
     assert (gauge("waiting"), gauge("running")) == (0, 0)
-    stream_chunks = decoder.stream_chunks
+    stream_batch = decoder.stream_batch
 
     def spying_stream(*args, **kwargs):
         running_seen.append(gauge("running"))
-        return stream_chunks(*args, **kwargs)
+        return stream_batch(*args, **kwargs)
 
-    monkeypatch.setattr(decoder, "stream_chunks", spying_stream)
+    monkeypatch.setattr(decoder, "stream_batch", spying_stream)
     events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
-    assert running_seen[-1] == 1 and gauge("running") == 0  # a stream runs alone, and counts
+    assert running_seen[-1] == 1 and gauge("running") == 0  # a stream alone is a batch of one, and counts

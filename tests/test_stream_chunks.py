@@ -73,3 +73,28 @@ def test_the_server_streams_the_same_scores(decoder):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "top_k": 30, "seed": 4}], ids=["greedy", "sampled"])
+def test_stream_batch_rows_join_to_generates_rows(decoder, settings):
+    prompts = [PROMPT, "import os\nimport", "class Foo:\n    def"]
+    ids = decoder.encode(prompts)
+    first = decoder.generate(PROMPT, max_new_tokens=NEW).texts[0]
+    at = next(i for i in range(len(first) // 2, len(first)) if "\ufffd" not in first[i:i + 2])
+    stop = first[at:at + 2]  # ends greedy row 0 early, and holds text back
+    want = decoder.generate(input_ids=ids, max_new_tokens=NEW, stop=[stop], logprobs=True, top_logprobs=2, **settings)
+    stats = draftsman.GenerationStats()
+    chunks = list(decoder.stream_batch(ids, stats=stats, max_new_tokens=NEW, stop=[stop], logprobs=True,
+                                       top_logprobs=2, **settings))
+    for row in range(len(prompts)):
+        got = joined(c for r, c in chunks if r == row)
+        assert got["text"] == want.texts[row] and got["token_ids"] == want.token_ids[row]
+        assert got["logprobs"] == want.logprobs[row] and got["top_logprobs"] == want.top_logprobs[row]
+    if not settings:
+        assert want.stats.finish_reasons[0] == "stop"
+    # rows are interleaved round by round, not one after another
+    order = [r for r, c in chunks if c.token_ids]
+    assert order.index(2) < len(order) - 1 - order[::-1].index(0)
+    assert stats.finish_reasons == want.stats.finish_reasons and stats.new_tokens == want.stats.new_tokens
+    with pytest.raises(TypeError, match=r"unknown settings \['temprature'\]"):
+        next(decoder.stream_batch(ids, temprature=0.5))
