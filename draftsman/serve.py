@@ -228,10 +228,17 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             send(None, role=True)
-        for chunk in itertools.chain([first] if first is not None else [], chunks):
-            completion_tokens += len(chunk.token_ids)
-            if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
-                send(chunk.text, chunk=chunk)
+        try:
+            for chunk in itertools.chain([first] if first is not None else [], chunks):
+                completion_tokens += len(chunk.token_ids)
+                if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
+                    send(chunk.text, chunk=chunk)
+        except (ValueError, TypeError, RuntimeError) as e:  # after the headers: an error event, as vLLM sends
+            error = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None,
+                               "code": 500}}
+            self.wfile.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
+            self.wfile.flush()
+            return
         send(None, FINISH.get(job.stats.finish_reasons[0], job.stats.finish_reasons[0]))
         if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
             usage = {"prompt_tokens": len(ids[0]), "completion_tokens": completion_tokens,

@@ -132,3 +132,22 @@ def test_a_bad_stream_in_a_batch_fails_only_its_request(server):
     assert "".join(e["choices"][0]["text"] for e in answers[2][1]) == decoder.generate(
         ["if x:\n"], max_new_tokens=NEW).texts[0]
     assert answers[0][1][-1]["draftsman"]["batch_rows"] == 1  # rerun alone after the batch's input check failed
+
+
+def test_an_error_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
+    server, decoder, base = server
+    stream_batch = decoder.stream_batch
+
+    def failing(*args, **kwargs):
+        for n, item in enumerate(stream_batch(*args, **kwargs)):
+            if n == 2:
+                raise RuntimeError("out of memory (simulated)")
+            yield item
+
+    monkeypatch.setattr(decoder, "stream_batch", failing)
+    got = events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
+    assert got[-1]["error"]["message"] == "generation failed: out of memory (simulated)"
+    assert got[-1]["error"]["code"] == 500 and all("choices" in e for e in got[:-1]) and len(got) == 3
+    monkeypatch.undo()
+    again = events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
+    assert "".join(e["choices"][0]["text"] for e in again) == decoder.generate(["x = ["], max_new_tokens=NEW).texts[0]
