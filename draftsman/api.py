@@ -31,11 +31,13 @@ class GenerationOutput:
 @dataclass
 class StreamChunk:
     """What one round of stream_chunks() adds: newly visible text, new token ids, and their scores
-    when asked for (as GenerationOutput's logprobs / top_logprobs, for these tokens only)."""
+    when asked for (as GenerationOutput's logprobs / top_logprobs, for these tokens only). A row's
+    last chunk carries its finish_reason (eos | stop | length | context) and no new tokens."""
     text: str
     token_ids: list[int]
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
 
 
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
@@ -213,8 +215,7 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens, temperature, ..., logprobs,
-        top_logprobs). A row's held-back tail (text that might have begun a stop string) comes
-        when the whole batch ends."""
+        top_logprobs). A row's last chunk, with its finish_reason, comes as soon as that row ends."""
         if self.tokenizer is None:
             raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
         ids = [list(map(int, row)) for row in input_ids]
@@ -230,11 +231,24 @@ class Decoder:
 
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats):
         """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
-        held back while a stop string may yet complete."""
+        held back while a stop string may yet complete. A row's last chunk (its held-back tail and
+        finish_reason) comes as soon as the row ends, not when the whole batch does."""
+        stats = stats if stats is not None else GenerationStats()  # its finish_reasons tell a row has ended
         texts = [IncrementalText(self.decode) for _ in ids]  # decodes a window per round, not the whole row
         shown = [""] * len(ids)
         stops = args["stop"]
+        open_rows = set(range(len(ids)))
+
+        def last(row: int) -> tuple[int, StreamChunk]:
+            final = self.decode(texts[row].tokens)  # the one whole decode, as generate's
+            final = stops.cut(final) if stops else final
+            tail = final[len(shown[row]):] if final.startswith(shown[row]) else ""  # held back, now final
+            open_rows.discard(row)
+            return row, StreamChunk(tail, [], *_scores(recorder, row, 0, 0), finish_reason=stats.finish_reasons[row])
+
         for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, **args):
+            for ended in sorted(r for r in open_rows if stats.finish_reasons[r]):  # since the last chunk
+                yield last(ended)
             text = texts[row]
             scores = _scores(recorder, row, len(text.tokens), len(new))
             piece = ""
@@ -246,11 +260,8 @@ class Decoder:
                 if len(visible) > len(shown[row]):
                     piece, shown[row] = visible[len(shown[row]):], visible
             yield row, StreamChunk(piece, list(new), *scores)
-        for row, text in enumerate(texts):
-            final = self.decode(text.tokens)  # the one whole decode, as generate's
-            final = stops.cut(final) if stops else final
-            if final.startswith(shown[row]) and len(final) > len(shown[row]):  # a held-back tail, now final
-                yield row, StreamChunk(final[len(shown[row]):], [], *_scores(recorder, row, 0, 0))  # no new tokens
+        for row in sorted(open_rows):
+            yield last(row)
 
     def prompt_logprobs(self, input_ids: list[list[int]], top_logprobs: int = 0) -> tuple[list, list | None]:
         """The target's log-probability of each prompt token given the ones before it, None for

@@ -169,13 +169,14 @@ class Batcher:
     def _stream_rows(self, jobs: list[_Job]) -> None:
         stats, rows = GenerationStats(), [job.ids[0] for job in jobs]
         for row, chunk in self.decoder.stream_batch(rows, stats=stats, **jobs[0].args):
-            jobs[row].sent = True
-            jobs[row].queue.put(("chunk", chunk))
+            job = jobs[row]
+            job.sent = True
+            job.queue.put(("chunk", chunk))
+            if chunk.finish_reason is not None:  # this request is done: it need not wait for the batch
+                job.batch_rows = len(jobs)
+                job.queue.put(("end", dataclasses.replace(stats, finish_reasons=[chunk.finish_reason])))
         if self.record is not None:
             self.record(rows, stats)
-        for row, job in enumerate(jobs):
-            job.batch_rows = len(jobs)
-            job.queue.put(("end", dataclasses.replace(stats, finish_reasons=stats.finish_reasons[row:row + 1])))
 
     def _generate(self, ids: list[list[int]], args: dict) -> GenerationOutput:
         out = self.decoder.generate(input_ids=ids, **args)

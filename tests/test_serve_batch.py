@@ -151,3 +151,35 @@ def test_an_error_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
     monkeypatch.undo()
     again = events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
     assert "".join(e["choices"][0]["text"] for e in again) == decoder.generate(["x = ["], max_new_tokens=NEW).texts[0]
+
+
+def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
+    import threading as t
+
+    from draftsman.api import StreamChunk
+    from draftsman.serve_batch import Batcher
+
+    release = t.Event()
+
+    class FakeDecoder:  # row 0 ends at once; row 1 ends only when the test says so
+        def stream_batch(self, rows, stats, **settings):
+            stats.finish_reasons = ["", ""]
+            yield 0, StreamChunk("a", [1])
+            stats.finish_reasons[0] = "stop"
+            yield 0, StreamChunk("", [], finish_reason="stop")
+            assert release.wait(10), "the test never let row 1 end"
+            yield 1, StreamChunk("b", [2])
+            stats.finish_reasons[1] = "length"
+            yield 1, StreamChunk("", [], finish_reason="length")
+
+    batcher = Batcher(FakeDecoder(), t.Lock())
+    job0, chunks0 = batcher.stream([5], {})  # both wait before either is read: one batch
+    job1, chunks1 = batcher.stream([6], {})
+    got0 = []
+    reader = t.Thread(target=lambda: got0.extend(chunks0))
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "the early stream waited for its batch to end"
+    assert [c.text for c in got0] == ["a", ""] and job0.stats.finish_reasons == ["stop"] and job0.batch_rows == 2
+    release.set()
+    assert [c.text for c in chunks1] == ["b", ""] and job1.stats.finish_reasons == ["length"]

@@ -96,5 +96,14 @@ def test_stream_batch_rows_join_to_generates_rows(decoder, settings):
     order = [r for r, c in chunks if c.token_ids]
     assert order.index(2) < len(order) - 1 - order[::-1].index(0)
     assert stats.finish_reasons == want.stats.finish_reasons and stats.new_tokens == want.stats.new_tokens
+    # each row ends with one chunk that says why, as soon as the row ends
+    for row in range(len(prompts)):
+        mine = [c for r, c in chunks if r == row]
+        assert [c.finish_reason for c in mine] == [None] * (len(mine) - 1) + [want.stats.finish_reasons[row]]
+        assert mine[-1].token_ids == []
+    if not settings:  # row 0 stopped early: its end comes before the other rows' last tokens
+        ends = [i for i, (r, c) in enumerate(chunks) if c.finish_reason]
+        assert ends[0] == next(i for i, (r, c) in enumerate(chunks) if r == 0 and c.finish_reason)
+        assert ends[0] < max(i for i, (r, c) in enumerate(chunks) if r != 0 and c.token_ids)
     with pytest.raises(TypeError, match=r"unknown settings \['temprature'\]"):
         next(decoder.stream_batch(ids, temprature=0.5))
