@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .drafters.datastore import Datastore, read_documents
-from .drafters.datastore_index import SUFFIX, save_index
+from .drafters.datastore_index import SUFFIX, is_index, save_index
 from .models import check_model_folder, load_tokenizer
 
 
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> dict:
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(f"need 1 <= --min-ngram <= --max-ngram (got {min_ngram}, {max_ngram})")
-    if Path(out).suffix != SUFFIX:
+    if not is_index(out):
         raise ValueError(f"--out '{out}' must end in {SUFFIX}: the retrieval drafter tells an index from a text "
                          f"datastore by that suffix (try --out {Path(out).with_suffix(SUFFIX)})")
     folder = check_model_folder(target, "--target")

@@ -78,15 +78,17 @@ def load_prompts(path: str, categories: list[str] | None) -> list[tuple[str, dic
     return rows
 
 
-def _request(url: str, body: dict, api_key: str | None) -> urllib.request.Request:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+def _request(url: str, body: dict | None, api_key: str | None) -> urllib.request.Request:
+    """A POST of `body` as JSON, or a GET when body is None, with the key when there is one."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if body is None:
+        return urllib.request.Request(url, headers=headers)
+    return urllib.request.Request(url, data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json", **headers})
 
 
 def served_model(base: str, api_key: str | None) -> str:
-    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {api_key}"} if api_key
-                                     else {})
-    with urllib.request.urlopen(request, timeout=30) as r:
+    with urllib.request.urlopen(_request(base + "/models", None, api_key), timeout=30) as r:
         return json.loads(r.read())["data"][0]["id"]
 
 

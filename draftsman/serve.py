@@ -142,13 +142,13 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
             body = dict(body)
             body["max_tokens"] = body.pop("max_completion_tokens")
-        try:
-            messages = check_conversation(body.get("messages"), '"messages"')
-        except ValueError as e:
-            raise RequestError(str(e)) from None
-        ids = self.server.decoder.encode_chat(messages, tools=body.get("tools"),
-                                              chat_template_kwargs=body.get("chat_template_kwargs"))
-        self._answer(body, ids, chat=True)
+        self._answer(body, self._chat_ids(body), chat=True)
+
+    def _chat_ids(self, body: dict) -> list[list[int]]:
+        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids."""
+        messages = check_conversation(body.get("messages"), '"messages"')
+        return self.server.decoder.encode_chat(messages, tools=body.get("tools"),
+                                               chat_template_kwargs=body.get("chat_template_kwargs"))
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
@@ -214,7 +214,8 @@ class Handler(BaseHTTPRequestHandler):
             scores = None
             if chunk is not None and chunk.logprobs is not None:
                 scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offset)
-                offset += sum(len(self.server.decoder.decode_token(t)) for t in chunk.token_ids)
+                if not chat:  # completions' text_offset runs on over the tokens just scored
+                    offset += sum(map(len, scores["tokens"]))
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
                 choice = {"index": 0, "delta": d, "logprobs": scores, "finish_reason": reason}
@@ -275,11 +276,11 @@ class Handler(BaseHTTPRequestHandler):
                 return {"token": text, "logprob": v, "bytes": list(text.encode())}
             return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top]}
                                 for t, v, top in zip(tokens, values, tops)]}
-        offsets, at = [], offset
-        for t in tokens:
+        pieces, offsets, at = [piece(t) for t in tokens], [], offset
+        for text in pieces:
             offsets.append(at)
-            at += len(piece(t))
-        return {"tokens": [piece(t) for t in tokens], "token_logprobs": values,
+            at += len(text)
+        return {"tokens": pieces, "token_logprobs": values,
                 "top_logprobs": [_by_text(top, piece) if top is not None else None for top in tops],
                 "text_offset": offsets}
 
@@ -294,9 +295,7 @@ class Handler(BaseHTTPRequestHandler):
         if ("prompt" in body) == ("messages" in body):
             raise RequestError('/tokenize takes "prompt" (text) or "messages" (a chat), one of them')
         if "messages" in body:
-            messages = check_conversation(body["messages"], '"messages"')
-            ids = decoder.encode_chat(messages, tools=body.get("tools"),
-                                      chat_template_kwargs=body.get("chat_template_kwargs"))[0]
+            ids = self._chat_ids(body)[0]
         else:
             special = body.get("add_special_tokens", True)
             if not isinstance(body["prompt"], str) or not isinstance(special, bool):
