@@ -50,7 +50,8 @@ def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) ->
 
 # generate's sampling keywords, as _run_args takes them in one dict.
 _SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                      "frequency_penalty", "logit_bias", "lossy_typical_acceptance")
+                      "frequency_penalty", "logit_bias", "lossy_typical_acceptance", "typical_p", "epsilon_cutoff",
+                      "eta_cutoff")
 
 
 class Decoder:
@@ -124,7 +125,8 @@ class Decoder:
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
                  logit_bias: dict[int, float] | None = None,
-                 lossy_typical_acceptance: bool | dict | None = None) -> GenerationOutput:
+                 lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
+                 epsilon_cutoff: float | None = None, eta_cutoff: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. stop: strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
@@ -134,7 +136,8 @@ class Decoder:
         position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's);
         num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
         prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n;
-        logit_bias: {token id: bias} added to the target's logits (OpenAI's);
+        logit_bias: {token id: bias} added to the target's logits (OpenAI's); typical_p,
+        epsilon_cutoff, eta_cutoff: Hugging Face's truncation warpers (exact, as top_p is);
         lossy_typical_acceptance: LOSSY, True or {"posterior_threshold": 0.09, "posterior_alpha": 0.3}:
         at temperature > 0 drafts are accepted by Medusa's typical acceptance, so the output is no
         longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
@@ -147,7 +150,8 @@ class Decoder:
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-            lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
+            lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
+            eta_cutoff=eta_cutoff), min_new_tokens, stop_token_ids)
         if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) \
                 or num_return_sequences < 1:
             raise ValueError(f"num_return_sequences must be a whole number >= 1, got {num_return_sequences!r}")
@@ -171,7 +175,8 @@ class Decoder:
                repetition_penalty: float | None = None, presence_penalty: float | None = None,
                frequency_penalty: float | None = None, min_new_tokens: int | None = None,
                stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None,
-               lossy_typical_acceptance: bool | dict | None = None):
+               lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
+               epsilon_cutoff: float | None = None, eta_cutoff: float | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -181,7 +186,8 @@ class Decoder:
                 top_p=top_p, seed=seed, stats=stats, min_p=min_p, stop=stop, repetition_penalty=repetition_penalty,
                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, min_new_tokens=min_new_tokens,
                 stop_token_ids=stop_token_ids, logit_bias=logit_bias,
-                lossy_typical_acceptance=lossy_typical_acceptance):
+                lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
+                epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff):
             if chunk.text:
                 yield chunk.text
 
@@ -193,7 +199,8 @@ class Decoder:
                       frequency_penalty: float | None = None, min_new_tokens: int | None = None,
                       stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None,
                       lossy_typical_acceptance: bool | dict | None = None, logprobs: bool | str = False,
-                      top_logprobs: int = 0):
+                      top_logprobs: int = 0, typical_p: float | None = None, epsilon_cutoff: float | None = None,
+                      eta_cutoff: float | None = None):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -206,7 +213,8 @@ class Decoder:
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-            lossy_typical_acceptance=lossy_typical_acceptance), min_new_tokens, stop_token_ids)
+            lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
+            eta_cutoff=eta_cutoff), min_new_tokens, stop_token_ids)
         for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
             yield chunk
 

@@ -26,7 +26,7 @@ from .api import Decoder
 from .bench.prompts_set import read_prompts as read_prompt_set
 from .chat import ToolConversation
 from .chisquare import two_sample_chi2
-from .cli import UserError, add_logit_bias_arg, add_lossy_typical_arg, build_config, sampling_flags
+from .cli import UserError, add_logit_bias_arg, add_lossy_typical_arg, add_truncation_args, build_config, sampling_flags
 from .config import DEFAULTS
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
@@ -284,6 +284,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help="sampling: default sampling.top_k")
     p.add_argument("--top-p", type=float, help="sampling: default sampling.top_p")
     p.add_argument("--min-p", type=float, help="sampling: default sampling.min_p")
+    add_truncation_args(p, prefix="sampling: ")
     p.add_argument("--repetition-penalty", type=float, help="sampling: default sampling.repetition_penalty")
     p.add_argument("--presence-penalty", type=float, help="sampling: default sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="sampling: default sampling.frequency_penalty")

@@ -88,6 +88,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help="default: sampling.top_k")
     p.add_argument("--top-p", type=float, help="default: sampling.top_p")
     p.add_argument("--min-p", type=float, help="default: sampling.min_p")
+    add_truncation_args(p)
     p.add_argument("--repetition-penalty", type=float,
                    help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
     p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
@@ -186,6 +187,18 @@ def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--logit-bias", action="append", type=parse_logit_bias, metavar="ID=BIAS",
                    help=f"{prefix}add BIAS (in [-100, 100]) to token ID's logit (repeatable; OpenAI's logit_bias); "
                         "default: sampling.logit_bias")
+
+
+def add_truncation_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Hugging Face's typical-p, epsilon and eta warpers (exact: they shape the target's distribution)."""
+    p.add_argument("--typical-p", type=float,
+                   help=f"{prefix}locally typical sampling mass, e.g. 0.95 (Hugging Face's typical_p; exact, not "
+                        "--lossy-typical-acceptance); default: sampling.typical_p")
+    p.add_argument("--epsilon-cutoff", type=float,
+                   help=f"{prefix}drop tokens below this probability, e.g. 3e-4; default: sampling.epsilon_cutoff")
+    p.add_argument("--eta-cutoff", type=float,
+                   help=f"{prefix}drop tokens below min(eta, sqrt(eta) exp(-entropy)), e.g. 1e-3; "
+                        "default: sampling.eta_cutoff")
 
 
 def add_lossy_typical_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:

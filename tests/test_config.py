@@ -33,7 +33,8 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
     assert cfg["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": None, "min_p": None,
                                "repetition_penalty": None,
                                "presence_penalty": None, "frequency_penalty": None, "logit_bias": None,
-                               "lossy_typical_acceptance": None}
+                               "lossy_typical_acceptance": None, "typical_p": None, "epsilon_cutoff": None,
+                               "eta_cutoff": None}
     assert cfg["generation"] == {"max_new_tokens": 16, "min_new_tokens": 0, "seed": DEFAULTS["generation"]["seed"],
                                  "stop": None, "stop_token_ids": None}
     assert cfg["target"]["device"] == "auto"
@@ -83,7 +84,8 @@ def test_overrides_parse_values_as_yaml():
     assert cfg["sampling"] == {"temperature": 1, "top_k": None, "top_p": 0.9, "min_p": 0.05,
                                "repetition_penalty": None,
                                "presence_penalty": None, "frequency_penalty": None, "logit_bias": None,
-                               "lossy_typical_acceptance": None}
+                               "lossy_typical_acceptance": None, "typical_p": None, "epsilon_cutoff": None,
+                               "eta_cutoff": None}
     assert cfg["target"]["path"] == "some/dir" and cfg["target"]["dtype"] == "bfloat16"
 
 

@@ -28,6 +28,8 @@ PARAMS = {
     "T0.7_topk2": SamplingParams(temperature=0.7, top_k=2),
     "T1.3_topp0.8": SamplingParams(temperature=1.3, top_p=0.8),
     "T1.2_minp0.3": SamplingParams(temperature=1.2, min_p=0.3),
+    "T1_typical0.6": SamplingParams(temperature=1.0, typical_p=0.6),
+    "T0.9_eta0.2_eps0.05": SamplingParams(temperature=0.9, eta_cutoff=0.2, epsilon_cutoff=0.05),
     "greedy_onehot": SamplingParams(temperature=0.0),
 }
 VOCAB = {"chain3": 5, "star3": 6, "fork2x2": 4, "deep_fork": 4}

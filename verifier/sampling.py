@@ -1,7 +1,11 @@
 """Logits -> sampling distribution, exactly as the baseline sampler does it, and seeded draws.
 
-Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, top-p, min-p), so
-`drafter: none` through our engine samples the same distribution as `model.generate(do_sample=True)`.
+Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, top-p, min-p,
+typical-p, epsilon and eta cutoffs), so `drafter: none` through our engine samples the same
+distribution as `model.generate(do_sample=True)`. Each warper only reshapes the target's
+distribution; the verifier then samples that distribution exactly, whatever the drafter drew from.
+(`typical_p` is Hugging Face's locally typical *sampling*, exact; Medusa's typical *acceptance*
+below is a lossy acceptance rule and has nothing to do with it but the paper it cites.)
 Temperature 0 means greedy: the distribution is one-hot on the first argmax.
 
 A logit bias (OpenAI's `logit_bias`, Hugging Face's single-token `sequence_bias`) is added first,
@@ -72,6 +76,10 @@ class SamplingParams:
     # LOSSY, off by default: Medusa's typical acceptance at temperature > 0 (verifier/typical.py);
     # None, True (Medusa's defaults) or {posterior_threshold, posterior_alpha}, kept as a TypicalAcceptance
     lossy_typical_acceptance: "TypicalAcceptance | bool | dict | None" = None
+    # Hugging Face's truncation warpers, after min-p (null, 1 or 0 = off):
+    typical_p: float | None = None  # keep the tokens nearest the entropy in surprise, mass typical_p
+    epsilon_cutoff: float | None = None  # drop tokens of probability below it
+    eta_cutoff: float | None = None  # drop tokens below min(eta, sqrt(eta) exp(-entropy))
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -84,6 +92,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
         if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] or null, got {self.min_p!r}")
+        if self.typical_p is not None and not (0.0 < self.typical_p <= 1.0):
+            raise ValueError(f"typical_p must be in (0, 1] (1 = off) or null, got {self.typical_p!r}")
+        for name in ("epsilon_cutoff", "eta_cutoff"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1) (0 = off; Hugging Face suggests 3e-4 to 9e-4 for "
+                                 f"epsilon, 3e-4 to 2e-3 for eta) or null, got {value!r}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = none) or null, got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -152,14 +167,15 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 def processed_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(..., V) logits -> the log of the distribution a token is drawn from (float32 or better):
-    -inf where top-k / top-p / min-p drop a token. At temperature 0, the log-softmax of the logits
-    greedy takes the argmax of (vLLM's processed_logprobs does the same)."""
+    -inf where top-k / top-p / min-p / typical-p / the cutoffs drop a token. At temperature 0, the
+    log-softmax of the logits greedy takes the argmax of (vLLM's processed_logprobs does the same)."""
     logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     return (logits if params.greedy else _warped_scores(logits, params)).log_softmax(-1)
 
 
 def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p as -inf: the scores whose softmax is sampled."""
+    """Temperature, then top-k, top-p, min-p, typical-p, epsilon and eta as -inf: the scores whose
+    softmax is sampled. Each warper sees the scores the previous one left, as in Hugging Face."""
     scores = logits / params.temperature
     if params.top_k is not None and params.top_k < scores.shape[-1]:
         kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
@@ -176,7 +192,38 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         drop = probs < params.min_p * probs.amax(-1, keepdim=True)
         drop.scatter_(-1, probs.argmax(-1, keepdim=True), False)  # always keep the most likely token
         scores = scores.masked_fill(drop, float("-inf"))
+    if params.typical_p is not None and params.typical_p < 1.0:
+        scores = _typical(scores, params.typical_p)
+    if params.epsilon_cutoff:
+        scores = _below_cutoff(scores, lambda probs, entropy: params.epsilon_cutoff)
+    if params.eta_cutoff:
+        eta = params.eta_cutoff
+        scores = _below_cutoff(scores, lambda probs, entropy: torch.clamp(eta ** 0.5 * torch.exp(-entropy), max=eta))
     return scores
+
+
+def _typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
+    """Hugging Face's TypicalLogitsWarper over the last dim: sort tokens by how far their surprise
+    (-log p) is from the entropy, keep them up to and including the one where the cumulative
+    probability reaches `mass`; ties with that one are kept."""
+    log_probs = scores.log_softmax(-1)
+    entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)  # nansum: dropped tokens give -inf x 0
+    distance = (-log_probs - entropy).abs()
+    sorted_distance, order = torch.sort(distance, descending=False)
+    cumulative = scores.gather(-1, order).softmax(-1).cumsum(-1)
+    last = (cumulative < mass).sum(-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+    drop_sorted = sorted_distance > sorted_distance.gather(-1, last)  # never the first: it sorts nearest
+    return scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+
+
+def _below_cutoff(scores: torch.Tensor, cutoff) -> torch.Tensor:
+    """Hugging Face's epsilon / eta warpers: drop tokens whose probability is below cutoff(probs,
+    entropy), except the most likely (ties with it kept)."""
+    log_probs = scores.log_softmax(-1)
+    probs = log_probs.exp()
+    entropy = -(log_probs * probs).nansum(-1, keepdim=True)
+    drop = (probs < cutoff(probs, entropy)) & (scores < scores.amax(-1, keepdim=True))
+    return scores.masked_fill(drop, float("-inf"))
 
 
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
