@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Container
 
 from .chat import chat_ids, check_conversations
 from .config import load_config
@@ -32,7 +33,8 @@ class GenerationOutput:
 class StreamChunk:
     """What one round of stream_chunks() adds: newly visible text, new token ids, and their scores
     when asked for (as GenerationOutput's logprobs / top_logprobs, for these tokens only). A row's
-    last chunk carries its finish_reason (eos | stop | length | context) and no new tokens."""
+    last chunk carries its finish_reason (eos | stop | length | context, or abort: stream_batch's
+    `aborted`) and no new tokens."""
     text: str
     token_ids: list[int]
     logprobs: list[float] | None = None
@@ -218,12 +220,16 @@ class Decoder:
         for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
             yield chunk
 
-    def stream_batch(self, input_ids: list[list[int]], *, stats: GenerationStats | None = None, **settings):
+    def stream_batch(self, input_ids: list[list[int]], *, stats: GenerationStats | None = None,
+                     aborted: Container[int] = (), **settings):
         """stream_chunks() for several prompts generated as one batch (how `draftsman serve`
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens, temperature, ..., logprobs,
-        top_logprobs). A row's last chunk, with its finish_reason, comes as soon as that row ends."""
+        top_logprobs). A row's last chunk, with its finish_reason, comes as soon as that row ends.
+        aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
+        the row ends after the round it is in, its last chunk saying finish_reason "abort", and
+        the others go on as they would have."""
         if self.tokenizer is None:
             raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
         ids = [list(map(int, row)) for row in input_ids]
@@ -235,9 +241,10 @@ class Decoder:
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
-        yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats)
+        yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
+                                    aborted)
 
-    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats):
+    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = ()):
         """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
         held back while a stop string may yet complete. A row's last chunk (its held-back tail and
         finish_reason) comes as soon as the row ends, not when the whole batch does."""
@@ -254,7 +261,7 @@ class Decoder:
             open_rows.discard(row)
             return row, StreamChunk(tail, [], *_scores(recorder, row, 0, 0), finish_reason=stats.finish_reasons[row])
 
-        for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, **args):
+        for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, aborted=aborted, **args):
             for ended in sorted(r for r in open_rows if stats.finish_reasons[r]):  # since the last chunk
                 yield last(ended)
             text = texts[row]

@@ -7,7 +7,8 @@ decoding by changing their base URL.
   same, streamed ones with streamed ones (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns
   it off). Health checks and model lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
-  `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk.
+  `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk. A stream whose
+  client disconnects stops generating after the round it is in (finish reason "abort").
 - Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too;
   completions' `echo` adds the prompt and its scores (lm-evaluation-harness's loglikelihood).
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
@@ -230,13 +231,16 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
 
-        if chat:
-            send(None, role=True)
         try:
+            if chat:
+                send(None, role=True)
             for chunk in itertools.chain([first] if first is not None else [], chunks):
                 completion_tokens += len(chunk.token_ids)
                 if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
                     send(chunk.text, chunk=chunk)
+        except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating its row
+            job.cancel()
+            raise
         except (ValueError, TypeError, RuntimeError) as e:  # after the headers: an error event, as vLLM sends
             error = {"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None,
                                "code": 500}}

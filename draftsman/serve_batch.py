@@ -40,6 +40,16 @@ class _Job:
         self.queue: queue.Queue = queue.Queue()
         self.sent = False  # a chunk went out: the batch can no longer be rerun request by request
         self.stats: GenerationStats | None = None
+        self.cancelled = False
+        self._abort: tuple[set, int] | None = None  # (its batch's aborted rows, its row), once running
+
+    def cancel(self) -> None:
+        """Its reader went away (a stream whose client disconnected): its row ends after the
+        round it is in, so it stops costing the batch target passes."""
+        self.cancelled = True
+        if self._abort is not None:
+            rows, row = self._abort
+            rows.add(row)
 
 
 def check_max_rows(max_rows: int) -> None:
@@ -168,7 +178,11 @@ class Batcher:
 
     def _stream_rows(self, jobs: list[_Job]) -> None:
         stats, rows = GenerationStats(), [job.ids[0] for job in jobs]
-        for row, chunk in self.decoder.stream_batch(rows, stats=stats, **jobs[0].args):
+        aborted: set[int] = set()
+        for row, job in enumerate(jobs):
+            job._abort = (aborted, row)
+        aborted.update(row for row, job in enumerate(jobs) if job.cancelled)  # cancelled before the line above
+        for row, chunk in self.decoder.stream_batch(rows, stats=stats, aborted=aborted, **jobs[0].args):
             job = jobs[row]
             job.sent = True
             job.queue.put(("chunk", chunk))

@@ -6,6 +6,8 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
+from prometheus_client.parser import text_string_to_metric_families
+
 import draftsman
 from draftsman.serve import Server
 
@@ -76,3 +78,12 @@ def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
     for t in threads:
         t.join(60)
     return answers
+
+
+def scrape(base: str) -> dict:
+    """GET /metrics as {(sample name, labels as sorted tuple): value}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

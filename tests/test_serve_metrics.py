@@ -1,14 +1,12 @@
 """`GET /metrics` of `draftsman serve`: Prometheus counters named as vLLM's. After a known set of
 requests (a batch, a request with n samples, a stream) every counter equals what the same
 generate calls report in their statistics, counted once per generation, not once per request."""
-import urllib.request
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import draftsman
 
-from serving import NEW, call, events, queue_while_busy, running
+from serving import NEW, call, events, queue_while_busy, running, scrape
 
 
 @pytest.fixture()
@@ -21,15 +19,6 @@ def fresh_server(chat_target):
                                           "total_tokens": 6}})
     with running(decoder) as (server, base):
         yield server, decoder, base
-
-
-def scrape(base: str) -> dict:
-    """{(sample name, labels as sorted tuple): value}"""
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_counters_equal_the_generations_statistics(fresh_server):

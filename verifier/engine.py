@@ -3,13 +3,13 @@
 A round, per active row: the root (newest emitted token, not yet cached) and the drafter's tree go
 through the target together; the verifier picks the accepted path and one more token; the target
 cache keeps the root and the accepted path; the drafter is told what happened. Rows that end (EOS,
-a stop string, max_new_tokens, context limit) leave the batch.
+a stop string, max_new_tokens, context limit, or the caller aborting them) leave the batch.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Container, Iterable, Iterator
 
 import torch
 
@@ -40,7 +40,7 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
-    finish_reasons: list[str] = field(default_factory=list)  # per row: eos | stop | length | context
+    finish_reasons: list[str] = field(default_factory=list)  # per row: eos | stop | length | context | abort
     drafter_report: dict = field(default_factory=dict)  # the drafter's own report(), e.g. cascade usage
     lossy: bool = False  # drafts were accepted by typical acceptance: not the target's distribution
 
@@ -139,14 +139,17 @@ class SpeculativeEngine:
                seed: int = 0, stats: GenerationStats | None = None,
                stop: StopCheck | None = None, min_new_tokens: int = 0,
                logprobs: TokenLogprobs | None = None,
-               stop_token_ids: Iterable[int] = ()) -> Iterator[tuple[int, list[int]]]:
+               stop_token_ids: Iterable[int] = (),
+               aborted: Container[int] = ()) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
         that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: gets the
         target's log-probability of each token before that token is yielded (verifier/logprobs.py).
         stop_token_ids: tokens that end a row as EOS does (kept in its output; finish reason "stop"),
-        as vLLM's stop_token_ids; min_new_tokens holds them back too."""
+        as vLLM's stop_token_ids; min_new_tokens holds them back too. aborted: rows the caller wants
+        ended (e.g. a set it adds to while the stream runs, when a client goes away): each leaves
+        the batch after the round it is in, finish reason "abort", so it costs no more target passes."""
         self.check_prompts(prompts)
         self._end_ids = self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
@@ -224,6 +227,8 @@ class SpeculativeEngine:
                     keep = stop(outputs[r], emitted) if stop is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
+                    if not reason and r in aborted:  # its tokens so far stand; it takes no more rounds
+                        reason = "abort"
                     outputs[r] += emitted
                     contexts[r] += emitted
                     if logprobs is not None:

@@ -1,0 +1,99 @@
+"""Ending rows early: Decoder.stream_batch's `aborted` rows leave the batch after the round they
+are in (finish reason "abort") while the other rows go on unchanged, and `draftsman serve`
+stops generating for a stream whose client disconnects."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from draftsman.serve_batch import Batcher
+
+from serving import ngram_decoder, running, scrape
+
+PROMPTS = ["def parse(text):\n", "x = ["]
+LONG = 40  # with min_new_tokens = LONG: no row ends at EOS first
+
+
+@pytest.fixture(scope="module")
+def decoder(chat_target):
+    return ngram_decoder(chat_target[0])
+
+
+def read_rows(decoder, prompts, aborted, abort_at=None, **settings):
+    """Each row's chunks; abort_at=(row, n): add `row` to `aborted` once it has n tokens."""
+    chunks = {row: [] for row in range(len(prompts))}
+    for row, chunk in decoder.stream_batch(decoder.encode(prompts), aborted=aborted, **settings):
+        chunks[row].append(chunk)
+        if abort_at is not None and row == abort_at[0] and sum(len(c.token_ids) for c in chunks[row]) >= abort_at[1]:
+            aborted.add(row)
+    return chunks
+
+
+def test_an_aborted_row_ends_after_its_round_and_the_others_go_on(decoder):
+    want = decoder.generate(PROMPTS, max_new_tokens=LONG, min_new_tokens=LONG)
+    chunks = read_rows(decoder, PROMPTS, set(), abort_at=(1, 1), max_new_tokens=LONG, min_new_tokens=LONG)
+    ended = [c.finish_reason for row in (0, 1) for c in chunks[row] if c.finish_reason]
+    assert ended == ["length", "abort"]
+    tokens = [[t for c in chunks[row] for t in c.token_ids] for row in (0, 1)]
+    assert tokens[0] == want.token_ids[0]  # the other row is what it would have been
+    # The aborted row: what it had when it was aborted plus at most the round then running
+    # (the engine had already decided that round's end when the reader saw the tokens).
+    assert tokens[1] == want.token_ids[1][:len(tokens[1])]
+    rounds_read = sum(1 for c in chunks[1] if c.token_ids)
+    assert 1 <= rounds_read <= 2 and len(tokens[1]) < LONG
+    assert "".join(c.text for c in chunks[1]) == decoder.decode(tokens[1])
+
+
+def test_rows_aborted_before_the_start_take_one_round(decoder):
+    stats_rows = read_rows(decoder, PROMPTS, {0, 1}, max_new_tokens=LONG, min_new_tokens=LONG)
+    for row in (0, 1):
+        assert sum(1 for c in stats_rows[row] if c.token_ids) == 1
+        assert stats_rows[row][-1].finish_reason == "abort"
+
+
+def slow(decoder, seconds: float):
+    """Each drafting step sleeps: a long generation stays running while the test acts."""
+    propose = decoder.engine.drafter.propose
+
+    def slowed(contexts):
+        time.sleep(seconds)
+        return propose(contexts)
+    decoder.engine.drafter.propose = slowed
+
+
+def test_a_stream_whose_client_disconnects_stops_generating(chat_target):
+    decoder = ngram_decoder(chat_target[0])
+    slow(decoder, 0.02)  # 200 tokens would take seconds
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 200, "min_tokens": 200, "stream": True}).encode()
+    with running(decoder) as (server, base):
+        host, port = server.server_address[:2]
+        client = socket.create_connection((host, port), timeout=30)
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        received = b""
+        while b"data:" not in received:
+            received += client.recv(4096)
+        client.close()  # gone after the first event
+        deadline = time.time() + 30
+        while server.batcher.running or not server.generating.acquire(timeout=0.05):
+            assert time.time() < deadline, "the stream kept generating after its client left"
+            time.sleep(0.02)
+        server.generating.release()
+        metrics = scrape(base)
+    assert metrics[("draftsman:request_success_total", (("finished_reason", "abort"),))] == 1
+    assert metrics[("draftsman:generation_tokens_total", ())] < 100  # of the 200 asked for
+
+
+def test_a_stream_cancelled_before_its_batch_runs_takes_one_round(decoder):
+    batcher = Batcher(decoder, threading.Lock())
+    args = {"max_new_tokens": LONG, "min_new_tokens": LONG}
+    job, chunks = batcher.stream(decoder.encode(PROMPTS[:1])[0], args)
+    other, other_chunks = batcher.stream(decoder.encode(PROMPTS[1:])[0], args)
+    job.cancel()  # before any batch takes it
+    mine = list(chunks)
+    assert sum(1 for c in mine if c.token_ids) == 1 and job.stats.finish_reasons == ["abort"]
+    theirs = list(other_chunks)  # ran in the same batch, to its end
+    assert other.batch_rows == 2 and other.stats.finish_reasons == ["length"]
+    assert [t for c in theirs for t in c.token_ids] == decoder.generate(PROMPTS[1:], **args).token_ids[0]
