@@ -42,6 +42,16 @@ class StreamChunk:
     finish_reason: str | None = None
 
 
+def _samples_of(ids: list[list[int]], n, sampling: SamplingParams) -> list[list[int]]:
+    """n rows of each prompt, prompt by prompt (num_return_sequences)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
+    if n > 1 and sampling.greedy:
+        raise ValueError(f"num_return_sequences={n} at temperature 0 would give identical rows: sample "
+                         "(temperature > 0) or leave it at 1")
+    return [row for row in ids for _ in range(n)]
+
+
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
     """The recorder's values for tokens [start, start + count) of `row`, or (None, None)."""
     if recorder is None:
@@ -154,14 +164,7 @@ class Decoder:
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff), min_new_tokens, stop_token_ids)
-        if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) \
-                or num_return_sequences < 1:
-            raise ValueError(f"num_return_sequences must be a whole number >= 1, got {num_return_sequences!r}")
-        if num_return_sequences > 1:
-            if args["sampling"].greedy:
-                raise ValueError(f"num_return_sequences={num_return_sequences} at temperature 0 would give identical "
-                                 "rows: sample (temperature > 0) or leave it at 1")
-            ids = [row for row in ids for _ in range(num_return_sequences)]
+        ids = _samples_of(ids, num_return_sequences, args["sampling"])
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = args["stop"]
@@ -226,7 +229,8 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens, temperature, ..., logprobs,
-        top_logprobs). A row's last chunk, with its finish_reason, comes as soon as that row ends.
+        top_logprobs, num_return_sequences: rows are then prompt by prompt, n samples each, as
+        generate's). A row's last chunk, with its finish_reason, comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
         the others go on as they would have."""
@@ -234,6 +238,7 @@ class Decoder:
             raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
         ids = [list(map(int, row)) for row in input_ids]
         logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
+        n = settings.pop("num_return_sequences", 1)
         known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", *_SAMPLING_SETTINGS}
         unknown = sorted(set(settings) - known)
         if unknown:
@@ -241,6 +246,7 @@ class Decoder:
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
+        ids = _samples_of(ids, n, args["sampling"])
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
                                     aborted)
 

@@ -4,8 +4,8 @@ decoding by changing their base URL.
 
 - One batch generates at a time. A request's prompts and its n samples are one batch, and
   requests that arrive while another generates join the next batch when their settings are the
-  same, streamed ones with streamed ones (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns
-  it off). Health checks and model lists answer while a batch generates.
+  same, streamed or not (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns it off); each
+  is answered as soon as its own rows end. Health checks and model lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
   `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk. A stream whose
   client disconnects stops generating after the round it is in (finish reason "abort").

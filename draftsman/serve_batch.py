@@ -3,53 +3,97 @@
 does it continuously, at every step). On this project's 2-core CPU plain decoding makes 2.2x more
 tokens per second at batch 4 than at batch 1, so clients that come at once are served sooner.
 
-Requests join one batch only when every setting is the same (one `generate` call takes one set of
+Requests join one batch only when every setting is the same (one generation takes one set of
 settings), up to `max_rows` rows; the first waiting request always runs, whatever its size. A
 request with a `seed` runs alone: its output is then what the same request gives on its own.
-Streamed requests batch with streamed ones (Decoder.stream_batch): each reads its own rows'
-chunks from a queue as rounds commit them.
+Every batch runs through Decoder.stream_batch, streamed requests and the others alike: each
+request reads its own rows as rounds commit them, and is answered as soon as its rows have
+ended, not when the batch's longest row does.
 Every row stays exact: a batch's rows are verified row by row (greedy equality at batch 4 in
 tests/test_greedy_equality.py, the chi-square suites at batch > 1).
 
-No thread of its own: whichever waiting request takes the generation lock first runs the batch
-for itself and the others, then each reads its own rows. A streamed request that takes the lock
-starts a thread for the batch instead, and reads its chunks from its queue as the others do.
+One runner thread at a time: the first request that finds none waiting starts it; it runs
+batches, each under the generation lock, while requests wait, and ends when none do.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import queue
 import threading
 
-from .api import Decoder, GenerationOutput, GenerationStats
+from .api import Decoder, GenerationOutput, GenerationStats, StreamChunk
 
 
 class _Job:
+    """One request: its prompts and settings, and the queue its answer comes through: ("chunk",
+    StreamChunk) then ("end", stats) for a stream; ("done", GenerationOutput) for the others; or
+    ("error", exception)."""
+
     def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
         self.ids, self.args, self.stream = ids, args, stream
         self.rows = len(ids) * args.get("num_return_sequences", 1)
-        # Settings as a comparable string; None: this job runs alone.
-        self.key = None if "seed" in args else json.dumps([stream, args], sort_keys=True, default=str)
-        self.output: GenerationOutput | None = None
+        # Settings as a comparable string (n included: one generation takes one); None: this job runs alone.
+        self.key = None if "seed" in args else json.dumps(args, sort_keys=True, default=str)
         self.batch_rows = 0
-        self.error: BaseException | None = None
-        self.done = False
-        # Streams: the batch's runner puts ("chunk", StreamChunk), then ("end", stats) or ("error", e).
-        self.taken = threading.Event()
         self.queue: queue.Queue = queue.Queue()
-        self.sent = False  # a chunk went out: the batch can no longer be rerun request by request
-        self.stats: GenerationStats | None = None
+        self.sent = False  # a chunk reached it: the batch can no longer be rerun request by request
+        self.stats: GenerationStats | None = None  # a stream's, once it has ended
         self.cancelled = False
-        self._abort: tuple[set, int] | None = None  # (its batch's aborted rows, its row), once running
+        self._abort: tuple[set, int] | None = None  # (its batch's aborted rows, its first row), once running
+        self._chunks: list[list[StreamChunk]] = [[] for _ in range(self.rows)]
+        self._reasons: list[str | None] = [None] * self.rows
+        self._answered = False
 
     def cancel(self) -> None:
-        """Its reader went away (a stream whose client disconnected): its row ends after the
-        round it is in, so it stops costing the batch target passes."""
+        """Its reader went away (a stream whose client disconnected): its rows end after the
+        round they are in, so they stop costing the batch target passes."""
         self.cancelled = True
         if self._abort is not None:
-            rows, row = self._abort
-            rows.add(row)
+            rows, first = self._abort
+            rows.update(range(first, first + self.rows))
+
+    def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats, batch_rows: int) -> None:
+        """Chunk of its row `row` (counted within this job); answers once its last row has ended."""
+        self.sent, self.batch_rows = True, batch_rows
+        if self.stream:
+            self.queue.put(("chunk", chunk))
+        else:
+            self._chunks[row].append(chunk)
+        if chunk.finish_reason is None:
+            return
+        self._reasons[row] = chunk.finish_reason
+        if all(reason is not None for reason in self._reasons):  # its rows have ended: it need not wait for the batch
+            stats = _snapshot(stats, self._reasons)
+            self._answered = True
+            if self.stream:
+                self.stats = stats
+                self.queue.put(("end", stats))
+            else:
+                self.queue.put(("done", _output(self._chunks, stats)))
+
+    def fail(self, error: BaseException) -> None:
+        if not self._answered:
+            self._answered = True
+            self.queue.put(("error", error))
+
+
+def _snapshot(stats: GenerationStats, reasons: list[str]) -> GenerationStats:
+    """The batch's statistics so far, with this request's rows' finish reasons; copied, as the
+    batch goes on filling its own."""
+    return dataclasses.replace(copy.deepcopy(stats), finish_reasons=list(reasons))
+
+
+def _output(chunks: list[list[StreamChunk]], stats: GenerationStats) -> GenerationOutput:
+    """A request's rows' chunks joined into what generate returns for it."""
+    texts = ["".join(c.text for c in row) for row in chunks]
+    tokens = [[t for c in row for t in c.token_ids] for row in chunks]
+    scored = chunks[0] and chunks[0][0].logprobs is not None
+    logprobs = [[v for c in row for v in c.logprobs] for row in chunks] if scored else None
+    ranked = scored and chunks[0][0].top_logprobs is not None
+    tops = [[t for c in row for t in c.top_logprobs] for row in chunks] if ranked else None
+    return GenerationOutput(texts, tokens, stats, logprobs, tops)
 
 
 def check_max_rows(max_rows: int) -> None:
@@ -59,29 +103,61 @@ def check_max_rows(max_rows: int) -> None:
 
 class Batcher:
     def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16, record=None):
-        """record(ids, stats): called once per generate call with its prompts and statistics
-        (the server's metrics)."""
+        """lock: held while a batch generates (the server scores prompts under it too, and tests
+        hold it to keep requests waiting). record(ids, stats): called once per generation with its
+        prompts and statistics (the server's metrics)."""
         check_max_rows(max_rows)
         self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
         self.waiting: list[_Job] = []
-        self.running = 0  # requests in the generation now running (a batch, or one stream)
+        self.running = 0  # requests in the generation now running
         self._waiting_lock = threading.Lock()
+        self._runner = False  # a runner thread is serving the waiting requests
 
     def generate(self, ids: list[list[int]], args: dict) -> tuple[GenerationOutput, int]:
         """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
         this request's output, and how many rows the batch it ran in had."""
-        job = _Job(ids, args)
+        job = self._submit(_Job(ids, args))
+        kind, item = job.queue.get()
+        if kind == "error":
+            raise item
+        return item, job.batch_rows
+
+    def stream(self, row: list[int], args: dict):
+        """Decoder.stream_chunks(input_ids=row, **args), maybe in a batch with other waiting
+        requests: yields this request's StreamChunks as rounds commit them; afterwards `job.stats`
+        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks)."""
+        job = self._submit(_Job([row], args, stream=True))
+        return job, self._chunks(job)
+
+    @staticmethod
+    def _chunks(job: _Job):
+        while True:
+            kind, item = job.queue.get()
+            if kind == "chunk":
+                yield item
+            elif kind == "end":
+                return
+            else:
+                raise item
+
+    def _submit(self, job: _Job) -> _Job:
         with self._waiting_lock:
             self.waiting.append(job)
+            if not self._runner:
+                self._runner = True
+                threading.Thread(target=self._serve_waiting, daemon=True).start()
+        return job
+
+    def _serve_waiting(self) -> None:
+        """Batches while requests wait; each taken once the lock is free, so the requests that came
+        meanwhile join it."""
         while True:
             with self.lock:
-                if not job.done:  # else an earlier holder ran it
-                    self._run(self._take())
-            if job.done:
-                break
-        if job.error is not None:
-            raise job.error
-        return job.output, job.batch_rows
+                with self._waiting_lock:
+                    if not self.waiting:
+                        self._runner = False
+                        return
+                self._run(self._take())
 
     def _take(self) -> list[_Job]:
         """The first waiting job, and the later ones with its settings, while the rows fit."""
@@ -94,119 +170,41 @@ class Batcher:
                         batch.append(job)
                         rows += job.rows
             self.waiting = [job for job in self.waiting if job not in batch]
-        for job in batch:
-            job.taken.set()
         return batch
 
-    def stream(self, row: list[int], args: dict):
-        """Decoder.stream_chunks(input_ids=row, **args), maybe in a batch with other waiting
-        streams: yields this request's StreamChunks as rounds commit them; afterwards `job.stats`
-        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks)."""
-        job = _Job([row], args, stream=True)
-        with self._waiting_lock:
-            self.waiting.append(job)
-        return job, self._chunks(job)
-
-    def _chunks(self, job: _Job):
-        while not job.taken.is_set():
-            if not self.lock.acquire(timeout=0.01):  # short: another runner may take this job meanwhile
-                continue
-            if job.taken.is_set():
-                self.lock.release()
-                break
-            # The batch runs in its own thread, which releases the lock when it ends; this thread
-            # reads its chunks as they come, as every other request of the batch does.
-            threading.Thread(target=self._run_then_release, args=(self._take(),), daemon=True).start()
-        while True:
-            kind, item = job.queue.get()
-            if kind == "chunk":
-                yield item
-            elif kind == "end":
-                job.stats = item
-                return
-            else:
-                raise item
-
-    def _run_then_release(self, batch: list[_Job]) -> None:
-        try:
-            self._run(batch)
-        finally:
-            self.lock.release()
-
     def _run(self, batch: list[_Job]) -> None:
-        if batch[0].stream:
-            return self._run_streams(batch)
-        self.running = len(batch)
-        try:
-            if len(batch) > 1:
-                try:
-                    self._share(self._generate([row for job in batch for row in job.ids], batch[0].args), batch)
-                    return
-                except ValueError:  # one request's input (e.g. too long for the context): each runs
-                    pass  # alone, so each gets its own answer or its own error
-            for job in batch:
-                try:
-                    self._share(self._generate(job.ids, job.args), [job])
-                except Exception as e:  # noqa: BLE001  (its handler answers with it)
-                    job.error = e
-        except Exception as e:  # noqa: BLE001  the batch itself failed (e.g. out of memory): all say so
-            for job in batch:
-                job.error = e
-        finally:
-            self.running = 0
-            for job in batch:
-                job.done = True
-
-    def _run_streams(self, batch: list[_Job]) -> None:
         self.running = len(batch)
         try:
             try:
-                self._stream_rows(batch)
-            except ValueError:  # an input check fails before any chunk: each request runs alone
-                if len(batch) == 1 or any(job.sent for job in batch):
-                    raise
+                self._run_rows(batch)
+            except ValueError:  # an input check fails before any row (e.g. a prompt too long): each
+                if len(batch) == 1 or any(job.sent for job in batch):  # request runs alone, so each
+                    raise  # gets its own answer or its own error
                 for job in batch:
                     try:
-                        self._stream_rows([job])
+                        self._run_rows([job])
                     except Exception as e:  # noqa: BLE001  (its handler answers with it)
-                        job.queue.put(("error", e))
+                        job.fail(e)
         except Exception as e:  # noqa: BLE001  the batch failed (e.g. out of memory): all say so
             for job in batch:
-                job.queue.put(("error", e))
+                job.fail(e)
         finally:
             self.running = 0
 
-    def _stream_rows(self, jobs: list[_Job]) -> None:
-        stats, rows = GenerationStats(), [job.ids[0] for job in jobs]
-        aborted: set[int] = set()
-        for row, job in enumerate(jobs):
-            job._abort = (aborted, row)
-        aborted.update(row for row, job in enumerate(jobs) if job.cancelled)  # cancelled before the line above
-        for row, chunk in self.decoder.stream_batch(rows, stats=stats, aborted=aborted, **jobs[0].args):
-            job = jobs[row]
-            job.sent = True
-            job.queue.put(("chunk", chunk))
-            if chunk.finish_reason is not None:  # this request is done: it need not wait for the batch
-                job.batch_rows = len(jobs)
-                job.queue.put(("end", dataclasses.replace(stats, finish_reasons=[chunk.finish_reason])))
+    def _run_rows(self, jobs: list[_Job]) -> None:
+        """One generation for the jobs' rows, each chunk handed to the job whose row it is."""
+        owner, prompts, aborted = [], [], set()
+        for job in jobs:
+            job._abort = (aborted, len(owner))
+            owner += [(job, row) for row in range(job.rows)]
+            prompts += job.ids
+        for job in jobs:
+            if job.cancelled:  # cancelled before its _abort was set
+                job.cancel()
+        stats, batch_rows = GenerationStats(), len(owner)
+        # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.
+        for row, chunk in self.decoder.stream_batch(prompts, stats=stats, aborted=aborted, **jobs[0].args):
+            job, job_row = owner[row]
+            job.deliver(job_row, chunk, stats, batch_rows)
         if self.record is not None:
-            self.record(rows, stats)
-
-    def _generate(self, ids: list[list[int]], args: dict) -> GenerationOutput:
-        out = self.decoder.generate(input_ids=ids, **args)
-        if self.record is not None:
-            self.record(ids, out.stats)
-        return out
-
-    @staticmethod
-    def _share(out: GenerationOutput, batch: list[_Job]) -> None:
-        """Each job's rows of a batch's output, with the batch's statistics."""
-        total, start = sum(job.rows for job in batch), 0
-        for job in batch:
-            rows = slice(start, start + job.rows)
-            stats = dataclasses.replace(out.stats, finish_reasons=out.stats.finish_reasons[rows])
-            job.output = GenerationOutput(out.texts[rows], out.token_ids[rows], stats,
-                                          out.logprobs[rows] if out.logprobs is not None else None,
-                                          out.top_logprobs[rows] if out.top_logprobs is not None else None)
-            job.batch_rows = total
-            start += job.rows
+            self.record(prompts, stats)

@@ -94,7 +94,7 @@ def test_max_batch_rows_must_be_positive(capsys):
     assert "--max-batch-rows must be >= 1" in capsys.readouterr().err
 
 
-def test_streams_that_wait_together_stream_as_one_batch(server):
+def test_streams_and_other_requests_that_wait_together_run_as_one_batch(server):
     server, decoder, base = server
     stream = lambda p, **more: {"prompt": p, "max_tokens": NEW, "stream": True, **more}  # noqa: E731
     bodies = [stream("def parse(text):\n"), stream("x = ["), {"prompt": "if x:\n", "max_tokens": NEW},
@@ -113,9 +113,9 @@ def test_streams_that_wait_together_stream_as_one_batch(server):
             assert got["choices"][0]["text"] == want.texts[0]
     rows = [got[-1]["draftsman"]["batch_rows"] if body.get("stream") else got["draftsman"]["batch_rows"]
             for body, (_, got) in zip(bodies, answers)]
-    # Streams with the same settings share a batch (three of them; the cap is 4 rows); a request
-    # that is not streamed, one asking for logprobs and a seeded one each run on their own.
-    assert rows == [3, 3, 1, 1, 3, 1]
+    # Requests with the same settings share a batch, streamed or not (four of them: the cap is 4
+    # rows); the one asking for logprobs and the seeded one each run on their own.
+    assert rows == [4, 4, 4, 1, 4, 1]
     scored = [e["choices"][0]["logprobs"] for e in answers[3][1] if e["choices"][0]["logprobs"]]
     want = decoder.generate(["import os\nimport"], max_new_tokens=NEW, logprobs=True)
     assert [v for s in scored for v in s["token_logprobs"]] == pytest.approx(want.logprobs[0], abs=1e-5)
@@ -172,9 +172,11 @@ def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
             stats.finish_reasons[1] = "length"
             yield 1, StreamChunk("", [], finish_reason="length")
 
-    batcher = Batcher(FakeDecoder(), t.Lock())
-    job0, chunks0 = batcher.stream([5], {})  # both wait before either is read: one batch
-    job1, chunks1 = batcher.stream([6], {})
+    lock = t.Lock()
+    batcher = Batcher(FakeDecoder(), lock)
+    with lock:  # as if another batch were generating: both wait, then run as one batch
+        job0, chunks0 = batcher.stream([5], {})
+        job1, chunks1 = batcher.stream([6], {})
     got0 = []
     reader = t.Thread(target=lambda: got0.extend(chunks0))
     reader.start()
@@ -183,3 +185,57 @@ def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
     assert [c.text for c in got0] == ["a", ""] and job0.stats.finish_reasons == ["stop"] and job0.batch_rows == 2
     release.set()
     assert [c.text for c in chunks1] == ["b", ""] and job1.stats.finish_reasons == ["length"]
+
+
+def test_a_request_that_ends_early_is_answered_before_its_batch_ends():
+    """Not streamed: answered as soon as its rows have ended, its output joined from its chunks."""
+    import threading as t
+
+    from draftsman.api import StreamChunk
+    from draftsman.serve_batch import Batcher
+
+    release = t.Event()
+
+    class FakeDecoder:  # rows 0-1 (the first request, n = 2) end at once; row 2 when the test says so
+        def stream_batch(self, rows, stats, **settings):
+            assert rows == [[5], [6]] and settings["num_return_sequences"] == 2  # n samples of each prompt
+            stats.finish_reasons = ["", "", "", ""]
+            yield 0, StreamChunk("a", [1], [-0.5], None)
+            yield 1, StreamChunk("b", [2], [-0.25], None)
+            yield 0, StreamChunk("c", [3], [-1.0], None)
+            stats.finish_reasons[:2] = ["stop", "length"]
+            yield 0, StreamChunk("", [], [], None, finish_reason="stop")
+            yield 1, StreamChunk("", [], [], None, finish_reason="length")
+            assert release.wait(10), "the test never let the second request's rows end"
+            for row in (2, 3):
+                yield row, StreamChunk("d", [4], [-2.0], None)
+                stats.finish_reasons[row] = "eos"
+                yield row, StreamChunk("", [], [], None, finish_reason="eos")
+
+    lock = t.Lock()
+    batcher = Batcher(FakeDecoder(), lock)
+    answers = {}
+    args = {"num_return_sequences": 2, "logprobs": True}
+    threads = [t.Thread(target=lambda i=i: answers.update({i: batcher.generate([[5 + i]], args)})) for i in (0, 1)]
+    with lock:  # as if another batch were generating: both wait, then run as one batch
+        for i, thread in enumerate(threads):
+            thread.start()
+            while len(batcher.waiting) < i + 1:  # in this order: the first request's rows come first
+                t.Event().wait(0.01)
+    threads[0].join(5)
+    assert not threads[0].is_alive(), "the early request waited for its batch to end"
+    out, batch_rows = answers[0]
+    assert (out.texts, out.token_ids, out.logprobs) == (["ac", "b"], [[1, 3], [2]], [[-0.5, -1.0], [-0.25]])
+    assert out.top_logprobs is None and out.stats.finish_reasons == ["stop", "length"] and batch_rows == 4
+    release.set()
+    threads[1].join(5)
+    assert answers[1][0].texts == ["d", "d"] and answers[1][0].stats.finish_reasons == ["eos", "eos"]
+
+
+def test_requests_with_different_n_run_apart(server):
+    server, decoder, base = server
+    body = {"prompt": "x = [", "max_tokens": NEW, "temperature": 1.0}
+    answers = queue_while_busy(server, base, [{**body, "n": 2}, body, {**body, "n": 2}])
+    assert [status for status, _ in answers] == [200] * 3
+    assert [len(got["choices"]) for _, got in answers] == [2, 1, 2]
+    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 1, 4]  # one generation takes one n

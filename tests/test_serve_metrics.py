@@ -94,13 +94,13 @@ def test_waiting_and_running_gauges(fresh_server, monkeypatch):
     server, decoder, base = fresh_server
     gauge = lambda name: scrape(base)[(f"draftsman:num_requests_{name}", ())]  # noqa: E731
     running_seen = []
-    generate = decoder.generate
+    stream_batch = decoder.stream_batch
 
-    def spying_generate(*args, **kwargs):  # the gauges as a scrape sees them mid-generation
+    def spying_stream_batch(*args, **kwargs):  # the gauges as a scrape sees them mid-generation
         running_seen.append((gauge("running"), gauge("waiting")))
-        return generate(*args, **kwargs)
+        return stream_batch(*args, **kwargs)
 
-    monkeypatch.setattr(decoder, "generate", spying_generate)
+    monkeypatch.setattr(decoder, "stream_batch", spying_stream_batch)
     threads = [threading.Thread(target=call, args=(base, "/v1/completions", {"prompt": p, "max_tokens": NEW}))
                for p in ("x = [", "if x:\n")]
     with server.generating:
@@ -115,12 +115,5 @@ def test_waiting_and_running_gauges(fresh_server, monkeypatch):
         t.join(60)
     assert running_seen == [(2, 0)]  # one batch of both requests, none left waiting
     assert (gauge("waiting"), gauge("running")) == (0, 0)
-    stream_batch = decoder.stream_batch
-
-    def spying_stream(*args, **kwargs):
-        running_seen.append(gauge("running"))
-        return stream_batch(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "stream_batch", spying_stream)
     events(base, "/v1/completions", {"prompt": "x = [", "max_tokens": NEW, "stream": True})
-    assert running_seen[-1] == 1 and gauge("running") == 0  # a stream alone is a batch of one, and counts
+    assert running_seen[-1] == (1, 0) and gauge("running") == 0  # a stream alone is a batch of one, and counts

@@ -75,6 +75,7 @@ def test_a_stream_whose_client_disconnects_stops_generating(chat_target):
         received = b""
         while b"data:" not in received:
             received += client.recv(4096)
+        assert not server.generating.acquire(blocking=False), "a batch generates without holding the model"
         client.close()  # gone after the first event
         deadline = time.time() + 30
         while server.batcher.running or not server.generating.acquire(timeout=0.05):
@@ -87,11 +88,13 @@ def test_a_stream_whose_client_disconnects_stops_generating(chat_target):
 
 
 def test_a_stream_cancelled_before_its_batch_runs_takes_one_round(decoder):
-    batcher = Batcher(decoder, threading.Lock())
+    lock = threading.Lock()
+    batcher = Batcher(decoder, lock)
     args = {"max_new_tokens": LONG, "min_new_tokens": LONG}
-    job, chunks = batcher.stream(decoder.encode(PROMPTS[:1])[0], args)
-    other, other_chunks = batcher.stream(decoder.encode(PROMPTS[1:])[0], args)
-    job.cancel()  # before any batch takes it
+    with lock:  # as if another batch were generating: both wait, then run as one batch
+        job, chunks = batcher.stream(decoder.encode(PROMPTS[:1])[0], args)
+        other, other_chunks = batcher.stream(decoder.encode(PROMPTS[1:])[0], args)
+        job.cancel()  # before its batch starts
     mine = list(chunks)
     assert sum(1 for c in mine if c.token_ids) == 1 and job.stats.finish_reasons == ["abort"]
     theirs = list(other_chunks)  # ran in the same batch, to its end
