@@ -424,7 +424,9 @@ class AdaptiveDrafter(Drafter):
         alike when the budget is unknown (lockstep times then only compare rows' speeds)."""
         if not self.token_budget:
             return [1.0] * len(self.rows)
-        return [max(0.0, self.token_budget - self.row_tokens[r]) for r in self.row_ids]
+        budget = self.token_budget
+        return [max(0.0, (budget[r] if isinstance(budget, list) else budget) - self.row_tokens[r])
+                for r in self.row_ids]
 
     def depth_rates(self, batch: int, unseen_tokens: int = 0) -> list[float]:
         """Tokens per second of the rest of the request if every round from now on drafted d deep,

@@ -42,13 +42,20 @@ class StreamChunk:
     finish_reason: str | None = None
 
 
-def _samples_of(ids: list[list[int]], n, sampling: SamplingParams) -> list[list[int]]:
-    """n rows of each prompt, prompt by prompt (num_return_sequences)."""
+def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
+    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens given per
+    prompt in `args` becomes one per row."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
-    if n > 1 and sampling.greedy:
+    if n > 1 and args["sampling"].greedy:
         raise ValueError(f"num_return_sequences={n} at temperature 0 would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
+    limits = args["max_new_tokens"]
+    if isinstance(limits, (list, tuple)):
+        if len(limits) != len(ids):
+            raise ValueError(f"max_new_tokens has {len(limits)} values for {len(ids)} prompts: give one number, "
+                             "or one per prompt")
+        args["max_new_tokens"] = [m for m in limits for _ in range(n)]
     return [row for row in ids for _ in range(n)]
 
 
@@ -129,7 +136,7 @@ class Decoder:
         return self.generate(input_ids=ids, **generate_args)
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
-                 max_new_tokens: int | None = None, temperature: float | None = None,
+                 max_new_tokens: int | list[int] | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
@@ -140,7 +147,8 @@ class Decoder:
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                  epsilon_cutoff: float | None = None, eta_cutoff: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
-        as None take the config's values. stop: strings that end a row (draftsman/stop.py);
+        as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
+        strings that end a row (draftsman/stop.py);
         min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
         return the target's log-probability of each new token (out.logprobs), True or "raw" for the
         model's own distribution, "processed" for the one the token was drawn from
@@ -164,7 +172,7 @@ class Decoder:
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff), min_new_tokens, stop_token_ids)
-        ids = _samples_of(ids, num_return_sequences, args["sampling"])
+        ids = _samples_of(ids, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = args["stop"]
@@ -228,8 +236,8 @@ class Decoder:
         """stream_chunks() for several prompts generated as one batch (how `draftsman serve`
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
-        settings: stream_chunks' keywords (max_new_tokens, temperature, ..., logprobs,
-        top_logprobs, num_return_sequences: rows are then prompt by prompt, n samples each, as
+        settings: stream_chunks' keywords (max_new_tokens, one number or one per prompt,
+        temperature, ..., logprobs, top_logprobs, num_return_sequences: rows are then prompt by prompt, n samples each, as
         generate's). A row's last chunk, with its finish_reason, comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
@@ -246,7 +254,7 @@ class Decoder:
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
-        ids = _samples_of(ids, n, args["sampling"])
+        ids = _samples_of(ids, n, args)
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
                                     aborted)
 

@@ -402,6 +402,16 @@ def test_a_start_near_the_end_of_a_request_must_pay_its_catch_up_back_in_the_rou
     assert drafter.choose_depth(1, unseen_tokens=200) == 1
 
 
+def test_rows_with_their_own_limits_have_their_own_tokens_left():
+    """A batch of requests with different max_tokens: the engine sets one budget per row, and a
+    row keeps its own after others leave the batch."""
+    drafter = _controlled(1)
+    drafter.token_budget, drafter.row_tokens, drafter.row_ids = [64, 20, 30], [5, 8, 29], [1, 2]
+    assert drafter.remaining_tokens() == [12, 1]
+    drafter.token_budget = 64
+    assert drafter.remaining_tokens() == [56, 35]
+
+
 def test_a_plain_stretch_prices_the_bets_every_few_rounds_not_every_round():
     """A plain round verifies nothing, so the estimates behind the bets stay put: a request's
     rounds reuse the last prices for plain_reprice_every rounds in all, then price afresh (at batch

@@ -23,7 +23,7 @@ def test_waiting_requests_with_the_same_settings_run_together(server):
     prompts = ["def parse(text):\n", "import os\nimport", "class Foo:\n", "x = [", "for i in range(", "if x:\n"]
     greedy = lambda p: {"prompt": p, "max_tokens": NEW}  # noqa: E731
     seeded = {"prompt": prompts[0], "max_tokens": NEW, "temperature": 1.0, "seed": 3}
-    longer = {"prompt": prompts[1], "max_tokens": NEW + 3}
+    longer = {"prompt": [prompts[1], prompts[4]], "max_tokens": NEW + 3}
     bodies = [greedy(prompts[0]), greedy(prompts[1:3]), seeded, greedy(prompts[3]), seeded, longer,
               greedy(prompts[4]), greedy(prompts[5])]
     answers = queue_while_busy(server, base, bodies)
@@ -38,10 +38,10 @@ def test_waiting_requests_with_the_same_settings_run_together(server):
         assert [c["finish_reason"] for c in answers[bodies.index(body)][1]["choices"]] == [
             {"eos": "stop", "length": "length"}[r] for r in want.stats.finish_reasons]
     # 1 + 2 + 1 rows fill the first batch (4); the seeded requests (alike, so their outputs are
-    # equal) and the longer one each run alone; the two greedy ones the full batch left waiting
-    # run together.
-    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 4, 1, 4, 1, 1, 2, 2]
-    assert [len(c) for c in texts] == [1, 2, 1, 1, 1, 1, 1, 1]
+    # equal) each run alone; the longer one (max_tokens may differ within a batch: a limit per
+    # row) and the two greedy ones the full batch left waiting run together.
+    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 4, 1, 4, 1, 4, 4, 4]
+    assert [len(c) for c in texts] == [1, 2, 1, 1, 1, 2, 1, 1]
 
 
 def test_each_request_gets_its_own_rows_logprobs(server):

@@ -121,7 +121,7 @@ class SpeculativeEngine:
                              "e.g. tokenizer.convert_tokens_to_ids('<|im_end|>')")
         return frozenset(ids)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
                  seed: int = 0, stop: StopCheck | None = None, min_new_tokens: int = 0,
                  logprobs: TokenLogprobs | None = None,
                  stop_token_ids: Iterable[int] = ()) -> tuple[list[list[int]], GenerationStats]:
@@ -135,13 +135,14 @@ class SpeculativeEngine:
         return outputs, stats
 
     @torch.no_grad()
-    def stream(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+    def stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
                stop: StopCheck | None = None, min_new_tokens: int = 0,
                logprobs: TokenLogprobs | None = None,
                stop_token_ids: Iterable[int] = (),
                aborted: Container[int] = ()) -> Iterator[tuple[int, list[int]]]:
-        """Yields (row, tokens) as each round commits them; fills `stats` as it goes. stop(tokens so
+        """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
+        one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
         that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: gets the
@@ -159,10 +160,9 @@ class SpeculativeEngine:
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
-            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {max_new_tokens}], got {min_new_tokens}: "
+        limits = self._row_limits(max_new_tokens, len(prompts))
+        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= min(limits):
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {min(limits)}], got {min_new_tokens}: "
                              "raise max_new_tokens or lower min_new_tokens")
         self._min_new_tokens = min_new_tokens
         stats = stats if stats is not None else GenerationStats()
@@ -185,7 +185,7 @@ class SpeculativeEngine:
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
         prefill_hidden = self._prefill(contexts, layers)
-        self.drafter.token_budget = max_new_tokens
+        self.drafter.token_budget = max_new_tokens if isinstance(max_new_tokens, int) else limits
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
@@ -198,7 +198,7 @@ class SpeculativeEngine:
                 t0 = time.perf_counter()
                 trees = self.drafter.propose([contexts[r] for r in active])
                 for i, r in enumerate(active):
-                    room = min(max_new_tokens - len(outputs[r]), self.max_context - len(contexts[r]))
+                    room = min(limits[r] - len(outputs[r]), self.max_context - len(contexts[r]))
                     trees[i] = trees[i].truncated_to_depth(room - 1)
                 synchronize(self.device)
                 t1 = time.perf_counter()
@@ -223,7 +223,7 @@ class SpeculativeEngine:
                                   if logprobs is not None else None)
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
-                    emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), max_new_tokens)
+                    emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), limits[r])
                     keep = stop(outputs[r], emitted) if stop is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
@@ -262,6 +262,18 @@ class SpeculativeEngine:
                 stats.total_seconds = time.perf_counter() - t_start
         finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
+
+    @staticmethod
+    def _row_limits(max_new_tokens, rows: int) -> list[int]:
+        """max_new_tokens as one limit per row: a number for all, or a list of one per row."""
+        limits = [max_new_tokens] * rows if not isinstance(max_new_tokens, (list, tuple)) else list(max_new_tokens)
+        if len(limits) != rows:
+            raise ValueError(f"max_new_tokens has {len(limits)} values for {rows} rows: give one number, "
+                             "or one per row")
+        bad = [m for m in limits if isinstance(m, bool) or not isinstance(m, int) or m < 1]
+        if bad:
+            raise ValueError(f"max_new_tokens must be >= 1 (a whole number), got {bad[0]!r}")
+        return limits
 
     def _prefill(self, prompts: list[list[int]], layers) -> list[dict[int, torch.Tensor]]:
         """Cache every prompt but its last token; per row, the requested layers' states there. Rows
