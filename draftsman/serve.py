@@ -79,7 +79,8 @@ class Server(ThreadingHTTPServer):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
-        self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record)
+        self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
+                               record_request=self.metrics.record_request)
         self.metrics.watch(self.batcher)
         super().__init__((host, port), Handler)
 

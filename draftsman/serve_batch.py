@@ -23,8 +23,21 @@ import dataclasses
 import json
 import queue
 import threading
+import time
 
 from .api import Decoder, GenerationOutput, GenerationStats, StreamChunk
+
+
+@dataclasses.dataclass
+class RequestTimes:
+    """One answered request's timeline (time.perf_counter seconds) and sizes, for the metrics."""
+    arrived: float  # it began to wait
+    started: float  # its batch began
+    first_token: float | None  # its first token came (None: it generated none)
+    last_token: float | None  # its last token came
+    finished: float  # its last row ended
+    prompt_tokens: int  # over its prompts, each once whatever its n
+    generation_tokens: int  # over its rows
 
 
 class _Job:
@@ -48,6 +61,12 @@ class _Job:
         self._chunks: list[list[StreamChunk]] = [[] for _ in range(self.rows)]
         self._reasons: list[str | None] = [None] * self.rows
         self._answered = False
+        self.arrived = time.perf_counter()
+        self.started: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.tokens = 0
+        self.on_answer = None  # called with its RequestTimes when it is answered
 
     def cancel(self) -> None:
         """Its reader went away (a stream whose client disconnected): its rows end after the
@@ -60,6 +79,11 @@ class _Job:
     def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats, batch_rows: int) -> None:
         """Chunk of its row `row` (counted within this job); answers once its last row has ended."""
         self.sent, self.batch_rows = True, batch_rows
+        if chunk.token_ids:
+            self.last_token = time.perf_counter()
+            if self.first_token is None:
+                self.first_token = self.last_token
+        self.tokens += len(chunk.token_ids)
         if self.stream:
             self.queue.put(("chunk", chunk))
         else:
@@ -70,6 +94,9 @@ class _Job:
         if all(reason is not None for reason in self._reasons):  # its rows have ended: it need not wait for the batch
             stats = _snapshot(stats, self._reasons)
             self._answered = True
+            if self.on_answer is not None:
+                self.on_answer(RequestTimes(self.arrived, self.started, self.first_token, self.last_token,
+                                            time.perf_counter(), sum(map(len, self.ids)), self.tokens))
             if self.stream:
                 self.stats = stats
                 self.queue.put(("end", stats))
@@ -105,12 +132,15 @@ def check_max_rows(max_rows: int) -> None:
 
 
 class Batcher:
-    def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16, record=None):
+    def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16, record=None,
+                 record_request=None):
         """lock: held while a batch generates (the server scores prompts under it too, and tests
         hold it to keep requests waiting). record(ids, stats): called once per generation with its
-        prompts and statistics (the server's metrics)."""
+        prompts and statistics; record_request(RequestTimes): once per request answered (the
+        server's metrics)."""
         check_max_rows(max_rows)
         self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
+        self.record_request = record_request
         self.waiting: list[_Job] = []
         self.running = 0  # requests in the generation now running
         self._waiting_lock = threading.Lock()
@@ -144,6 +174,7 @@ class Batcher:
                 raise item
 
     def _submit(self, job: _Job) -> _Job:
+        job.on_answer = self.record_request
         with self._waiting_lock:
             self.waiting.append(job)
             if not self._runner:
@@ -197,7 +228,9 @@ class Batcher:
     def _run_rows(self, jobs: list[_Job]) -> None:
         """One generation for the jobs' rows, each chunk handed to the job whose row it is."""
         owner, prompts, aborted = [], [], set()
+        started = time.perf_counter()
         for job in jobs:
+            job.started = started  # (a rerun alone after a bad input starts it again)
             job._abort = (aborted, len(owner))
             owner += [(job, row) for row in range(job.rows)]
             prompts += job.ids

@@ -8,18 +8,28 @@ for vLLM's speculative decoding reads them with the prefix changed:
                         / spec_decode_num_drafts_per_pos{position=k}
     mean batch size   = batch_rows / batches
 
-and the gauges num_requests_waiting and num_requests_running, as vLLM's.
+and the gauges num_requests_waiting and num_requests_running, as vLLM's. Per request answered,
+histograms under vLLM's names: time_to_first_token_seconds, e2e_request_latency_seconds,
+request_queue_time_seconds (waiting for its batch), request_inference_time_seconds (its batch
+began until its rows ended), time_per_output_token_seconds (its mean gap between tokens after
+the first: a round commits several tokens at once, so single gaps say little), and
+request_prompt_tokens / request_generation_tokens.
 
 A draft here is a tree (a chain is one), so draft tokens count its nodes and the positions are
 depths. prometheus_client writes the exposition format, as vLLM's server does.
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .api import GenerationStats
+from .serve_batch import RequestTimes
 
 PREFIX = "draftsman:"
+# Seconds from 1 ms to an hour, finer where a CPU server's requests fall (0.1 s to a minute).
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+                   15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
 class ServeMetrics:
@@ -49,6 +59,21 @@ class ServeMetrics:
         self.seconds = counter("generation_seconds", "Engine time: drafting, target verification, and in all",
                                ["phase"])
 
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=r)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Request arrival to its first token", LATENCY_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Request arrival to its answer", LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Waiting for its batch to begin", LATENCY_BUCKETS)
+        self.inference_time = histogram("request_inference_time_seconds", "Its batch began until its rows ended",
+                                        LATENCY_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Per request: mean gap between its tokens after the "
+                              "first", TOKEN_GAP_BUCKETS)
+        token_buckets = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request", token_buckets)
+        self.request_generation_tokens = histogram("request_generation_tokens", "Tokens generated per request",
+                                                   token_buckets)
+
     def watch(self, batcher) -> None:
         """Gauges read from the batcher at each scrape: requests waiting, and running."""
         Gauge(PREFIX + "num_requests_waiting", "Requests waiting for the model", registry=self.registry
@@ -74,6 +99,18 @@ class ServeMetrics:
         for phase, seconds in (("draft", stats.draft_seconds), ("verify", stats.verify_seconds),
                                ("total", stats.total_seconds)):
             self.seconds.labels(phase=phase).inc(seconds)
+
+    def record_request(self, times: RequestTimes) -> None:
+        """One answered request's latencies and sizes."""
+        self.e2e.observe(times.finished - times.arrived)
+        self.queue_time.observe(times.started - times.arrived)
+        self.inference_time.observe(times.finished - times.started)
+        if times.first_token is not None:
+            self.ttft.observe(times.first_token - times.arrived)
+            if times.generation_tokens > 1:
+                self.tpot.observe((times.last_token - times.first_token) / (times.generation_tokens - 1))
+        self.request_prompt_tokens.observe(times.prompt_tokens)
+        self.request_generation_tokens.observe(times.generation_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -62,6 +62,40 @@ def test_counters_equal_the_generations_statistics(fresh_server):
         assert value("spec_decode_num_accepted_tokens_per_pos_total", position=str(d)) == sum(
             s.accepted_at_depth[d] for _, s in runs if d < len(s.accepted_at_depth))
     assert value("generation_seconds_total", phase="total") > value("generation_seconds_total", phase="verify") > 0
+    # Per request (4 answered): latency and size histograms, vLLM's names.
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                 "request_inference_time_seconds", "time_per_output_token_seconds", "request_prompt_tokens",
+                 "request_generation_tokens"):
+        assert value(f"{name}_count") == 4, name
+    assert value("request_generation_tokens_sum") == value("generation_tokens_total")
+    assert value("request_prompt_tokens_sum") == value("prompt_tokens_total")
+    assert value("e2e_request_latency_seconds_sum") == pytest.approx(
+        value("request_queue_time_seconds_sum") + value("request_inference_time_seconds_sum"))
+    assert 0 < value("time_to_first_token_seconds_sum") < value("e2e_request_latency_seconds_sum")
+    assert value("request_queue_time_seconds_sum") > 0  # two of them waited while the test held the server
+
+
+def test_a_requests_timeline_lands_in_its_buckets():
+    from draftsman.serve_batch import RequestTimes
+    from draftsman.serve_metrics import ServeMetrics
+
+    metrics = ServeMetrics("tiny", "ngram")
+    metrics.record_request(RequestTimes(arrived=10.0, started=10.5, first_token=11.0, last_token=12.0, finished=12.2,
+                                        prompt_tokens=7, generation_tokens=5))
+    got = {(s.name, tuple(s.labels.items())): s.value
+           for family in text_string_to_metric_families(metrics.exposition().decode()) for s in family.samples}
+
+    def sums(name):
+        return got[(f"draftsman:{name}_sum", ())]
+
+    assert sums("e2e_request_latency_seconds") == pytest.approx(2.2)
+    assert sums("request_queue_time_seconds") == pytest.approx(0.5)
+    assert sums("request_inference_time_seconds") == pytest.approx(1.7)
+    assert sums("time_to_first_token_seconds") == pytest.approx(1.0)
+    assert sums("time_per_output_token_seconds") == pytest.approx(0.25)  # 1 s over the 4 gaps after the first
+    assert (sums("request_prompt_tokens"), sums("request_generation_tokens")) == (7, 5)
+    bucket = lambda name, le: got[(f"draftsman:{name}_bucket", (("le", le),))]  # noqa: E731
+    assert (bucket("e2e_request_latency_seconds", "2.0"), bucket("e2e_request_latency_seconds", "3.0")) == (0, 1)
 
 
 def test_record_counts_rounds_with_a_draft_not_every_round():
