@@ -7,8 +7,9 @@ decoding by changing their base URL.
   same, streamed or not (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns it off); each
   is answered as soon as its own rows end. Health checks and model lists answer while a batch generates.
 - `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
-  `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk. A stream whose
-  client disconnects stops generating after the round it is in (finish reason "abort").
+  `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk. A request whose
+  client disconnects leaves the queue, or stops generating after the round it is in (finish
+  reason "abort").
 - Log-probabilities (`logprobs`, chat's `top_logprobs`) in OpenAI's shapes, streamed too;
   completions' `echo` adds the prompt and its scores (lm-evaluation-harness's loglikelihood).
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
@@ -35,6 +36,8 @@ import hmac
 import itertools
 import json
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -118,7 +121,7 @@ class Handler(BaseHTTPRequestHandler):
             route(body)
         except (ValueError, TypeError) as e:  # RequestError, and the Decoder's own checks of the input
             self._error(400, str(e))
-        except (BrokenPipeError, ConnectionResetError):  # the client left mid-stream: nothing to answer
+        except ConnectionError:  # the client left (a broken pipe, or ClientGone): nothing to answer
             pass
         except RuntimeError as e:  # e.g. out of memory: say so rather than drop the connection
             self._error(500, f"generation failed: {e}")
@@ -176,7 +179,7 @@ class Handler(BaseHTTPRequestHandler):
                                                GenerationStats(finish_reasons=["length"] * rows),
                                                [[] for _ in range(rows)], [[] for _ in range(rows)]), 0
         else:
-            out, batch_rows = self.server.batcher.generate(ids, args)
+            out, batch_rows = self.server.batcher.generate(ids, args, gone=self._client_gone)
         if echoed is not None and top is not None:
             with self.server.generating:  # one model: no scoring while a batch generates
                 prompt_values, prompt_tops = self.server.decoder.prompt_logprobs(ids, top)
@@ -204,7 +207,7 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError('"stream": true sends one prompt\'s text with n = 1: send the prompts one per '
                                "request, or drop stream")
         args.pop("num_return_sequences", None)
-        job, chunks = self.server.batcher.stream(ids[0], args)  # with the other streams waiting now
+        job, chunks = self.server.batcher.stream(ids[0], args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -324,6 +327,15 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"prompt": self.server.decoder.decode(tokens)})
 
     # ----------------------------------------------------------------------- plumbing
+
+    def _client_gone(self) -> bool:
+        """The client closed its connection: its socket reads as ended. (A client waits silently for
+        its answer, so anything readable is either that end, or a next request, which is kept.)"""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _authorized(self) -> bool:
         """With --api-key, the /v1 routes need "Authorization: Bearer KEY" (as vLLM's); health,

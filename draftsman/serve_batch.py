@@ -126,6 +126,13 @@ def _output(chunks: list[list[StreamChunk]], stats: GenerationStats) -> Generati
     return GenerationOutput(texts, tokens, stats, logprobs, tops)
 
 
+POLL_SECONDS = 0.1  # how often a waiting request asks whether its client is still there
+
+
+class ClientGone(ConnectionError):
+    """The request's client disconnected before its answer: nobody to answer."""
+
+
 def check_max_rows(max_rows: int) -> None:
     if max_rows < 1:
         raise ValueError(f"--max-batch-rows must be >= 1 (1 serves one request at a time), got {max_rows}")
@@ -146,26 +153,46 @@ class Batcher:
         self._waiting_lock = threading.Lock()
         self._runner = False  # a runner thread is serving the waiting requests
 
-    def generate(self, ids: list[list[int]], args: dict) -> tuple[GenerationOutput, int]:
+    def generate(self, ids: list[list[int]], args: dict, gone=None) -> tuple[GenerationOutput, int]:
         """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
-        this request's output, and how many rows the batch it ran in had."""
+        this request's output, and how many rows the batch it ran in had. gone() -> True once its
+        client has left: it is then dropped from the queue, or its rows end (finish reason
+        "abort"), and ClientGone is raised."""
         job = self._submit(_Job(ids, args))
-        kind, item = job.queue.get()
+        kind, item = self._next(job, gone)
         if kind == "error":
             raise item
         return item, job.batch_rows
 
-    def stream(self, row: list[int], args: dict):
+    def stream(self, row: list[int], args: dict, gone=None):
         """Decoder.stream_chunks(input_ids=row, **args), maybe in a batch with other waiting
         requests: yields this request's StreamChunks as rounds commit them; afterwards `job.stats`
-        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks)."""
+        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks).
+        gone: as generate's, watched while no chunk comes."""
         job = self._submit(_Job([row], args, stream=True))
-        return job, self._chunks(job)
+        return job, self._chunks(job, gone)
 
-    @staticmethod
-    def _chunks(job: _Job):
+    def _next(self, job: _Job, gone) -> tuple[str, object]:
+        """The job's next item; while none comes, ask gone() every POLL_SECONDS."""
         while True:
-            kind, item = job.queue.get()
+            try:
+                return job.queue.get(timeout=POLL_SECONDS if gone is not None else None)
+            except queue.Empty:
+                if gone():
+                    self.drop(job)
+                    raise ClientGone()
+
+    def drop(self, job: _Job) -> None:
+        """Its client left: out of the queue if it still waits, else its rows end after this round."""
+        with self._waiting_lock:
+            if job in self.waiting:
+                self.waiting.remove(job)
+                return
+        job.cancel()
+
+    def _chunks(self, job: _Job, gone=None):
+        while True:
+            kind, item = self._next(job, gone)
             if kind == "chunk":
                 yield item
             elif kind == "end":

@@ -1,6 +1,7 @@
 """Ending rows early: Decoder.stream_batch's `aborted` rows leave the batch after the round they
 are in (finish reason "abort") while the other rows go on unchanged, and `draftsman serve`
-stops generating for a stream whose client disconnects."""
+stops generating for a client that disconnects: a stream, a request mid-generation, or one
+still waiting for its batch."""
 import json
 import socket
 import threading
@@ -10,7 +11,7 @@ import pytest
 
 from draftsman.serve_batch import Batcher
 
-from serving import ngram_decoder, running, scrape
+from serving import call, ngram_decoder, running, scrape
 
 PROMPTS = ["def parse(text):\n", "x = ["]
 LONG = 40  # with min_new_tokens = LONG: no row ends at EOS first
@@ -68,23 +69,72 @@ def test_a_stream_whose_client_disconnects_stops_generating(chat_target):
     slow(decoder, 0.02)  # 200 tokens would take seconds
     body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 200, "min_tokens": 200, "stream": True}).encode()
     with running(decoder) as (server, base):
-        host, port = server.server_address[:2]
-        client = socket.create_connection((host, port), timeout=30)
-        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        client = raw_post(server, body)
         received = b""
         while b"data:" not in received:
             received += client.recv(4096)
         assert not server.generating.acquire(blocking=False), "a batch generates without holding the model"
         client.close()  # gone after the first event
-        deadline = time.time() + 30
-        while server.batcher.running or not server.generating.acquire(timeout=0.05):
-            assert time.time() < deadline, "the stream kept generating after its client left"
-            time.sleep(0.02)
-        server.generating.release()
-        metrics = scrape(base)
+        metrics = after_generation(server, base)
     assert metrics[("draftsman:request_success_total", (("finished_reason", "abort"),))] == 1
     assert metrics[("draftsman:generation_tokens_total", ())] < 100  # of the 200 asked for
+
+
+def raw_post(server, body: bytes) -> socket.socket:
+    """A client that sent POST /v1/completions and may leave without reading the answer."""
+    client = socket.create_connection(server.server_address[:2], timeout=30)
+    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return client
+
+
+def after_generation(server, base: str) -> dict:
+    """The metrics once no batch runs and none is about to (nothing left waiting)."""
+    deadline = time.time() + 30
+    while server.batcher.running or server.batcher.waiting or not server.generating.acquire(timeout=0.05):
+        assert time.time() < deadline, "the server kept generating after its client left"
+        time.sleep(0.02)
+    server.generating.release()
+    return scrape(base)
+
+
+def test_a_request_whose_client_leaves_mid_generation_stops_generating(chat_target):
+    """Not streamed: nothing is written until the answer, so the server watches the socket."""
+    decoder = ngram_decoder(chat_target[0])
+    slow(decoder, 0.02)
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 200, "min_tokens": 200}).encode()
+    with running(decoder) as (server, base):
+        client = raw_post(server, body)
+        deadline = time.time() + 30
+        while not server.batcher.running:
+            assert time.time() < deadline, "the request never started"
+            time.sleep(0.01)
+        time.sleep(0.1)
+        client.close()
+        metrics = after_generation(server, base)
+    assert metrics[("draftsman:request_success_total", (("finished_reason", "abort"),))] == 1
+    assert metrics[("draftsman:generation_tokens_total", ())] < 100  # of the 200 asked for
+    assert metrics.get(("draftsman:e2e_request_latency_seconds_count", ()), 0) == 1  # answered, to nobody
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_waiting_request_whose_client_leaves_never_runs(chat_target, stream):
+    decoder = ngram_decoder(chat_target[0])
+    with running(decoder) as (server, base):
+        with server.generating:  # busy: the request waits
+            client = raw_post(server, json.dumps({"prompt": PROMPTS[0], "max_tokens": 8, "stream": stream}).encode())
+            deadline = time.time() + 30
+            while not server.batcher.waiting:
+                assert time.time() < deadline, "the request never reached the queue"
+                time.sleep(0.01)
+            client.close()
+            while server.batcher.waiting:
+                assert time.time() < deadline, "a request whose client left stayed in the queue"
+                time.sleep(0.01)
+        metrics = after_generation(server, base)
+        assert metrics.get(("draftsman:batches_total", ()), 0) == 0  # it never ran
+        status, _ = call(base, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 8})
+        assert status == 200  # and the server goes on serving
 
 
 def test_a_stream_cancelled_before_its_batch_runs_takes_one_round(decoder):
