@@ -237,8 +237,9 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens, one number or one per prompt,
-        temperature, ..., logprobs, top_logprobs, num_return_sequences: rows are then prompt by prompt, n samples each, as
-        generate's). A row's last chunk, with its finish_reason, comes as soon as that row ends.
+        temperature, ..., logprobs, top_logprobs), and num_return_sequences (rows then go prompt
+        by prompt, n samples each, as generate's). A row's last chunk, with its finish_reason,
+        comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
         the others go on as they would have."""

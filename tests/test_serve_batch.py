@@ -239,3 +239,21 @@ def test_requests_with_different_n_run_apart(server):
     assert [status for status, _ in answers] == [200] * 3
     assert [len(got["choices"]) for _, got in answers] == [2, 1, 2]
     assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 1, 4]  # one generation takes one n
+
+
+def test_a_requests_statistics_are_a_snapshot_the_batch_does_not_change():
+    from draftsman.api import GenerationStats
+    from draftsman.serve_batch import _snapshot
+
+    stats = GenerationStats(new_tokens=5, accepted_per_round=[[1, 2], [0]], proposed_at_depth=[2, 1],
+                            accepted_at_depth=[1, 1], finish_reasons=["eos", ""], drafter_report={"used": 1})
+    snap = _snapshot(stats, ["eos"])
+    stats.new_tokens += 3  # the batch goes on
+    stats.accepted_per_round[1].append(2)
+    stats.proposed_at_depth[0] += 1
+    stats.accepted_at_depth.append(1)
+    stats.finish_reasons[1] = "length"
+    stats.drafter_report["used"] = 2
+    assert (snap.new_tokens, snap.accepted_per_round, snap.proposed_at_depth, snap.accepted_at_depth) == (
+        5, [[1, 2], [0]], [2, 1], [1, 1])
+    assert snap.finish_reasons == ["eos"] and snap.drafter_report == {"used": 1}
