@@ -26,8 +26,10 @@ from .api import Decoder
 from .bench.prompts_set import read_prompts as read_prompt_set
 from .chat import ToolConversation
 from .chisquare import two_sample_chi2
-from .cli import UserError, add_logit_bias_arg, add_lossy_typical_arg, add_truncation_args, build_config, sampling_flags
+from .cli import (UserError, add_logit_bias_arg, add_lossy_typical_arg, add_ngram_ban_arg, add_truncation_args,
+                  build_config, sampling_flags)
 from .config import DEFAULTS
+from .verifier.ngram_ban import repeated_ngram_tokens
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
 BUILTIN_PROMPTS = [
@@ -118,6 +120,10 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
             logits = penalize_repeats(logits, seen, params.repetition_penalty)
         if params.penalizes_counts:  # vLLM's: they count generated tokens only
             logits = penalize_counts(logits, generated, params.presence_penalty, params.frequency_penalty)
+        if params.bans_repeated_ngrams:  # position j's sequence: the prompt and new[:j]
+            for j in range(len(new)):
+                banned = repeated_ngram_tokens(prompt + new[:j], params.no_repeat_ngram_size)
+                logits[j, sorted(banned)] = float("-inf")
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):
             if tok == top:
@@ -286,6 +292,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, help="sampling: default sampling.min_p")
     add_truncation_args(p, prefix="sampling: ")
     p.add_argument("--repetition-penalty", type=float, help="sampling: default sampling.repetition_penalty")
+    add_ngram_ban_arg(p, prefix="sampling: ")
     p.add_argument("--presence-penalty", type=float, help="sampling: default sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="sampling: default sampling.frequency_penalty")
     add_logit_bias_arg(p, prefix="sampling: ")

@@ -91,6 +91,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     add_truncation_args(p)
     p.add_argument("--repetition-penalty", type=float,
                    help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
+    add_ngram_ban_arg(p)
     p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="vLLM / OpenAI's; default: sampling.frequency_penalty")
     add_logit_bias_arg(p)
@@ -187,6 +188,12 @@ def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--logit-bias", action="append", type=parse_logit_bias, metavar="ID=BIAS",
                    help=f"{prefix}add BIAS (in [-100, 100]) to token ID's logit (repeatable; OpenAI's logit_bias); "
                         "default: sampling.logit_bias")
+
+
+def add_ngram_ban_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+                   help=f"{prefix}no N-gram twice in prompt + output (Hugging Face's; exact at any temperature); "
+                        "default: sampling.no_repeat_ngram_size")
 
 
 def add_truncation_args(p: argparse.ArgumentParser, prefix: str = "") -> None:

@@ -243,8 +243,9 @@ def test_user_errors_exit_2(config_file, capsys, args, message):
 
 
 @pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"presence_penalty": 2.0, "frequency_penalty": 2.0},
-                                       {"logit_bias": {5: -100.0, 9: 4.0}, "repetition_penalty": 1.3}],
-                         ids=["repetition", "presence_frequency", "logit_bias"])
+                                       {"logit_bias": {5: -100.0, 9: 4.0}, "repetition_penalty": 1.3},
+                                       {"no_repeat_ngram_size": 1}],
+                         ids=["repetition", "presence_frequency", "logit_bias", "no_repeat_ngram"])
 def test_a_config_with_penalties_and_stop_strings_passes(target, close, penalties):
     """The greedy check takes the argmax after the config's penalties and logit bias (else every
     penalised position would be a false mismatch); the audit ignores the config's stop strings."""

@@ -20,6 +20,7 @@ from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
+from .ngram_ban import RepeatedNgrams
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -91,7 +92,7 @@ class SpeculativeEngine:
         self.max_context = max_context
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
-        self._context_seen = self._generated_counts = None  # per request, set by stream()
+        self._context_seen = self._generated_counts = self._ngrams = None  # per request, set by stream()
         self._min_new_tokens = 0
         self._end_ids = frozenset(self.eos_token_ids)  # per request: EOS and the stop token ids
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
@@ -181,6 +182,7 @@ class SpeculativeEngine:
         self._context_seen = ContextTokens(self.vocab_size, self.device) if sampling.penalizes_repeats else None
         self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
                                   if sampling.penalizes_counts else None)
+        self._ngrams = RepeatedNgrams(sampling.no_repeat_ngram_size) if sampling.bans_repeated_ngrams else None
 
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
@@ -206,7 +208,7 @@ class SpeculativeEngine:
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
                 verdict, hidden, block_tokens, logprob_logits = self._verify(
-                    roots, trees, sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active])
+                    roots, trees, sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active], active)
                 accepted = verdict.accepted.tolist()
                 num_accepted = verdict.num_accepted.tolist()
                 next_token = verdict.next_token.tolist()
@@ -295,22 +297,23 @@ class SpeculativeEngine:
         return prefill_hidden
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin,
-                contexts: list[list[int]], outputs: list[list[int]]):
+                contexts: list[list[int]], outputs: list[list[int]], rows: list[int]):
         """One target pass over every row's root + tree and the verdict. Plain rounds and greedy
         chains take shorter paths to the same verdict (no packing, no tree walk). contexts: each
-        row's committed tokens, the root included; outputs: the generated ones (for penalties)."""
+        row's committed tokens, the root included; outputs: the generated ones (for penalties);
+        rows: each one's original row."""
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
@@ -322,7 +325,7 @@ class SpeculativeEngine:
         return verdict, hidden, block.tokens.shape[1], for_logprobs
 
     def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
-                     outputs: list[list[int]]):
+                     outputs: list[list[int]], rows: list[int]):
         """The target's logits and states over a block; under penalties, the logits as penalised
         for each position's own context (committed tokens + its ancestors in the block); before
         min_new_tokens, EOS at the positions whose next token comes too early. Third: the logits
@@ -330,7 +333,7 @@ class SpeculativeEngine:
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         changes = sampling.logit_bias or sampling.penalizes_repeats or sampling.penalizes_counts or (
-            self._min_new_tokens and self._end_ids)
+            self._min_new_tokens and self._end_ids) or self._ngrams is not None
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
             ids, biases = sampling.bias_tensors(logits.device)
@@ -342,6 +345,10 @@ class SpeculativeEngine:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
                                             self._generated_counts.update(outputs), sampling.presence_penalty,
                                             sampling.frequency_penalty)
+        if self._ngrams is not None:
+            if logits.dtype not in (torch.float32, torch.float64):  # -inf in a float32 copy, as the penalties do
+                logits = logits.float()
+            self._ngrams.ban_(logits, block, rows, contexts)
         if self._min_new_tokens and self._end_ids:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).

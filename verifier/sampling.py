@@ -19,7 +19,9 @@ logits (verifier/block_penalties.py, with `penalize_repeats`' arithmetic) before
 stays exact either way. The presence and frequency
 penalties of vLLM and the OpenAI API follow it (`penalize_counts`): they count generated tokens
 only, so a node counts its ancestors but not the root, which is the prompt's last token or an
-already counted one.
+already counted one. Hugging Face's no_repeat_ngram_size is context-dependent too: the engine
+bans, at each node, the tokens that would repeat an n-gram of its own sequence
+(verifier/ngram_ban.py).
 """
 from __future__ import annotations
 
@@ -80,6 +82,9 @@ class SamplingParams:
     typical_p: float | None = None  # keep the tokens nearest the entropy in surprise, mass typical_p
     epsilon_cutoff: float | None = None  # drop tokens of probability below it
     eta_cutoff: float | None = None  # drop tokens below min(eta, sqrt(eta) exp(-entropy))
+    # Hugging Face's: a token that would repeat an n-gram of the sequence gets probability 0
+    # (verifier/ngram_ban.py), at any temperature; null or 0 = off
+    no_repeat_ngram_size: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -99,6 +104,9 @@ class SamplingParams:
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1) (0 = off; Hugging Face suggests 3e-4 to 9e-4 for "
                                  f"epsilon, 3e-4 to 2e-3 for eta) or null, got {value!r}")
+        n = self.no_repeat_ngram_size
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"no_repeat_ngram_size must be a whole number >= 0 (0 = off), e.g. 3, or null, got {n!r}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = none) or null, got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -119,6 +127,10 @@ class SamplingParams:
     @property
     def penalizes_repeats(self) -> bool:
         return self.repetition_penalty is not None and self.repetition_penalty != 1.0
+
+    @property
+    def bans_repeated_ngrams(self) -> bool:
+        return bool(self.no_repeat_ngram_size)
 
     @property
     def penalizes_counts(self) -> bool:

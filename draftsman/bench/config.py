@@ -243,9 +243,11 @@ def _validate_sampling(sampling) -> None:
 
 
 def changes_greedy_output(sampling: dict | None) -> bool:
-    """Penalties and a logit bias change what greedy decoding emits (top-k / top-p / min-p never do)."""
+    """Penalties, a logit bias and an n-gram ban change what greedy decoding emits (top-k / top-p /
+    min-p / the truncation warpers never do)."""
     params = SamplingParams(0.0, **(sampling or {}))
-    return params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
+    return (params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
+            or params.bans_repeated_ngrams)
 
 
 # Keys of a compare drafter entry that are not the drafter's own options.

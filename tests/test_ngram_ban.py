@@ -1,0 +1,128 @@
+"""no_repeat_ngram_size: the banned tokens are Hugging Face's (NoRepeatNGramLogitsProcessor) for
+one sequence and for every node of a verification block, and greedy output through any drafter
+equals the target's own generate(no_repeat_ngram_size=n). Sampling under the ban:
+tests/test_engine_sampling.py (chi-square on the whole engine)."""
+import random
+
+import pytest
+import torch
+from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+import draftsman
+from draftsman.verifier.ngram_ban import RepeatedNgrams, repeated_ngram_tokens
+from draftsman.verifier.tree import TreeBlock
+
+from tiny_models import load_for_reference, perturbed_copy
+
+VOCAB = 6  # few tokens: n-grams repeat often
+
+
+def hf_banned(sequence: list[int], n: int, vocab: int = VOCAB) -> set[int]:
+    scores = NoRepeatNGramLogitsProcessor(n)(torch.tensor([sequence]), torch.zeros(1, vocab))
+    return set(torch.isinf(scores[0]).nonzero().flatten().tolist())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_one_sequence_bans_what_hugging_face_bans(n):
+    rng = random.Random(n)
+    banned_any = 0
+    for length in range(1, 60):
+        sequence = [rng.randrange(3 if n > 2 else VOCAB) for _ in range(length)]  # long n-grams repeat too
+        assert repeated_ngram_tokens(sequence, n) == hf_banned(sequence, n), sequence
+        banned_any += bool(hf_banned(sequence, n))
+    assert banned_any > 20  # the check has something to compare
+
+
+def random_block(rng: random.Random, rows: int, nodes: int) -> TreeBlock:
+    """Roots and random trees (each node's parent earlier), ragged: padding after a row's nodes."""
+    T = nodes + 1
+    tokens = torch.zeros(rows, T, dtype=torch.long)
+    parents = torch.full((rows, T), -1, dtype=torch.long)
+    valid = torch.zeros(rows, T, dtype=torch.bool)
+    for b in range(rows):
+        size = rng.randrange(nodes + 1)
+        valid[b, : size + 1] = True
+        for j in range(T):
+            tokens[b, j] = rng.randrange(VOCAB)
+            if 1 <= j <= size:
+                parents[b, j] = rng.randrange(j)
+    return TreeBlock(tokens, parents, valid)
+
+
+def path_of(block: TreeBlock, b: int, j: int) -> list[int]:
+    path = []
+    while j > 0:
+        path.append(int(block.tokens[b, j]))
+        j = int(block.parents[b, j])
+    return path[::-1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_node_bans_what_its_own_sequence_bans(n):
+    """A node's sequence: its row's committed tokens (the root last) and its path; rounds extend
+    the committed tokens, and each row keeps its own index (rows leave, so original ids are used)."""
+    rng = random.Random(10 + n)
+    ban = RepeatedNgrams(n)
+    contexts = {row: [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 8))] for row in (0, 3, 7)}
+    checked = nonempty = 0
+    for _ in range(10):  # rounds
+        rows = sorted(contexts)
+        block = random_block(rng, len(rows), nodes=6)
+        block.tokens[:, 0] = torch.tensor([contexts[r][-1] for r in rows])  # each root is its row's last token
+        logits = torch.zeros(len(rows), block.tokens.shape[1], VOCAB)
+        ban.ban_(logits, block, rows, [contexts[r] for r in rows])
+        for b, row in enumerate(rows):
+            for j in range(block.tokens.shape[1]):
+                got = set(torch.isinf(logits[b, j]).nonzero().flatten().tolist())
+                if not block.valid[b, j]:
+                    assert got == set()
+                    continue
+                assert got == hf_banned(contexts[row] + path_of(block, b, j), n), (row, j)
+                checked += 1
+                nonempty += bool(got)
+        for row in rows:  # commit a few tokens
+            contexts[row] += [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
+        if len(contexts) > 1 and rng.random() < 0.3:
+            contexts.pop(rng.choice(sorted(contexts)))  # a row leaves
+    assert checked > 50 and nonempty > 20
+
+
+@pytest.fixture(scope="module")
+def close_draft(tiny_models, tmp_path_factory):
+    return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("close"), noise=0.05)
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8], [11, 12, 13, 14]]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])  # (with n = 1 the ban bites in every row of these prompts)
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft_model_tree"])
+def test_greedy_output_equals_the_targets_own(tiny_models, close_draft, drafter, n):
+    target = tiny_models["llama"][0]
+    cfg = {"none": {"name": "none"}, "ngram": {"name": "ngram", "k": 4, "branches": 2, "min_ngram": 1},
+           "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 4, "top_k": 3,
+                                "total_tokens": 8}}[drafter]
+    decoder = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    model = load_for_reference(target)
+    want = []
+    for p in PROMPTS:
+        gen = model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False, no_repeat_ngram_size=n,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        want.append(gen[0, len(p):].tolist())
+    banned = decoder.generate(input_ids=PROMPTS, max_new_tokens=30, no_repeat_ngram_size=n)
+    assert banned.token_ids == want  # batch 3
+    # The first row leaves after 5 tokens and the others move up the batch: each keeps its own n-grams.
+    early = decoder.generate(input_ids=PROMPTS, max_new_tokens=[5, 30, 30], no_repeat_ngram_size=n)
+    assert early.token_ids == [want[0][:5], *want[1:]]
+    assert decoder.generate(input_ids=PROMPTS[:1], max_new_tokens=30, no_repeat_ngram_size=n).token_ids == want[:1]
+    plain = decoder.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids
+    assert plain != want  # the ban changed what greedy decoding emits: the check has power
+    if drafter == "draft_model_tree":  # (ngram's drafts repeat n-grams: under the ban, seldom accepted)
+        assert banned.stats.tau > 1.0
+
+
+def test_bad_sizes_are_named(tiny_models):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="no_repeat_ngram_size must be a whole number >= 0"):
+            decoder.generate(input_ids=PROMPTS[:1], max_new_tokens=4, no_repeat_ngram_size=bad)

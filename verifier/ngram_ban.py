@@ -1,0 +1,76 @@
+"""Hugging Face's no_repeat_ngram_size: a token that would complete an n-gram already in the
+sequence gets probability 0 (its logit -inf), before the warpers, at any temperature.
+
+In a verification block each position has its own sequence: the row's committed tokens (the root
+last) and its ancestors in the block, itself included. Rebuilding every position's n-grams would
+cost O(context) per node; instead each row's committed n-grams are indexed once, as
+{(n-1)-gram: next tokens}, and extended as the row grows, and a node adds only the few n-grams
+that end on its own path. Checked against Hugging Face's NoRepeatNGramLogitsProcessor node by
+node (tests/test_ngram_ban.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from .tree import TreeBlock
+
+
+def repeated_ngram_tokens(sequence: list[int], n: int) -> set[int]:
+    """The tokens that would repeat an n-gram of `sequence` if they came next (the plain form,
+    for one sequence: the audit's per-position check)."""
+    index = _extend({}, sequence, 0, n)
+    return set(index.get(_key(sequence, n), ()))
+
+
+def _key(sequence: list[int], n: int) -> tuple[int, ...]:
+    return tuple(sequence[len(sequence) - (n - 1):]) if len(sequence) >= n - 1 else (-1,)  # (-1,): no key
+
+
+def _extend(index: dict, sequence: list[int], done: int, n: int) -> dict:
+    """Add the n-grams of `sequence` that end at positions >= done."""
+    for end in range(max(done, n - 1), len(sequence)):
+        index.setdefault(tuple(sequence[end - n + 1:end]), set()).add(sequence[end])
+    return index
+
+
+class RepeatedNgrams:
+    """One generation's committed n-grams, per original row, kept as the rows grow."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._rows: dict[int, tuple[int, dict]] = {}  # row -> (tokens indexed, its index)
+
+    def _index(self, row: int, context: list[int]) -> dict:
+        done, index = self._rows.get(row, (0, {}))
+        _extend(index, context, done, self.n)
+        self._rows[row] = (len(context), index)
+        return index
+
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> None:
+        """Set to -inf, in (B, T, V) block logits, every token that would complete an n-gram
+        already in its position's sequence. rows: each block row's original row (for its index);
+        contexts: each row's committed tokens, the root included."""
+        n = self.n
+        tokens, parents, valid = block.tokens.tolist(), block.parents.tolist(), block.valid.tolist()
+        at_b, at_j, at_v = [], [], []
+        for b, (row, context) in enumerate(zip(rows, contexts)):
+            index = self._index(row, context)
+            head = context[max(0, len(context) - (n - 1)):]  # as far back as a path's new n-grams reach
+            paths: list[list[int]] = []  # per position, its tokens after the root (the root is in context)
+            for j, token in enumerate(tokens[b]):
+                paths.append([] if j == 0 else paths[parents[b][j]] + [token])
+                if not valid[b][j]:
+                    continue
+                # The end of this position's sequence: the row's last n-1 tokens, then its path.
+                # (A context shorter than that is whole, so positions in `tail` are the sequence's.)
+                tail = head + paths[j]
+                key = _key(tail, n)
+                banned = set(index.get(key, ()))
+                for end in range(len(head), len(tail)):  # the n-grams that end on the path
+                    if end - n + 1 >= 0 and tuple(tail[end - n + 1:end]) == key:
+                        banned.add(tail[end])
+                at_b += [b] * len(banned)
+                at_j += [j] * len(banned)
+                at_v += banned
+        if at_b:
+            logits[at_b, at_j, at_v] = float("-inf")
