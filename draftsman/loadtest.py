@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sends its next request when its last one is answered")
     p.add_argument("--seed", type=int, default=0, help="seeds the --request-rate arrival times")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens-min", type=int, metavar="LO",
+                   help="vary the lengths: each request's max_tokens is drawn uniformly from [LO, --max-tokens] "
+                        "(seeded by --seed; the same draws for every server and run)")
     p.add_argument("--fixed-length", action="store_true",
                    help="also send min_tokens = max_tokens, so every request makes the same number of tokens")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -136,12 +139,25 @@ def arrival_gaps(requests: int, rate: float | None, seed: int = 0) -> list[float
     return [0.0] + [draw.expovariate(rate) for _ in range(requests - 1)]
 
 
-def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict, requests: int, concurrency: int,
-             stream: bool = False, api_key: str | None = None, rate: float | None = None,
+def max_token_draws(requests: int, high: int, low: int | None = None, seed: int = 0) -> list[int]:
+    """Each request's max_tokens: `high` for all, or drawn uniformly from [low, high]."""
+    if low is None:
+        return [high] * requests
+    if not 1 <= low <= high:
+        raise ValueError(f"--max-tokens-min must be in [1, --max-tokens = {high}], got {low}")
+    draw = random.Random(f"{seed}:max_tokens")  # apart from the arrival times' draws
+    return [draw.randint(low, high) for _ in range(requests)]
+
+
+def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict | list[dict], requests: int,
+             concurrency: int, stream: bool = False, api_key: str | None = None, rate: float | None = None,
              seed: int = 0) -> tuple[list[Result], float]:
-    """`requests` requests, prompts in turn: (results in order, wall seconds). Without `rate`,
+    """`requests` requests, prompts in turn: (results in order, wall seconds). settings: the
+    request fields besides the prompt, for all, or one dict per request. Without `rate`,
     `concurrency` clients each send their next request when the last one is answered; with it,
     requests start at Poisson times, `concurrency` in flight at most."""
+    if isinstance(settings, dict):
+        settings = [settings] * requests
     if rate is not None:
         return _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_key, rate, seed)
     results: list[Result | None] = [None] * requests
@@ -154,7 +170,7 @@ def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict, request
             if i is None:
                 return
             prompt_id, fields = prompts[i % len(prompts)]
-            results[i] = send(base, prompt_id, fields, settings, stream, api_key)
+            results[i] = send(base, prompt_id, fields, settings[i], stream, api_key)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(min(concurrency, requests))]
@@ -172,7 +188,7 @@ def _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_k
     def one(i: int) -> None:
         try:
             prompt_id, fields = prompts[i % len(prompts)]
-            results[i] = send(base, prompt_id, fields, settings, stream, api_key)
+            results[i] = send(base, prompt_id, fields, settings[i], stream, api_key)
         finally:
             slots.release()
 
@@ -265,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
     if args.request_rate is not None and args.request_rate <= 0:
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     bases = [url.rstrip("/") for url in args.url]
+    lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     models = {base: args.model or served_model(base, args.api_key) for base in bases}
     pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
@@ -272,14 +289,14 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for repeat in range(args.repeats):
         for base in (bases if repeat % 2 == 0 else bases[::-1]):  # the order flips: drift hits each server alike
-            settings = {"model": models[base], "max_tokens": args.max_tokens, "temperature": args.temperature}
-            if args.fixed_length:
-                settings["min_tokens"] = args.max_tokens
+            settings = [{"model": models[base], "max_tokens": n, "temperature": args.temperature,
+                         **({"min_tokens": n} if args.fixed_length else {})} for n in lengths]
             results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
                                      args.api_key, args.request_rate, args.seed)
             s = summary(results, wall)
             runs.append({"url": base, "repeat": repeat, "summary": s, "results": [asdict(r) for r in results]})
-            print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {args.max_tokens} tokens at "
+            most = f"{args.max_tokens_min}-{args.max_tokens}" if args.max_tokens_min else args.max_tokens
+            print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {most} tokens at "
                   f"most{', streamed' if args.stream else ''}, temperature {args.temperature}"
                   + (f"; run {repeat + 1} of {args.repeats}" if args.repeats > 1 else ""))
             print(format_summary(s) + "\n")

@@ -115,6 +115,26 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert sent == [{"model": "m", "max_tokens": 5, "temperature": 0.0, "min_tokens": 5}]
 
 
+def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, prompt_file, capsys):
+    import draftsman.loadtest as L
+    sent = []
+    monkeypatch.setattr(L, "served_model", lambda base, key: "m")
+    monkeypatch.setattr(L, "send", lambda base, pid, fields, settings, stream, key: sent.append(
+        (base, settings)) or Result(pid, True, seconds=0.1, output_tokens=5))
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--url", "http://y/v1", "--prompts", str(prompt_file),
+                     "--requests", "40", "--concurrency", "1", "--max-tokens", "64", "--max-tokens-min", "8",
+                     "--fixed-length", "--seed", "2"]) == 0
+    lengths = {base: [s["max_tokens"] for b, s in sent if b == base] for base in ("http://x/v1", "http://y/v1")}
+    assert lengths["http://x/v1"] == lengths["http://y/v1"] == L.max_token_draws(40, 64, 8, seed=2)
+    assert all(8 <= n <= 64 for n in lengths["http://x/v1"]) and len(set(lengths["http://x/v1"])) > 10
+    assert all(s["min_tokens"] == s["max_tokens"] for _, s in sent)
+    assert L.max_token_draws(40, 64, 8, seed=3) != L.max_token_draws(40, 64, 8, seed=2)
+    assert "8-64 tokens at most" in capsys.readouterr().out
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--max-tokens", "16",
+                     "--max-tokens-min", "20"]) == 2
+    assert "--max-tokens-min must be in [1, --max-tokens = 16], got 20" in capsys.readouterr().err
+
+
 def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prompt_file):
     import threading
     import time
