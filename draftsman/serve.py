@@ -6,7 +6,7 @@ decoding by changing their base URL.
   requests that arrive while another generates join the next batch when their settings are the
   same, streamed or not (draftsman/serve_batch.py; `--max-batch-rows`, 1 turns it off); each
   is answered as soon as its own rows end. Health checks and model lists answer while a batch generates.
-- `"stream": true` sends server-sent events as rounds accept tokens, for one prompt and n = 1;
+- `"stream": true` sends server-sent events as rounds accept tokens, one choice (index) per prompt and sample;
   `"stream_options": {"include_usage": true}` adds OpenAI's final usage chunk. A request whose
   client disconnects leaves the queue, or stops generating after the round it is in (finish
   reason "abort").
@@ -204,46 +204,54 @@ class Handler(BaseHTTPRequestHandler):
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False) -> None:
-        if len(ids) != 1 or args.get("num_return_sequences", 1) != 1:
-            raise RequestError('"stream": true sends one prompt\'s text with n = 1: send the prompts one per '
-                               "request, or drop stream")
-        args.pop("num_return_sequences", None)
-        job, chunks = self.server.batcher.stream(ids[0], args, gone=self._client_gone)  # with the others waiting
+        """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
+        prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
+        as its row ends; the last one carries the `draftsman` statistics."""
+        job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         chunk_kind = f"{kind}.chunk" if chat else kind
-        offset = 0  # completions' text_offset counts from the start of the whole completion
+        offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        def send(delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
-            nonlocal offset
+        def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             scores = None
             if chunk is not None and chunk.logprobs is not None:
-                scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offset)
+                scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offsets[index])
                 if not chat:  # completions' text_offset runs on over the tokens just scored
-                    offset += sum(map(len, scores["tokens"]))
+                    offsets[index] += sum(map(len, scores["tokens"]))
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
-                choice = {"index": 0, "delta": d, "logprobs": scores, "finish_reason": reason}
+                choice = {"index": index, "delta": d, "logprobs": scores, "finish_reason": reason}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": scores, "finish_reason": reason}
+                choice = {"index": index, "text": delta or "", "logprobs": scores, "finish_reason": reason}
             event = {**head, "object": chunk_kind, "choices": [choice]}
-            if reason is not None:  # the batch's statistics, known once the chunks are read
+            if reason is not None and job.stats is not None:  # the last: the batch's statistics, now known
                 event["draftsman"] = {**self._report(job.stats), "batch_rows": job.batch_rows}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
 
+        last = None  # (row, reason) of the row that ends last: sent once the statistics are known
+        ended = 0
         try:
             if chat:
-                send(None, role=True)
-            for chunk in itertools.chain([first] if first is not None else [], chunks):
+                for index in range(job.rows):
+                    send(index, None, role=True)
+            for row, chunk in itertools.chain([first] if first is not None else [], chunks):
                 completion_tokens += len(chunk.token_ids)
                 if chunk.text or chunk.logprobs:  # held-back text sends nothing unless its scores were asked for
-                    send(chunk.text, chunk=chunk)
-        except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating its row
+                    send(row, chunk.text, chunk=chunk)
+                if chunk.finish_reason is not None:
+                    ended += 1
+                    reason = FINISH.get(chunk.finish_reason, chunk.finish_reason)
+                    if ended < job.rows:
+                        send(row, None, reason)
+                    else:
+                        last = (row, reason)
+        except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating its rows
             job.cancel()
             raise
         except (ValueError, TypeError, RuntimeError) as e:  # after the headers: an error event, as vLLM sends
@@ -252,10 +260,11 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
             self.wfile.flush()
             return
-        send(None, FINISH.get(job.stats.finish_reasons[0], job.stats.finish_reasons[0]))
+        send(last[0], None, last[1])
         if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
-            usage = {"prompt_tokens": len(ids[0]), "completion_tokens": completion_tokens,
-                     "total_tokens": len(ids[0]) + completion_tokens}
+            prompt_tokens = sum(map(len, ids))
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
             event = {**head, "object": chunk_kind, "choices": [], "usage": usage}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")

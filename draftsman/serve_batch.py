@@ -41,8 +41,8 @@ class RequestTimes:
 
 class _Job:
     """One request: its prompts and settings, and the queue its answer comes through: ("chunk",
-    StreamChunk) then ("end", stats) for a stream; ("done", GenerationOutput) for the others; or
-    ("error", exception)."""
+    (row, StreamChunk)) then ("end", stats) for a stream; ("done", GenerationOutput) for the
+    others; or ("error", exception)."""
 
     def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
         self.ids, self.args, self.stream = ids, args, stream
@@ -84,7 +84,7 @@ class _Job:
                 self.first_token = self.last_token
         self.tokens += len(chunk.token_ids)
         if self.stream:
-            self.queue.put(("chunk", chunk))
+            self.queue.put(("chunk", (row, chunk)))
         else:
             self._chunks[row].append(chunk)
         if chunk.finish_reason is None:
@@ -167,12 +167,13 @@ class Batcher:
             raise item
         return item, job.batch_rows
 
-    def stream(self, row: list[int], args: dict, gone=None):
-        """Decoder.stream_chunks(input_ids=row, **args), maybe in a batch with other waiting
-        requests: yields this request's StreamChunks as rounds commit them; afterwards `job.stats`
-        (the batch's, with this row's finish reason) and `job.batch_rows`. Returns (job, chunks).
-        gone: as generate's, watched while no chunk comes."""
-        job = self._submit(_Job([row], args, stream=True))
+    def stream(self, ids: list[list[int]], args: dict, gone=None):
+        """Decoder.stream_batch(ids, **args), maybe in a batch with other waiting requests: yields
+        this request's (row, StreamChunk) as rounds commit them, rows counted within the request
+        (prompt by prompt, n samples each); afterwards `job.stats` (the batch's, with these rows'
+        finish reasons) and `job.batch_rows`. Returns (job, chunks). gone: as generate's, watched
+        while no chunk comes."""
+        job = self._submit(_Job(ids, args, stream=True))
         return job, self._chunks(job, gone)
 
     def _next(self, job: _Job, gone) -> tuple[str, object]:

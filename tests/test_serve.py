@@ -77,6 +77,45 @@ def test_chat_equals_decoder_chat_and_streams_join_to_the_same_text(served):
     assert all("usage" not in c for c in chunks[:-1])
 
 
+def test_several_prompts_and_samples_stream_as_indexed_choices(served):
+    """OpenAI's streams with n > 1 or several prompts: each event holds one choice, its index
+    that of the answer's choices (prompt x n + sample); each choice ends with its own finish_reason
+    and its pieces join to that choice of the answer; the last event carries the statistics."""
+    decoder, base = served
+    prompts = ["def parse(text):\n", "x = ["]
+    body = {"prompt": prompts, "max_tokens": NEW, "temperature": 1.0, "n": 2, "seed": 4, "logprobs": 1,
+            "stream": True, "stream_options": {"include_usage": True}}
+    chunks = events(base, "/v1/completions", body)
+    want = decoder.generate(prompts, max_new_tokens=NEW, temperature=1.0, num_return_sequences=2, seed=4,
+                            logprobs=True)
+    choices = [c["choices"][0] for c in chunks[:-1]]
+    for index in range(4):
+        mine = [c for c in choices if c["index"] == index]
+        assert "".join(c["text"] for c in mine) == want.texts[index], index
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == [
+            {"eos": "stop", "length": "length"}[want.stats.finish_reasons[index]]]
+        assert mine[-1]["finish_reason"] is not None  # nothing of a choice after its end
+        scored = [v for c in mine if c["logprobs"] for v in c["logprobs"]["token_logprobs"]]
+        assert scored == pytest.approx(want.logprobs[index], abs=1e-5)
+        pieces = [t for c in mine if c["logprobs"] for t in c["logprobs"]["tokens"]]
+        offsets = [o for c in mine if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+        assert offsets == [sum(map(len, pieces[:i])) for i in range(len(pieces))]  # each choice's own text
+    assert len(set(want.texts)) == 4  # four different samples: the indexes are not interchangeable
+    assert [("draftsman" in c) for c in chunks[:-1]] == [False] * (len(chunks) - 2) + [True]
+    assert chunks[-1]["usage"]["completion_tokens"] == sum(map(len, want.token_ids))
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(map(len, decoder.encode(prompts)))
+
+    chat = events(base, "/v1/chat/completions", {"messages": USER, "max_tokens": NEW, "temperature": 1.0, "n": 2,
+                                                 "seed": 5, "stream": True})
+    want = decoder.chat(USER, max_new_tokens=NEW, temperature=1.0, num_return_sequences=2, seed=5)
+    assert [c["choices"][0] for c in chat[:2]] == [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        for i in (0, 1)]
+    for index in (0, 1):
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chat
+                       if c["choices"][0]["index"] == index) == want.texts[index]
+
+
 def test_logprobs_are_the_targets_in_openais_shapes(served):
     decoder, base = served
     want = decoder.generate(["def parse(text):\n"], max_new_tokens=NEW, logprobs=True, top_logprobs=2)
@@ -118,7 +157,7 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     ("/v1/completions", {"prompt": "a" * 3000}, "leaving no room to generate"),
     ("/v1/completions", {"prompt": {"text": "a"}}, '"prompt" must be a string, a list of strings'),
     ("/v1/completions", {"prompt": "a", "logit_bias": [1, 2]}, '"logit_bias" must map token ids to biases'),
-    ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, '"stream": true sends one prompt'),
+    ("/v1/completions", {"prompt": "a", "n": 2, "stream": True}, "num_return_sequences=2 at temperature 0"),
     ("/v1/completions", {"prompt": "a", "n": 2}, "num_return_sequences=2 at temperature 0"),
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),

@@ -175,16 +175,16 @@ def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
     lock = t.Lock()
     batcher = Batcher(FakeDecoder(), lock)
     with lock:  # as if another batch were generating: both wait, then run as one batch
-        job0, chunks0 = batcher.stream([5], {})
-        job1, chunks1 = batcher.stream([6], {})
+        job0, chunks0 = batcher.stream([[5]], {})
+        job1, chunks1 = batcher.stream([[6]], {})
     got0 = []
-    reader = t.Thread(target=lambda: got0.extend(chunks0))
+    reader = t.Thread(target=lambda: got0.extend(chunk for _, chunk in chunks0))
     reader.start()
     reader.join(5)
     assert not reader.is_alive(), "the early stream waited for its batch to end"
     assert [c.text for c in got0] == ["a", ""] and job0.stats.finish_reasons == ["stop"] and job0.batch_rows == 2
     release.set()
-    assert [c.text for c in chunks1] == ["b", ""] and job1.stats.finish_reasons == ["length"]
+    assert [c.text for _, c in chunks1] == ["b", ""] and job1.stats.finish_reasons == ["length"]
 
 
 def test_a_request_that_ends_early_is_answered_before_its_batch_ends():

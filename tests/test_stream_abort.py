@@ -142,11 +142,11 @@ def test_a_stream_cancelled_before_its_batch_runs_takes_one_round(decoder):
     batcher = Batcher(decoder, lock)
     args = {"max_new_tokens": LONG, "min_new_tokens": LONG}
     with lock:  # as if another batch were generating: both wait, then run as one batch
-        job, chunks = batcher.stream(decoder.encode(PROMPTS[:1])[0], args)
-        other, other_chunks = batcher.stream(decoder.encode(PROMPTS[1:])[0], args)
+        job, chunks = batcher.stream(decoder.encode(PROMPTS[:1]), args)
+        other, other_chunks = batcher.stream(decoder.encode(PROMPTS[1:]), args)
         job.cancel()  # before its batch starts
-    mine = list(chunks)
+    mine = [chunk for _, chunk in chunks]
     assert sum(1 for c in mine if c.token_ids) == 1 and job.stats.finish_reasons == ["abort"]
-    theirs = list(other_chunks)  # ran in the same batch, to its end
+    theirs = [chunk for _, chunk in other_chunks]  # ran in the same batch, to its end
     assert other.batch_rows == 2 and other.stats.finish_reasons == ["length"]
     assert [t for c in theirs for t in c.token_ids] == decoder.generate(PROMPTS[1:], **args).token_ids[0]
