@@ -29,7 +29,7 @@ from .chisquare import two_sample_chi2
 from .cli import (UserError, add_logit_bias_arg, add_lossy_typical_arg, add_ngram_ban_arg, add_truncation_args,
                   build_config, sampling_flags)
 from .config import DEFAULTS
-from .verifier.ngram_ban import repeated_ngram_tokens
+from .verifier.ngram_ban import BadWords, repeated_ngram_tokens
 from .verifier.sampling import SamplingParams, penalize_counts, penalize_repeats
 
 BUILTIN_PROMPTS = [
@@ -120,9 +120,13 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
             logits = penalize_repeats(logits, seen, params.repetition_penalty)
         if params.penalizes_counts:  # vLLM's: they count generated tokens only
             logits = penalize_counts(logits, generated, params.presence_penalty, params.frequency_penalty)
-        if params.bans_repeated_ngrams:  # position j's sequence: the prompt and new[:j]
+        if params.bans_repeated_ngrams or params.bans_words:  # position j's sequence: the prompt and new[:j]
+            ban = BadWords(params.bad_words_ids or (), decoder.engine.eos_token_ids)
             for j in range(len(new)):
-                banned = repeated_ngram_tokens(prompt + new[:j], params.no_repeat_ngram_size)
+                sequence = prompt + new[:j]
+                banned = ban.banned_after(sequence)
+                if params.bans_repeated_ngrams:
+                    banned |= repeated_ngram_tokens(sequence, params.no_repeat_ngram_size)
                 logits[j, sorted(banned)] = float("-inf")
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):

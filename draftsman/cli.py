@@ -191,9 +191,22 @@ def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
 
 
 def add_ngram_ban_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Hugging Face's no_repeat_ngram_size and bad_words_ids."""
     p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
                    help=f"{prefix}no N-gram twice in prompt + output (Hugging Face's; exact at any temperature); "
                         "default: sampling.no_repeat_ngram_size")
+    p.add_argument("--bad-word", action="append", type=parse_token_ids, dest="bad_words_ids", metavar="IDS",
+                   help=f"{prefix}a token sequence never to generate, e.g. 50256 or 1,2 (repeatable; Hugging Face's "
+                        "bad_words_ids); default: sampling.bad_words_ids")
+
+
+def parse_token_ids(text: str) -> list[int]:
+    """'1,2' -> [1, 2]."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected token ids separated by commas, e.g. 1,2") from None
+    return ids
 
 
 def add_truncation_args(p: argparse.ArgumentParser, prefix: str = "") -> None:

@@ -4,6 +4,7 @@
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, typical_p: null,
                epsilon_cutoff: null, eta_cutoff: null, repetition_penalty: null, no_repeat_ngram_size: null,
+               bad_words_ids: null,
                presence_penalty: null, frequency_penalty: null, logit_bias: null,
                lossy_typical_acceptance: null}                  # LOSSY when set (verifier/typical.py)
     generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null}
@@ -42,6 +43,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "eta_cutoff": None,  # drop tokens below min(eta, sqrt(eta) exp(-entropy)), e.g. 1e-3
         "repetition_penalty": None,  # Hugging Face's (1.2 is common; 1 or null = none), before the rest
         "no_repeat_ngram_size": None,  # Hugging Face's: no n-gram of this size twice in a sequence (0 or null = off)
+        "bad_words_ids": None,  # Hugging Face's: token sequences never generated, e.g. [[50256], [1, 2]]
         "presence_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this for each token generated before
         "frequency_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this x how often it was generated
         "logit_bias": None,  # OpenAI's: {token id: bias in [-100, 100]}, added to the target's logits first
@@ -124,6 +126,7 @@ _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sam
                      "sampling.top_p": float, "sampling.min_p": float, "sampling.typical_p": float,
                      "sampling.epsilon_cutoff": float, "sampling.eta_cutoff": float,
                      "sampling.repetition_penalty": float, "sampling.no_repeat_ngram_size": int,
+                     "sampling.bad_words_ids": list,
                      "sampling.presence_penalty": float, "sampling.frequency_penalty": float,
                      "sampling.logit_bias": dict,
                      "generation.stop": list, "generation.stop_token_ids": list}

@@ -244,11 +244,14 @@ def test_user_errors_exit_2(config_file, capsys, args, message):
 
 @pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"presence_penalty": 2.0, "frequency_penalty": 2.0},
                                        {"logit_bias": {5: -100.0, 9: 4.0}, "repetition_penalty": 1.3},
-                                       {"no_repeat_ngram_size": 1}],
-                         ids=["repetition", "presence_frequency", "logit_bias", "no_repeat_ngram"])
+                                       {"no_repeat_ngram_size": 1}, {"bad_words_ids": "BITE"}],
+                         ids=["repetition", "presence_frequency", "logit_bias", "no_repeat_ngram", "bad_words"])
 def test_a_config_with_penalties_and_stop_strings_passes(target, close, penalties):
     """The greedy check takes the argmax after the config's penalties and logit bias (else every
     penalised position would be a false mismatch); the audit ignores the config's stop strings."""
+    if penalties.get("bad_words_ids") == "BITE":  # words that bite: each prompt's first greedy token
+        plain = draftsman.load({"target": {"path": str(target)}}).generate(input_ids=PROMPTS, max_new_tokens=2)
+        penalties = {"bad_words_ids": [[row[0]] for row in plain.token_ids] + [row[:2] for row in plain.token_ids]}
     dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "draft_model", "path": str(close), "k": 3},
                           "sampling": penalties, "generation": {"stop": ["e"]}})
     result = run_audit(dec, PROMPTS, sampling=SamplingParams(1.0, **penalties), **SMALL)

@@ -84,7 +84,7 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
                     r"\['drafter', 'generation', 'sampling', 'target'\]"),
     ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
                                       r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
-    ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['epsilon_cutoff', 'eta_cutoff', "
+    ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['bad_words_ids', 'epsilon_cutoff', 'eta_cutoff', "
                                         r"'frequency_penalty', 'logit_bias', 'lossy_typical_acceptance', 'min_p', "
                                         r"'no_repeat_ngram_size', 'presence_penalty', 'repetition_penalty', "
                                         r"'temperature', 'top_k', 'top_p', 'typical_p'\]"),

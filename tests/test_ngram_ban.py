@@ -1,17 +1,21 @@
-"""no_repeat_ngram_size: the banned tokens are Hugging Face's (NoRepeatNGramLogitsProcessor) for
-one sequence and for every node of a verification block, and greedy output through any drafter
-equals the target's own generate(no_repeat_ngram_size=n). Sampling under the ban:
+"""no_repeat_ngram_size and bad_words_ids: the banned tokens are Hugging Face's
+(NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor) for one sequence and for every node of
+a verification block, and greedy output through any drafter equals the target's own
+generate(no_repeat_ngram_size=n) / generate(bad_words_ids=...). Sampling under the ban:
 tests/test_engine_sampling.py (chi-square on the whole engine)."""
+import json
 import random
 
 import pytest
 import torch
-from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+from transformers.generation.logits_process import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 
 import draftsman
-from draftsman.verifier.ngram_ban import RepeatedNgrams, repeated_ngram_tokens
+from draftsman import cli
+from draftsman.verifier.ngram_ban import BadWords, RepeatedNgrams, repeated_ngram_tokens
 from draftsman.verifier.tree import TreeBlock
 
+from serving import call
 from tiny_models import load_for_reference, perturbed_copy
 
 VOCAB = 6  # few tokens: n-grams repeat often
@@ -126,3 +130,95 @@ def test_bad_sizes_are_named(tiny_models):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="no_repeat_ngram_size must be a whole number >= 0"):
             decoder.generate(input_ids=PROMPTS[:1], max_new_tokens=4, no_repeat_ngram_size=bad)
+
+
+EOS = 5
+WORDS = [[3], [EOS], [1, 2], [2, 0, 4], [4, 4]]  # [EOS] alone is ignored, as Hugging Face ignores it
+
+
+def hf_bad_words(sequence: list[int], words=WORDS) -> set[int]:
+    scores = NoBadWordsLogitsProcessor(words, eos_token_id=EOS)(torch.tensor([sequence]), torch.zeros(1, VOCAB))
+    return set(torch.isinf(scores[0]).nonzero().flatten().tolist())
+
+
+def test_bad_words_are_banned_where_hugging_face_bans_them():
+    rng = random.Random(5)
+    ban = BadWords(WORDS, eos_token_ids={EOS})
+    contexts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 6))] for _ in range(3)]
+    checked = multi = 0
+    for _ in range(10):
+        block = random_block(rng, len(contexts), nodes=6)
+        block.tokens[:, 0] = torch.tensor([c[-1] for c in contexts])
+        logits = torch.zeros(len(contexts), block.tokens.shape[1], VOCAB)
+        ban.ban_(logits, block, list(range(len(contexts))), contexts)
+        for b, context in enumerate(contexts):
+            for j in range(block.tokens.shape[1]):
+                if not block.valid[b, j]:
+                    continue
+                sequence = context + path_of(block, b, j)
+                want = hf_bad_words(sequence)
+                assert set(torch.isinf(logits[b, j]).nonzero().flatten().tolist()) == want, sequence
+                assert ban.banned_after(sequence) == want
+                checked += 1
+                multi += len(want) > 1
+        for context in contexts:
+            context += [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 3))]
+    assert checked > 50 and multi > 10  # words of several tokens matched often enough to count
+    # A word's prefix reaching back into the committed tokens from a root: [2, 0] then 4.
+    roots = TreeBlock.column(torch.tensor([0]))
+    logits = torch.zeros(1, 1, VOCAB)
+    ban.ban_(logits, roots, [0], [[1, 2, 0]])
+    assert set(torch.isinf(logits[0, 0]).nonzero().flatten().tolist()) == hf_bad_words([1, 2, 0]) == {3, 4}
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft_model_tree"])
+def test_greedy_output_without_bad_words_equals_the_targets_own(tiny_models, close_draft, drafter):
+    target = tiny_models["llama"][0]
+    cfg = {"none": {"name": "none"}, "ngram": {"name": "ngram", "k": 4, "branches": 2, "min_ngram": 1},
+           "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 4, "top_k": 3,
+                                "total_tokens": 8}}[drafter]
+    decoder = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    plain = decoder.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids
+    # Words that bite: the first row's first token everywhere, and each row's 3rd-4th tokens as a pair.
+    words = [[plain[0][0]]] + [row[2:4] for row in plain if len(row) >= 4]
+    model = load_for_reference(target)
+    want = []
+    for p in PROMPTS:
+        gen = model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False, bad_words_ids=words,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        want.append(gen[0, len(p):].tolist())
+    got = decoder.generate(input_ids=PROMPTS, max_new_tokens=30, bad_words_ids=words)
+    assert got.token_ids == want and want != plain
+    assert decoder.generate(input_ids=PROMPTS[1:2], max_new_tokens=30, bad_words_ids=words).token_ids == want[1:2]
+
+
+@pytest.mark.parametrize("words, message", [([[]], "bad_words_ids must be a list of token-id lists"),
+                                            ("x", "bad_words_ids must be a list of token-id lists"),
+                                            ([[1, -2]], "bad_words_ids must be a list of token-id lists"),
+                                            ([[1, 10**6]], r"bad_words_ids has token ids \[1000000\] outside")])
+def test_bad_words_that_are_not_token_ids_are_named(tiny_models, words, message):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    with pytest.raises(ValueError, match=message):
+        decoder.generate(input_ids=PROMPTS[:1], max_new_tokens=4, bad_words_ids=words)
+
+
+def test_the_cli_and_the_server_take_both(served, tmp_path, capsys):
+    decoder, base = served
+    prompt = [5, 6, 7, 8, 5, 6]
+    plain = decoder.generate(input_ids=[prompt], max_new_tokens=12).token_ids[0]
+    settings = {"no_repeat_ngram_size": 2, "bad_words_ids": [[plain[0]], plain[1:3]]}
+    want = decoder.generate(input_ids=[prompt], max_new_tokens=12, **settings)
+    assert want.token_ids[0] != plain
+    status, got = call(base, "/v1/completions", {"prompt": prompt, "max_tokens": 12, **settings})
+    assert status == 200 and got["choices"][0]["text"] == want.texts[0]
+
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"target": decoder.config["target"], "drafter": decoder.config["drafter"]}))
+    words = [arg for w in settings["bad_words_ids"] for arg in ("--bad-word", ",".join(map(str, w)))]
+    assert cli.main(["generate", "--config", str(config), "--input-ids", ",".join(map(str, prompt)),
+                     "--max-new-tokens", "12", "--no-repeat-ngram-size", "2", *words, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == want.token_ids
+    with pytest.raises(SystemExit) as exit_:  # argparse's own exit for a bad value
+        cli.main(["generate", "--config", str(config), "--input-ids", "1", "--bad-word", "1,x"])
+    assert exit_.value.code == 2
+    assert "'1,x': expected token ids separated by commas" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
-from .ngram_ban import RepeatedNgrams
+from .ngram_ban import BadWords, RepeatedNgrams
 from .sampling import SamplingParams, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -92,7 +92,7 @@ class SpeculativeEngine:
         self.max_context = max_context
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
-        self._context_seen = self._generated_counts = self._ngrams = None  # per request, set by stream()
+        self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
         self._min_new_tokens = 0
         self._end_ids = frozenset(self.eos_token_ids)  # per request: EOS and the stop token ids
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
@@ -158,6 +158,10 @@ class SpeculativeEngine:
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
                              f"[0, {self.vocab_size}): drop them")
+        outside = sorted({t for word in sampling.bad_words_ids or () for t in word if t >= self.vocab_size})
+        if outside:
+            raise ValueError(f"bad_words_ids has token ids {outside[:5]} outside the target's vocabulary "
+                             f"[0, {self.vocab_size}): drop them")
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
@@ -183,6 +187,7 @@ class SpeculativeEngine:
         self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
                                   if sampling.penalizes_counts else None)
         self._ngrams = RepeatedNgrams(sampling.no_repeat_ngram_size) if sampling.bans_repeated_ngrams else None
+        self._bad_words = BadWords(sampling.bad_words_ids, self.eos_token_ids) if sampling.bans_words else None
 
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
@@ -333,7 +338,7 @@ class SpeculativeEngine:
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         changes = sampling.logit_bias or sampling.penalizes_repeats or sampling.penalizes_counts or (
-            self._min_new_tokens and self._end_ids) or self._ngrams is not None
+            self._min_new_tokens and self._end_ids) or self._ngrams is not None or self._bad_words is not None
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
             ids, biases = sampling.bias_tensors(logits.device)
@@ -345,10 +350,11 @@ class SpeculativeEngine:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
                                             self._generated_counts.update(outputs), sampling.presence_penalty,
                                             sampling.frequency_penalty)
-        if self._ngrams is not None:
-            if logits.dtype not in (torch.float32, torch.float64):  # -inf in a float32 copy, as the penalties do
-                logits = logits.float()
-            self._ngrams.ban_(logits, block, rows, contexts)
+        for ban in (self._ngrams, self._bad_words):
+            if ban is not None:
+                if logits.dtype not in (torch.float32, torch.float64):  # -inf in a float32 copy, as the penalties
+                    logits = logits.float()
+                ban.ban_(logits, block, rows, contexts)
         if self._min_new_tokens and self._end_ids:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).

@@ -1,12 +1,14 @@
-"""Hugging Face's no_repeat_ngram_size: a token that would complete an n-gram already in the
-sequence gets probability 0 (its logit -inf), before the warpers, at any temperature.
+"""Hugging Face's no_repeat_ngram_size and bad_words_ids: a token that would complete an n-gram
+already in the sequence, or a banned word, gets probability 0 (its logit -inf), before the
+warpers, at any temperature.
 
 In a verification block each position has its own sequence: the row's committed tokens (the root
 last) and its ancestors in the block, itself included. Rebuilding every position's n-grams would
 cost O(context) per node; instead each row's committed n-grams are indexed once, as
 {(n-1)-gram: next tokens}, and extended as the row grows, and a node adds only the few n-grams
-that end on its own path. Checked against Hugging Face's NoRepeatNGramLogitsProcessor node by
-node (tests/test_ngram_ban.py).
+that end on its own path. A banned word of several tokens is banned where the node's sequence
+ends with all but its last token. Checked against Hugging Face's NoRepeatNGramLogitsProcessor
+and NoBadWordsLogitsProcessor node by node (tests/test_ngram_ban.py).
 """
 from __future__ import annotations
 
@@ -51,19 +53,14 @@ class RepeatedNgrams:
         already in its position's sequence. rows: each block row's original row (for its index);
         contexts: each row's committed tokens, the root included."""
         n = self.n
-        tokens, parents, valid = block.tokens.tolist(), block.parents.tolist(), block.valid.tolist()
         at_b, at_j, at_v = [], [], []
-        for b, (row, context) in enumerate(zip(rows, contexts)):
+        for b, row, context, nodes in _node_paths(block, rows, contexts):
             index = self._index(row, context)
             head = context[max(0, len(context) - (n - 1)):]  # as far back as a path's new n-grams reach
-            paths: list[list[int]] = []  # per position, its tokens after the root (the root is in context)
-            for j, token in enumerate(tokens[b]):
-                paths.append([] if j == 0 else paths[parents[b][j]] + [token])
-                if not valid[b][j]:
-                    continue
+            for j, path in nodes:
                 # The end of this position's sequence: the row's last n-1 tokens, then its path.
                 # (A context shorter than that is whole, so positions in `tail` are the sequence's.)
-                tail = head + paths[j]
+                tail = head + path
                 key = _key(tail, n)
                 banned = set(index.get(key, ()))
                 for end in range(len(head), len(tail)):  # the n-grams that end on the path
@@ -74,3 +71,55 @@ class RepeatedNgrams:
                 at_v += banned
         if at_b:
             logits[at_b, at_j, at_v] = float("-inf")
+
+
+class BadWords:
+    """Hugging Face's bad_words_ids: a one-token word is banned everywhere; a longer one's last
+    token is banned where the sequence ends with the rest of it. As in Hugging Face, a word that
+    is just an EOS token is ignored (min_new_tokens holds EOS back)."""
+
+    def __init__(self, words, eos_token_ids=()):
+        words = [tuple(w) for w in words if not (len(w) == 1 and w[0] in eos_token_ids)]
+        self.singles = sorted({w[0] for w in words if len(w) == 1})
+        self.longer = [w for w in words if len(w) > 1]
+        self.reach = max((len(w) - 1 for w in self.longer), default=0)  # context tokens a prefix can span
+
+    def banned_after(self, sequence: list[int]) -> set[int]:
+        """The tokens banned after `sequence` (the plain form, for one sequence: the audit's)."""
+        return set(self.singles) | {w[-1] for w in self.longer if _ends_with(sequence, w[:-1])}
+
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> None:
+        if self.singles:
+            logits[..., self.singles] = float("-inf")
+        if not self.longer:
+            return
+        at_b, at_j, at_v = [], [], []
+        for b, _, context, nodes in _node_paths(block, rows, contexts):
+            head = context[max(0, len(context) - self.reach):]
+            for j, path in nodes:
+                tail = head + path
+                for word in self.longer:
+                    if _ends_with(tail, word[:-1]):
+                        at_b.append(b)
+                        at_j.append(j)
+                        at_v.append(word[-1])
+        if at_b:
+            logits[at_b, at_j, at_v] = float("-inf")
+
+
+def _ends_with(sequence: list[int], prefix: tuple[int, ...]) -> bool:
+    return len(sequence) >= len(prefix) and tuple(sequence[len(sequence) - len(prefix):]) == prefix
+
+
+def _node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]]):
+    """Per block row: (b, its original row, its context, [(position, path)] for its valid
+    positions), a path being the position's tokens after the root (the root is in the context)."""
+    tokens, parents, valid = block.tokens.tolist(), block.parents.tolist(), block.valid.tolist()
+    for b, (row, context) in enumerate(zip(rows, contexts)):
+        paths: list[list[int]] = []
+        nodes = []
+        for j, token in enumerate(tokens[b]):
+            paths.append([] if j == 0 else paths[parents[b][j]] + [token])
+            if valid[b][j]:
+                nodes.append((j, paths[j]))
+        yield b, row, context, nodes

@@ -85,10 +85,14 @@ class SamplingParams:
     # Hugging Face's: a token that would repeat an n-gram of the sequence gets probability 0
     # (verifier/ngram_ban.py), at any temperature; null or 0 = off
     no_repeat_ngram_size: int | None = None
+    # Hugging Face's: token sequences never generated ([[5], [7, 8]]: 5 nowhere, 8 never after 7);
+    # kept as a tuple of tuples
+    bad_words_ids: "list[list[int]] | tuple[tuple[int, ...], ...] | None" = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         object.__setattr__(self, "lossy_typical_acceptance", TypicalAcceptance.parse(self.lossy_typical_acceptance))
+        object.__setattr__(self, "bad_words_ids", _bad_words(self.bad_words_ids))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
@@ -129,6 +133,10 @@ class SamplingParams:
         return self.repetition_penalty is not None and self.repetition_penalty != 1.0
 
     @property
+    def bans_words(self) -> bool:
+        return self.bad_words_ids is not None
+
+    @property
     def bans_repeated_ngrams(self) -> bool:
         return bool(self.no_repeat_ngram_size)
 
@@ -140,6 +148,19 @@ class SamplingParams:
         """The logit bias as (token ids, biases) on `device`."""
         ids, biases = zip(*self.logit_bias)
         return torch.tensor(ids, device=device), torch.tensor(biases, device=device)
+
+
+def _bad_words(words) -> tuple[tuple[int, ...], ...] | None:
+    """[[id, ...], ...] -> a tuple of tuples, None when empty."""
+    if words is None:
+        return None
+    ok = isinstance(words, (list, tuple)) and all(
+        isinstance(w, (list, tuple)) and w and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in w)
+        for w in words)
+    if not ok:
+        raise ValueError(f"bad_words_ids must be a list of token-id lists, e.g. [[50256], [1, 2]] (each word one "
+                         f"or more ids >= 0), got {words!r}")
+    return tuple(tuple(w) for w in words) or None
 
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:

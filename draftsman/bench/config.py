@@ -247,7 +247,7 @@ def changes_greedy_output(sampling: dict | None) -> bool:
     min-p / the truncation warpers never do)."""
     params = SamplingParams(0.0, **(sampling or {}))
     return (params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
-            or params.bans_repeated_ngrams)
+            or params.bans_repeated_ngrams or params.bans_words)
 
 
 # Keys of a compare drafter entry that are not the drafter's own options.
