@@ -99,20 +99,29 @@ def close_draft(tiny_models, tmp_path_factory):
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8], [11, 12, 13, 14]]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])  # (with n = 1 the ban bites in every row of these prompts)
-@pytest.mark.parametrize("drafter", ["none", "ngram", "draft_model_tree"])
-def test_greedy_output_equals_the_targets_own(tiny_models, close_draft, drafter, n):
-    target = tiny_models["llama"][0]
+def with_drafter(tiny_models, close_draft, drafter: str):
     cfg = {"none": {"name": "none"}, "ngram": {"name": "ngram", "k": 4, "branches": 2, "min_ngram": 1},
            "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 4, "top_k": 3,
                                 "total_tokens": 8}}[drafter]
-    decoder = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    return draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
+
+
+def hf_greedy(target, **generate_args) -> list[list[int]]:
+    """The target's own generate, 30 new tokens, one prompt at a time."""
     model = load_for_reference(target)
     want = []
     for p in PROMPTS:
-        gen = model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False, no_repeat_ngram_size=n,
-                             attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        gen = model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long), **generate_args)
         want.append(gen[0, len(p):].tolist())
+    return want
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])  # (with n = 1 the ban bites in every row of these prompts)
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft_model_tree"])
+def test_greedy_output_equals_the_targets_own(tiny_models, close_draft, drafter, n):
+    decoder = with_drafter(tiny_models, close_draft, drafter)
+    want = hf_greedy(tiny_models["llama"][0], no_repeat_ngram_size=n)
     banned = decoder.generate(input_ids=PROMPTS, max_new_tokens=30, no_repeat_ngram_size=n)
     assert banned.token_ids == want  # batch 3
     # The first row leaves after 5 tokens and the others move up the batch: each keeps its own n-grams.
@@ -173,20 +182,11 @@ def test_bad_words_are_banned_where_hugging_face_bans_them():
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "draft_model_tree"])
 def test_greedy_output_without_bad_words_equals_the_targets_own(tiny_models, close_draft, drafter):
-    target = tiny_models["llama"][0]
-    cfg = {"none": {"name": "none"}, "ngram": {"name": "ngram", "k": 4, "branches": 2, "min_ngram": 1},
-           "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 4, "top_k": 3,
-                                "total_tokens": 8}}[drafter]
-    decoder = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    decoder = with_drafter(tiny_models, close_draft, drafter)
     plain = decoder.generate(input_ids=PROMPTS, max_new_tokens=30).token_ids
     # Words that bite: the first row's first token everywhere, and each row's 3rd-4th tokens as a pair.
     words = [[plain[0][0]]] + [row[2:4] for row in plain if len(row) >= 4]
-    model = load_for_reference(target)
-    want = []
-    for p in PROMPTS:
-        gen = model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False, bad_words_ids=words,
-                             attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        want.append(gen[0, len(p):].tolist())
+    want = hf_greedy(tiny_models["llama"][0], bad_words_ids=words)
     got = decoder.generate(input_ids=PROMPTS, max_new_tokens=30, bad_words_ids=words)
     assert got.token_ids == want and want != plain
     assert decoder.generate(input_ids=PROMPTS[1:2], max_new_tokens=30, bad_words_ids=words).token_ids == want[1:2]
