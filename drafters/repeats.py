@@ -27,8 +27,20 @@ import torch
 
 from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import penalize_counts, penalize_repeats
-from .draft_bias import DraftBias
+from .draft_bias import BAN, DraftBias
 from .eos_ban import EosBan
+
+
+def draft_biases(sampling) -> tuple[tuple[int, float], ...]:
+    """The request's logit_bias, with a ban for each one-token bad word (the target's logit is
+    -inf there, so such a draft could only be rejected). A bad word that is only an EOS token,
+    which the engine ignores as Hugging Face does, is banned from drafts too: drafts only, so the
+    output is unchanged. Longer bad words depend on the context and are left to the verifier."""
+    if sampling is None:
+        return ()
+    biases = dict(sampling.logit_bias or ())
+    biases.update({word[0]: BAN for word in sampling.bad_words_ids or () if len(word) == 1})
+    return tuple(sorted(biases.items()))
 
 
 class DraftContext:
@@ -51,12 +63,13 @@ class DraftContext:
 
     def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
         """(..., width) logits fresh from the drafter's network plus the request's logit_bias
-        (drafters/draft_bias.py); the same tensor without one. Call it before penalising: the
-        engine adds the bias first."""
-        if sampling is None or not sampling.logit_bias:
+        (drafters/draft_bias.py) and its one-token bad words as bans; the same tensor without
+        either. Call it before penalising: the engine adds the bias first."""
+        biases = draft_biases(sampling)
+        if not biases:
             return logits
         if self.bias is None:
-            self.bias = DraftBias(sampling.logit_bias, logits.shape[-1], vocab_map, self.device)
+            self.bias = DraftBias(biases, logits.shape[-1], vocab_map, self.device)
         return self.bias.apply(logits)
 
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,

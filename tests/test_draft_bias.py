@@ -122,6 +122,26 @@ def test_each_drafter_drafts_no_banned_token_and_the_favoured_one_first(name, fr
     assert banned in _drafted(dec, PROMPTS, logit_bias={banned: -100})[0]
 
 
+@pytest.mark.parametrize("name", ["eagle3", "medusa", "draft_model_tree"])
+def test_one_token_bad_words_are_not_drafted(name, fresh_heads, tiny_models):
+    """A one-token bad word is banned from drafts as a -100 bias is (it could only be rejected);
+    output equals plain decoding's under the same words. A longer word is left to the verifier."""
+    from draftsman.drafters.repeats import draft_biases
+    from draftsman.verifier.sampling import SamplingParams
+
+    target, draft = tiny_models["llama"]
+    path = draft if name.startswith("draft_model") else fresh_heads / name
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {**DRAFTERS[name], "path": str(path)}})
+    banned = _drafted(dec, PROMPTS)[0].most_common(1)[0][0]
+    words = [[banned], [banned + 1, banned + 2]]
+    everything, _, out = _drafted(dec, PROMPTS, bad_words_ids=words)
+    assert banned not in everything
+    want = dec.with_drafter({"name": "none"}).generate(input_ids=PROMPTS, max_new_tokens=NEW, bad_words_ids=words)
+    assert out.token_ids == want.token_ids
+    both = SamplingParams(0.0, logit_bias={3: 2.0, banned: 5.0}, bad_words_ids=words)
+    assert draft_biases(both) == tuple(sorted({3: 2.0, banned: -100.0}.items()))  # the ban wins over a bias
+
+
 @pytest.mark.parametrize("name", ["eagle", "eagle3", "mtp", "draft_model"])
 def test_a_sampled_chain_is_drawn_from_the_biased_distribution(name, fresh_heads, tiny_models, monkeypatch):
     """At T=1 a chain token is drawn from the drafter's biased distribution, and that is its q:
