@@ -70,7 +70,7 @@ def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) ->
 # generate's sampling keywords, as _run_args takes them in one dict.
 _SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                       "frequency_penalty", "logit_bias", "lossy_typical_acceptance", "typical_p", "epsilon_cutoff",
-                      "eta_cutoff", "no_repeat_ngram_size", "bad_words_ids")
+                      "eta_cutoff", "no_repeat_ngram_size", "bad_words_ids", "top_h")
 
 
 class Decoder:
@@ -147,7 +147,7 @@ class Decoder:
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                  epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                  no_repeat_ngram_size: int | None = None,
-                 bad_words_ids: list[list[int]] | None = None) -> GenerationOutput:
+                 bad_words_ids: list[list[int]] | None = None, top_h: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py);
@@ -159,7 +159,7 @@ class Decoder:
         num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
         prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n;
         logit_bias: {token id: bias} added to the target's logits (OpenAI's); typical_p,
-        epsilon_cutoff, eta_cutoff: Hugging Face's truncation warpers (exact, as top_p is);
+        epsilon_cutoff, eta_cutoff, top_h: Hugging Face's truncation warpers (exact, as top_p is);
         no_repeat_ngram_size: Hugging Face's, no n-gram of that size twice in prompt + output;
         bad_words_ids: Hugging Face's, token sequences never generated ([[5], [7, 8]]);
         lossy_typical_acceptance: LOSSY, True or {"posterior_threshold": 0.09, "posterior_alpha": 0.3}:
@@ -175,7 +175,8 @@ class Decoder:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
-            eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids),
+            eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
+            top_h=top_h),
             min_new_tokens, stop_token_ids)
         ids = _samples_of(ids, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
@@ -195,7 +196,8 @@ class Decoder:
                stop_token_ids: list[int] | None = None, logit_bias: dict[int, float] | None = None,
                lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
-               no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None):
+               no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None,
+               top_h: float | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -207,7 +209,7 @@ class Decoder:
                 stop_token_ids=stop_token_ids, logit_bias=logit_bias,
                 lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
                 epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size,
-                bad_words_ids=bad_words_ids):
+                bad_words_ids=bad_words_ids, top_h=top_h):
             if chunk.text:
                 yield chunk.text
 
@@ -221,7 +223,7 @@ class Decoder:
                       lossy_typical_acceptance: bool | dict | None = None, logprobs: bool | str = False,
                       top_logprobs: int = 0, typical_p: float | None = None, epsilon_cutoff: float | None = None,
                       eta_cutoff: float | None = None, no_repeat_ngram_size: int | None = None,
-                      bad_words_ids: list[list[int]] | None = None):
+                      bad_words_ids: list[list[int]] | None = None, top_h: float | None = None):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -235,7 +237,8 @@ class Decoder:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
-            eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids),
+            eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
+            top_h=top_h),
             min_new_tokens, stop_token_ids)
         for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
             yield chunk

@@ -210,7 +210,10 @@ def parse_token_ids(text: str) -> list[int]:
 
 
 def add_truncation_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """Hugging Face's typical-p, epsilon and eta warpers (exact: they shape the target's distribution)."""
+    """Hugging Face's typical-p, epsilon, eta and top-H warpers (exact: they shape the target's
+    distribution)."""
+    p.add_argument("--top-h", type=float,
+                   help=f"{prefix}Hugging Face's top-H in (0, 1], e.g. 0.4 (transformers 5); default: sampling.top_h")
     p.add_argument("--typical-p", type=float,
                    help=f"{prefix}locally typical sampling mass, e.g. 0.95 (Hugging Face's typical_p; exact, not "
                         "--lossy-typical-acceptance); default: sampling.typical_p")

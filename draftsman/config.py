@@ -2,7 +2,7 @@
 
     target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
-    sampling: {temperature: 0.0, top_k: null, top_p: null, min_p: null, typical_p: null,
+    sampling: {temperature: 0.0, top_k: null, top_p: null, top_h: null, min_p: null, typical_p: null,
                epsilon_cutoff: null, eta_cutoff: null, repetition_penalty: null, no_repeat_ngram_size: null,
                bad_words_ids: null,
                presence_penalty: null, frequency_penalty: null, logit_bias: null,
@@ -36,6 +36,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "temperature": 0.0,  # 0 = greedy
         "top_k": None,
         "top_p": None,
+        "top_h": None,  # Hugging Face's top-H (transformers 5), in (0, 1]; before top-k, after temperature
         "min_p": None,  # keep tokens with at least min_p x the top token's probability (after top-k / top-p)
         # Hugging Face's truncation warpers, after min_p (exact: they shape the target's distribution)
         "typical_p": None,  # locally typical sampling, e.g. 0.95 (1 or null = off)
@@ -123,7 +124,8 @@ def merge(raw: dict) -> dict:
 
 # Keys whose default is None still have a type: the default says nothing, so list them here.
 _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sampling.top_k": int,
-                     "sampling.top_p": float, "sampling.min_p": float, "sampling.typical_p": float,
+                     "sampling.top_p": float, "sampling.top_h": float, "sampling.min_p": float,
+                     "sampling.typical_p": float,
                      "sampling.epsilon_cutoff": float, "sampling.eta_cutoff": float,
                      "sampling.repetition_penalty": float, "sampling.no_repeat_ngram_size": int,
                      "sampling.bad_words_ids": list,

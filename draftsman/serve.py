@@ -15,7 +15,7 @@ decoding by changing their base URL.
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
   stop_token_ids, chat_template_kwargs) and Hugging Face's (typical_p, epsilon_cutoff,
-  eta_cutoff, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
+  eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
   `POST /detokenize`.
@@ -58,7 +58,7 @@ SAMPLING_FIELDS = {
     "logit_bias": "logit_bias", "n": "num_return_sequences",
     "lossy_typical_acceptance": "lossy_typical_acceptance",
     # Hugging Face's truncation warpers (typical_p is also TGI's)
-    "typical_p": "typical_p", "epsilon_cutoff": "epsilon_cutoff", "eta_cutoff": "eta_cutoff",
+    "typical_p": "typical_p", "epsilon_cutoff": "epsilon_cutoff", "eta_cutoff": "eta_cutoff", "top_h": "top_h",
     "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words_ids": "bad_words_ids",
 }
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user"}  # read elsewhere, or change nothing here

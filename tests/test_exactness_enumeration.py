@@ -30,6 +30,7 @@ PARAMS = {
     "T1.2_minp0.3": SamplingParams(temperature=1.2, min_p=0.3),
     "T1_typical0.6": SamplingParams(temperature=1.0, typical_p=0.6),
     "T0.9_eta0.2_eps0.05": SamplingParams(temperature=0.9, eta_cutoff=0.2, epsilon_cutoff=0.05),
+    "T1.1_toph0.6": SamplingParams(temperature=1.1, top_h=0.6),
     "greedy_onehot": SamplingParams(temperature=0.0),
 }
 VOCAB = {"chain3": 5, "star3": 6, "fork2x2": 4, "deep_fork": 4}

@@ -63,6 +63,7 @@ def test_a_block_of_positions_is_warped_position_by_position():
     (dict(typical_p=0.0), r"typical_p must be in \(0, 1\]"), (dict(typical_p=1.5), r"typical_p must be in \(0, 1\]"),
     (dict(epsilon_cutoff=1.0), r"epsilon_cutoff must be in \[0, 1\)"),
     (dict(eta_cutoff=-0.1), r"eta_cutoff must be in \[0, 1\)"),
+    (dict(top_h=0.0), r"top_h must be in \(0, 1\]"),
 ])
 def test_bad_values_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
@@ -76,6 +77,27 @@ def test_off_values_change_nothing():
         assert torch.equal(processed_probs(logits, SamplingParams(1.0, **off)), plain)
 
 
+@pytest.mark.parametrize("top_h, more", [(0.05, {}), (0.4, {}), (0.9, {}), (1.0, {}),
+                                         (0.3, dict(top_k=20, typical_p=0.9))])
+def test_top_h_equals_hugging_faces(top_h, more):
+    """Top-H (transformers 5): before top-k, on at most the 100 likeliest tokens."""
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    if not hasattr(warpers, "TopHLogitsWarper"):
+        pytest.skip("this transformers has no TopHLogitsWarper")
+    logits = random_logits(rows=32, vocab=300)  # more than 100 tokens: the ones past the 100 go
+    scores = warpers.TemperatureLogitsWarper(1.2)(None, logits.clone())
+    scores = warpers.TopHLogitsWarper(top_h)(None, scores)
+    if "top_k" in more:
+        scores = TopKLogitsWarper(more["top_k"])(None, scores)
+    if "typical_p" in more:
+        scores = TypicalLogitsWarper(more["typical_p"])(None, scores)
+    theirs = scores.softmax(-1)
+    ours = processed_probs(logits, SamplingParams(1.2, top_h=top_h, **more))
+    assert torch.equal(ours > 0, theirs > 0) and torch.allclose(ours, theirs, atol=1e-6)
+    kept = (ours > 0).sum(-1)
+    assert (kept >= 1).all() and (kept <= 100).all() and (kept < 100).any()
+
+
 @pytest.fixture(scope="module")
 def decoder(chat_target):
     return draftsman.load({"target": {"path": str(chat_target[0])},
@@ -83,7 +105,7 @@ def decoder(chat_target):
 
 
 PROMPTS = [[5, 6, 7, 8, 5, 6], [9, 10, 11]]
-WARPED = dict(typical_p=0.3, epsilon_cutoff=0.002, eta_cutoff=0.004)
+WARPED = dict(typical_p=0.3, epsilon_cutoff=0.002, eta_cutoff=0.004, top_h=0.9)
 
 
 def test_python_config_and_cli_reach_the_engine(decoder, chat_target, tmp_path, capsys):
@@ -103,7 +125,7 @@ def test_python_config_and_cli_reach_the_engine(decoder, chat_target, tmp_path, 
     config.write_text(json.dumps({"target": decoder.config["target"], "drafter": decoder.config["drafter"]}))
     code = cli.main(["generate", "--config", str(config), "--input-ids", "5,6,7,8,5,6", "--input-ids", "9,10,11",
                      "--max-new-tokens", "16", "--temperature", "1", "--seed", "3", "--typical-p", "0.3",
-                     "--epsilon-cutoff", "0.002", "--eta-cutoff", "0.004", "--json"])
+                     "--epsilon-cutoff", "0.002", "--eta-cutoff", "0.004", "--top-h", "0.9", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == want
 

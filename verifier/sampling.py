@@ -1,7 +1,7 @@
 """Logits -> sampling distribution, exactly as the baseline sampler does it, and seeded draws.
 
-Order and tie rules follow Hugging Face's logits warpers (temperature, then top-k, top-p, min-p,
-typical-p, epsilon and eta cutoffs), so `drafter: none` through our engine samples the same
+Order and tie rules follow Hugging Face's logits warpers (temperature, then top-h, top-k, top-p,
+min-p, typical-p, epsilon and eta cutoffs), so `drafter: none` through our engine samples the same
 distribution as `model.generate(do_sample=True)`. Each warper only reshapes the target's
 distribution; the verifier then samples that distribution exactly, whatever the drafter drew from.
 (`typical_p` is Hugging Face's locally typical *sampling*, exact; Medusa's typical *acceptance*
@@ -88,6 +88,9 @@ class SamplingParams:
     # Hugging Face's: token sequences never generated ([[5], [7, 8]]: 5 nowhere, 8 never after 7);
     # kept as a tuple of tuples
     bad_words_ids: "list[list[int]] | tuple[tuple[int, ...], ...] | None" = None
+    # Hugging Face's top-H (transformers 5): among the 100 likeliest tokens, keep the likeliest
+    # while their cumulative entropy stays within top_h x the entropy of those 100; null = off
+    top_h: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -101,6 +104,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
         if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] or null, got {self.min_p!r}")
+        if self.top_h is not None and not (0.0 < self.top_h <= 1.0):
+            raise ValueError(f"top_h must be in (0, 1] or null (off), got {self.top_h!r}")
         if self.typical_p is not None and not (0.0 < self.typical_p <= 1.0):
             raise ValueError(f"typical_p must be in (0, 1] (1 = off) or null, got {self.typical_p!r}")
         for name in ("epsilon_cutoff", "eta_cutoff"):
@@ -207,9 +212,12 @@ def processed_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Te
 
 
 def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, top-p, min-p, typical-p, epsilon and eta as -inf: the scores whose
-    softmax is sampled. Each warper sees the scores the previous one left, as in Hugging Face."""
+    """Temperature, then top-h, top-k, top-p, min-p, typical-p, epsilon and eta as -inf: the
+    scores whose softmax is sampled. Each warper sees the scores the previous one left, as in
+    Hugging Face."""
     scores = logits / params.temperature
+    if params.top_h is not None:
+        scores = _top_h(scores, params.top_h)
     if params.top_k is not None and params.top_k < scores.shape[-1]:
         kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, float("-inf"))  # ties with the k-th are kept
@@ -233,6 +241,23 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         eta = params.eta_cutoff
         scores = _below_cutoff(scores, lambda probs, entropy: torch.clamp(eta ** 0.5 * torch.exp(-entropy), max=eta))
     return scores
+
+
+TOP_H_CANDIDATES = 100  # Hugging Face's top_n: the tokens top-H looks at
+
+
+def _top_h(scores: torch.Tensor, top_h: float) -> torch.Tensor:
+    """Hugging Face's TopHLogitsWarper over the last dim, with its operations: over the likeliest
+    100 tokens renormalised, keep them in order while the cumulative entropy -p log p stays within
+    top_h x their entropy (the likeliest always); the rest, and every token past the 100, -inf."""
+    top_logits, top_index = torch.topk(scores, min(TOP_H_CANDIDATES, scores.shape[-1]), dim=-1)
+    dist = torch.distributions.Categorical(logits=top_logits)
+    probs = dist.probs
+    cumulative = torch.cumsum(-probs * torch.log(probs), dim=-1)
+    keep_top = cumulative <= (dist.entropy() * top_h).unsqueeze(-1)
+    keep_top[..., 0] = True
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top_index, keep_top)
+    return scores.masked_fill(~keep, float("-inf"))
 
 
 def _typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
