@@ -4,7 +4,8 @@ a seeded run is reproducible."""
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                                                    RepetitionPenaltyLogitsProcessor)
 
 import draftsman
 from draftsman.verifier.sampling import SamplingParams, processed_probs
@@ -24,6 +25,8 @@ def exact_marginals(model, prompt, params, eos_ids):
             logits = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(input_ids, logits)
         if params.bans_repeated_ngrams:
             logits = NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size)(input_ids, logits)
+        if params.bans_words:
+            logits = NoBadWordsLogitsProcessor([list(w) for w in params.bad_words_ids])(input_ids, logits)
         return logits
 
     with torch.no_grad():
@@ -58,9 +61,10 @@ def medium_draft(tiny_models, tmp_path_factory):
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.9, top_k=20, top_p=0.9),
                                     SamplingParams(1.0, min_p=0.2), SamplingParams(0.8, repetition_penalty=1.5),
                                     SamplingParams(1.0, typical_p=0.5, eta_cutoff=0.01),
-                                    SamplingParams(1.0, no_repeat_ngram_size=1)],
+                                    SamplingParams(1.0, no_repeat_ngram_size=1),
+                                    SamplingParams(1.0, bad_words_ids=[[t] for t in range(10, 40)] + [[3, 5], [6, 7]])],
                          ids=["T1", "T0.9_topk20_topp0.9", "T1_minp0.2", "T0.8_repetition1.5", "T1_typical0.5_eta0.01",
-                              "T1_no_repeat1"])
+                              "T1_no_repeat1", "T1_bad_words"])
 def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium_draft):
     target = tiny_models["llama"][0]
     cfg = {"name": "ngram", "k": 3, "branches": 2} if drafter == "ngram" else \
@@ -75,14 +79,15 @@ def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium
     out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=params.temperature,
                        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                        repetition_penalty=params.repetition_penalty, typical_p=params.typical_p,
-                       eta_cutoff=params.eta_cutoff, no_repeat_ngram_size=params.no_repeat_ngram_size, seed=123)
+                       eta_cutoff=params.eta_cutoff, no_repeat_ngram_size=params.no_repeat_ngram_size,
+                       bad_words_ids=params.bad_words_ids, seed=123)
     tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
     assert len(tokens) > 0.9 * ROWS  # rows ending at EOS after one token are rare here
     p1, p2 = exact_marginals(load_for_reference(target), PROMPT, params, dec.engine.eos_token_ids)
     first = torch.tensor([t[0] for t in out.token_ids])
     assert fit_pvalue(first, p1) > ALPHA
     assert fit_pvalue(tokens[:, 1], p2) > ALPHA
-    if params.no_repeat_ngram_size:  # the check has power: the banned tokens carry real mass without the ban
+    if params.no_repeat_ngram_size or params.bad_words_ids:  # power: the banned tokens carry mass without the ban
         unbanned, _ = exact_marginals(load_for_reference(target), PROMPT, SamplingParams(params.temperature),
                                       dec.engine.eos_token_ids)
         assert unbanned[p1 == 0].sum() * ROWS > 100

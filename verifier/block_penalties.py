@@ -30,7 +30,7 @@ def _ancestor_entries(tokens: torch.Tensor, ancestors: torch.Tensor, vocab_size:
     return keys // (T * V), keys // V % T, keys % V, count
 
 
-def _writable(logits: torch.Tensor) -> torch.Tensor:
+def writable(logits: torch.Tensor) -> torch.Tensor:
     """float32 or float64 logits are penalised in place (the engine's own, fresh from the target
     pass: copying them cost more than the penalty at a large vocabulary); others in a float32 copy."""
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
@@ -41,7 +41,7 @@ def penalize_block_repeats_(logits: torch.Tensor, tokens: torch.Tensor, ancestor
     """Hugging Face's repetition penalty on (B, T, V) block logits: position j's context holds the
     row's committed tokens (seen: (B, V) bool) and the tokens of its ancestors, itself included (a
     node's logits predict the token after it). (B, T) tokens, (B, T, T) ancestor-or-self mask."""
-    logits = _writable(logits)
+    logits = writable(logits)
     b, j, v, _ = _ancestor_entries(tokens, ancestors, logits.shape[-1], with_root=True)
     original = logits[b, j, v]  # before the row's tokens are penalised: some are among them
     rows, held = seen.nonzero(as_tuple=True)
@@ -56,7 +56,7 @@ def penalize_block_counts_(logits: torch.Tensor, tokens: torch.Tensor, ancestors
     """vLLM's presence / frequency penalties on (B, T, V) block logits: position j counts the
     row's generated tokens (generated: (B, V) counts) and its ancestors' tokens, the root (column
     0, the prompt's last token or an already counted one) excepted."""
-    logits = _writable(logits)
+    logits = writable(logits)
     b, j, v, added = _ancestor_entries(tokens, ancestors, logits.shape[-1], with_root=False)
     original = logits[b, j, v]
     rows, held = generated.nonzero(as_tuple=True)

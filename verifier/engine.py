@@ -337,8 +337,7 @@ class SpeculativeEngine:
         logprobs are read from (else None): as the target gave them ("raw"), or as returned
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
-        changes = sampling.logit_bias or sampling.penalizes_repeats or sampling.penalizes_counts or (
-            self._min_new_tokens and self._end_ids) or self._ngrams is not None or self._bad_words is not None
+        changes = sampling.changes_logits or (self._min_new_tokens and self._end_ids)
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
             ids, biases = sampling.bias_tensors(logits.device)
@@ -352,9 +351,7 @@ class SpeculativeEngine:
                                             sampling.frequency_penalty)
         for ban in (self._ngrams, self._bad_words):
             if ban is not None:
-                if logits.dtype not in (torch.float32, torch.float64):  # -inf in a float32 copy, as the penalties
-                    logits = logits.float()
-                ban.ban_(logits, block, rows, contexts)
+                logits = ban.ban_(logits, block, rows, contexts)
         if self._min_new_tokens and self._end_ids:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).

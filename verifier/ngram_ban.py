@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .block_penalties import writable
 from .tree import TreeBlock
 
 
@@ -48,11 +49,12 @@ class RepeatedNgrams:
         self._rows[row] = (len(context), index)
         return index
 
-    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> None:
-        """Set to -inf, in (B, T, V) block logits, every token that would complete an n-gram
-        already in its position's sequence. rows: each block row's original row (for its index);
-        contexts: each row's committed tokens, the root included."""
-        n = self.n
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> torch.Tensor:
+        """Set to -inf, in (B, T, V) block logits (in place; in a float32 copy when lower, as the
+        penalties), every token that would complete an n-gram already in its position's sequence,
+        and return them. rows: each block row's original row (for its index); contexts: each row's
+        committed tokens, the root included."""
+        logits, n = writable(logits), self.n
         at_b, at_j, at_v = [], [], []
         for b, row, context, nodes in _node_paths(block, rows, contexts):
             index = self._index(row, context)
@@ -71,6 +73,7 @@ class RepeatedNgrams:
                 at_v += banned
         if at_b:
             logits[at_b, at_j, at_v] = float("-inf")
+        return logits
 
 
 class BadWords:
@@ -88,11 +91,13 @@ class BadWords:
         """The tokens banned after `sequence` (the plain form, for one sequence: the audit's)."""
         return set(self.singles) | {w[-1] for w in self.longer if _ends_with(sequence, w[:-1])}
 
-    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> None:
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> torch.Tensor:
+        """As RepeatedNgrams.ban_, for the words."""
+        logits = writable(logits)
         if self.singles:
             logits[..., self.singles] = float("-inf")
         if not self.longer:
-            return
+            return logits
         at_b, at_j, at_v = [], [], []
         for b, _, context, nodes in _node_paths(block, rows, contexts):
             head = context[max(0, len(context) - self.reach):]
@@ -105,6 +110,7 @@ class BadWords:
                         at_v.append(word[-1])
         if at_b:
             logits[at_b, at_j, at_v] = float("-inf")
+        return logits
 
 
 def _ends_with(sequence: list[int], prefix: tuple[int, ...]) -> bool:

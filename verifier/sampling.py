@@ -138,6 +138,13 @@ class SamplingParams:
         return self.repetition_penalty is not None and self.repetition_penalty != 1.0
 
     @property
+    def changes_logits(self) -> bool:
+        """A bias, a penalty or a ban changes the target's logits before the warpers (and so what
+        greedy decoding emits; the warpers never do)."""
+        return (bool(self.logit_bias) or self.penalizes_repeats or self.penalizes_counts
+                or self.bans_repeated_ngrams or self.bans_words)
+
+    @property
     def bans_words(self) -> bool:
         return self.bad_words_ids is not None
 
@@ -236,10 +243,10 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.typical_p is not None and params.typical_p < 1.0:
         scores = _typical(scores, params.typical_p)
     if params.epsilon_cutoff:
-        scores = _below_cutoff(scores, lambda probs, entropy: params.epsilon_cutoff)
+        scores = _below_cutoff(scores, lambda entropy: params.epsilon_cutoff)
     if params.eta_cutoff:
         eta = params.eta_cutoff
-        scores = _below_cutoff(scores, lambda probs, entropy: torch.clamp(eta ** 0.5 * torch.exp(-entropy), max=eta))
+        scores = _below_cutoff(scores, lambda entropy: torch.clamp(eta ** 0.5 * torch.exp(-entropy), max=eta))
     return scores
 
 
@@ -275,12 +282,12 @@ def _typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
 
 
 def _below_cutoff(scores: torch.Tensor, cutoff) -> torch.Tensor:
-    """Hugging Face's epsilon / eta warpers: drop tokens whose probability is below cutoff(probs,
-    entropy), except the most likely (ties with it kept)."""
+    """Hugging Face's epsilon / eta warpers: drop tokens whose probability is below
+    cutoff(entropy), except the most likely (ties with it kept)."""
     log_probs = scores.log_softmax(-1)
     probs = log_probs.exp()
     entropy = -(log_probs * probs).nansum(-1, keepdim=True)
-    drop = (probs < cutoff(probs, entropy)) & (scores < scores.amax(-1, keepdim=True))
+    drop = (probs < cutoff(entropy)) & (scores < scores.amax(-1, keepdim=True))
     return scores.masked_fill(drop, float("-inf"))
 
 

@@ -243,11 +243,9 @@ def _validate_sampling(sampling) -> None:
 
 
 def changes_greedy_output(sampling: dict | None) -> bool:
-    """Penalties, a logit bias and an n-gram ban change what greedy decoding emits (top-k / top-p /
+    """Penalties, a logit bias and the bans change what greedy decoding emits (top-k / top-p /
     min-p / the truncation warpers never do)."""
-    params = SamplingParams(0.0, **(sampling or {}))
-    return (params.penalizes_repeats or params.penalizes_counts or bool(params.logit_bias)
-            or params.bans_repeated_ngrams or params.bans_words)
+    return SamplingParams(0.0, **(sampling or {})).changes_logits
 
 
 # Keys of a compare drafter entry that are not the drafter's own options.
