@@ -292,6 +292,17 @@ class AdaptiveDrafter(Drafter):
         self.drafted_upto = [self.drafted_upto[i] for i in indices]
         self.row_ids = [self.row_ids[i] for i in indices]
 
+    @property
+    def can_add_rows(self) -> bool:
+        return self.inner.can_add_rows
+
+    def add_rows(self, prompts, target_hidden):
+        self.inner.add_rows(prompts, target_hidden)
+        self.rows.add(len(prompts))
+        self.drafted_upto += [0] * len(prompts)  # the inner drafter has seen nothing of them
+        self.row_ids += range(len(self.row_tokens), len(self.row_tokens) + len(prompts))  # the engine's numbering
+        self.row_tokens += [0] * len(prompts)
+
     def report(self) -> dict:
         return {"depths": self.depth_log, "acceptance_estimate": [round(a, 3) for a in self.acceptance],
                 "gain_penalty": {f"batch {b}, {s}": round(p, 3) for (b, s), p in self.gain_penalty.items()},

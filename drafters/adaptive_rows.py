@@ -9,7 +9,7 @@ from __future__ import annotations
 
 class RowEstimates:
     def __init__(self, rows: int, depth: int, decay: float, prior_rounds: float):
-        self.decay, self.prior_rounds = decay, prior_rounds
+        self.decay, self.prior_rounds, self.depth = decay, prior_rounds, depth
         self.accepted = [[0.0] * depth for _ in range(rows)]  # per row, as AdaptiveDrafter.accepted_count
         self.offered = [[0.0] * depth for _ in range(rows)]
         self.proposed = [0.0] * rows  # decayed speculative rounds in which the row had a proposal...
@@ -21,6 +21,13 @@ class RowEstimates:
     def keep(self, indices: list[int]) -> None:
         for name in ("accepted", "offered", "proposed", "rounds"):
             setattr(self, name, [getattr(self, name)[i] for i in indices])
+
+    def add(self, count: int) -> None:
+        """Rows that join, with no rounds of their own yet (the batch's estimates stand for them)."""
+        self.accepted += [[0.0] * self.depth for _ in range(count)]
+        self.offered += [[0.0] * self.depth for _ in range(count)]
+        self.proposed += [0.0] * count
+        self.rounds += [0.0] * count
 
     def update(self, tree_depths: list[int], accepted: list[int], proposed: list[bool]) -> None:
         """One speculative round: per row, the depth its verified tree reached, the length of its

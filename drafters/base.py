@@ -135,7 +135,9 @@ class Drafter:
             observe(feedback)                     what was accepted, to roll back own state
             keep_rows(indices)                    rows that finished are dropped (indices into
                                                   the current active rows, ascending)
-    Subclasses that hold no state need only `propose`.
+            add_rows(prompts, target_hidden)      rows join the batch after the others
+                                                  (continuous batching), before a propose
+    Subclasses that hold no state need only `propose` (and `can_add_rows = True`).
     """
 
     name: ClassVar[str] = ""
@@ -170,6 +172,16 @@ class Drafter:
 
     def keep_rows(self, indices: list[int]) -> None:
         pass
+
+    # Whether add_rows() is implemented: a drafter that keeps per-row state must extend it for
+    # joining rows, so the default is False (the engine then refuses to add rows) until it does.
+    can_add_rows: bool = False
+
+    def add_rows(self, prompts: list[list[int]], target_hidden: list[dict[int, torch.Tensor]]) -> None:
+        """Rows join a running batch, after the current ones: their full prompts and, per row,
+        what observe_prefill() would have been given for them (empty dicts when the drafter asked
+        for no hidden states). The request's sampling, generator and limits stay as begin() set them.
+        Nothing to do for a drafter without per-row state (it sets can_add_rows = True only)."""
 
     def max_depth(self) -> int:
         """Deepest tree this drafter may propose (the engine reserves context room for it)."""

@@ -109,6 +109,14 @@ class CascadeDrafter(Drafter):
         for child in self.children:
             child.keep_rows(indices)
 
+    @property
+    def can_add_rows(self) -> bool:
+        return all(child.can_add_rows for child in self.children)
+
+    def add_rows(self, prompts, target_hidden):
+        for child in self.children:
+            child.add_rows(prompts, target_hidden if child.needs.hidden_state_layers else [{} for _ in prompts])
+
     def report(self) -> dict:
         """Which child proposed what since the last begin(): per child, the row-rounds its tree was
         verified, the nodes it proposed there and the drafts accepted; plus row-rounds with no

@@ -131,6 +131,12 @@ class DraftModelDrafter(Drafter):
         self.lm.select_rows(indices)
         self.draft_context.select_rows(indices)
 
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        self.lm.add_rows(len(prompts))  # empty: the next propose() feeds each whole prompt
+        self.draft_context.add_rows(prompts)
+
     def _next_distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """The processed distribution over the draft model's logits (all tokens, or draft_vocab's)."""
         return processed_probs(logits[..., : self.vocab_size], self.sampling)

@@ -201,10 +201,21 @@ class FeatureHeadDrafter(Drafter):
         self.pending_features: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.pending_tokens: list[list[int]] = [[] for _ in prompts]
 
-    def observe_prefill(self, target_hidden):
-        for b, hidden in enumerate(target_hidden):
+    def observe_prefill(self, target_hidden, first_row: int = 0):
+        for b, hidden in enumerate(target_hidden, start=first_row):
             if hidden:
                 self._add_entries(b, self._features(hidden), self.prompts[b][1:])
+
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        first = len(self.prompts)
+        self.lm.add_rows(len(prompts))  # empty: the next catch_up() feeds each prompt's features
+        self.draft_context.add_rows(prompts)
+        self.pending_features += [[] for _ in prompts]
+        self.pending_tokens += [[] for _ in prompts]
+        self.prompts = self.prompts + [list(p) for p in prompts]
+        self.observe_prefill(target_hidden, first)
 
     def observe(self, feedback):
         for b, (hidden, emitted) in enumerate(zip(feedback.target_hidden, feedback.emitted)):

@@ -121,6 +121,12 @@ class MedusaDrafter(Drafter):
         self.last_hidden = [self.last_hidden[i] for i in indices]
         self.draft_context.select_rows(indices)
 
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        self.last_hidden += [hidden[-1][-1] if hidden else None for hidden in target_hidden]
+        self.draft_context.add_rows(prompts)
+
     @torch.no_grad()
     def propose(self, contexts):
         trees = [DraftTree.empty(self.device) for _ in contexts]

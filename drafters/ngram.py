@@ -103,6 +103,13 @@ class NgramDrafter(Drafter):
         self.indexes = [self.indexes[i] for i in indices]
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
 
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        o = self.options
+        self.indexes += [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
+        self.prompt_lengths += [len(p) for p in prompts]
+
     def propose(self, contexts):
         o = self.options
         trees = []

@@ -11,6 +11,7 @@ from .registry import register
 @register
 class NoDrafter(Drafter):
     name = "none"
+    can_add_rows = True  # no per-row state
 
     @dataclass
     class Options:

@@ -61,6 +61,10 @@ class DraftContext:
         self.held.select_rows(indices)
         self.generated.select_rows(indices)
 
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        """Rows join after the others (the token tables rebuild once, seeing more rows)."""
+        self.generated_from += [len(p) for p in prompts]
+
     def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
         """(..., width) logits fresh from the drafter's network plus the request's logit_bias
         (drafters/draft_bias.py) and its one-token bad words as bans; the same tensor without

@@ -84,6 +84,11 @@ class RetrievalDrafter(Drafter):
     def keep_rows(self, indices):
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
 
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        self.prompt_lengths += [len(p) for p in prompts]
+
     def propose(self, contexts):
         o = self.options
         trees = []

@@ -244,7 +244,7 @@ class Decoder:
             yield chunk
 
     def stream_batch(self, input_ids: list[list[int]], *, stats: GenerationStats | None = None,
-                     aborted: Container[int] = (), **settings):
+                     aborted: Container[int] = (), joining=None, **settings):
         """stream_chunks() for several prompts generated as one batch (how `draftsman serve`
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
@@ -254,7 +254,14 @@ class Decoder:
         comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
-        the others go on as they would have."""
+        the others go on as they would have.
+        joining: continuous batching. joining() is asked before every round and returns prompts
+        that join the running batch now, as (token ids, max_new_tokens) pairs, [] for none (a
+        limit of None: the batch's one limit, else the config's). Their rows (n samples each) are
+        numbered after the rows before them and generate with the batch's other settings, each as
+        it would alone (the same tokens at temperature 0, the same distribution when sampling).
+        The batch runs until no row is left and joining() returns nothing. Needs a drafter that
+        can add rows (`can_join`)."""
         if self.tokenizer is None:
             raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
         ids = [list(map(int, row)) for row in input_ids]
@@ -267,11 +274,24 @@ class Decoder:
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
+        limit = args["max_new_tokens"]
+        default_limit = limit if isinstance(limit, int) else self.config["generation"]["max_new_tokens"]
         ids = _samples_of(ids, n, args)
+        joined_rows = None
+        if joining is not None:
+            def joined_rows():  # the engine's rows: each joining prompt n times
+                return [(list(map(int, prompt)), default_limit if own_limit is None else own_limit)
+                        for prompt, own_limit in joining() for _ in range(n)]
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
-                                    aborted)
+                                    aborted, joined_rows)
 
-    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = ()):
+    @property
+    def can_join(self) -> bool:
+        """Whether rows can join a running batch (stream_batch's joining): the drafter supports it."""
+        return self.engine.drafter.can_add_rows
+
+    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
+                    joining=None):
         """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
         held back while a stop string may yet complete. A row's last chunk (its held-back tail and
         finish_reason) comes as soon as the row ends, not when the whole batch does."""
@@ -281,6 +301,13 @@ class Decoder:
         stops = args["stop"]
         open_rows = set(range(len(ids)))
 
+        def join():
+            rows = joining()
+            open_rows.update(range(len(texts), len(texts) + len(rows)))
+            texts.extend(IncrementalText(self.decode) for _ in rows)
+            shown.extend("" for _ in rows)
+            return rows
+
         def last(row: int) -> tuple[int, StreamChunk]:
             final = self.decode(texts[row].tokens)  # the one whole decode, as generate's
             final = stops.cut(final) if stops else final
@@ -288,7 +315,8 @@ class Decoder:
             open_rows.discard(row)
             return row, StreamChunk(tail, [], *_scores(recorder, row, 0, 0), finish_reason=stats.finish_reasons[row])
 
-        for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, aborted=aborted, **args):
+        for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, aborted=aborted,
+                                           joining=join if joining is not None else None, **args):
             for ended in sorted(r for r in open_rows if stats.finish_reasons[r]):  # since the last chunk
                 yield last(ended)
             text = texts[row]

@@ -9,6 +9,7 @@ lets a slot's place in the tensor differ from its position in the text.
     accept(keep)    keep these block nodes (a root-first path per row), drop the rest
     rollback(lens)  forget every slot at position >= lens[b]
     select_rows(ix) drop finished rows
+    add_rows(other) rows join the batch (continuous batching): another cache's, or empty ones
 """
 from __future__ import annotations
 
@@ -218,6 +219,7 @@ class CachedLM:
         self.lengths = torch.minimum(self.lengths, new_lengths)
         live = (self.slot_pos >= 0).any(0).nonzero()
         self._crop_to(int(live.max()) + 1 if live.numel() else 0)
+        self._pending = None  # a pending block's slots (-1) were the last ones: cropped with the rest
         self._maybe_compact()
 
     def select_rows(self, indices: list[int]) -> None:
@@ -226,6 +228,34 @@ class CachedLM:
             layer.keys, layer.values = layer.keys[ix], layer.values[ix]
         self.slot_pos, self.lengths = self.slot_pos[ix], self.lengths[ix]
         self._maybe_compact()
+
+    def add_rows(self, other: "CachedLM | int") -> None:
+        """Rows join the batch after the current ones: another CachedLM's over the same model (their
+        prompts prefilled apart), or `other` empty rows that hold nothing yet (a drafter whose
+        cache catches up on its own). The shorter side is padded with holes to the longer's slots."""
+        if isinstance(other, int):
+            joined_pos = torch.full((other, 0), -1, dtype=torch.long, device=self.device)
+            joined_lengths = torch.zeros(other, dtype=torch.long, device=self.device)
+            joined_layers = [None] * len(self.cache.layers)
+        else:
+            assert other._pending is None, "add_rows() from a cache with a pending forward()"
+            joined_pos, joined_lengths = other.slot_pos, other.lengths
+            joined_layers = [_used(layer) for layer in other.cache.layers]
+        assert self._pending is None, "add_rows() between forward() and accept()"
+        S = max(self.num_slots, joined_pos.shape[1])
+        rows = (self.slot_pos.shape[0], joined_pos.shape[0])
+        for layer, theirs in zip(self.cache.layers, joined_layers):
+            mine = _used(layer)
+            if mine is None and theirs is None:
+                continue
+            like = (mine or theirs)[0]
+            keys, values = (torch.cat([_holes_to(part and part[i], n, S, like) for part, n in zip((mine, theirs), rows)])
+                            for i in (0, 1))
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        self.slot_pos = torch.cat([_holes_to(pos, len(pos), S, pos, fill=-1) for pos in (self.slot_pos, joined_pos)])
+        self.lengths = torch.cat([self.lengths, joined_lengths])
 
     def _crop_to(self, num_slots: int) -> None:
         for layer in self._layers():
@@ -253,3 +283,20 @@ class CachedLM:
         pos = self.slot_pos[row]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
+
+
+def _used(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A cache layer's (keys, values), or None while it holds no slot."""
+    return (layer.keys, layer.values) if layer.is_initialized and layer.keys.numel() else None
+
+
+def _holes_to(t: torch.Tensor | None, rows: int, slots: int, like: torch.Tensor, fill: int = 0) -> torch.Tensor:
+    """`t` (rows, ..., slots', ...) widened to `slots` along its slot dimension (2 for keys /
+    values, 1 for slot positions), the new slots holes; None: all holes, shaped like `like`."""
+    dim = 1 if like.dim() == 2 else 2
+    shape = list(like.shape)
+    shape[0], shape[dim] = rows, slots
+    out = like.new_full(shape, fill)
+    if t is not None:
+        out.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return out

@@ -27,6 +27,8 @@ from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
 StopCheck = Callable[[list[int], list[int]], "int | None"]
+# joining() -> rows that join a running batch before its next round: (prompt, max_new_tokens) each.
+Joining = Callable[[], "list[tuple[list[int], int]]"]
 
 
 @dataclass
@@ -141,7 +143,7 @@ class SpeculativeEngine:
                stop: StopCheck | None = None, min_new_tokens: int = 0,
                logprobs: TokenLogprobs | None = None,
                stop_token_ids: Iterable[int] = (),
-               aborted: Container[int] = ()) -> Iterator[tuple[int, list[int]]]:
+               aborted: Container[int] = (), joining: Joining | None = None) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
@@ -151,7 +153,15 @@ class SpeculativeEngine:
         stop_token_ids: tokens that end a row as EOS does (kept in its output; finish reason "stop"),
         as vLLM's stop_token_ids; min_new_tokens holds them back too. aborted: rows the caller wants
         ended (e.g. a set it adds to while the stream runs, when a client goes away): each leaves
-        the batch after the round it is in, finish reason "abort", so it costs no more target passes."""
+        the batch after the round it is in, finish reason "abort", so it costs no more target passes.
+        joining: asked before every round for rows that join the batch (continuous batching, as
+        vLLM's scheduler adds requests at every step): each is prefilled and then runs as if it had
+        been there from the start, numbered after the rows before it. Its sampling settings, stop
+        check and min_new_tokens are the batch's; check_rows() tells whether it is valid. Needs a
+        drafter that can add rows (Drafter.can_add_rows)."""
+        if joining is not None and not self.drafter.can_add_rows:
+            raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
+                             "(it does not implement Drafter.add_rows): run the rows as batches of their own")
         self.check_prompts(prompts)
         self._end_ids = self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
@@ -166,9 +176,7 @@ class SpeculativeEngine:
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
         limits = self._row_limits(max_new_tokens, len(prompts))
-        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= min(limits):
-            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {min(limits)}], got {min_new_tokens}: "
-                             "raise max_new_tokens or lower min_new_tokens")
+        self._check_min_new_tokens(min_new_tokens, limits)
         self._min_new_tokens = min_new_tokens
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
@@ -192,14 +200,20 @@ class SpeculativeEngine:
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
         prefill_hidden = self._prefill(contexts, layers)
-        self.drafter.token_budget = max_new_tokens if isinstance(max_new_tokens, int) else limits
+        self.drafter.token_budget = max_new_tokens if isinstance(max_new_tokens, int) and joining is None else limits
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)
 
         try:
-            while active:
+            while active or joining is not None:
+                if joining is not None:  # rows that join before this round
+                    joined = joining()
+                    if joined:
+                        active += self._join(joined, contexts, outputs, limits, stats, logprobs)
+                    elif not active:
+                        break
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
                 synchronize(self.device)
                 t0 = time.perf_counter()
@@ -270,6 +284,40 @@ class SpeculativeEngine:
         finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
 
+    def check_rows(self, prompts: list[list[int]], max_new_tokens: list[int], min_new_tokens: int) -> None:
+        """Raise ValueError, naming the problem, when these rows cannot join a batch with this
+        min_new_tokens (what stream() checks before it starts)."""
+        self.check_prompts(prompts)
+        self._check_min_new_tokens(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
+
+    @staticmethod
+    def _check_min_new_tokens(min_new_tokens, limits: list[int]) -> None:
+        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= min(limits):
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {min(limits)}], got {min_new_tokens}: "
+                             "raise max_new_tokens or lower min_new_tokens")
+
+    def _join(self, joined: list[tuple[list[int], int]], contexts: list[list[int]], outputs: list[list[int]],
+              limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> list[int]:
+        """Rows join the running batch: their prompts prefilled apart, their caches appended to the
+        target's, the drafter told, every per-row table extended. Returns their row numbers."""
+        prompts = [list(map(int, prompt)) for prompt, _ in joined]
+        new_limits = [limit for _, limit in joined]
+        self.check_rows(prompts, new_limits, self._min_new_tokens)
+        first = len(contexts)
+        layers = self.drafter.needs.hidden_state_layers
+        fresh = CachedLM(self.target.model, self.target.dtype)
+        prefill_hidden = self._prefill(prompts, layers, fresh)
+        self.target.add_rows(fresh)
+        contexts += [list(p) for p in prompts]
+        outputs += [[] for _ in prompts]
+        limits += new_limits
+        stats.accepted_per_round += [[] for _ in prompts]
+        stats.finish_reasons += [""] * len(prompts)
+        if logprobs is not None:
+            logprobs.add_rows(len(prompts))
+        self.drafter.add_rows([list(p) for p in prompts], prefill_hidden if layers else [{} for _ in prompts])
+        return list(range(first, first + len(prompts)))
+
     @staticmethod
     def _row_limits(max_new_tokens, rows: int) -> list[int]:
         """max_new_tokens as one limit per row: a number for all, or a list of one per row."""
@@ -282,23 +330,25 @@ class SpeculativeEngine:
             raise ValueError(f"max_new_tokens must be >= 1 (a whole number), got {bad[0]!r}")
         return limits
 
-    def _prefill(self, prompts: list[list[int]], layers) -> list[dict[int, torch.Tensor]]:
-        """Cache every prompt but its last token; per row, the requested layers' states there. Rows
-        with the same prefix (a prompt sampled n times) are prefilled once, then their cache copied."""
+    def _prefill(self, prompts: list[list[int]], layers, lm: CachedLM | None = None) -> list[dict[int, torch.Tensor]]:
+        """Cache every prompt but its last token in `lm` (default: the target's cache, emptied);
+        per row, the requested layers' states there. Rows with the same prefix (a prompt sampled n
+        times) are prefilled once, then their cache copied."""
+        lm = lm if lm is not None else self.target
         first_of: dict[tuple[int, ...], int] = {}  # prefix -> its row among the distinct ones
         distinct = [first_of.setdefault(tuple(p[:-1]), len(first_of)) for p in prompts]
         prefixes = [list(prefix) for prefix in first_of]
-        self.target.reset(len(prefixes))
+        lm.reset(len(prefixes))
         prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
         if max(len(p) for p in prefixes) > 0:
             block = TreeBlock.chains(prefixes, self.device)
             no_logits = torch.zeros(len(prefixes), dtype=torch.long, device=self.device)  # the prefill needs none
-            _, hidden = self.target.forward(block, layers, logits_at=no_logits)
-            self.target.accept([list(range(len(p))) for p in prefixes])
+            _, hidden = lm.forward(block, layers, logits_at=no_logits)
+            lm.accept([list(range(len(p))) for p in prefixes])
             prefill_hidden = [{k: h[u, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
                               for u, p in zip(distinct, prompts)]
         if len(prefixes) < len(prompts):
-            self.target.select_rows(distinct)
+            lm.select_rows(distinct)
         return prefill_hidden
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin,

@@ -34,6 +34,12 @@ class TokenLogprobs:
         self.top, self.mode = top, mode
         self.top_tokens: list[list[list[tuple[int, float]]]] | None = [[] for _ in range(rows)] if top else None
 
+    def add_rows(self, count: int) -> None:
+        """Rows that join a running batch, numbered after the others."""
+        self.values += [[] for _ in range(count)]
+        if self.top_tokens is not None:
+            self.top_tokens += [[] for _ in range(count)]
+
     def read(self, logits: torch.Tensor, slots: list[list[int]], tokens: list[list[int]], sampling: SamplingParams):
         """logits: (B, T, V), one round's block: as the target gave them in "raw" mode, penalised
         and masked in "processed" mode. Row b's token j was chosen by the logits at block slot

@@ -1,0 +1,274 @@
+"""Continuous batching: rows that join a running batch between rounds (stream_batch's `joining`,
+how `draftsman serve` adds waiting requests) generate what they generate alone, for every drafter:
+the same tokens at temperature 0, the same trees proposed at the same contexts (the drafter's
+state for a joined row is what it would be alone), and the target's distribution when sampling."""
+import pytest
+import torch
+
+import draftsman
+from draftsman.verifier.cached_model import CachedLM
+from draftsman.verifier.sampling import SamplingParams
+from draftsman.verifier.tree import TreeBlock
+
+from tiny_models import load_for_reference, perturbed_copy
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11], [12, 13, 12, 13, 12, 13, 12, 13, 12], [7], [40, 41, 42, 43, 44, 45]]
+LIMITS = [14, 9, 12, 10, 8]
+# Before round r (0 = the first), these prompts join the batch; the rest start it.
+JOINS = {2: [2], 3: [3, 4]}
+STARTING = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def close_draft(tiny_models, tmp_path_factory):
+    return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("close-draft"), noise=0.05)
+
+
+@pytest.fixture(scope="module")
+def medium_draft(tiny_models, tmp_path_factory):
+    return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("medium-draft"), noise=0.3)
+
+
+def drafters(tiny_models, close_draft, fresh_heads):
+    return {
+        "none": {"name": "none"},
+        "ngram": {"name": "ngram", "k": 3, "min_ngram": 1},
+        "draft_model": {"name": "draft_model", "path": str(close_draft), "k": 4},
+        "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 3, "top_k": 2, "total_tokens": 6},
+        "medusa": {"name": "medusa", "path": str(fresh_heads / "medusa")},
+        "eagle": {"name": "eagle", "path": str(fresh_heads / "eagle"), "depth": 3, "top_k": 2, "total_tokens": 6},
+        "eagle3": {"name": "eagle", "path": str(fresh_heads / "eagle3"), "depth": 3, "top_k": 2, "total_tokens": 6},
+        "mtp": {"name": "mtp", "path": str(fresh_heads / "mtp")},
+        "cascade": {"name": "cascade", "drafters": [{"name": "ngram", "k": 3},
+                                                   {"name": "draft_model", "path": str(close_draft), "k": 3}]},
+        "draft_model_adaptive": {"name": "draft_model", "path": str(close_draft), "k": 4, "adaptive": True},
+    }
+
+
+def record_trees(decoder) -> dict:
+    """{context as a tuple: the tree proposed there} for every propose() of the decoder's drafter
+    (a context names its row and round: rows do not share one here)."""
+    seen = {}
+    drafter = decoder.engine.drafter
+    propose = drafter.propose
+
+    def recording(contexts):
+        trees = propose(contexts)
+        for context, tree in zip(contexts, trees):
+            seen[tuple(context)] = (tree.tokens.tolist(), tree.parents.tolist())
+        return trees
+
+    drafter.propose = recording
+    return seen
+
+
+def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
+    """stream_batch over the starting prompts, the others joining before the rounds JOINS names;
+    returns each prompt's tokens and finish reason, by prompt index."""
+    rounds, order = [0], list(starting)
+
+    def joining():
+        rounds[0] += 1
+        joined = joins.get(rounds[0] - 1, [])
+        order.extend(joined)
+        return [(PROMPTS[i], LIMITS[i]) for i in joined]
+
+    stats = draftsman.GenerationStats()
+    tokens: dict[int, list[int]] = {}
+    reasons = {}
+    for row, chunk in decoder.stream_batch([PROMPTS[i] for i in starting], stats=stats, joining=joining,
+                                           max_new_tokens=[LIMITS[i] for i in starting], **settings):
+        tokens.setdefault(order[row], []).extend(chunk.token_ids)
+        if chunk.finish_reason:
+            reasons[order[row]] = chunk.finish_reason
+    return tokens, reasons, stats
+
+
+@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle", "eagle3",
+                                  "mtp", "cascade", "draft_model_adaptive"])
+def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, name):
+    drafter = drafters(tiny_models, close_draft, fresh_heads)[name]
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": drafter})
+    assert decoder.can_join
+    alone_trees = record_trees(decoder)
+    alone = [decoder.generate(input_ids=[p], max_new_tokens=m, temperature=0.0) for p, m in zip(PROMPTS, LIMITS)]
+    del decoder.engine.drafter.propose  # the class's own again, not the recording one
+    together_trees = record_trees(decoder)
+    tokens, reasons, stats = joined_run(decoder, temperature=0.0)
+    for i, out in enumerate(alone):
+        assert tokens[i] == out.token_ids[0], f"{name}: prompt {i}"
+        assert reasons[i] == out.stats.finish_reasons[0], f"{name}: prompt {i}"
+    assert stats.finish_reasons == [reasons[i] for i in STARTING + [i for r in sorted(JOINS) for i in JOINS[r]]]
+    if name != "draft_model_adaptive":  # adaptive's depths depend on the batch it drafts for
+        # Every context the joined run drafted at, it drafted the tree the lone run drafted there.
+        assert together_trees and set(together_trees) <= set(alone_trees)
+        assert {c: alone_trees[c] for c in together_trees} == together_trees, name
+        if name.startswith("draft_model"):
+            assert stats.tau > 1.5, stats.tau  # drafts were accepted: joined rows' caches did move
+    else:  # its per-row budgets follow the engine's rows: tokens counted where they were emitted
+        engine_order = STARTING + [i for r in sorted(JOINS) for i in JOINS[r]]
+        assert decoder.engine.drafter.row_tokens == [len(tokens[i]) for i in engine_order]
+
+
+def test_rows_join_as_the_last_row_ends(tiny_models):
+    """A batch whose rows have all ended goes on while joining() returns prompts, and ends when
+    it returns none."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "ngram", "k": 3}})
+    stats = draftsman.GenerationStats()
+    waves = [[1], [2, 3], [4]]
+    order, calls = [0], []
+
+    def joining():
+        calls.append(all(stats.finish_reasons))
+        if not all(stats.finish_reasons) or not waves:
+            return []
+        wave = waves.pop(0)
+        order.extend(wave)
+        return [(PROMPTS[i], LIMITS[i]) for i in wave]
+
+    tokens: dict[int, list[int]] = {}
+    for row, chunk in decoder.stream_batch([PROMPTS[0]], stats=stats, joining=joining, max_new_tokens=LIMITS[0],
+                                           temperature=0.0):
+        tokens.setdefault(order[row], []).extend(chunk.token_ids)
+    assert not waves and calls[-1]  # every wave joined; the last call found no row left
+    for i, (p, m) in enumerate(zip(PROMPTS, LIMITS)):
+        assert tokens[i] == decoder.generate(input_ids=[p], max_new_tokens=m, temperature=0.0).token_ids[0]
+
+
+def test_rows_join_a_batch_of_one_token_prompts_before_its_first_round(tiny_models, close_draft):
+    """Joining before the first round, when the target's cache holds nothing yet (a one-token
+    prompt has no prefill), and a draft model's cache neither."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": {"name": "draft_model", "path": str(close_draft), "k": 3}})
+    tokens, _, _ = joined_run(decoder, joins={0: [0, 2]}, starting=[3], temperature=0.0)
+    for i in (0, 2, 3):
+        assert tokens[i] == decoder.generate(input_ids=[PROMPTS[i]], max_new_tokens=LIMITS[i],
+                                             temperature=0.0).token_ids[0]
+
+
+def test_joined_rows_keep_logprobs_and_stop_strings(tiny_models):
+    """A joined row's chunks carry its tokens' logprobs and top logprobs, and a stop string ends
+    it where it ends the row alone."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "ngram", "k": 3}})
+    text = decoder.generate(input_ids=[PROMPTS[2]], max_new_tokens=12, temperature=0.0).texts[0]
+    settings = dict(temperature=0.0, logprobs=True, top_logprobs=2, stop=[text[6:9]])
+    rows = []
+
+    def joining():
+        rows.append(None)
+        return [(PROMPTS[2], 12)] if len(rows) == 2 else []
+
+    chunks: dict[int, list] = {}
+    for row, chunk in decoder.stream_batch([PROMPTS[0]], joining=joining, max_new_tokens=8, **settings):
+        chunks.setdefault(row, []).append(chunk)
+    for row, prompt, limit in ((0, PROMPTS[0], 8), (1, PROMPTS[2], 12)):
+        alone = decoder.generate(input_ids=[prompt], max_new_tokens=limit, **settings)
+        assert [t for c in chunks[row] for t in c.token_ids] == alone.token_ids[0]
+        assert [v for c in chunks[row] for v in c.logprobs] == pytest.approx(alone.logprobs[0], abs=1e-5)
+        assert [[i for i, _ in t] for c in chunks[row] for t in c.top_logprobs] == [
+            [i for i, _ in t] for t in alone.top_logprobs[0]]
+        assert "".join(c.text for c in chunks[row]) == alone.texts[0]
+        assert chunks[row][-1].finish_reason == alone.stats.finish_reasons[0]
+    assert chunks[1][-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft_model"])
+def test_sampled_joined_rows_draw_from_the_target(tiny_models, medium_draft, drafter):
+    """At temperature 1 the first two tokens of rows that joined a running batch after two
+    rounds follow the target's exact marginals (chi-square, alpha = 1e-6, 4000 rows)."""
+    from test_engine_sampling import ALPHA, PROMPT, exact_marginals, fit_pvalue
+
+    cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
+    rounds = []
+
+    def joining():
+        rounds.append(None)
+        return [(PROMPT, 2)] * 4000 if len(rounds) == 3 else []
+
+    stats = draftsman.GenerationStats()
+    out: dict[int, list[int]] = {}
+    for row, tokens in decoder.engine.stream([[9, 10, 11]] * 500, 12, SamplingParams(1.0), seed=7, stats=stats,
+                                             joining=joining):
+        out.setdefault(row, []).extend(tokens)
+    joined = [out[row] for row in range(500, 4500)]
+    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), PROMPT, SamplingParams(1.0),
+                             decoder.engine.eos_token_ids)
+    assert fit_pvalue(torch.tensor([t[0] for t in joined]), p1) > ALPHA
+    assert fit_pvalue(torch.tensor([t[1] for t in joined if len(t) == 2]), p2) > ALPHA
+    if drafter == "draft_model":
+        assert stats.tau > 1.01  # drafts were accepted and rejected
+
+
+def test_a_drafter_without_add_rows_is_refused(tiny_models):
+    from draftsman.drafters.base import Drafter, DraftTree
+    from draftsman.drafters.registry import register
+
+    @register
+    class Plain(Drafter):
+        name = "test_plain_rows"
+
+        def __init__(self, options=None, target=None):
+            pass
+
+        def propose(self, contexts):
+            return [DraftTree.empty() for _ in contexts]
+
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "test_plain_rows"}})
+    assert not decoder.can_join
+    with pytest.raises(ValueError, match="drafter 'test_plain_rows' cannot take rows into a running batch"):
+        list(decoder.stream_batch([PROMPTS[0]], joining=lambda: []))
+
+
+def test_a_bad_joining_prompt_is_named(tiny_models):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        list(decoder.stream_batch([PROMPTS[0]], joining=lambda: [([], 4)]))
+    with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens = 2\]"):
+        list(decoder.stream_batch([PROMPTS[0]], joining=lambda: [(PROMPTS[1], 2)], min_new_tokens=3,
+                                  max_new_tokens=5))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_cache_rows_added_equal_rows_prefilled_together(tiny_models, arch):
+    """A cache built as batch [a] + rows [b, c] prefilled apart holds, row by row, the committed
+    keys and values of [a, b, c] prefilled together, and gives the same next-token logits; so does
+    a cache that grows empty rows and feeds them afterwards."""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
+    together = CachedLM(model)
+    together.reset(3)
+    together.forward(TreeBlock.chains(prompts, together.device))
+    together.accept([list(range(len(p))) for p in prompts])
+
+    joined = CachedLM(model)
+    joined.reset(1)
+    joined.forward(TreeBlock.chains(prompts[:1], joined.device))
+    joined.accept([list(range(len(prompts[0])))])
+    apart = CachedLM(model)
+    apart.reset(2)
+    apart.forward(TreeBlock.chains(prompts[1:], apart.device))
+    apart.accept([list(range(len(p))) for p in prompts[1:]])
+    joined.add_rows(apart)
+
+    grown = CachedLM(model)  # a drafter's way: empty rows, fed by its next forward
+    grown.reset(1)
+    grown.forward(TreeBlock.chains(prompts[:1], grown.device))
+    grown.accept([list(range(len(prompts[0])))])
+    grown.add_rows(2)
+    grown.forward(TreeBlock.chains([[], *prompts[1:]], grown.device))
+    grown.accept([[]] + [list(range(len(p))) for p in prompts[1:]])
+
+    for cache in (joined, grown):
+        assert cache.lengths.tolist() == [7, 2, 4]
+        for row in range(3):
+            for layer in range(len(together.cache.layers)):
+                for mine, theirs in zip(cache.committed_kv(row, layer), together.committed_kv(row, layer)):
+                    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+        step = TreeBlock.column(torch.tensor([20, 21, 22]))
+        logits, _ = cache.forward(step)
+        expected, _ = together.forward(step)
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+        cache.accept([[0]] * 3)
+        together.accept([[0]] * 3)
+        together.rollback(together.lengths - 1)  # as before the step: `together` serves the next cache
