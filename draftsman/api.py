@@ -290,6 +290,16 @@ class Decoder:
         """Whether rows can join a running batch (stream_batch's joining): the drafter supports it."""
         return self.engine.drafter.can_add_rows
 
+    def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
+                   min_new_tokens: int | None = None) -> None:
+        """Raise ValueError, naming the problem, if these prompts cannot join a running batch
+        with these limits (None: the config's), so a caller can refuse them alone."""
+        g = self.config["generation"]
+        ids = [list(map(int, row)) for row in input_ids]
+        limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+        least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
+        self.engine.check_rows(ids, [limit] * len(ids), least)
+
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
                     joining=None):
         """(row, StreamChunk) per row and round; each row's text decoded a window at a time and

@@ -23,8 +23,8 @@ decoding by changing their base URL.
 - `GET /metrics`: Prometheus counters named as vLLM's (prompt and generation tokens, finished
   rows, drafts, draft and accepted tokens, acceptance by position, batches; draftsman/serve_metrics.py).
 - Each response carries a `draftsman` object: the drafter, tau and whether the run was lossy;
-  also `batch_rows`, the rows of the batch it ran in (its tau is that batch's; a stream's comes
-  in its last chunk).
+  also `batch_rows`, the rows running in its batch when it started, its own included (its tau
+  is that batch's, over the rows that ran in it; a stream's comes in its last chunk).
 
 Built on the standard library's http.server: no web framework to install, and one process
 serves one model, as the rest of draftsman does.

@@ -1,17 +1,22 @@
-"""Requests that arrive while the server is generating wait, and then run together as one batch
-(batching at generation boundaries, as TGI's router does between its batches; vLLM's scheduler
-does it continuously, at every step). On this project's 2-core CPU plain decoding makes 2.2x more
-tokens per second at batch 4 than at batch 1, so clients that come at once are served sooner.
+"""Requests that arrive while the server is generating wait, and then run together as one batch.
+With a drafter that can add rows (every built-in one), a waiting request also joins the batch
+that is running, between two rounds, as vLLM's scheduler adds requests at every step
+(continuous batching): it need not wait for the batch's longest row. On this project's 2-core
+CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1, so clients that
+come at once are served sooner.
 
-Requests join one batch only when every setting but max_tokens is the same (one generation
-takes one set of sampling settings, and a limit per row), up to `max_rows` rows; the first
-waiting request always runs, whatever its size. A request with a `seed` runs alone: its output
-is then what the same request gives on its own.
+Requests share a batch only when every setting but max_tokens is the same (one generation
+takes one set of sampling settings, and a limit per row), up to `max_rows` rows running at once;
+the first waiting request always runs, whatever its size. Requests join a running batch in
+the order they came: one with other settings, or too many rows, at the head of the queue stops
+the joining until the batch ends (nothing waits for ever behind later arrivals). A request with
+a `seed` runs alone: its output is then what the same request gives on its own.
 Every batch runs through Decoder.stream_batch, streamed requests and the others alike: each
 request reads its own rows as rounds commit them, and is answered as soon as its rows have
 ended, not when the batch's longest row does.
 Every row stays exact: a batch's rows are verified row by row (greedy equality at batch 4 in
-tests/test_greedy_equality.py, the chi-square suites at batch > 1).
+tests/test_greedy_equality.py, the chi-square suites at batch > 1), and a row that joined
+generates what it generates alone (tests/test_continuous_batching.py).
 
 One runner thread at a time: the first request that finds none waiting starts it; it runs
 batches, each under the generation lock, while requests wait, and ends when none do.
@@ -51,7 +56,7 @@ class _Job:
         # not: the engine takes one per row); None: this job runs alone.
         settings = {k: v for k, v in args.items() if k != "max_new_tokens"}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
-        self.batch_rows = 0
+        self.batch_rows = 0  # rows running in its batch when it started, its own included
         self.queue: queue.Queue = queue.Queue()
         self.sent = False  # a chunk reached it: the batch can no longer be rerun request by request
         self.stats: GenerationStats | None = None  # a stream's, once it has ended
@@ -75,9 +80,9 @@ class _Job:
             rows, first = self._abort
             rows.update(range(first, first + self.rows))
 
-    def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats, batch_rows: int) -> None:
+    def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats) -> None:
         """Chunk of its row `row` (counted within this job); answers once its last row has ended."""
-        self.sent, self.batch_rows = True, batch_rows
+        self.sent = True
         if chunk.token_ids:
             self.last_token = time.perf_counter()
             if self.first_token is None:
@@ -224,6 +229,50 @@ class Batcher:
                         return
                 self._run(self._take())
 
+    @staticmethod
+    def _enter(job: _Job, owner: list, prompts: list, aborted: set, started: float) -> None:
+        """The job's rows become the batch's next ones."""
+        job.started = started
+        job._abort = (aborted, len(owner))
+        owner += [(job, row) for row in range(job.rows)]
+        prompts += job.ids
+        if job.cancelled:  # cancelled before its _abort was set
+            job.cancel()
+
+    def _joining(self, first: _Job, owner: list, prompts: list, aborted: set, stats: GenerationStats,
+                 joined_jobs: list):
+        """stream_batch's joining for a running batch: the waiting jobs at the head of the queue
+        with its settings, while their rows fit beside the rows still running. The queue keeps
+        its order: a job with other settings at its head stops joining until this batch ends, so
+        nothing waits behind later arrivals for ever."""
+        def joining():
+            with self._waiting_lock:
+                running = sum(1 for reason in stats.finish_reasons if not reason)
+                taken = []
+                for job in self.waiting:
+                    if job.key != first.key or running + job.rows > self.max_rows:
+                        break
+                    taken.append(job)
+                    running += job.rows
+                self.waiting = self.waiting[len(taken):]
+            entered, now = [], time.perf_counter()
+            for job in taken:
+                limit = job.args.get("max_new_tokens") or self.decoder.config["generation"]["max_new_tokens"]
+                try:
+                    self.decoder.check_join(job.ids, limit, job.args.get("min_new_tokens"))
+                except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
+                    job.fail(e)
+                    running -= job.rows
+                    continue
+                self._enter(job, owner, prompts, aborted, now)
+                entered.append((job, limit))
+            for job, _ in entered:
+                job.batch_rows = running  # the rows it runs beside, its own included
+            joined_jobs.extend(job for job, _ in entered)
+            self.running += len(entered)
+            return [(ids, limit) for job, limit in entered for ids in job.ids]
+        return joining
+
     def _take(self) -> list[_Job]:
         """The first waiting job, and the later ones with its settings, while the rows fit."""
         with self._waiting_lock:
@@ -257,27 +306,32 @@ class Batcher:
             self.running = 0
 
     def _run_rows(self, jobs: list[_Job]) -> None:
-        """One generation for the jobs' rows, each chunk handed to the job whose row it is."""
+        """One generation for the jobs' rows, each chunk handed to the job whose row it is; with a
+        drafter that can add rows, waiting jobs with the same settings join it between rounds."""
         owner, prompts, aborted = [], [], set()
         started = time.perf_counter()
         for job in jobs:
-            job.started = started  # (a rerun alone after a bad input starts it again)
-            job._abort = (aborted, len(owner))
-            owner += [(job, row) for row in range(job.rows)]
-            prompts += job.ids
+            self._enter(job, owner, prompts, aborted, started)  # (a rerun alone after a bad input starts it again)
         for job in jobs:
-            if job.cancelled:  # cancelled before its _abort was set
-                job.cancel()
-        stats, batch_rows = GenerationStats(), len(owner)
+            job.batch_rows = len(owner)
+        stats = GenerationStats()
         settings = dict(jobs[0].args)
+        joined: list[_Job] = []
+        if self.decoder.can_join and jobs[0].key is not None:
+            settings["joining"] = self._joining(jobs[0], owner, prompts, aborted, stats, joined)
         limits = [job.args.get("max_new_tokens") for job in jobs]
         if len(set(limits)) > 1:  # one per prompt; a request that gave none takes the config's
             default = self.decoder.config["generation"]["max_new_tokens"]
             settings["max_new_tokens"] = [default if limit is None else limit
                                           for job, limit in zip(jobs, limits) for _ in job.ids]
         # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.
-        for row, chunk in self.decoder.stream_batch(prompts, stats=stats, aborted=aborted, **settings):
-            job, job_row = owner[row]
-            job.deliver(job_row, chunk, stats, batch_rows)
+        try:
+            for row, chunk in self.decoder.stream_batch(list(prompts), stats=stats, aborted=aborted, **settings):
+                job, job_row = owner[row]
+                job.deliver(job_row, chunk, stats)
+        except Exception as e:  # the jobs that joined are answered here; the batch's own by _run
+            for job in joined:
+                job.fail(e)
+            raise
         if self.record is not None:
             self.record(prompts, stats)

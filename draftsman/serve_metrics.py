@@ -6,7 +6,9 @@ for vLLM's speculative decoding reads them with the prefix changed:
     mean accepted     = spec_decode_num_accepted_tokens / spec_decode_num_drafts
     acceptance at k   = spec_decode_num_accepted_tokens_per_pos{position=k}
                         / spec_decode_num_drafts_per_pos{position=k}
-    mean batch size   = batch_rows / batches
+    mean batch size   = target_pass_rows / target_passes   (rows verified per target pass)
+    rows per generation = batch_rows / batches  (requests join a running generation, so a
+                        generation's rows are not all there at once)
 
 and the gauges num_requests_waiting and num_requests_running, as vLLM's. Per request answered,
 histograms under vLLM's names: time_to_first_token_seconds, e2e_request_latency_seconds,
@@ -48,7 +50,10 @@ class ServeMetrics:
         self.request_success = counter("request_success", "Rows (choices) finished, by reason",
                                        ["finished_reason"])
         self.batches = counter("batches", "Generations run: one batch of one or more requests, or one stream")
-        self.batch_rows = counter("batch_rows", "Rows over all generations (divided by batches: mean batch size)")
+        self.batch_rows = counter("batch_rows", "Rows over all generations, those that joined them included")
+        self.target_passes = counter("target_passes", "Target passes after the prefills (one per round)")
+        self.target_pass_rows = counter("target_pass_rows", "Rows over all target passes (divided by target "
+                                        "passes: mean batch size)")
         self.drafts = counter("spec_decode_num_drafts", "Row-rounds that verified a draft")
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens (tree nodes) verified")
         self.accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
@@ -86,6 +91,8 @@ class ServeMetrics:
         all its samples) and its statistics."""
         self.batches.inc()
         self.batch_rows.inc(len(stats.finish_reasons))
+        self.target_passes.inc(stats.rounds)
+        self.target_pass_rows.inc(stats.row_rounds)
         self.prompt_tokens.inc(sum(map(len, ids)))
         self.generation_tokens.inc(stats.new_tokens)
         for reason in stats.finish_reasons:

@@ -272,3 +272,117 @@ def test_cache_rows_added_equal_rows_prefilled_together(tiny_models, arch):
         cache.accept([[0]] * 3)
         together.accept([[0]] * 3)
         together.rollback(together.lengths - 1)  # as before the step: `together` serves the next cache
+
+
+# -- draftsman serve: waiting requests join the running batch --------------------------------
+
+SERVE_PROMPTS = ["def parse(text):\n", "x = [", "class Foo:\n", "import os\n"]
+
+
+@pytest.fixture
+def slow_server_decoder(chat_target):
+    """An n-gram decoder whose rounds each sleep 20 ms: a long request stays running while the
+    test queues others."""
+    import time
+
+    from serving import ngram_decoder
+
+    decoder = ngram_decoder(chat_target[0])
+    propose = decoder.engine.drafter.propose
+
+    def slowed(contexts):
+        time.sleep(0.02)
+        return propose(contexts)
+
+    decoder.engine.drafter.propose = slowed
+    return decoder
+
+
+def start_long_stream(batcher, decoder, min_new_tokens=60):
+    """A 60-token stream, read until its first chunk (it runs): (job, chunk iterator, chunks)."""
+    job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60,
+                                                                     "min_new_tokens": min_new_tokens})
+    first = [next(chunks)[1]]
+    return job, chunks, first
+
+
+def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(slow_server_decoder):
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder, min_new_tokens=8)  # the short one's settings
+    short, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:3]), {"max_new_tokens": 8, "min_new_tokens": 8})
+    assert rows == 3  # it ran beside the long row
+    assert long_job.stats is None, "the short request waited for the long one to end"
+    got += [chunk for _, chunk in chunks]  # (the decoder is the batch's until it ends)
+    want = decoder.generate(SERVE_PROMPTS[1:3], max_new_tokens=8, min_new_tokens=8)
+    assert short.texts == want.texts and short.token_ids == want.token_ids
+    assert short.stats.finish_reasons == ["length", "length"]
+    alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=8)
+    assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
+    assert long_job.stats.finish_reasons == ["length"]
+
+
+def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder):
+    """Other settings, or more rows than max_rows leaves room for: the request runs after the
+    running batch, in a batch of its own; a request with a bad prompt fails alone."""
+    import threading
+    import time
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=2)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    too_long = [5] * decoder.engine.max_context
+    with pytest.raises(ValueError, match=r"prompt 0 has \d+ tokens but the target's context"):
+        batcher.generate([too_long], {"max_new_tokens": 60, "min_new_tokens": 60})
+    assert long_job.stats is None  # the running batch went on
+    answers = {}
+
+    def ask(name, ids, args):
+        answers[name] = batcher.generate(ids, args)
+    # The wide one first: at the head of the queue, only its size keeps it from joining; the
+    # small one would fit, but joins no sooner than the wide one before it (the queue's order).
+    same = {"max_new_tokens": 60, "min_new_tokens": 60}
+    for count, (name, prompts, args) in enumerate([("wide", SERVE_PROMPTS[1:3], same),
+                                                   ("small", SERVE_PROMPTS[3:4], same),
+                                                   ("other", SERVE_PROMPTS[1:2], {"max_new_tokens": 8,
+                                                                                  "min_new_tokens": 4})], start=1):
+        threading.Thread(target=ask, args=(name, decoder.encode(prompts), args), daemon=True).start()
+        deadline = time.time() + 10
+        while len(batcher.waiting) < count:  # queued...
+            assert time.time() < deadline and long_job.stats is None, "a request did not wait"
+            time.sleep(0.005)
+    assert long_job.stats is None  # ...while the long row runs
+    got += [chunk for _, chunk in chunks]  # the long row ends...
+    assert long_job.stats.finish_reasons == ["length"]
+    deadline = time.time() + 30
+    while len(answers) < 3:
+        assert time.time() < deadline, "the waiting requests were not answered"
+        time.sleep(0.01)
+    # ...and none had run beside it: the wide one joined once the long row had ended, the small
+    # one after it (beside one of its rows at most), the other one in a batch of its own.
+    assert answers["other"][1] == 1 and answers["wide"][1] == 2 and answers["small"][1] <= 2
+    assert answers["small"][0].token_ids == decoder.generate(SERVE_PROMPTS[3:4], **same).token_ids
+    assert answers["wide"][0].token_ids == decoder.generate(SERVE_PROMPTS[1:3], **same).token_ids
+
+
+def test_a_joined_request_whose_client_leaves_ends_its_rows(slow_server_decoder):
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    job, joined = batcher.stream(decoder.encode(SERVE_PROMPTS[1:2]), {"max_new_tokens": 60, "min_new_tokens": 60})
+    first = next(joined)  # it joined and runs
+    batcher.drop(job)
+    rest = [chunk for _, chunk in joined]
+    assert rest[-1].finish_reason == "abort" and len(first[1].token_ids) + sum(len(c.token_ids) for c in rest) < 60
+    got += [chunk for _, chunk in chunks]
+    assert long_job.stats.finish_reasons == ["length"]

@@ -42,6 +42,8 @@ def test_counters_equal_the_generations_statistics(fresh_server):
     got = scrape(base)
     value = lambda name, **labels: got.get((f"draftsman:{name}", tuple(sorted(labels.items()))), 0)  # noqa: E731
     assert value("batches_total") == 3 and value("batch_rows_total") == 2 + 2 + 1
+    assert value("target_passes_total") == sum(s.rounds for _, s in runs)
+    assert value("target_pass_rows_total") == sum(s.row_rounds for _, s in runs) > value("target_passes_total")
     assert value("prompt_tokens_total") == sum(len(row) for ids, _ in runs for row in ids)
     assert value("generation_tokens_total") == sum(s.new_tokens for _, s in runs)
     reasons = [r for _, s in runs for r in s.finish_reasons]
