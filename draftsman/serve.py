@@ -490,8 +490,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the /v1 routes need the header 'Authorization: Bearer KEY' (default: the DRAFTSMAN_API_KEY "
                         "environment variable; none: open)")
     p.add_argument("--max-batch-rows", type=int, default=16, metavar="N",
-                   help="requests waiting with the same settings run as one batch of at most N rows (default 16; "
-                        "1: one request at a time)")
+                   help="requests with the same settings run as one batch of at most N rows at once, joining a "
+                        "running batch between rounds (default 16; 1: one request at a time)")
 
 
 def run(args: argparse.Namespace) -> int:
