@@ -134,6 +134,41 @@ def _output(chunks: list[list[StreamChunk]], stats: GenerationStats) -> Generati
     return GenerationOutput(texts, tokens, stats, logprobs, tops)
 
 
+class _Progress:
+    """What one generation has handed to the metrics so far. Requests keep joining a generation
+    under a steady load, so it may run for hours: it is recorded as its requests end, each time
+    what it has done since, not only once at its end."""
+
+    def __init__(self, record):
+        self._record = record
+        self.prompts = 0  # prompts recorded
+        self.ended: set[int] = set()  # rows whose finish reason was recorded
+        self.done = GenerationStats()  # the counts recorded (accepted tokens in accepted_per_round[0][0])
+
+    def record(self, prompts: list[list[int]], stats: GenerationStats) -> None:
+        ended = [r for r, reason in enumerate(stats.finish_reasons) if reason and r not in self.ended]
+        accepted = sum(map(sum, stats.accepted_per_round))
+        done = self.done
+        depth = len(stats.proposed_at_depth)
+        before = lambda counts: counts + [0] * (depth - len(counts))  # noqa: E731
+        since = GenerationStats(
+            rounds=stats.rounds - done.rounds, row_rounds=stats.row_rounds - done.row_rounds,
+            new_tokens=stats.new_tokens - done.new_tokens, proposed_tokens=stats.proposed_tokens - done.proposed_tokens,
+            accepted_per_round=[[accepted - (done.accepted_per_round[0][0] if done.accepted_per_round else 0)]],
+            proposed_at_depth=[a - b for a, b in zip(stats.proposed_at_depth, before(done.proposed_at_depth))],
+            accepted_at_depth=[a - b for a, b in zip(stats.accepted_at_depth, before(done.accepted_at_depth))],
+            draft_seconds=stats.draft_seconds - done.draft_seconds,
+            verify_seconds=stats.verify_seconds - done.verify_seconds,
+            total_seconds=stats.total_seconds - done.total_seconds,
+            finish_reasons=[stats.finish_reasons[r] for r in ended])
+        self._record(prompts[self.prompts:], since, new_generation=self.prompts == 0)
+        self.prompts = len(prompts)
+        self.ended.update(ended)
+        self.done = dataclasses.replace(stats, accepted_per_round=[[accepted]],
+                                        proposed_at_depth=list(stats.proposed_at_depth),
+                                        accepted_at_depth=list(stats.accepted_at_depth), finish_reasons=[])
+
+
 POLL_SECONDS = 0.1  # how often a waiting request asks whether its client is still there
 
 
@@ -325,13 +360,16 @@ class Batcher:
             settings["max_new_tokens"] = [default if limit is None else limit
                                           for job, limit in zip(jobs, limits) for _ in job.ids]
         # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.
+        progress = _Progress(self.record) if self.record is not None else None
         try:
             for row, chunk in self.decoder.stream_batch(list(prompts), stats=stats, aborted=aborted, **settings):
                 job, job_row = owner[row]
                 job.deliver(job_row, chunk, stats)
+                if progress is not None and job._answered:  # the metrics move as requests end
+                    progress.record(prompts, stats)
         except Exception as e:  # the jobs that joined are answered here; the batch's own by _run
             for job in joined:
                 job.fail(e)
             raise
-        if self.record is not None:
-            self.record(prompts, stats)
+        if progress is not None:
+            progress.record(prompts, stats)

@@ -86,10 +86,13 @@ class ServeMetrics:
         Gauge(PREFIX + "num_requests_running", "Requests in the generation now running", registry=self.registry
               ).set_function(lambda: batcher.running)
 
-    def record(self, ids: list[list[int]], stats: GenerationStats) -> None:
-        """One generation's counts: its prompts `ids` (each once, whatever its n: one prefill serves
-        all its samples) and its statistics."""
-        self.batches.inc()
+    def record(self, ids: list[list[int]], stats: GenerationStats, new_generation: bool = True) -> None:
+        """A generation's counts: its prompts `ids` (each once, whatever its n: one prefill serves
+        all its samples) and its statistics; or, new_generation=False, what a generation that
+        requests join has done since it was last recorded (serve_batch records such a
+        generation as its requests end, so the counters move while it runs)."""
+        if new_generation:
+            self.batches.inc()
         self.batch_rows.inc(len(stats.finish_reasons))
         self.target_passes.inc(stats.rounds)
         self.target_pass_rows.inc(stats.row_rounds)

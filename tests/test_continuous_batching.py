@@ -283,11 +283,14 @@ SERVE_PROMPTS = ["def parse(text):\n", "x = [", "class Foo:\n", "import os\n"]
 def slow_server_decoder(chat_target):
     """An n-gram decoder whose rounds each sleep 20 ms: a long request stays running while the
     test queues others."""
-    import time
-
     from serving import ngram_decoder
 
-    decoder = ngram_decoder(chat_target[0])
+    return slowed(ngram_decoder(chat_target[0]))
+
+
+def slowed(decoder):
+    import time
+
     propose = decoder.engine.drafter.propose
 
     def slowed(contexts):
@@ -306,17 +309,29 @@ def start_long_stream(batcher, decoder, min_new_tokens=60):
     return job, chunks, first
 
 
-def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(slow_server_decoder):
+def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(chat_target):
+    """... and the metrics count the generation as its requests end (the target as its own draft
+    model: every draft accepted, so the accepted counts are not all 0)."""
     import threading
 
     from draftsman.serve_batch import Batcher
+    from draftsman.serve_metrics import ServeMetrics
 
-    decoder = slow_server_decoder
-    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    decoder = slowed(draftsman.load({"target": {"path": str(chat_target[0])},
+                                     "drafter": {"name": "draft_model", "path": str(chat_target[0]), "k": 3}}))
+    metrics = ServeMetrics("tiny", "draft_model")
+
+    def counter(name, **labels):
+        return metrics.registry.get_sample_value(f"draftsman:{name}_total", labels) or 0
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4, record=metrics.record)
     long_job, chunks, got = start_long_stream(batcher, decoder, min_new_tokens=8)  # the short one's settings
     short, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:3]), {"max_new_tokens": 8, "min_new_tokens": 8})
     assert rows == 3  # it ran beside the long row
     assert long_job.stats is None, "the short request waited for the long one to end"
+    # The metrics count the generation as its requests end, not only when it ends.
+    assert counter("request_success", finished_reason="length") == 2 and counter("batches") == 1
+    assert 16 < counter("generation_tokens") < 16 + 60
+    assert counter("spec_decode_num_accepted_tokens") == sum(map(sum, short.stats.accepted_per_round)) > 0
     got += [chunk for _, chunk in chunks]  # (the decoder is the batch's until it ends)
     want = decoder.generate(SERVE_PROMPTS[1:3], max_new_tokens=8, min_new_tokens=8)
     assert short.texts == want.texts and short.token_ids == want.token_ids
@@ -324,6 +339,17 @@ def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(slow_s
     alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=8)
     assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
     assert long_job.stats.finish_reasons == ["length"]
+    stats = long_job.stats  # the whole generation's, recorded in parts
+    assert counter("request_success", finished_reason="length") == 3 and counter("batches") == 1
+    assert counter("batch_rows") == 3 and counter("generation_tokens") == stats.new_tokens == 60 + 16
+    assert counter("prompt_tokens") == sum(map(len, decoder.encode(SERVE_PROMPTS[:3])))
+    assert counter("target_passes") == stats.rounds and counter("target_pass_rows") == stats.row_rounds
+    assert counter("spec_decode_num_draft_tokens") == stats.proposed_tokens
+    assert counter("spec_decode_num_accepted_tokens") == sum(map(sum, stats.accepted_per_round))
+    for depth, (proposed, accepted) in enumerate(zip(stats.proposed_at_depth, stats.accepted_at_depth)):
+        assert counter("spec_decode_num_drafts_per_pos", position=str(depth)) == proposed
+        assert counter("spec_decode_num_accepted_tokens_per_pos", position=str(depth)) == accepted
+    assert counter("generation_seconds", phase="total") == pytest.approx(stats.total_seconds)
 
 
 def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder):

@@ -249,7 +249,7 @@ class CachedLM:
             if mine is None and theirs is None:
                 continue
             like = (mine or theirs)[0]
-            keys, values = (torch.cat([_holes_to(part and part[i], n, S, like)
+            keys, values = (torch.cat([_holes_to(None if part is None else part[i], n, S, like)
                                        for part, n in zip((mine, theirs), rows)]) for i in (0, 1))
             if not layer.is_initialized:
                 layer.lazy_initialization(keys, values)
