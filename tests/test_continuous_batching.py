@@ -45,14 +45,24 @@ def drafters(tiny_models, close_draft, fresh_heads):
     }
 
 
+PROMPT_LENGTH = {p[0]: len(p) for p in PROMPTS}  # a row's prompt, told by its first token
+
+
 def record_trees(decoder) -> dict:
     """{context as a tuple: the tree proposed there} for every propose() of the decoder's drafter
-    (a context names its row and round: rows do not share one here)."""
+    (a context names its row and round: rows do not share one here). Also checks, each round,
+    that the drafter's per-row prompt lengths (which the min_new_tokens EOS ban counts from)
+    are its rows' own: a wrong one would show in the trees only when a draft holds EOS."""
     seen = {}
     drafter = decoder.engine.drafter
     propose = drafter.propose
 
     def recording(contexts):
+        counted_from = getattr(drafter, "prompt_lengths", None)  # ngram, retrieval
+        if hasattr(drafter, "draft_context"):  # model drafters
+            counted_from = drafter.draft_context.generated_from
+        if counted_from is not None:
+            assert counted_from == [PROMPT_LENGTH[c[0]] for c in contexts], drafter.name
         trees = propose(contexts)
         for context, tree in zip(contexts, trees):
             seen[tuple(context)] = (tree.tokens.tolist(), tree.parents.tolist())
