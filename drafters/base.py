@@ -145,8 +145,8 @@ class Drafter:
     # Set by a wrapper (adaptive speculation) before `propose`: drafters that can draft less when
     # asked honour it; others may ignore it (the engine truncates their trees anyway).
     depth_limit: int | None = None
-    # Set by the engine before `begin`: the request's max_new_tokens (how long rows still run), a
-    # list of one per row when rows differ.
+    # Set by the engine before `begin`: each row's max_new_tokens (how long rows still run), by the
+    # engine's row numbers (rows that join are added); a number stands for every row.
     token_budget: int | list[int] | None = None
     sampling: "SamplingParams | None" = None  # the current request's, set by begin()
     # Set by the engine before `begin`: a row's new tokens up to number min_new_tokens cannot be

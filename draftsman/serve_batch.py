@@ -143,7 +143,8 @@ class _Progress:
         self._record = record
         self.prompts = 0  # prompts recorded
         self.ended: set[int] = set()  # rows whose finish reason was recorded
-        self.done = GenerationStats()  # the counts recorded (accepted tokens in accepted_per_round[0][0])
+        self.accepted = 0  # draft tokens accepted, recorded
+        self.done = GenerationStats()  # the other counts recorded
 
     def record(self, prompts: list[list[int]], stats: GenerationStats) -> None:
         ended = [r for r, reason in enumerate(stats.finish_reasons) if reason and r not in self.ended]
@@ -154,7 +155,7 @@ class _Progress:
         since = GenerationStats(
             rounds=stats.rounds - done.rounds, row_rounds=stats.row_rounds - done.row_rounds,
             new_tokens=stats.new_tokens - done.new_tokens, proposed_tokens=stats.proposed_tokens - done.proposed_tokens,
-            accepted_per_round=[[accepted - (done.accepted_per_round[0][0] if done.accepted_per_round else 0)]],
+            accepted_per_round=[[accepted - self.accepted]],
             proposed_at_depth=[a - b for a, b in zip(stats.proposed_at_depth, before(done.proposed_at_depth))],
             accepted_at_depth=[a - b for a, b in zip(stats.accepted_at_depth, before(done.accepted_at_depth))],
             draft_seconds=stats.draft_seconds - done.draft_seconds,
@@ -164,7 +165,8 @@ class _Progress:
         self._record(prompts[self.prompts:], since, new_generation=self.prompts == 0)
         self.prompts = len(prompts)
         self.ended.update(ended)
-        self.done = dataclasses.replace(stats, accepted_per_round=[[accepted]],
+        self.accepted = accepted
+        self.done = dataclasses.replace(stats, accepted_per_round=[],
                                         proposed_at_depth=list(stats.proposed_at_depth),
                                         accepted_at_depth=list(stats.accepted_at_depth), finish_reasons=[])
 
@@ -182,6 +184,11 @@ def check_max_rows(max_rows: int) -> None:
 
 
 class Batcher:
+    # Rows one generation takes in all before it stops taking more (it ends when its rows do, and
+    # the next begins): its per-row tables (statistics, contexts) would grow for as long as
+    # requests kept joining it, and each answered request copies the statistics.
+    max_generation_rows = 1024
+
     def __init__(self, decoder: Decoder, lock: threading.Lock, max_rows: int = 16, record=None,
                  record_request=None):
         """lock: held while a batch generates (the server scores prompts under it too, and tests
@@ -282,6 +289,8 @@ class Batcher:
         nothing waits behind later arrivals for ever."""
         def joining():
             with self._waiting_lock:
+                if not self.waiting or len(owner) >= self.max_generation_rows:
+                    return []
                 running = sum(1 for reason in stats.finish_reasons if not reason)
                 taken = []
                 for job in self.waiting:

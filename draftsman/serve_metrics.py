@@ -12,10 +12,10 @@ for vLLM's speculative decoding reads them with the prefix changed:
 
 and the gauges num_requests_waiting and num_requests_running, as vLLM's. Per request answered,
 histograms under vLLM's names: time_to_first_token_seconds, e2e_request_latency_seconds,
-request_queue_time_seconds (waiting for its batch), request_inference_time_seconds (its batch
-began until its rows ended), time_per_output_token_seconds (its mean gap between tokens after
-the first: a round commits several tokens at once, so single gaps say little), and
-request_prompt_tokens / request_generation_tokens.
+request_queue_time_seconds (waiting until it starts, in a new batch or joining one),
+request_inference_time_seconds (its start until its rows ended), time_per_output_token_seconds
+(its mean gap between tokens after the first: a round commits several tokens at once, so single
+gaps say little), and request_prompt_tokens / request_generation_tokens.
 
 A draft here is a tree (a chain is one), so draft tokens count its nodes and the positions are
 depths. prometheus_client writes the exposition format, as vLLM's server does.
@@ -69,8 +69,9 @@ class ServeMetrics:
 
         self.ttft = histogram("time_to_first_token_seconds", "Request arrival to its first token", LATENCY_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Request arrival to its answer", LATENCY_BUCKETS)
-        self.queue_time = histogram("request_queue_time_seconds", "Waiting for its batch to begin", LATENCY_BUCKETS)
-        self.inference_time = histogram("request_inference_time_seconds", "Its batch began until its rows ended",
+        self.queue_time = histogram("request_queue_time_seconds", "Waiting until it starts in a batch",
+                                    LATENCY_BUCKETS)
+        self.inference_time = histogram("request_inference_time_seconds", "Its start in a batch until its rows ended",
                                         LATENCY_BUCKETS)
         self.tpot = histogram("time_per_output_token_seconds", "Per request: mean gap between its tokens after the "
                               "first", TOKEN_GAP_BUCKETS)

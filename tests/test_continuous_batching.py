@@ -407,6 +407,22 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     assert answers["wide"][0].token_ids == decoder.generate(SERVE_PROMPTS[1:3], **same).token_ids
 
 
+def test_a_generation_stops_taking_rows_at_its_limit(slow_server_decoder):
+    """Past max_generation_rows rows in all, a generation takes no more: the request waits for
+    it to end and runs in the next one."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    batcher.max_generation_rows = 1
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    short, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:3]), {"max_new_tokens": 60, "min_new_tokens": 60})
+    assert long_job.stats is not None and rows == 2  # it ran after the long row, on its own
+    assert short.token_ids == decoder.generate(SERVE_PROMPTS[1:3], max_new_tokens=60, min_new_tokens=60).token_ids
+
+
 def test_a_joined_request_whose_client_leaves_ends_its_rows(slow_server_decoder):
     import threading
 

@@ -200,7 +200,7 @@ class SpeculativeEngine:
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
         prefill_hidden = self._prefill(contexts, layers)
-        self.drafter.token_budget = max_new_tokens if isinstance(max_new_tokens, int) and joining is None else limits
+        self.drafter.token_budget = limits  # the engine's own list, extended as rows join
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
