@@ -120,10 +120,13 @@ def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft,
         assert decoder.engine.drafter.row_tokens == [len(tokens[i]) for i in engine_order]
 
 
-def test_rows_join_as_the_last_row_ends(tiny_models):
+@pytest.mark.parametrize("name", ["ngram", "draft_model", "medusa", "eagle3", "mtp"])
+def test_rows_join_as_the_last_row_ends(tiny_models, close_draft, fresh_heads, name):
     """A batch whose rows have all ended goes on while joining() returns prompts, and ends when
-    it returns none."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "ngram", "k": 3}})
+    it returns none. Its caches then hold no row but still their slots (the target's, and a
+    model drafter's, which grows empty rows), which the joined rows must line up with."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": drafters(tiny_models, close_draft, fresh_heads)[name]})
     stats = draftsman.GenerationStats()
     waves = [[1], [2, 3], [4]]
     order, calls = [0], []

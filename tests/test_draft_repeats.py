@@ -73,8 +73,8 @@ def test_a_penalised_sampled_drafts_q_is_what_it_was_drawn_from(tiny_models):
                                                                    "penalise_drafts": True}})
     drafter, context = dec.drafter, PROMPTS[0]
     params = SamplingParams(0.8, repetition_penalty=1.5)
-    drafter.begin([context], params, torch.Generator().manual_seed(0))
-    q = drafter.propose([context])[0].draft_probs[0].double()  # the first draft token's q
+    drafter.begin([context], params, torch.Generator(dec.engine.device).manual_seed(0))  # CUDA too
+    q = drafter.propose([context])[0].draft_probs[0].double().cpu()  # the first draft token's q
     ids = torch.tensor([context])
     with torch.no_grad():
         logits = load_for_reference(tiny_models["llama"][0])(input_ids=ids).logits[:, -1].double()

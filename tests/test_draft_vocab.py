@@ -15,7 +15,7 @@ from draftsman.drafters.int8_linear import Int8Linear
 from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import ALPHA, PROMPT, ROWS, exact_marginals, fit_pvalue
-from tiny_models import load_for_reference, perturbed_copy
+from tiny_models import load_for_reference, perturbed_copy, target_device
 
 NEW_TOKENS = 30
 PROMPTS = [[5, 9, 13, 2, 40], [7, 7, 8], [1, 2, 3, 4, 5, 1, 2, 3, 4], [60, 61, 62, 63]]
@@ -44,7 +44,7 @@ def greedy_case(tiny_models, tmp_path_factory):
 
 
 def load(target, **drafter):
-    return draftsman.load({"target": {"path": str(target)},
+    return draftsman.load({"target": {"path": str(target), "device": target_device(drafter)},
                            "drafter": {"name": "draft_model", "k": 4, **drafter},
                            "generation": {"max_new_tokens": NEW_TOKENS}})
 

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (NoBadWordsLogitsProcessor, N
 import draftsman
 from draftsman.verifier.sampling import SamplingParams, processed_probs
 
-from tiny_models import load_for_reference, perturbed_copy
+from tiny_models import load_for_reference, perturbed_copy, target_device
 
 ALPHA = 1e-6
 ROWS = 6000
@@ -75,7 +75,7 @@ def test_first_two_tokens_follow_the_target(drafter, params, tiny_models, medium
         cfg["quantize"] = "int8"
     if drafter == "none":  # every round takes the engine's plain path (verify_plain)
         cfg = {"name": "none"}
-    dec = draftsman.load({"target": {"path": str(target)}, "drafter": cfg})
+    dec = draftsman.load({"target": {"path": str(target), "device": target_device(cfg)}, "drafter": cfg})
     out = dec.generate(input_ids=[PROMPT] * ROWS, max_new_tokens=2, temperature=params.temperature,
                        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
                        repetition_penalty=params.repetition_penalty, typical_p=params.typical_p,

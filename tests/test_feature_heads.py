@@ -18,7 +18,7 @@ from draftsman.verifier.sampling import SamplingParams
 from draftsman.verifier.tree import TreeBlock
 
 from test_engine_sampling import exact_marginals, fit_pvalue
-from tiny_models import load_for_reference
+from tiny_models import load_for_reference, target_device
 
 PROMPTS = [[5, 6, 7, 8], [9], [1, 2, 3, 1, 2, 3], [40, 41]]
 
@@ -52,8 +52,9 @@ def untrained(tiny_models, tmp_path_factory):
     return folders
 
 
-def _decoder(target, drafter=None, device="auto"):
-    return draftsman.load({"target": {"path": str(target), "device": device}, "drafter": drafter or {"name": "none"}})
+def _decoder(target, drafter=None, device=None):
+    return draftsman.load({"target": {"path": str(target), "device": device or target_device(drafter)},
+                           "drafter": drafter or {"name": "none"}})
 
 
 @pytest.mark.parametrize("kind", ["eagle", "mtp", "eagle3"])

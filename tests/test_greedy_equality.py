@@ -6,7 +6,7 @@ import torch
 
 import draftsman
 
-from tiny_models import load_for_reference, perturbed_copy
+from tiny_models import load_for_reference, perturbed_copy, target_device
 
 NEW_TOKENS = 40
 PROMPT_TEXTS = ["def parse(", "class Foo:\n    def", "for i in range(10):\n    print(i", "import"]
@@ -64,8 +64,8 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
     prompts, expected = references[arch]
     taus = {}
     for name, drafter in drafter_configs(arch, tiny_models, close_drafts).items():
-        dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": drafter,
-                              "generation": {"max_new_tokens": NEW_TOKENS}})
+        dec = draftsman.load({"target": {"path": str(tiny_models[arch][0]), "device": target_device(drafter)},
+                              "drafter": drafter, "generation": {"max_new_tokens": NEW_TOKENS}})
         one_by_one = [dec.generate(input_ids=[p], temperature=0.0).token_ids[0] for p in prompts]
         assert one_by_one == expected, f"{arch}/{name} batch 1"
         batched = dec.generate(input_ids=prompts[:4], temperature=0.0)

@@ -96,6 +96,12 @@ def build_model_folder(folder: Path, arch: str, seed: int, size: str = "target",
     return folder
 
 
+def target_device(drafter: dict | None) -> str:
+    """Where a test puts the target for this drafter config: "auto" (CUDA on a GPU machine), but
+    the CPU for an int8 drafter, which runs on CPU only and refuses a CUDA target by design."""
+    return "cpu" if drafter and drafter.get("quantize") == "int8" else "auto"
+
+
 def load_for_reference(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 

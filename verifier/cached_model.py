@@ -101,8 +101,10 @@ class CachedLM:
         return self.slot_pos.shape[1]
 
     def _layers(self):
+        # Layers that hold storage, empty ones too: once every row has ended, a layer of 0 rows
+        # must still be cropped and compacted with slot_pos, or rows that join misalign.
         for layer in self.cache.layers:
-            if layer.is_initialized and layer.keys.numel():
+            if layer.is_initialized and layer.keys is not None:
                 yield layer
 
     @torch.no_grad()
@@ -245,7 +247,9 @@ class CachedLM:
         S = max(self.num_slots, joined_pos.shape[1])
         rows = (self.slot_pos.shape[0], joined_pos.shape[0])
         for layer, theirs in zip(self.cache.layers, joined_layers):
-            mine = _used(layer)
+            # Not _used(): a layer whose rows have all ended holds no row but still its slots,
+            # which the joined rows must be padded to.
+            mine = (layer.keys, layer.values) if layer.is_initialized else None
             if mine is None and theirs is None:
                 continue
             like = (mine or theirs)[0]

@@ -5,11 +5,18 @@
 # Everything it writes lands in $OUT/gpu-run.tgz (the device tool returns at most 8 files).
 #   BUDGET_S     seconds for the whole script (default 480); the compare gets what the suite leaves
 #   SUITE_S      seconds for the suite (default 150; 0 skips it)
+#   WORKERS      pytest-xdist workers for the suite (default 8), each with one torch thread
+#   COMPARE      0 skips the compare (a call for the suite and loadtest alone)
+#   LOAD_S       seconds for loadtest.sh, drafters' servers side by side under load (default 0: skipped)
 # Measured on an H200 lease (2026-11-30): machine start + transfer ~40 s; the suite on 8 workers
 # passes ~85% of its tests in 100 s; bench-zoo-gpu.yaml at T=0 with 3 prompts per category and
 # batch sizes 1,4,16 takes 3.5 min, the whole config (T=0 and 1, 4 prompts, batch 1-16) ~7.5 min.
 # One command may run 10 minutes: for the whole suite and the whole config, make two calls back to
 # back while the machine is warm (SUITE_S=200 BUDGET_S=240 first, then SUITE_S=0 BUDGET_S=540).
+# Measured again (2026-12-04, 933 tests): the suite is slower there than on 2 CPU cores (tiny models
+# on CUDA are launch-bound): 16 workers got through 84% in 330 s, 14 workers 61% in 270 s. So the
+# whole suite needs about 400 s, a call of its own: SUITE_S=450 WORKERS=16 COMPARE=0 BUDGET_S=480.
+# LOAD_S: the 5 servers of loadtest.sh (2 runs each of 48 requests) took 85 s.
 #   CONFIG       bench config (default configs/bench-zoo-gpu.yaml)
 set -u
 export PYTHONUNBUFFERED=1
@@ -17,6 +24,9 @@ OUT=${OUT:?set OUT to a folder}
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-480}
 SUITE_S=${SUITE_S:-150}
+WORKERS=${WORKERS:-8}
+LOAD_S=${LOAD_S:-0}
+COMPARE=${COMPARE:-1}
 CONFIG=${CONFIG:-configs/bench-zoo-gpu.yaml}
 LOG=$OUT/run; mkdir -p "$LOG"
 stage() { echo "== $(( $(date +%s) - START ))s: $*"; }
@@ -35,16 +45,26 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$LOG
 
 # The packaging tests build a wheel in an isolated environment, which needs a package index.
 if [ "$SUITE_S" -gt 0 ]; then
-  stage "suite (xdist, 8 workers, ${SUITE_S}s at most)"
-  # -v logs each test as it ends, so a suite cut off by its timeout still names what failed.
-  timeout "$SUITE_S" python3 -m pytest tests -v -n 8 -p xdist -p no:cacheprovider -rfE \
-    --deselect tests/test_packaging.py > "$LOG/pytest.log" 2>&1
+  stage "suite (xdist, $WORKERS workers, ${SUITE_S}s at most)"
+  # -v logs each test as it ends, so a suite cut off by its timeout still names what failed
+  # (addopts emptied: the project's -q would cancel -v).
+  # One torch thread per worker: 8 workers x 16 default threads on 16 cores thrash.
+  OMP_NUM_THREADS=1 timeout "$SUITE_S" python3 -m pytest tests -o addopts= -v -n "$WORKERS" -p xdist \
+    -p no:cacheprovider -rfE --deselect tests/test_packaging.py --durations=15 > "$LOG/pytest.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG/pytest.log"
   pkill -f 'exec(eval(sys.stdin.readline()))' 2>/dev/null  # xdist workers outlive a timed-out pytest
-  grep -E "FAILED|ERROR" "$LOG/pytest.log" | head -n 20; grep -cE "PASSED" "$LOG/pytest.log"
+  grep -E "(FAILED|ERROR) tests" "$LOG/pytest.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | head -n 40
+  echo "passed: $(grep -c " PASSED " "$LOG/pytest.log")"; tail -n 22 "$LOG/pytest.log"
+fi
+
+if [ "$LOAD_S" -gt 0 ]; then
+  stage "loadtest (${LOAD_S}s at most)"
+  OUT_DIR="$LOG/loadtest" timeout "$LOAD_S" bash scripts/gpu/loadtest.sh
+  echo "loadtest.sh exit $?"
 fi
 
 LEFT=$(( BUDGET_S - ($(date +%s) - START) - 20 ))
+if [ "$COMPARE" = 0 ]; then stage "compare skipped (COMPARE=0)"; exit 0; fi
 if [ "$LEFT" -lt 30 ]; then stage "no time left for the compare"; exit 0; fi
 stage "compare ($CONFIG, ${LEFT}s at most)"
 timeout "$LEFT" python3 -m draftsman compare --config "$CONFIG" --out "$LOG/compare" "$@" > "$LOG/compare.md" 2> "$LOG/compare.err"
