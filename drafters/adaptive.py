@@ -638,6 +638,7 @@ class AdaptiveDrafter(Drafter):
             return [self._empty] * len(contexts)
         self._stretch = None  # a bet or a probe ends the stretch: its outcome moves the estimates
         self.inner.depth_limit = depth
+        self.inner.min_new_tokens = self.min_new_tokens  # set by the engine each round
         t0 = time.perf_counter()
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
         seconds = time.perf_counter() - t0

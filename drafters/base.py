@@ -149,11 +149,19 @@ class Drafter:
     # engine's row numbers (rows that join are added); a number stands for every row.
     token_budget: int | list[int] | None = None
     sampling: "SamplingParams | None" = None  # the current request's, set by begin()
-    # Set by the engine before `begin`: a row's new tokens up to number min_new_tokens cannot be
-    # one of eos_token_ids (the target's EOS logit is -inf there). Model drafters mask them in
-    # their drafts (drafters/eos_ban.py); wrappers pass both on to the drafters they hold.
-    min_new_tokens: int = 0
+    # Set by the engine before `begin` and before each `propose`: a row's new tokens up to number
+    # min_new_tokens cannot be one of eos_token_ids (the target's EOS logit is -inf there). One
+    # number for every row, or a list of one per row of the coming propose() when requests with
+    # their own minimum share the batch (read it through min_new_tokens_per_row). Model drafters
+    # mask them in their drafts (drafters/eos_ban.py); wrappers pass both on to the drafters they
+    # hold, before each propose.
+    min_new_tokens: int | list[int] = 0
     eos_token_ids: frozenset[int] = frozenset()
+
+    def min_new_tokens_per_row(self, rows: int) -> list[int]:
+        """min_new_tokens as one number per row of the coming propose()."""
+        m = self.min_new_tokens
+        return list(m) if isinstance(m, (list, tuple)) else [m] * rows
 
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling

@@ -76,6 +76,7 @@ class CascadeDrafter(Drafter):
                 break  # later children are not asked at all: that is where a cascade saves time
             # Every row, not only the waiting ones: children keep per-row state for all active rows.
             child.depth_limit = self.depth_limit  # set on the cascade by adaptive speculation
+            child.min_new_tokens = self.min_new_tokens  # set by the engine each round
             proposals = child.propose(contexts)
             self.called.append(c)
             for i in waiting:

@@ -35,13 +35,15 @@ class EosBan:
         return torch.isin(vocab_map[:width], eos).nonzero()[:, 0]
 
     @classmethod
-    def for_round(cls, produced: list[int], min_new_tokens: int, columns: torch.Tensor,
+    def for_round(cls, produced: list[int], minimums: list[int], columns: torch.Tensor,
                   device) -> "EosBan | None":
-        """The ban for rows that have produced `produced[b]` new tokens; None when no row's draft
-        can reach a banned token, or no EOS is among the logits (drafting is then unchanged)."""
-        if columns.numel() == 0 or min_new_tokens <= min(produced, default=min_new_tokens):
+        """The ban for rows that have produced `produced[b]` new tokens of the `minimums[b]` they
+        must (each row its own request's min_new_tokens); None when no row's draft can reach a
+        banned token, or no EOS is among the logits (drafting is then unchanged)."""
+        left = [least - n for least, n in zip(minimums, produced)]
+        if columns.numel() == 0 or max(left, default=0) <= 0:
             return None
-        return cls(torch.tensor([min_new_tokens - n for n in produced], device=device), columns)
+        return cls(torch.tensor(left, device=device), columns)
 
     def rows(self, index: torch.Tensor) -> "EosBan":
         """The ban of a subset of rows (drafters that draft for some rows only)."""

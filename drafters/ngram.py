@@ -113,13 +113,14 @@ class NgramDrafter(Drafter):
     def propose(self, contexts):
         o = self.options
         trees = []
-        for index, ctx, prompt_length in zip(self.indexes, contexts, self.prompt_lengths):
+        minimums = self.min_new_tokens_per_row(len(contexts))
+        for index, ctx, prompt_length, least in zip(self.indexes, contexts, self.prompt_lengths, minimums):
             index.update(ctx)
             trie = _Trie([], [])
             # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor
             # ever a token logit_bias bans: a continuation ends before either (the tree is
             # deterministic, so cutting it is exact).
-            banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)
+            banned_depths = least - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
                 trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
             trees.append(trie.tree(self.device))

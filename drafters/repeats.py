@@ -86,7 +86,7 @@ class DraftContext:
         if self.eos_columns is None:
             self.eos_columns = EosBan.columns_of(drafter.eos_token_ids, width, vocab_map, self.device)
         produced = [len(c) - n for c, n in zip(contexts, self.generated_from)]
-        return EosBan.for_round(produced, drafter.min_new_tokens, self.eos_columns, self.device)
+        return EosBan.for_round(produced, drafter.min_new_tokens_per_row(len(contexts)), self.eos_columns, self.device)
 
     def round(self, sampling, contexts: list[list[int]], width: int,
               vocab_map: torch.Tensor | None) -> "DraftRepeats | None":

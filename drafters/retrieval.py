@@ -92,9 +92,10 @@ class RetrievalDrafter(Drafter):
     def propose(self, contexts):
         o = self.options
         trees = []
-        for ctx, prompt_length in zip(contexts, self.prompt_lengths):
+        minimums = self.min_new_tokens_per_row(len(contexts))
+        for ctx, prompt_length, least in zip(contexts, self.prompt_lengths, minimums):
             trie = _Trie([], [])
-            banned_depths = self.min_new_tokens - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
+            banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
                 trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
             trees.append(trie.tree(self.device))

@@ -43,19 +43,20 @@ class StreamChunk:
 
 
 def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
-    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens given per
-    prompt in `args` becomes one per row."""
+    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens or
+    min_new_tokens given per prompt in `args` becomes one per row."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
     if n > 1 and args["sampling"].greedy:
         raise ValueError(f"num_return_sequences={n} at temperature 0 would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
-    limits = args["max_new_tokens"]
-    if isinstance(limits, (list, tuple)):
-        if len(limits) != len(ids):
-            raise ValueError(f"max_new_tokens has {len(limits)} values for {len(ids)} prompts: give one number, "
-                             "or one per prompt")
-        args["max_new_tokens"] = [m for m in limits for _ in range(n)]
+    for key in ("max_new_tokens", "min_new_tokens"):
+        per_prompt = args[key]
+        if isinstance(per_prompt, (list, tuple)):
+            if len(per_prompt) != len(ids):
+                raise ValueError(f"{key} has {len(per_prompt)} values for {len(ids)} prompts: give one number, "
+                                 "or one per prompt")
+            args[key] = [m for m in per_prompt for _ in range(n)]
     return [row for row in ids for _ in range(n)]
 
 
@@ -140,7 +141,7 @@ class Decoder:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  min_p: float | None = None, stop: list[str] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, min_new_tokens: int | None = None,
+                 frequency_penalty: float | None = None, min_new_tokens: int | list[int] | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
                  logit_bias: dict[int, float] | None = None,
@@ -151,7 +152,8 @@ class Decoder:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py);
-        min_new_tokens: EOS cannot end a row before it has that many new tokens; logprobs: also
+        min_new_tokens: EOS cannot end a row before it has that many new tokens, one number or one
+        per prompt; logprobs: also
         return the target's log-probability of each new token (out.logprobs), True or "raw" for the
         model's own distribution, "processed" for the one the token was drawn from
         (verifier/logprobs.py); top_logprobs: with logprobs, also the N likeliest tokens at each
@@ -248,16 +250,17 @@ class Decoder:
         """stream_chunks() for several prompts generated as one batch (how `draftsman serve`
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
-        settings: stream_chunks' keywords (max_new_tokens, one number or one per prompt,
-        temperature, ..., logprobs, top_logprobs), and num_return_sequences (rows then go prompt
+        settings: stream_chunks' keywords (max_new_tokens and min_new_tokens, one number or one per
+        prompt, temperature, ..., logprobs, top_logprobs), and num_return_sequences (rows then go prompt
         by prompt, n samples each, as generate's). A row's last chunk, with its finish_reason,
         comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
-        that join the running batch now, as (token ids, max_new_tokens) pairs, [] for none (a
-        limit of None: the batch's one limit, else the config's). Their rows (n samples each) are
+        that join the running batch now, as (token ids, max_new_tokens) pairs or (token ids,
+        max_new_tokens, min_new_tokens) triples, [] for none (a limit of None: the batch's one
+        limit, else the config's; likewise a minimum). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -274,14 +277,21 @@ class Decoder:
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
-        limit = args["max_new_tokens"]
-        default_limit = limit if isinstance(limit, int) else self.config["generation"]["max_new_tokens"]
+        g = self.config["generation"]
+        limit, least = args["max_new_tokens"], args["min_new_tokens"]
+        default_limit = limit if isinstance(limit, int) else g["max_new_tokens"]
+        default_least = least if isinstance(least, int) else g["min_new_tokens"]
         ids = _samples_of(ids, n, args)
         joined_rows = None
         if joining is not None:
             def joined_rows():  # the engine's rows: each joining prompt n times
-                return [(list(map(int, prompt)), default_limit if own_limit is None else own_limit)
-                        for prompt, own_limit in joining() for _ in range(n)]
+                rows = []
+                for prompt, own_limit, *own_least in joining():
+                    own_least = own_least[0] if own_least else None
+                    row = (list(map(int, prompt)), default_limit if own_limit is None else own_limit,
+                           default_least if own_least is None else own_least)
+                    rows += [row] * n
+                return rows
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
                                     aborted, joined_rows)
 

@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(seeded by --seed; the same draws for every server and run)")
     p.add_argument("--fixed-length", action="store_true",
                    help="also send min_tokens = max_tokens, so every request makes its max_tokens (with "
-                        "--max-tokens-min each request then has its own min_tokens, and draftsman serve batches "
-                        "only requests with equal min_tokens)")
+                        "--max-tokens-min each request then has its own min_tokens; draftsman serve batches them "
+                        "anyway, a minimum per row; a server that splits batches by min_tokens would not)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
     p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")

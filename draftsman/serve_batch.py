@@ -5,8 +5,9 @@ that is running, between two rounds, as vLLM's scheduler adds requests at every 
 CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1, so clients that
 come at once are served sooner.
 
-Requests share a batch only when every setting but max_tokens is the same (one generation
-takes one set of sampling settings, and a limit per row), up to `max_rows` rows running at once;
+Requests share a batch only when every setting but max_tokens and min_tokens is the same (one
+generation takes one set of sampling settings, and a limit and a minimum per row), up to
+`max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
 the joining until the batch ends (nothing waits for ever behind later arrivals). A request with
@@ -44,6 +45,9 @@ class RequestTimes:
     generation_tokens: int  # over its rows
 
 
+PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens")  # requests that differ only in these share a batch
+
+
 class _Job:
     """One request: its prompts and settings, and the queue its answer comes through: ("chunk",
     (row, StreamChunk)) then ("end", stats) for a stream; ("done", GenerationOutput) for the
@@ -52,9 +56,9 @@ class _Job:
     def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
         self.ids, self.args, self.stream = ids, args, stream
         self.rows = len(ids) * args.get("num_return_sequences", 1)
-        # Settings as a comparable string (n included: one generation takes one; max_new_tokens
-        # not: the engine takes one per row); None: this job runs alone.
-        settings = {k: v for k, v in args.items() if k != "max_new_tokens"}
+        # Settings as a comparable string (n included: one generation takes one; max_new_tokens and
+        # min_new_tokens not: the engine takes them per row); None: this job runs alone.
+        settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         self.batch_rows = 0  # rows running in its batch when it started, its own included
         self.queue: queue.Queue = queue.Queue()
@@ -300,21 +304,23 @@ class Batcher:
                     running += job.rows
                 self.waiting = self.waiting[len(taken):]
             entered, now = [], time.perf_counter()
+            generation = self.decoder.config["generation"]
             for job in taken:
-                limit = job.args.get("max_new_tokens") or self.decoder.config["generation"]["max_new_tokens"]
+                limit, least = (generation[key] if job.args.get(key) is None else job.args[key]
+                                for key in PER_ROW_SETTINGS)
                 try:
-                    self.decoder.check_join(job.ids, limit, job.args.get("min_new_tokens"))
+                    self.decoder.check_join(job.ids, limit, least)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
                     running -= job.rows
                     continue
                 self._enter(job, owner, prompts, aborted, now)
-                entered.append((job, limit))
-            for job, _ in entered:
+                entered.append((job, limit, least))
+            for job, _, _ in entered:
                 job.batch_rows = running  # the rows it runs beside, its own included
-            joined_jobs.extend(job for job, _ in entered)
+            joined_jobs.extend(job for job, _, _ in entered)
             self.running += len(entered)
-            return [(ids, limit) for job, limit in entered for ids in job.ids]
+            return [(ids, limit, least) for job, limit, least in entered for ids in job.ids]
         return joining
 
     def _take(self) -> list[_Job]:
@@ -363,11 +369,12 @@ class Batcher:
         joined: list[_Job] = []
         if self.decoder.can_join and jobs[0].key is not None:
             settings["joining"] = self._joining(jobs[0], owner, prompts, aborted, stats, joined)
-        limits = [job.args.get("max_new_tokens") for job in jobs]
-        if len(set(limits)) > 1:  # one per prompt; a request that gave none takes the config's
-            default = self.decoder.config["generation"]["max_new_tokens"]
-            settings["max_new_tokens"] = [default if limit is None else limit
-                                          for job, limit in zip(jobs, limits) for _ in job.ids]
+        for key in PER_ROW_SETTINGS:
+            values = [job.args.get(key) for job in jobs]
+            if len(set(values)) > 1:  # one per prompt; a request that gave none takes the config's
+                default = self.decoder.config["generation"][key]
+                settings[key] = [default if value is None else value
+                                 for job, value in zip(jobs, values) for _ in job.ids]
         # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.
         progress = _Progress(self.record) if self.record is not None else None
         try:

@@ -390,7 +390,8 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     for count, (name, prompts, args) in enumerate([("wide", SERVE_PROMPTS[1:3], same),
                                                    ("small", SERVE_PROMPTS[3:4], same),
                                                    ("other", SERVE_PROMPTS[1:2], {"max_new_tokens": 8,
-                                                                                  "min_new_tokens": 4})], start=1):
+                                                                                  "repetition_penalty": 1.2})],
+                                                  start=1):
         threading.Thread(target=ask, args=(name, decoder.encode(prompts), args), daemon=True).start()
         deadline = time.time() + 10
         while len(batcher.waiting) < count:  # queued...
@@ -408,6 +409,24 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     assert answers["other"][1] == 1 and answers["wide"][1] == 2 and answers["small"][1] <= 2
     assert answers["small"][0].token_ids == decoder.generate(SERVE_PROMPTS[3:4], **same).token_ids
     assert answers["wide"][0].token_ids == decoder.generate(SERVE_PROMPTS[1:3], **same).token_ids
+
+
+def test_requests_with_their_own_min_tokens_share_a_batch(slow_server_decoder):
+    """min_tokens is a row's own, as max_tokens: a request with another minimum joins the running
+    batch, and each request's rows are what they are alone."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder, min_new_tokens=60)
+    short, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:3]), {"max_new_tokens": 8, "min_new_tokens": 3})
+    assert rows == 3 and long_job.stats is None  # it ran beside the long row
+    got += [chunk for _, chunk in chunks]  # (the decoder is the batch's until it ends)
+    assert short.token_ids == decoder.generate(SERVE_PROMPTS[1:3], max_new_tokens=8, min_new_tokens=3).token_ids
+    alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60)
+    assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
 
 
 def test_a_generation_stops_taking_rows_at_its_limit(slow_server_decoder):

@@ -20,8 +20,11 @@ def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
     logits = torch.zeros(2, 3, 5)  # (rows, positions, draft vocabulary)
     vocab_map = torch.tensor([9, 4, 2, 7, 3])  # draft row -> token id
     columns = EosBan.columns_of({2, 3, 8}, width=5, vocab_map=vocab_map, device="cpu")
-    ban = EosBan.for_round([3, 6], min_new_tokens=7, columns=columns, device="cpu")
+    ban = EosBan.for_round([3, 6], minimums=[7, 7], columns=columns, device="cpu")
     assert ban.columns.tolist() == [2, 4] and ban.deepest.tolist() == [4, 1]
+    # Each row its own request's minimum (rows of requests batched together).
+    assert EosBan.for_round([3, 6], [4, 9], columns, "cpu").deepest.tolist() == [1, 3]
+    assert EosBan.for_round([3, 6], [0, 9], columns, "cpu").deepest.tolist() == [-3, 3]
     out = ban.apply(logits, torch.tensor([1, 2, 5]))  # one depth per position
     banned = out[..., [2, 4]].isinf()
     assert banned[..., 0].tolist() == [[True, True, False], [True, False, False]]
@@ -30,9 +33,10 @@ def test_the_ban_masks_eos_columns_up_to_each_rows_depth():
     assert ban.apply(torch.zeros(2, 5), 2)[:, 2].isinf().tolist() == [True, False]
     assert ban.rows(torch.tensor([1])).apply(torch.zeros(1, 5), 1)[0, 4].isinf()
     # Nothing to ban: every row has its min_new_tokens, no EOS, or none in the draft vocabulary.
-    assert EosBan.for_round([7, 9], 7, columns, "cpu") is None
+    assert EosBan.for_round([7, 9], [7, 7], columns, "cpu") is None
+    assert EosBan.for_round([7, 9], [0, 9], columns, "cpu") is None
     for eos, draft_vocab in ((set(), None), ({8}, vocab_map), ({5}, None)):  # ({5}: past the drafter's logits)
-        assert EosBan.for_round([0], 7, EosBan.columns_of(eos, 5, draft_vocab, "cpu"), "cpu") is None
+        assert EosBan.for_round([0], [7], EosBan.columns_of(eos, 5, draft_vocab, "cpu"), "cpu") is None
 
 
 def test_the_dynamic_tree_bans_eos_per_row_at_every_level():

@@ -28,7 +28,8 @@ from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 # joining() -> rows that join a running batch before its next round: (prompt, max_new_tokens) each.
-Joining = Callable[[], "list[tuple[list[int], int]]"]
+# A joining row: (token ids, max_new_tokens) or (token ids, max_new_tokens, min_new_tokens).
+Joining = Callable[[], "list[tuple[list[int], int] | tuple[list[int], int, int]]"]
 
 
 @dataclass
@@ -95,7 +96,8 @@ class SpeculativeEngine:
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
         self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
-        self._min_new_tokens = 0
+        self._minimums: list[int] = []  # per request: each row's min_new_tokens, by row number
+        self._join_minimum = 0  # per request: a joining row's min_new_tokens when it gives none
         self._end_ids = frozenset(self.eos_token_ids)  # per request: EOS and the stop token ids
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
@@ -140,7 +142,7 @@ class SpeculativeEngine:
     @torch.no_grad()
     def stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
-               stop: StopCheck | None = None, min_new_tokens: int = 0,
+               stop: StopCheck | None = None, min_new_tokens: int | list[int] = 0,
                logprobs: TokenLogprobs | None = None,
                stop_token_ids: Iterable[int] = (),
                aborted: Container[int] = (), joining: Joining | None = None) -> Iterator[tuple[int, list[int]]]:
@@ -148,7 +150,8 @@ class SpeculativeEngine:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
-        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens). logprobs: gets the
+        that many new tokens (Hugging Face's min_new_tokens, vLLM's min_tokens); one number for
+        every row, or one per row as max_new_tokens. logprobs: gets the
         target's log-probability of each token before that token is yielded (verifier/logprobs.py).
         stop_token_ids: tokens that end a row as EOS does (kept in its output; finish reason "stop"),
         as vLLM's stop_token_ids; min_new_tokens holds them back too. aborted: rows the caller wants
@@ -156,9 +159,11 @@ class SpeculativeEngine:
         the batch after the round it is in, finish reason "abort", so it costs no more target passes.
         joining: asked before every round for rows that join the batch (continuous batching, as
         vLLM's scheduler adds requests at every step): each is prefilled and then runs as if it had
-        been there from the start, numbered after the rows before it. Its sampling settings, stop
-        check and min_new_tokens are the batch's; check_rows() tells whether it is valid. Needs a
-        drafter that can add rows (Drafter.can_add_rows)."""
+        been there from the start, numbered after the rows before it. A joining row is (token ids,
+        max_new_tokens) or (token ids, max_new_tokens, min_new_tokens); without its own minimum it
+        takes the batch's number (0 when the batch had one per row). Its sampling settings and stop
+        check are the batch's; check_rows() tells whether it is valid. Needs a drafter that can add
+        rows (Drafter.can_add_rows)."""
         if joining is not None and not self.drafter.can_add_rows:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
@@ -176,8 +181,8 @@ class SpeculativeEngine:
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
         limits = self._row_limits(max_new_tokens, len(prompts))
-        self._check_min_new_tokens(min_new_tokens, limits)
-        self._min_new_tokens = min_new_tokens
+        self._minimums = self._row_minimums(min_new_tokens, limits)
+        self._join_minimum = min_new_tokens if isinstance(min_new_tokens, int) else 0
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
         stats.finish_reasons = [""] * len(prompts)
@@ -201,7 +206,7 @@ class SpeculativeEngine:
         layers = self.drafter.needs.hidden_state_layers
         prefill_hidden = self._prefill(contexts, layers)
         self.drafter.token_budget = limits  # the engine's own list, extended as rows join
-        self.drafter.min_new_tokens, self.drafter.eos_token_ids = min_new_tokens, self._end_ids
+        self.drafter.min_new_tokens, self.drafter.eos_token_ids = self._drafter_minimums(range(B)), self._end_ids
         self.drafter.begin([list(p) for p in prompts], sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)
@@ -215,6 +220,7 @@ class SpeculativeEngine:
                     elif not active:
                         break
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
+                self.drafter.min_new_tokens = self._drafter_minimums(active)
                 synchronize(self.device)
                 t0 = time.perf_counter()
                 trees = self.drafter.propose([contexts[r] for r in active])
@@ -284,25 +290,45 @@ class SpeculativeEngine:
         finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
 
-    def check_rows(self, prompts: list[list[int]], max_new_tokens: list[int], min_new_tokens: int) -> None:
-        """Raise ValueError, naming the problem, when these rows cannot join a batch with this
-        min_new_tokens (what stream() checks before it starts)."""
+    def check_rows(self, prompts: list[list[int]], max_new_tokens: int | list[int],
+                   min_new_tokens: int | list[int]) -> None:
+        """Raise ValueError, naming the problem, when these rows cannot join a batch with these
+        limits (what stream() checks before it starts)."""
         self.check_prompts(prompts)
-        self._check_min_new_tokens(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
+        self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
 
     @staticmethod
-    def _check_min_new_tokens(min_new_tokens, limits: list[int]) -> None:
-        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= min(limits):
+    def _row_minimums(min_new_tokens, limits: list[int]) -> list[int]:
+        """min_new_tokens as one number per row, each checked against its row's max_new_tokens."""
+        if isinstance(min_new_tokens, (list, tuple)):
+            if len(min_new_tokens) != len(limits):
+                raise ValueError(f"min_new_tokens has {len(min_new_tokens)} values for {len(limits)} rows: "
+                                 "give one number, or one per row")
+            for row, (least, limit) in enumerate(zip(min_new_tokens, limits)):
+                if isinstance(least, bool) or not isinstance(least, int) or not 0 <= least <= limit:
+                    raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {limit}], got {least!r} "
+                                     f"(row {row}): raise max_new_tokens or lower min_new_tokens")
+            return list(min_new_tokens)
+        if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) \
+                or not 0 <= min_new_tokens <= min(limits):
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {min(limits)}], got {min_new_tokens}: "
                              "raise max_new_tokens or lower min_new_tokens")
+        return [min_new_tokens] * len(limits)
+
+    def _drafter_minimums(self, rows) -> int | list[int]:
+        """The rows' min_new_tokens as drafters read it: one number when they share it (as
+        before rows could differ; a drafter written for that keeps working), else one per row."""
+        minimums = [self._minimums[r] for r in rows]
+        return minimums[0] if len(set(minimums)) == 1 else minimums
 
     def _join(self, joined: list[tuple[list[int], int]], contexts: list[list[int]], outputs: list[list[int]],
               limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> list[int]:
         """Rows join the running batch: their prompts prefilled apart, their caches appended to the
         target's, the drafter told, every per-row table extended. Returns their row numbers."""
-        prompts = [list(map(int, prompt)) for prompt, _ in joined]
-        new_limits = [limit for _, limit in joined]
-        self.check_rows(prompts, new_limits, self._min_new_tokens)
+        prompts = [list(map(int, row[0])) for row in joined]
+        new_limits = [row[1] for row in joined]
+        new_minimums = [row[2] if len(row) > 2 else self._join_minimum for row in joined]
+        self.check_rows(prompts, new_limits, new_minimums)
         first = len(contexts)
         layers = self.drafter.needs.hidden_state_layers
         fresh = CachedLM(self.target.model, self.target.dtype)
@@ -311,6 +337,7 @@ class SpeculativeEngine:
         contexts += [list(p) for p in prompts]
         outputs += [[] for _ in prompts]
         limits += new_limits
+        self._minimums += new_minimums
         stats.accepted_per_round += [[] for _ in prompts]
         stats.finish_reasons += [""] * len(prompts)
         if logprobs is not None:
@@ -387,7 +414,9 @@ class SpeculativeEngine:
         logprobs are read from (else None): as the target gave them ("raw"), or as returned
         ("processed")."""
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
-        changes = sampling.changes_logits or (self._min_new_tokens and self._end_ids)
+        minimums = [self._minimums[r] for r in rows] if self._end_ids else []
+        holds_eos = any(least > len(out) for least, out in zip(minimums, outputs))  # some row's EOS is masked
+        changes = sampling.changes_logits or holds_eos
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
             ids, biases = sampling.bias_tensors(logits.device)
@@ -402,10 +431,11 @@ class SpeculativeEngine:
         for ban in (self._ngrams, self._bad_words):
             if ban is not None:
                 logits = ban.ban_(logits, block, rows, contexts)
-        if self._min_new_tokens and self._end_ids:
+        if holds_eos:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
+            least = torch.tensor(minimums, device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).
-            too_early = (produced[:, None] + block.depth.to(logits.device) < self._min_new_tokens)[..., None]
+            too_early = (produced[:, None] + block.depth.to(logits.device) < least[:, None])[..., None]
             eos = torch.tensor(sorted(self._end_ids), device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
