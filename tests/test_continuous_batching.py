@@ -213,6 +213,38 @@ def test_sampled_joined_rows_draw_from_the_target(tiny_models, medium_draft, dra
         assert stats.tau > 1.01  # drafts were accepted and rejected
 
 
+@pytest.mark.parametrize("drafter", ["none", "draft_model"])
+def test_sampled_rows_already_running_stay_exact_after_a_join(tiny_models, medium_draft, drafter):
+    """The other side of a join: rows that were in the batch when longer prompts joined it (their
+    caches then padded with holes to the joined rows' slots, and the draft model's too) draw
+    their first two tokens from the target's exact marginals at temperature 1 (chi-square,
+    alpha = 1e-6, 3000 rows)."""
+    from test_engine_sampling import ALPHA, PROMPT, exact_marginals, fit_pvalue
+
+    cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
+    longer = list(range(20, 44))  # 24 tokens against PROMPT's 8
+
+    def joining():  # before the first round: every token of the running rows comes after the join
+        joining.calls += 1
+        return [(longer, 6)] * 500 if joining.calls == 1 else []
+    joining.calls = 0
+
+    stats = draftsman.GenerationStats()
+    out: dict[int, list[int]] = {}
+    for row, tokens in decoder.engine.stream([PROMPT] * 3000, 2, SamplingParams(1.0), seed=3, stats=stats,
+                                             joining=joining):
+        out.setdefault(row, []).extend(tokens)
+    assert len(out) == 3500 and stats.rounds > 1
+    running = [out[row] for row in range(3000)]
+    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), PROMPT, SamplingParams(1.0),
+                             decoder.engine.eos_token_ids)
+    assert fit_pvalue(torch.tensor([t[0] for t in running]), p1) > ALPHA
+    assert fit_pvalue(torch.tensor([t[1] for t in running if len(t) == 2]), p2) > ALPHA
+    if drafter == "draft_model":
+        assert stats.tau > 1.01  # drafts were accepted and rejected
+
+
 def test_a_drafter_without_add_rows_is_refused(tiny_models):
     from draftsman.drafters.base import Drafter, DraftTree
     from draftsman.drafters.registry import register
