@@ -128,7 +128,7 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
 ])
 def test_greedy_output_equals_the_target(trained, tiny_models, options):
     target = tiny_models["llama"][0]
-    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30)
+    plain = _decoder(target, device=target_device(options)).generate(input_ids=PROMPTS, max_new_tokens=30)
     options = dict(options)
     heads = options.pop("heads", options["name"])
     dec = _decoder(target, {**options, "path": str(trained[heads][0])})
@@ -171,7 +171,7 @@ def test_sampling_under_a_repetition_penalty_follows_the_target(trained, tiny_mo
                                              ("qwen2", "eagle3", {"quantize": "int8"}), ("gpt2", "eagle", {"quantize": "int8"})])
 def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind, extra):
     target = tiny_models[arch][0]
-    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=20)
+    plain = _decoder(target, device=target_device(extra)).generate(input_ids=PROMPTS, max_new_tokens=20)
     dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(untrained[arch, kind]), **extra})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
 
