@@ -185,32 +185,45 @@ def test_joined_rows_keep_logprobs_and_stop_strings(tiny_models):
     assert chunks[1][-1].finish_reason == "stop"
 
 
+def sampled_run(tiny_models, medium_draft, drafter, prompts, limit, joining, seed):
+    """engine.stream at temperature 1 with `joining`: each row's tokens by row number, and stats."""
+    cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
+    stats = draftsman.GenerationStats()
+    out: dict[int, list[int]] = {}
+    for row, tokens in decoder.engine.stream(prompts, limit, SamplingParams(1.0), seed=seed, stats=stats,
+                                             joining=joining):
+        out.setdefault(row, []).extend(tokens)
+    return decoder, out, stats
+
+
+def assert_first_two_tokens_follow_the_target(tiny_models, decoder, rows, prompt, stats):
+    """The rows' first two tokens fit the target's exact marginals after `prompt` (chi-square)."""
+    from test_engine_sampling import ALPHA, exact_marginals, fit_pvalue
+
+    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), prompt, SamplingParams(1.0),
+                             decoder.engine.eos_token_ids)
+    assert fit_pvalue(torch.tensor([t[0] for t in rows]), p1) > ALPHA
+    assert fit_pvalue(torch.tensor([t[1] for t in rows if len(t) == 2]), p2) > ALPHA
+    if decoder.engine.drafter.name == "draft_model":
+        assert stats.tau > 1.01  # drafts were accepted and rejected
+
+
 @pytest.mark.parametrize("drafter", ["none", "draft_model"])
 def test_sampled_joined_rows_draw_from_the_target(tiny_models, medium_draft, drafter):
     """At temperature 1 the first two tokens of rows that joined a running batch after two
     rounds follow the target's exact marginals (chi-square, alpha = 1e-6, 4000 rows)."""
-    from test_engine_sampling import ALPHA, PROMPT, exact_marginals, fit_pvalue
+    from test_engine_sampling import PROMPT
 
-    cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
     rounds = []
 
     def joining():
         rounds.append(None)
         return [(PROMPT, 2)] * 4000 if len(rounds) == 3 else []
 
-    stats = draftsman.GenerationStats()
-    out: dict[int, list[int]] = {}
-    for row, tokens in decoder.engine.stream([[9, 10, 11]] * 500, 12, SamplingParams(1.0), seed=7, stats=stats,
-                                             joining=joining):
-        out.setdefault(row, []).extend(tokens)
+    decoder, out, stats = sampled_run(tiny_models, medium_draft, drafter, [[9, 10, 11]] * 500, 12, joining, seed=7)
     joined = [out[row] for row in range(500, 4500)]
-    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), PROMPT, SamplingParams(1.0),
-                             decoder.engine.eos_token_ids)
-    assert fit_pvalue(torch.tensor([t[0] for t in joined]), p1) > ALPHA
-    assert fit_pvalue(torch.tensor([t[1] for t in joined if len(t) == 2]), p2) > ALPHA
-    if drafter == "draft_model":
-        assert stats.tau > 1.01  # drafts were accepted and rejected
+    assert_first_two_tokens_follow_the_target(tiny_models, decoder, joined, PROMPT, stats)
 
 
 @pytest.mark.parametrize("drafter", ["none", "draft_model"])
@@ -219,10 +232,8 @@ def test_sampled_rows_already_running_stay_exact_after_a_join(tiny_models, mediu
     caches then padded with holes to the joined rows' slots, and the draft model's too) draw
     their first two tokens from the target's exact marginals at temperature 1 (chi-square,
     alpha = 1e-6, 3000 rows)."""
-    from test_engine_sampling import ALPHA, PROMPT, exact_marginals, fit_pvalue
+    from test_engine_sampling import PROMPT
 
-    cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
     longer = list(range(20, 44))  # 24 tokens against PROMPT's 8
 
     def joining():  # before the first round: every token of the running rows comes after the join
@@ -230,19 +241,9 @@ def test_sampled_rows_already_running_stay_exact_after_a_join(tiny_models, mediu
         return [(longer, 6)] * 500 if joining.calls == 1 else []
     joining.calls = 0
 
-    stats = draftsman.GenerationStats()
-    out: dict[int, list[int]] = {}
-    for row, tokens in decoder.engine.stream([PROMPT] * 3000, 2, SamplingParams(1.0), seed=3, stats=stats,
-                                             joining=joining):
-        out.setdefault(row, []).extend(tokens)
+    decoder, out, stats = sampled_run(tiny_models, medium_draft, drafter, [PROMPT] * 3000, 2, joining, seed=3)
     assert len(out) == 3500 and stats.rounds > 1
-    running = [out[row] for row in range(3000)]
-    p1, p2 = exact_marginals(load_for_reference(tiny_models["llama"][0]), PROMPT, SamplingParams(1.0),
-                             decoder.engine.eos_token_ids)
-    assert fit_pvalue(torch.tensor([t[0] for t in running]), p1) > ALPHA
-    assert fit_pvalue(torch.tensor([t[1] for t in running if len(t) == 2]), p2) > ALPHA
-    if drafter == "draft_model":
-        assert stats.tau > 1.01  # drafts were accepted and rejected
+    assert_first_two_tokens_follow_the_target(tiny_models, decoder, [out[row] for row in range(3000)], PROMPT, stats)
 
 
 def test_a_drafter_without_add_rows_is_refused(tiny_models):

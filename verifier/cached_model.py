@@ -101,10 +101,8 @@ class CachedLM:
         return self.slot_pos.shape[1]
 
     def _layers(self):
-        # Layers that hold storage, empty ones too: once every row has ended, a layer of 0 rows
-        # must still be cropped and compacted with slot_pos, or rows that join misalign.
         for layer in self.cache.layers:
-            if layer.is_initialized and layer.keys is not None:
+            if _used(layer) is not None:
                 yield layer
 
     @torch.no_grad()
@@ -247,9 +245,7 @@ class CachedLM:
         S = max(self.num_slots, joined_pos.shape[1])
         rows = (self.slot_pos.shape[0], joined_pos.shape[0])
         for layer, theirs in zip(self.cache.layers, joined_layers):
-            # Not _used(): a layer whose rows have all ended holds no row but still its slots,
-            # which the joined rows must be padded to.
-            mine = (layer.keys, layer.values) if layer.is_initialized else None
+            mine = _used(layer)
             if mine is None and theirs is None:
                 continue
             like = (mine or theirs)[0]
@@ -290,8 +286,10 @@ class CachedLM:
 
 
 def _used(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A cache layer's (keys, values), or None while it holds no slot."""
-    return (layer.keys, layer.values) if layer.is_initialized and layer.keys.numel() else None
+    """A cache layer's (keys, values), or None while it holds no storage. A layer whose rows have
+    all ended has 0 rows but still its slots: it must be cropped and compacted with slot_pos, and
+    rows that join are padded to those slots, so "no row" is not "no storage"."""
+    return (layer.keys, layer.values) if layer.is_initialized and layer.keys is not None else None
 
 
 def _holes_to(t: torch.Tensor | None, rows: int, slots: int, like: torch.Tensor, fill: int = 0) -> torch.Tensor:
