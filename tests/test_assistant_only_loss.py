@@ -16,7 +16,7 @@ from draftsman.training.eagle3 import aux_target_pass, evaluate_eagle3
 from draftsman.training.feature_heads import evaluate_feature_head, tokens_by_frequency
 
 from test_training_documents import config, rows, write
-from tiny_models import CHATML, load_for_reference
+from tiny_models import CHATML, load_for_reference, reference_where_the_cli_counts
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Task one"},
                 {"role": "assistant", "content": "def f(x): return x"}, {"role": "user", "content": "Task two"},
@@ -217,11 +217,7 @@ def test_the_vocab_command_counts_inside_replies(chat_target, tmp_path, capsys):
     cfg = H.load_config(config(folder, tmp_path, path, eval_tokens=512, assistant_only_loss=True))
     stream = H.token_streams(cfg, AutoTokenizer.from_pretrained(folder))[0]
     train_mask = H.reply_masks(cfg, AutoTokenizer.from_pretrained(folder))[0]
-    # On the device the command counts on (CUDA where there is one): picks near a tie can differ
-    # between devices, and the order with them.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
-    reference = load_for_reference(folder).to(device)
+    reference, autocast = reference_where_the_cli_counts(folder)
     assert written["tokens_by_frequency"] == \
         H.target_token_frequencies(cfg, reference, stream, autocast, train_mask)["order"]
     assert written["tokens_by_frequency"] != H.target_token_frequencies(cfg, reference, stream, autocast)["order"]

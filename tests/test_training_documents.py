@@ -4,14 +4,13 @@ import json
 import shutil
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from draftsman import cli
 from draftsman.training.documents import read_documents
 from draftsman.training.heads import load_config, target_token_frequencies, token_streams, train
 
-from tiny_models import CORPUS, chatml_ids, load_for_reference
+from tiny_models import CORPUS, chatml_ids, reference_where_the_cli_counts
 
 
 def rows(n: int = 120) -> list[dict]:
@@ -127,8 +126,8 @@ def test_the_vocab_command_counts_on_a_data_file(chat_target, tmp_path, capsys):
     assert sorted(written) == list(range(len(tok)))
     cfg = load_config(config(folder, tmp_path, path, eval_tokens=512))
     stream = token_streams(cfg, AutoTokenizer.from_pretrained(folder))[0]
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
-    assert written == target_token_frequencies(cfg, load_for_reference(folder), stream, autocast)["order"]
+    reference, autocast = reference_where_the_cli_counts(folder)
+    assert written == target_token_frequencies(cfg, reference, stream, autocast)["order"]
     assert cli.main([*args, "--corpus-root", str(tmp_path)]) == 2
     assert "not both" in capsys.readouterr().err
 

@@ -24,6 +24,12 @@ from draftsman.verifier.typical import verify_typical
 from tiny_models import load_for_reference, perturbed_copy
 
 RULE = TypicalAcceptance(posterior_threshold=0.3, posterior_alpha=0.5)
+# A lax rule for the sampled tests: it accepts nearly every draft of these near-uniform targets, so
+# its effects stand out of the sampling noise on any random stream (CUDA's differs from the CPU's).
+# With Medusa's defaults, 2 rows of 20 tokens gained tau in only 10 of 16 seeds, and the audit's
+# 500 samples gave p = 3e-9 to 1e-4 over seeds 0-7; with this rule, a gain of 0.4-1.6 in 12 of 12,
+# and p <= 8e-11 in 8 of 8.
+LAX = {"posterior_threshold": 0.01, "posterior_alpha": 0.05}
 REPETITIVE = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]  # n-gram lookup drafts deep here
 
 
@@ -115,7 +121,7 @@ def test_the_cache_follows_the_accepted_path(target, close, drafter):
     prompts = [REPETITIVE, [7, 8, 9, 10]]
     exact = dec.generate(input_ids=prompts, max_new_tokens=20, temperature=1.0, seed=1)
     out = dec.generate(input_ids=prompts, max_new_tokens=20, temperature=1.0, seed=1, logprobs=True,
-                       lossy_typical_acceptance=True)
+                       lossy_typical_acceptance=LAX)
     assert out.stats.lossy and not exact.stats.lossy and out.stats.as_dict()["lossy"]
     assert out.stats.tau > exact.stats.tau  # what it is for: more drafts accepted than exact sampling
     model = load_for_reference(target)
@@ -141,7 +147,7 @@ def test_the_audit_catches_it_as_not_exact(target, close):
     small = dict(max_new_tokens=8, sample_prompts=1, samples=500, positions=2, checks=("sampling",))
     exact = run_audit(dec, [REPETITIVE], sampling=SamplingParams(1.0), **small)
     assert exact["passed"], format_report(exact)
-    lossy = run_audit(dec, [REPETITIVE], sampling=SamplingParams(1.0, lossy_typical_acceptance=True), **small)
+    lossy = run_audit(dec, [REPETITIVE], sampling=SamplingParams(1.0, lossy_typical_acceptance=LAX), **small)
     assert not lossy["passed"] and lossy["sampling"]["min_p_value"] < 1e-8
     assert any("lossy_typical_acceptance is on" in w for w in lossy["warnings"])
 

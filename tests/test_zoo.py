@@ -107,21 +107,41 @@ def test_zoo_tokenizer_roundtrips_heldout_files(zoo_models):
         assert tok.decode(ids) == text
 
 
-def test_zoo_heldout_loss_matches_metrics_and_target_beats_draft(zoo_pair, zoo_models, tmp_path):
-    t, d = zoo_pair
+@pytest.fixture(scope="module")
+def heldout_losses(zoo_pair, zoo_models, tmp_path_factory):
+    """(target, draft) held-out loss on metrics.json's fixed sample definition: evenly spaced windows
+    over the held-out stream of this interpreter's stdlib."""
+    t, _ = zoo_pair
     _, tgt, drf = zoo_models
-    mt = json.loads((t / "metrics.json").read_text())
-    md = json.loads((d / "metrics.json").read_text())
-    sd = mt["small_sample_definition"]
-    # Same fixed sample definition as metrics.json: evenly spaced windows over the held-out stream.
-    held = P.token_stream(C.split_files()[1], t, tmp_path / "held.npy")
+    sd = json.loads((t / "metrics.json").read_text())["small_sample_definition"]
+    held = P.token_stream(C.split_files()[1], t, tmp_path_factory.mktemp("held") / "held.npy")
     windows = P.heldout_windows(held, sd["tokens"], sd["seq_len"])
-    lt = P.heldout_loss(tgt, windows)
-    ld = P.heldout_loss(drf, windows)
+    return P.heldout_loss(tgt, windows), P.heldout_loss(drf, windows)
+
+
+def test_zoo_target_beats_draft_on_heldout_text(zoo_pair, heldout_losses):
+    t, d = zoo_pair
+    lt, ld = heldout_losses
+    assert ld > lt
+    final = {p: json.loads((p / "metrics.json").read_text())["final_heldout_loss"] for p in (t, d)}
+    assert final[d] - final[t] >= 0.3
+
+
+def test_zoo_heldout_loss_matches_metrics(zoo_pair, heldout_losses):
+    """The held-out text is this interpreter's stdlib: metrics.json's figures hold on the stdlib
+    they were measured on (another Python, e.g. 3.12 on a GPU machine, holds other files)."""
+    t, d = zoo_pair
+    mt, md = (json.loads((p / "metrics.json").read_text()) for p in (t, d))
+    train, held = C.split_files()
+    measured_on = mt["corpus"]
+    if (measured_on["python_version"], measured_on["train_files"], measured_on["heldout_files"]) != \
+            (C.python_version(), len(train), len(held)):
+        pytest.skip(f"metrics.json was measured on Python {measured_on['python_version']}'s stdlib "
+                    f"({measured_on['heldout_files']} held-out files); this is Python {C.python_version()} "
+                    f"({len(held)}): other held-out text")
+    lt, ld = heldout_losses
     assert abs(lt - mt["small_sample_heldout_loss"]) < 0.02
     assert abs(ld - md["small_sample_heldout_loss"]) < 0.02
-    assert ld > lt
-    assert md["final_heldout_loss"] - mt["final_heldout_loss"] >= 0.3
 
 
 # ---------------------------------------------------------------- pipeline pieces

@@ -106,6 +106,13 @@ def load_for_reference(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
+def reference_where_the_cli_counts(folder: Path):
+    """(model, autocast) on the device `draftsman vocab` counts on (CUDA where there is one), in its
+    bf16 autocast: picks near a tie can differ between devices, and the order with them."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return load_for_reference(folder).to(device), lambda: torch.autocast(device, dtype=torch.bfloat16)
+
+
 def perturbed_copy(source: Path, folder: Path, noise: float, seed: int = 0) -> Path:
     """The source model with Gaussian noise on every weight: a drafter that agrees with the target
     often but not always (random tiny drafters almost never agree, which tests nothing)."""

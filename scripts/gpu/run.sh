@@ -16,6 +16,8 @@
 # Measured again (2026-12-04, 933 tests): the suite is slower there than on 2 CPU cores (tiny models
 # on CUDA are launch-bound): 16 workers got through 84% in 330 s, 14 workers 61% in 270 s. So the
 # whole suite needs about 400 s, a call of its own: SUITE_S=450 WORKERS=16 COMPARE=0 BUDGET_S=480.
+# That call (2026-12-04, 943 tests): 937 passed and 6 failed before the 450 s ran out at 99%; with
+# the start, 500 s of device time. Its failures had no tracebacks, hence failures_now.py.
 # LOAD_S: the 5 servers of loadtest.sh (2 runs each of 48 requests) took 85 s.
 #   CONFIG       bench config (default configs/bench-zoo-gpu.yaml)
 set -u
@@ -49,12 +51,16 @@ if [ "$SUITE_S" -gt 0 ]; then
   # -v logs each test as it ends, so a suite cut off by its timeout still names what failed
   # (addopts emptied: the project's -q would cancel -v).
   # One torch thread per worker: 8 workers x 16 default threads on 16 cores thrash.
-  OMP_NUM_THREADS=1 timeout "$SUITE_S" python3 -m pytest tests -o addopts= -v -n "$WORKERS" -p xdist \
+  # failures_now.py writes each failure's traceback to failures.txt as it happens: the suite's own
+  # report comes only at its end, which a timeout cuts off.
+  OMP_NUM_THREADS=1 FAILURES_NOW="$LOG/failures.txt" PYTHONPATH=scripts/gpu timeout "$SUITE_S" \
+    python3 -m pytest tests -o addopts= -v -n "$WORKERS" -p xdist -p failures_now \
     -p no:cacheprovider -rfE --deselect tests/test_packaging.py --durations=15 > "$LOG/pytest.log" 2>&1
   echo "pytest exit $?" | tee -a "$LOG/pytest.log"
   pkill -f 'exec(eval(sys.stdin.readline()))' 2>/dev/null  # xdist workers outlive a timed-out pytest
   grep -E "(FAILED|ERROR) tests" "$LOG/pytest.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | head -n 40
   echo "passed: $(grep -c " PASSED " "$LOG/pytest.log")"; tail -n 22 "$LOG/pytest.log"
+  [ -f "$LOG/failures.txt" ] && grep -E "^E  |^====" "$LOG/failures.txt" | head -n 60
 fi
 
 if [ "$LOAD_S" -gt 0 ]; then
