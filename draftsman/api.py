@@ -10,7 +10,7 @@ from .models import check_model_folder, context_length, eos_ids, load_causal_lm,
 from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
-from .verifier.engine import GenerationStats, SpeculativeEngine  # noqa: F401 (re-exported)
+from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
 from .verifier.sampling import SamplingParams
@@ -43,21 +43,28 @@ class StreamChunk:
 
 
 def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
-    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens or
-    min_new_tokens given per prompt in `args` becomes one per row."""
+    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens,
+    min_new_tokens, stop or stop_token_ids given per prompt in `args` becomes one per row."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
     if n > 1 and args["sampling"].greedy:
         raise ValueError(f"num_return_sequences={n} at temperature 0 would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
-    for key in ("max_new_tokens", "min_new_tokens"):
+    for key in PER_PROMPT_SETTINGS:
         per_prompt = args[key]
-        if isinstance(per_prompt, (list, tuple)):
+        if isinstance(per_prompt, list) if key == "stop" else \
+                per_row(per_prompt) if key == "stop_token_ids" else isinstance(per_prompt, (list, tuple)):
             if len(per_prompt) != len(ids):
-                raise ValueError(f"{key} has {len(per_prompt)} values for {len(ids)} prompts: give one number, "
+                one = "one list" if key.startswith("stop") else "one number"
+                raise ValueError(f"{key} has {len(per_prompt)} values for {len(ids)} prompts: give {one}, "
                                  "or one per prompt")
             args[key] = [m for m in per_prompt for _ in range(n)]
     return [row for row in ids for _ in range(n)]
+
+
+# Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
+# limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []]).
+PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids")
 
 
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
@@ -139,11 +146,11 @@ class Decoder:
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
                  max_new_tokens: int | list[int] | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 min_p: float | None = None, stop: list[str] | None = None,
+                 min_p: float | None = None, stop: list[str] | list[list[str]] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | list[int] | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
-                 stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
+                 stop_token_ids: list[int] | list[list[int]] | None = None, num_return_sequences: int = 1,
                  logit_bias: dict[int, float] | None = None,
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                  epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
@@ -151,7 +158,8 @@ class Decoder:
                  bad_words_ids: list[list[int]] | None = None, top_h: float | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
-        strings that end a row (draftsman/stop.py);
+        strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
+        ([["\n"], ["END"]]; stop_token_ids likewise);
         min_new_tokens: EOS cannot end a row before it has that many new tokens, one number or one
         per prompt; logprobs: also
         return the target's log-probability of each new token (out.logprobs), True or "raw" for the
@@ -183,8 +191,8 @@ class Decoder:
         ids = _samples_of(ids, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
-        stops = args["stop"]
-        texts = [stops.cut(self.decode(t)) if stops else self.decode(t) for t in tokens]
+        stops = _row_values(args["stop"], len(tokens))
+        texts = [stop.cut(self.decode(t)) if stop else self.decode(t) for stop, t in zip(stops, tokens)]
         if recorder is None:
             return GenerationOutput(texts, tokens, stats)
         return GenerationOutput(texts, tokens, stats, recorder.values, recorder.top_tokens)
@@ -251,16 +259,17 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens and min_new_tokens, one number or one per
-        prompt, temperature, ..., logprobs, top_logprobs), and num_return_sequences (rows then go prompt
+        prompt; stop and stop_token_ids, one list or one per prompt; temperature, ..., logprobs,
+        top_logprobs), and num_return_sequences (rows then go prompt
         by prompt, n samples each, as generate's). A row's last chunk, with its finish_reason,
         comes as soon as that row ends.
         aborted: rows to end early, e.g. a set the caller adds a row to when its reader goes away:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
-        that join the running batch now, as (token ids, max_new_tokens) pairs or (token ids,
-        max_new_tokens, min_new_tokens) triples, [] for none (a limit of None: the batch's one
-        limit, else the config's; likewise a minimum). Their rows (n samples each) are
+        that join the running batch now, as tuples (token ids, max_new_tokens[, min_new_tokens[,
+        stop[, stop_token_ids]]]), [] for none (a value left out or None: the batch's one value,
+        else the config's; stop strings as a list). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -278,18 +287,22 @@ class Decoder:
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"))
         g = self.config["generation"]
-        limit, least = args["max_new_tokens"], args["min_new_tokens"]
+        limit, least, stop, stop_ids = (args[key] for key in PER_PROMPT_SETTINGS)
         default_limit = limit if isinstance(limit, int) else g["max_new_tokens"]
         default_least = least if isinstance(least, int) else g["min_new_tokens"]
+        default_stop = self._stop_check(g["stop"]) if isinstance(stop, list) else stop
+        default_stop_ids = (g["stop_token_ids"] or ()) if per_row(stop_ids) else stop_ids
         ids = _samples_of(ids, n, args)
         joined_rows = None
         if joining is not None:
-            def joined_rows():  # the engine's rows: each joining prompt n times
+            def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
                 rows = []
-                for prompt, own_limit, *own_least in joining():
-                    own_least = own_least[0] if own_least else None
+                for prompt, own_limit, *own in joining():
+                    own_least, own_stop, own_stop_ids = own + [None] * (3 - len(own))
                     row = (list(map(int, prompt)), default_limit if own_limit is None else own_limit,
-                           default_least if own_least is None else own_least)
+                           default_least if own_least is None else own_least,
+                           default_stop if own_stop is None else self._stop_check(own_stop),
+                           default_stop_ids if own_stop_ids is None else own_stop_ids)
                     rows += [row] * n
                 return rows
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
@@ -301,14 +314,16 @@ class Decoder:
         return self.engine.drafter.can_add_rows
 
     def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
-                   min_new_tokens: int | None = None) -> None:
+                   min_new_tokens: int | None = None, stop: list[str] | None = None,
+                   stop_token_ids: list[int] | None = None) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits (None: the config's), so a caller can refuse them alone."""
+        with these limits and stops (None: the config's), so a caller can refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
-        self.engine.check_rows(ids, [limit] * len(ids), least)
+        self._stop_check(stop)
+        self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or ())
 
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
                     joining=None):
@@ -318,7 +333,7 @@ class Decoder:
         stats = stats if stats is not None else GenerationStats()  # its finish_reasons tell a row has ended
         texts = [IncrementalText(self.decode) for _ in ids]  # decodes a window per round, not the whole row
         shown = [""] * len(ids)
-        stops = args["stop"]
+        row_stops = _row_values(args["stop"], len(ids))
         open_rows = set(range(len(ids)))
 
         def join():
@@ -326,10 +341,12 @@ class Decoder:
             open_rows.update(range(len(texts), len(texts) + len(rows)))
             texts.extend(IncrementalText(self.decode) for _ in rows)
             shown.extend("" for _ in rows)
+            row_stops.extend(row[3] for row in rows)
             return rows
 
         def last(row: int) -> tuple[int, StreamChunk]:
             final = self.decode(texts[row].tokens)  # the one whole decode, as generate's
+            stops = row_stops[row]
             final = stops.cut(final) if stops else final
             tail = final[len(shown[row]):] if final.startswith(shown[row]) else ""  # held back, now final
             open_rows.discard(row)
@@ -341,7 +358,7 @@ class Decoder:
                 yield last(ended)
             text = texts[row]
             scores = _scores(recorder, row, len(text.tokens), len(new))
-            piece = ""
+            piece, stops = "", row_stops[row]
             if text.add(new):  # else nothing new, or a character still incomplete
                 visible = text.text
                 if stops:  # never show a stop string, nor the start of one that may yet complete
@@ -374,11 +391,14 @@ class Decoder:
         """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
+        stop = g["stop"] if stop is None else stop
+        stop_token_ids = g["stop_token_ids"] if stop_token_ids is None else stop_token_ids
         return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
                 "sampling": sampling, "seed": g["seed"] if seed is None else seed,
-                "stop": self._stop_check(g["stop"] if stop is None else stop),
+                "stop": [self._stop_check(s) for s in stop] if per_row(stop) else self._stop_check(stop),
                 "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens,
-                "stop_token_ids": (g["stop_token_ids"] if stop_token_ids is None else stop_token_ids) or ()}
+                "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids)
+                                   else stop_token_ids or ())}
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
         if not (isinstance(logprobs, bool) or logprobs in LOGPROBS_MODES):
@@ -400,6 +420,11 @@ class Decoder:
             raise ValueError(f"stop strings need a tokenizer and target folder '{self.config['target']['path']}' "
                              "has none: end rows with EOS or max_new_tokens instead")
         return StopStrings(self.decode, strings)
+
+
+def _row_values(value, rows: int) -> list:
+    """A setting that is one value for all rows, or already a list of one per row, as that list."""
+    return value if isinstance(value, list) else [value] * rows
 
 
 def load(config: dict | str) -> Decoder:

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also send min_tokens = max_tokens, so every request makes its max_tokens (with "
                         "--max-tokens-min each request then has its own min_tokens; draftsman serve batches them "
                         "anyway, a minimum per row; a server that splits batches by min_tokens would not)")
+    p.add_argument("--distinct-stops", action="store_true",
+                   help="each request also sends a stop string of its own that no output spells ('<|stop-7|>'), "
+                        "as clients with their own stop conventions do: draftsman serve batches them anyway, "
+                        "stops per row; a server that splits batches by stop would not")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
     p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
@@ -292,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
     for repeat in range(args.repeats):
         for base in (bases if repeat % 2 == 0 else bases[::-1]):  # the order flips: drift hits each server alike
             settings = [{"model": models[base], "max_tokens": n, "temperature": args.temperature,
-                         **({"min_tokens": n} if args.fixed_length else {})} for n in lengths]
+                         **({"min_tokens": n} if args.fixed_length else {}),
+                         **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {})} for i, n in enumerate(lengths)]
             results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
                                      args.api_key, args.request_rate, args.seed)
             s = summary(results, wall)

@@ -5,9 +5,9 @@ that is running, between two rounds, as vLLM's scheduler adds requests at every 
 CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1, so clients that
 come at once are served sooner.
 
-Requests share a batch only when every setting but max_tokens and min_tokens is the same (one
-generation takes one set of sampling settings, and a limit and a minimum per row), up to
-`max_rows` rows running at once;
+Requests share a batch only when every setting but max_tokens, min_tokens, stop and
+stop_token_ids is the same (one generation takes one set of sampling settings, and a limit, a
+minimum and stops per row), up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
 the joining until the batch ends (nothing waits for ever behind later arrivals). A request with
@@ -45,7 +45,8 @@ class RequestTimes:
     generation_tokens: int  # over its rows
 
 
-PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens")  # requests that differ only in these share a batch
+# Requests that differ only in these share a batch: the engine takes them per row.
+PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids")
 
 
 class _Job:
@@ -56,8 +57,8 @@ class _Job:
     def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
         self.ids, self.args, self.stream = ids, args, stream
         self.rows = len(ids) * args.get("num_return_sequences", 1)
-        # Settings as a comparable string (n included: one generation takes one; max_new_tokens and
-        # min_new_tokens not: the engine takes them per row); None: this job runs alone.
+        # Settings as a comparable string (n included: one generation takes one; PER_ROW_SETTINGS
+        # not: the engine takes them per row); None: this job runs alone.
         settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         self.batch_rows = 0  # rows running in its batch when it started, its own included
@@ -306,21 +307,22 @@ class Batcher:
             entered, now = [], time.perf_counter()
             generation = self.decoder.config["generation"]
             for job in taken:
-                limit, least = (generation[key] if job.args.get(key) is None else job.args[key]
-                                for key in PER_ROW_SETTINGS)
+                own = [generation[key] if job.args.get(key) is None else job.args[key] for key in PER_ROW_SETTINGS]
                 try:
-                    self.decoder.check_join(job.ids, limit, least)
+                    self.decoder.check_join(job.ids, *own)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
                     running -= job.rows
                     continue
                 self._enter(job, owner, prompts, aborted, now)
-                entered.append((job, limit, least))
-            for job, _, _ in entered:
+                entered.append((job, own))
+            for job, _ in entered:
                 job.batch_rows = running  # the rows it runs beside, its own included
-            joined_jobs.extend(job for job, _, _ in entered)
+            joined_jobs.extend(job for job, _ in entered)
             self.running += len(entered)
-            return [(ids, limit, least) for job, limit, least in entered for ids in job.ids]
+            # Its own stops as [] when it has none: None would take the batch's.
+            return [(ids, limit, least, stop or [], stop_ids or []) for job, (limit, least, stop, stop_ids) in entered
+                    for ids in job.ids]
         return joining
 
     def _take(self) -> list[_Job]:
@@ -371,8 +373,8 @@ class Batcher:
             settings["joining"] = self._joining(jobs[0], owner, prompts, aborted, stats, joined)
         for key in PER_ROW_SETTINGS:
             values = [job.args.get(key) for job in jobs]
-            if len(set(values)) > 1:  # one per prompt; a request that gave none takes the config's
-                default = self.decoder.config["generation"][key]
+            if any(value != values[0] for value in values):  # one per prompt; a request that gave none takes
+                default = self.decoder.config["generation"][key]  # the config's
                 settings[key] = [default if value is None else value
                                  for job, value in zip(jobs, values) for _ in job.ids]
         # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.

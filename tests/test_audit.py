@@ -143,12 +143,8 @@ def test_output_must_stop_at_eos(plain, monkeypatch):
 
     real_clip = SpeculativeEngine._clip
 
-    def ignores_eos(self, tokens, produced, context_len, max_new_tokens):
-        saved, self._end_ids = self._end_ids, frozenset()  # the request's EOS (and stop token) ids
-        try:
-            return real_clip(self, tokens, produced, context_len, max_new_tokens)
-        finally:
-            self._end_ids = saved
+    def ignores_eos(self, tokens, produced, context_len, max_new_tokens, end_ids):
+        return real_clip(self, tokens, produced, context_len, max_new_tokens, frozenset())  # the row's EOS ignored
 
     monkeypatch.setattr(SpeculativeEngine, "_clip", ignores_eos)
     broken = greedy_check(dec, [PROMPTS[1]], max_new_tokens=16)

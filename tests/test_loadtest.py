@@ -113,6 +113,10 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "1",
                      "--max-tokens", "5", "--fixed-length"]) == 0
     assert sent == [{"model": "m", "max_tokens": 5, "temperature": 0.0, "min_tokens": 5}]
+    sent.clear()
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "2",
+                     "--max-tokens", "5", "--distinct-stops"]) == 0
+    assert [s["stop"] for s in sent] == [["<|stop-0|>"], ["<|stop-1|>"]]
 
 
 def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, prompt_file, capsys):

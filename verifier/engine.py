@@ -27,9 +27,17 @@ from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
 StopCheck = Callable[[list[int], list[int]], "int | None"]
-# joining() -> rows that join a running batch before its next round: (prompt, max_new_tokens) each.
-# A joining row: (token ids, max_new_tokens) or (token ids, max_new_tokens, min_new_tokens).
-Joining = Callable[[], "list[tuple[list[int], int] | tuple[list[int], int, int]]"]
+# joining() -> rows that join a running batch before its next round. A joining row is a tuple
+# (token ids, max_new_tokens[, min_new_tokens[, stop[, stop_token_ids]]]): the settings it leaves
+# out are the batch's, those it gives are its own (a stop of None: no stop check).
+Joining = Callable[[], "list[tuple]"]
+
+
+def per_row(value) -> bool:
+    """Whether a list setting is one list per row rather than one list for all: stop strings or
+    stop_token_ids per row are a list of lists (or of None: the row has none)."""
+    return isinstance(value, (list, tuple)) and len(value) > 0 and \
+        all(item is None or isinstance(item, (list, tuple, set, frozenset)) for item in value)
 
 
 @dataclass
@@ -98,7 +106,9 @@ class SpeculativeEngine:
         self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
         self._minimums: list[int] = []  # per request: each row's min_new_tokens, by row number
         self._join_minimum = 0  # per request: a joining row's min_new_tokens when it gives none
-        self._end_ids = frozenset(self.eos_token_ids)  # per request: EOS and the stop token ids
+        self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS and stop token ids
+        self._end_ids = frozenset(self.eos_token_ids)  # per request: every row's, together
+        self._join_end_ids = self._end_ids  # per request: a joining row's when it gives none
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -117,6 +127,8 @@ class SpeculativeEngine:
                                  f"[0, {self.vocab_size})")
 
     def check_stop_token_ids(self, ids: Iterable[int]) -> frozenset[int]:
+        if ids is None:
+            return frozenset()
         if not isinstance(ids, (list, tuple, set, frozenset)):
             raise ValueError(f"stop_token_ids must be a list of token ids, e.g. [2], got {ids!r}")
         bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
@@ -127,9 +139,9 @@ class SpeculativeEngine:
         return frozenset(ids)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
-                 seed: int = 0, stop: StopCheck | None = None, min_new_tokens: int = 0,
+                 seed: int = 0, stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int = 0,
                  logprobs: TokenLogprobs | None = None,
-                 stop_token_ids: Iterable[int] = ()) -> tuple[list[list[int]], GenerationStats]:
+                 stop_token_ids: Iterable[int] | list[Iterable[int]] = ()) -> tuple[list[list[int]], GenerationStats]:
         """New tokens per row (EOS or the stop token included when it ended the row) and the run's
         statistics; `logprobs` filled as in stream()."""
         stats = GenerationStats()
@@ -142,9 +154,9 @@ class SpeculativeEngine:
     @torch.no_grad()
     def stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
                seed: int = 0, stats: GenerationStats | None = None,
-               stop: StopCheck | None = None, min_new_tokens: int | list[int] = 0,
+               stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int | list[int] = 0,
                logprobs: TokenLogprobs | None = None,
-               stop_token_ids: Iterable[int] = (),
+               stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
                aborted: Container[int] = (), joining: Joining | None = None) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
@@ -154,21 +166,27 @@ class SpeculativeEngine:
         every row, or one per row as max_new_tokens. logprobs: gets the
         target's log-probability of each token before that token is yielded (verifier/logprobs.py).
         stop_token_ids: tokens that end a row as EOS does (kept in its output; finish reason "stop"),
-        as vLLM's stop_token_ids; min_new_tokens holds them back too. aborted: rows the caller wants
+        as vLLM's stop_token_ids; min_new_tokens holds them back too. stop and stop_token_ids: one
+        for every row, or a list of one per row (requests with their own stops in one batch; a
+        row's stop None: no stop check). aborted: rows the caller wants
         ended (e.g. a set it adds to while the stream runs, when a client goes away): each leaves
         the batch after the round it is in, finish reason "abort", so it costs no more target passes.
         joining: asked before every round for rows that join the batch (continuous batching, as
         vLLM's scheduler adds requests at every step): each is prefilled and then runs as if it had
         been there from the start, numbered after the rows before it. A joining row is (token ids,
-        max_new_tokens) or (token ids, max_new_tokens, min_new_tokens); without its own minimum it
-        takes the batch's number (0 when the batch had one per row). Its sampling settings and stop
-        check are the batch's; check_rows() tells whether it is valid. Needs a drafter that can add
-        rows (Drafter.can_add_rows)."""
+        max_new_tokens[, min_new_tokens[, stop[, stop_token_ids]]]); a minimum or stops it does not
+        give are the batch's one (none when the batch had one per row). Its sampling settings are
+        the batch's; check_rows() tells whether it is valid. Needs a drafter that can add rows
+        (Drafter.can_add_rows)."""
         if joining is not None and not self.drafter.can_add_rows:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
         self.check_prompts(prompts)
-        self._end_ids = self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)
+        self._row_end_ids = self._row_stop_token_ids(stop_token_ids, len(prompts))
+        self._end_ids = frozenset().union(*self._row_end_ids)
+        self._join_end_ids = self.eos_token_ids if per_row(stop_token_ids) else self._row_end_ids[0]
+        stops = self._row_stops(stop, len(prompts))
+        join_stop = None if isinstance(stop, (list, tuple)) else stop
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
@@ -216,7 +234,7 @@ class SpeculativeEngine:
                 if joining is not None:  # rows that join before this round
                     joined = joining()
                     if joined:
-                        active += self._join(joined, contexts, outputs, limits, stats, logprobs)
+                        active += self._join(joined, contexts, outputs, limits, stats, logprobs, stops, join_stop)
                     elif not active:
                         break
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
@@ -250,8 +268,9 @@ class SpeculativeEngine:
                                   if logprobs is not None else None)
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
-                    emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), limits[r])
-                    keep = stop(outputs[r], emitted) if stop is not None and emitted else None
+                    emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), limits[r],
+                                                 self._row_end_ids[r])
+                    keep = stops[r](outputs[r], emitted) if stops[r] is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
                     if not reason and r in aborted:  # its tokens so far stand; it takes no more rounds
@@ -291,11 +310,30 @@ class SpeculativeEngine:
             stats.drafter_report = self.drafter.report()
 
     def check_rows(self, prompts: list[list[int]], max_new_tokens: int | list[int],
-                   min_new_tokens: int | list[int]) -> None:
+                   min_new_tokens: int | list[int], stop_token_ids: Iterable[int] | list[Iterable[int]] = ()) -> None:
         """Raise ValueError, naming the problem, when these rows cannot join a batch with these
-        limits (what stream() checks before it starts)."""
+        limits and stop token ids (what stream() checks before it starts)."""
         self.check_prompts(prompts)
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
+        self._row_stop_token_ids(stop_token_ids, len(prompts))
+
+    def _row_stop_token_ids(self, stop_token_ids, rows: int) -> list[frozenset[int]]:
+        """Each row's end tokens: EOS and its stop_token_ids (one list for all, or one per row)."""
+        if not per_row(stop_token_ids):
+            return [self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)] * rows
+        if len(stop_token_ids) != rows:
+            raise ValueError(f"stop_token_ids has {len(stop_token_ids)} lists for {rows} rows: give one list "
+                             "of token ids, or one per row")
+        return [self.eos_token_ids | self.check_stop_token_ids(ids) for ids in stop_token_ids]
+
+    @staticmethod
+    def _row_stops(stop, rows: int) -> list:
+        """Each row's stop check: one for all, or a list of one per row."""
+        if not isinstance(stop, (list, tuple)):
+            return [stop] * rows
+        if len(stop) != rows:
+            raise ValueError(f"stop has {len(stop)} checks for {rows} rows: give one, or one per row")
+        return list(stop)
 
     @staticmethod
     def _row_minimums(min_new_tokens, limits: list[int]) -> list[int]:
@@ -321,14 +359,16 @@ class SpeculativeEngine:
         minimums = [self._minimums[r] for r in rows]
         return minimums[0] if len(set(minimums)) == 1 else minimums
 
-    def _join(self, joined: list[tuple[list[int], int]], contexts: list[list[int]], outputs: list[list[int]],
-              limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> list[int]:
+    def _join(self, joined: list[tuple], contexts: list[list[int]], outputs: list[list[int]], limits: list[int],
+              stats: GenerationStats, logprobs: TokenLogprobs | None, stops: list, join_stop) -> list[int]:
         """Rows join the running batch: their prompts prefilled apart, their caches appended to the
         target's, the drafter told, every per-row table extended. Returns their row numbers."""
         prompts = [list(map(int, row[0])) for row in joined]
         new_limits = [row[1] for row in joined]
-        new_minimums = [row[2] if len(row) > 2 else self._join_minimum for row in joined]
+        new_minimums = [row[2] if len(row) > 2 and row[2] is not None else self._join_minimum for row in joined]
         self.check_rows(prompts, new_limits, new_minimums)
+        new_end_ids = [self.eos_token_ids | self.check_stop_token_ids(row[4]) if len(row) > 4 else self._join_end_ids
+                       for row in joined]
         first = len(contexts)
         layers = self.drafter.needs.hidden_state_layers
         fresh = CachedLM(self.target.model, self.target.dtype)
@@ -338,6 +378,12 @@ class SpeculativeEngine:
         outputs += [[] for _ in prompts]
         limits += new_limits
         self._minimums += new_minimums
+        stops += [row[3] if len(row) > 3 else join_stop for row in joined]
+        self._row_end_ids += new_end_ids
+        # Drafters hold back every row's end tokens before its minimum: a few more than a row's own
+        # costs some drafts, never exactness (the target's mask below is each row's own).
+        self._end_ids = self._end_ids.union(*new_end_ids)
+        self.drafter.eos_token_ids = self._end_ids
         stats.accepted_per_round += [[] for _ in prompts]
         stats.finish_reasons += [""] * len(prompts)
         if logprobs is not None:
@@ -436,15 +482,19 @@ class SpeculativeEngine:
             least = torch.tensor(minimums, device=logits.device)
             # A position at depth d predicts new token number produced + d + 1 (the root: d = 0).
             too_early = (produced[:, None] + block.depth.to(logits.device) < least[:, None])[..., None]
-            eos = torch.tensor(sorted(self._end_ids), device=logits.device)
+            ends = sorted(self._end_ids)
+            if any(self._row_end_ids[r] != self._end_ids for r in rows):  # rows with their own stop ids
+                own = torch.tensor([[t in self._row_end_ids[r] for t in ends] for r in rows], device=logits.device)
+                too_early = too_early & own[:, None, :]  # a row's EOS mask holds back its own end tokens only
+            eos = torch.tensor(ends, device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
 
-    def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int):
-        """Cut a round's tokens at EOS or a stop token (kept), max_new_tokens and the context; say
-        why a row ends."""
+    def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int, end_ids: frozenset[int]):
+        """Cut a round's tokens at EOS or one of the row's stop tokens (kept), max_new_tokens and
+        the context; say why a row ends."""
         for j, t in enumerate(tokens):
-            if t in self._end_ids:
+            if t in end_ids:
                 return tokens[: j + 1], "eos" if t in self.eos_token_ids else "stop"
         room_new = max_new_tokens - produced
         room_ctx = self.max_context - context_len
