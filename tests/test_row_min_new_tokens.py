@@ -149,31 +149,44 @@ def test_ngram_continuations_stop_before_eos_at_each_rows_own_depth(tiny_models,
     assert free[0] == 7 and 7 not in held, (free, held)  # EOS drafted where it is allowed only
 
 
+SAMPLED_PROMPT, SAMPLED_ROWS = [1, 2, 3, 4, 5, 1, 2, 3], 3000
+
+
+def likeliest_first_token(target) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(the target's likeliest first token after SAMPLED_PROMPT at T=1, the first token's
+    distribution, the same with that token masked), float64."""
+    with torch.no_grad():
+        p1 = processed_probs(load_for_reference(target)(input_ids=torch.tensor([SAMPLED_PROMPT])).logits[0, -1].double(),
+                             SamplingParams(1.0))
+    token = int(p1.argmax())
+    masked = p1.clone()
+    masked[token] = 0
+    return token, p1, masked / masked.sum()
+
+
+def assert_held_and_free_rows_follow(out, token: int, p1: torch.Tensor, masked: torch.Tensor) -> None:
+    """Even rows held back from `token` at their first new token, odd rows free: the first tokens
+    of each follow the masked and the unmasked distribution (chi-square), and the test has power."""
+    held = torch.tensor([t[0] for t in out.token_ids[0::2]])
+    free = torch.tensor([t[0] for t in out.token_ids[1::2]])
+    assert token not in held.tolist() and (free == token).sum() > 0.5 * len(free) * float(p1[token])
+    assert fit_pvalue(held, masked) > ALPHA and fit_pvalue(free, p1) > ALPHA
+    assert p1[token] > 0.02 and fit_pvalue(held, p1) < ALPHA  # the test has power: masking is visible
+    assert out.stats.tau > 1.01  # drafts were verified, not only plain rounds
+
+
 def test_sampled_rows_each_follow_their_own_masked_distribution(tiny_models):
     """T=1, one batch: half the rows with min_new_tokens 1, half with 0, EOS the target's likeliest
     first token. The first token of the held rows follows the target's distribution with EOS
     masked; the others' follows the unmasked one (EOS included)."""
     target = tiny_models["llama"][0]
-    prompt, rows = [1, 2, 3, 4, 5, 1, 2, 3], 3000
-    with torch.no_grad():
-        p1 = processed_probs(load_for_reference(target)(input_ids=torch.tensor([prompt])).logits[0, -1].double(),
-                             SamplingParams(1.0))
-    eos = int(p1.argmax())
-    masked = p1.clone()
-    masked[eos] = 0
-    masked /= masked.sum()
+    eos, p1, masked = likeliest_first_token(target)
     decoder = draftsman.load({"target": {"path": str(target)},
                               "drafter": {"name": "draft_model", "path": str(target), "k": 2}})
     decoder.engine.eos_token_ids = {eos}
-    out = decoder.generate(input_ids=[prompt] * (2 * rows), max_new_tokens=2, min_new_tokens=[1, 0] * rows,
-                           temperature=1.0, seed=5)
-    held = torch.tensor([t[0] for t in out.token_ids[0::2]])
-    free = torch.tensor([t[0] for t in out.token_ids[1::2]])
-    assert eos not in held.tolist() and (free == eos).sum() > 0.5 * rows * float(p1[eos])
-
-    assert fit_pvalue(held, masked) > ALPHA and fit_pvalue(free, p1) > ALPHA
-    assert p1[eos] > 0.02 and fit_pvalue(held, p1) < ALPHA  # the test has power: masking is visible
-    assert out.stats.tau > 1.01  # drafts were verified, not only plain rounds
+    out = decoder.generate(input_ids=[SAMPLED_PROMPT] * (2 * SAMPLED_ROWS), max_new_tokens=2,
+                           min_new_tokens=[1, 0] * SAMPLED_ROWS, temperature=1.0, seed=5)
+    assert_held_and_free_rows_follow(out, eos, p1, masked)
 
 
 @pytest.mark.parametrize("minimums, message", [

@@ -4,14 +4,10 @@ own stops only, and held back from its own end tokens only before its minimum, a
 import threading
 
 import pytest
-import torch
 
 import draftsman
-from draftsman.verifier.sampling import SamplingParams, processed_probs
-
-from test_engine_sampling import ALPHA, fit_pvalue
-from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixture)
-from tiny_models import load_for_reference
+from test_row_min_new_tokens import (SAMPLED_PROMPT, SAMPLED_ROWS, assert_held_and_free_rows_follow,
+                                     close_draft, drafters, likeliest_first_token)  # noqa: F401 (a fixture)
 
 PROMPTS = [[5, 6, 7, 8, 5, 6], [9, 10, 11], [12, 13, 12, 13, 12], [7, 7, 7]]
 NEW = 16
@@ -107,25 +103,13 @@ def test_sampled_rows_hold_back_only_their_own_stop_tokens(tiny_models):
     first token as a stop token, half do not. The first token of the former follows the
     target's distribution with that token masked; the latter's the unmasked one."""
     target = tiny_models["llama"][0]
-    prompt, rows = [1, 2, 3, 4, 5, 1, 2, 3], 3000
-    with torch.no_grad():
-        p1 = processed_probs(load_for_reference(target)(input_ids=torch.tensor([prompt])).logits[0, -1].double(),
-                             SamplingParams(1.0))
-    stop = int(p1.argmax())
-    masked = p1.clone()
-    masked[stop] = 0
-    masked /= masked.sum()
+    stop, p1, masked = likeliest_first_token(target)
     decoder = draftsman.load({"target": {"path": str(target)},
                               "drafter": {"name": "draft_model", "path": str(target), "k": 2}})
     decoder.engine.eos_token_ids = frozenset()  # the stop token is the only end token
-    out = decoder.generate(input_ids=[prompt] * (2 * rows), max_new_tokens=2, min_new_tokens=1,
-                           stop_token_ids=[[stop], []] * rows, temperature=1.0, seed=5)
-    held = torch.tensor([t[0] for t in out.token_ids[0::2]])
-    free = torch.tensor([t[0] for t in out.token_ids[1::2]])
-    assert stop not in held.tolist() and (free == stop).sum() > 0.5 * rows * float(p1[stop])
-    assert fit_pvalue(held, masked) > ALPHA and fit_pvalue(free, p1) > ALPHA
-    assert p1[stop] > 0.02 and fit_pvalue(held, p1) < ALPHA  # the test has power: the mask is visible
-    assert out.stats.tau > 1.01  # drafts were verified, not only plain rounds
+    out = decoder.generate(input_ids=[SAMPLED_PROMPT] * (2 * SAMPLED_ROWS), max_new_tokens=2, min_new_tokens=1,
+                           stop_token_ids=[[stop], []] * SAMPLED_ROWS, temperature=1.0, seed=5)
+    assert_held_and_free_rows_follow(out, stop, p1, masked)
 
 
 @pytest.mark.parametrize("kwargs, message", [
