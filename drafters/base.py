@@ -154,7 +154,9 @@ class Drafter:
     # number for every row, or a list of one per row of the coming propose() when requests with
     # their own minimum share the batch (read it through min_new_tokens_per_row). Model drafters
     # mask them in their drafts (drafters/eos_ban.py); wrappers pass both on to the drafters they
-    # hold, before each propose.
+    # hold, before each propose. eos_token_ids holds every row's EOS and stop token ids together
+    # (rows may have stop tokens of their own): banning a token only another row ends at costs a
+    # few drafts, never exactness.
     min_new_tokens: int | list[int] = 0
     eos_token_ids: frozenset[int] = frozenset()
 
