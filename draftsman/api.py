@@ -155,7 +155,8 @@ class Decoder:
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                  epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                  no_repeat_ngram_size: int | None = None,
-                 bad_words_ids: list[list[int]] | None = None, top_h: float | None = None) -> GenerationOutput:
+                 bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
+                 ignore_eos: bool | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
@@ -175,7 +176,8 @@ class Decoder:
         lossy_typical_acceptance: LOSSY, True or {"posterior_threshold": 0.09, "posterior_alpha": 0.3}:
         at temperature > 0 drafts are accepted by Medusa's typical acceptance, so the output is no
         longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
-        turns a config's setting off."""
+        turns a config's setting off; ignore_eos: vLLM's, EOS ends no row (it is drawn as any
+        token, so the distribution is the target's), rows run to their stops or max_new_tokens."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -187,7 +189,7 @@ class Decoder:
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
             top_h=top_h),
-            min_new_tokens, stop_token_ids)
+            min_new_tokens, stop_token_ids, ignore_eos)
         ids = _samples_of(ids, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
@@ -207,7 +209,7 @@ class Decoder:
                lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None,
-               top_h: float | None = None):
+               top_h: float | None = None, ignore_eos: bool | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -219,7 +221,7 @@ class Decoder:
                 stop_token_ids=stop_token_ids, logit_bias=logit_bias,
                 lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
                 epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size,
-                bad_words_ids=bad_words_ids, top_h=top_h):
+                bad_words_ids=bad_words_ids, top_h=top_h, ignore_eos=ignore_eos):
             if chunk.text:
                 yield chunk.text
 
@@ -233,7 +235,8 @@ class Decoder:
                       lossy_typical_acceptance: bool | dict | None = None, logprobs: bool | str = False,
                       top_logprobs: int = 0, typical_p: float | None = None, epsilon_cutoff: float | None = None,
                       eta_cutoff: float | None = None, no_repeat_ngram_size: int | None = None,
-                      bad_words_ids: list[list[int]] | None = None, top_h: float | None = None):
+                      bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
+                      ignore_eos: bool | None = None):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -249,7 +252,7 @@ class Decoder:
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
             top_h=top_h),
-            min_new_tokens, stop_token_ids)
+            min_new_tokens, stop_token_ids, ignore_eos)
         for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
             yield chunk
 
@@ -279,13 +282,13 @@ class Decoder:
         ids = [list(map(int, row)) for row in input_ids]
         logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
         n = settings.pop("num_return_sequences", 1)
-        known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", *_SAMPLING_SETTINGS}
+        known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", "ignore_eos", *_SAMPLING_SETTINGS}
         unknown = sorted(set(settings) - known)
         if unknown:
             raise TypeError(f"stream_batch() got unknown settings {unknown}; valid: {sorted(known)}")
         sampling = {k: settings.get(k) for k in _SAMPLING_SETTINGS}
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
-                              settings.get("min_new_tokens"), settings.get("stop_token_ids"))
+                              settings.get("min_new_tokens"), settings.get("stop_token_ids"), settings.get("ignore_eos"))
         g = self.config["generation"]
         limit, least, stop, stop_ids = (args[key] for key in PER_PROMPT_SETTINGS)
         default_limit = limit if isinstance(limit, int) else g["max_new_tokens"]
@@ -387,7 +390,8 @@ class Decoder:
         """One token's own text, special tokens included (how an API names a scored token)."""
         return self.tokenizer.decode([token]) if self.tokenizer else str(token)
 
-    def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None) -> dict:
+    def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None,
+                  ignore_eos=None) -> dict:
         """The engine's arguments: each one given (not None), else the config's."""
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
@@ -398,7 +402,8 @@ class Decoder:
                 "stop": [self._stop_check(s) for s in stop] if per_row(stop) else self._stop_check(stop),
                 "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens,
                 "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids)
-                                   else stop_token_ids or ())}
+                                   else stop_token_ids or ()),
+                "ignore_eos": g["ignore_eos"] if ignore_eos is None else ignore_eos}
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
         if not (isinstance(logprobs, bool) or logprobs in LOGPROBS_MODES):

@@ -102,6 +102,9 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-token-id", type=int, action="append", dest="stop_token_ids", metavar="ID",
                    help="end a row when it generates token ID, as EOS does (repeatable); "
                         "default: generation.stop_token_ids")
+    p.add_argument("--ignore-eos", action="store_true", default=None,
+                   help="EOS ends no row (vLLM's ignore_eos): rows run to --max-new-tokens or a stop; "
+                        "default: generation.ignore_eos")
     p.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
                    help="N samples of each prompt (needs --temperature > 0), printed prompt by prompt")
     p.add_argument("--seed", type=int, help="default: generation.seed")
@@ -166,6 +169,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
+                           ignore_eos=args.ignore_eos,
                            logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
@@ -313,7 +317,8 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids
     prompt = None if input_ids is not None else args.prompt[0]
     for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
-                                stop=args.stop, stop_token_ids=args.stop_token_ids, **sampling_flags(args)):
+                                stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,
+                                **sampling_flags(args)):
         print(piece, end="", flush=True)
     print()
     _print_stats(cfg, stats)

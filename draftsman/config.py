@@ -7,7 +7,7 @@
                bad_words_ids: null,
                presence_penalty: null, frequency_penalty: null, logit_bias: null,
                lossy_typical_acceptance: null}                  # LOSSY when set (verifier/typical.py)
-    generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null}
+    generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null, ignore_eos: false}
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "seed": 0,
         "stop": None,  # strings that end a row when generated, e.g. ["\n\n"] (the text ends before them)
         "stop_token_ids": None,  # token ids that end a row as EOS does, e.g. a chat template's end-of-turn
+        "ignore_eos": False,  # vLLM's: EOS ends no row (it is sampled as any token); rows run to max_new_tokens
     },
 }
 

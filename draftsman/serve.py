@@ -14,7 +14,8 @@ decoding by changing their base URL.
   completions' `echo` adds the prompt and its scores (lm-evaluation-harness's loglikelihood).
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
-  stop_token_ids, chat_template_kwargs) and Hugging Face's (typical_p, epsilon_cutoff,
+  stop_token_ids, ignore_eos, chat_template_kwargs; best_of when it equals n, as benchmark clients
+  send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
@@ -53,7 +54,7 @@ from .serve_metrics import ServeMetrics
 SAMPLING_FIELDS = {
     "max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "presence_penalty": "presence_penalty",
+    "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
     "logit_bias": "logit_bias", "n": "num_return_sequences",
     "lossy_typical_acceptance": "lossy_typical_acceptance",
@@ -61,7 +62,8 @@ SAMPLING_FIELDS = {
     "typical_p": "typical_p", "epsilon_cutoff": "epsilon_cutoff", "eta_cutoff": "eta_cutoff", "top_h": "top_h",
     "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words_ids": "bad_words_ids",
 }
-IGNORED_FIELDS = {"model", "stream", "stream_options", "user"}  # read elsewhere, or change nothing here
+# read elsewhere, or change nothing here (best_of: vLLM's; benchmark clients send best_of 1, which is n's sampling)
+IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
 CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
@@ -466,6 +468,10 @@ def stream_usage(body: dict) -> bool:
 def generate_args(body: dict) -> dict:
     """The Decoder.generate arguments of a request's sampling fields (absent ones: the config's)."""
     args = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
+    best_of, n = body.get("best_of"), body.get("n") or 1
+    if best_of is not None and best_of != n:  # vLLM's best_of: n of best_of samples, by their logprob
+        raise RequestError(f'"best_of" {best_of!r} is not served (only the n samples asked are made): '
+                           f'leave it out or send "best_of": {n!r}, as "n"')
     if isinstance(args.get("stop"), str):
         args["stop"] = [args["stop"]]
     if "logit_bias" in args:  # JSON object keys are strings

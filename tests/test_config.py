@@ -37,7 +37,7 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
                                "eta_cutoff": None, "no_repeat_ngram_size": None, "bad_words_ids": None,
                                "top_h": None}
     assert cfg["generation"] == {"max_new_tokens": 16, "min_new_tokens": 0, "seed": DEFAULTS["generation"]["seed"],
-                                 "stop": None, "stop_token_ids": None}
+                                 "stop": None, "stop_token_ids": None, "ignore_eos": False}
     assert cfg["target"]["device"] == "auto"
     assert load_config(str(path)) == cfg  # a str path works as well as a Path
 

@@ -109,6 +109,7 @@ class SpeculativeEngine:
         self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS and stop token ids
         self._end_ids = frozenset(self.eos_token_ids)  # per request: every row's, together
         self._join_end_ids = self._end_ids  # per request: a joining row's when it gives none
+        self._row_eos = self._end_ids  # per request: the EOS ids that end rows (none under ignore_eos)
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -141,13 +142,14 @@ class SpeculativeEngine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
                  seed: int = 0, stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int = 0,
                  logprobs: TokenLogprobs | None = None,
-                 stop_token_ids: Iterable[int] | list[Iterable[int]] = ()) -> tuple[list[list[int]], GenerationStats]:
+                 stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
+                 ignore_eos: bool = False) -> tuple[list[list[int]], GenerationStats]:
         """New tokens per row (EOS or the stop token included when it ended the row) and the run's
         statistics; `logprobs` filled as in stream()."""
         stats = GenerationStats()
         outputs: list[list[int]] = [[] for _ in prompts]
         for row, tokens in self.stream(prompts, max_new_tokens, sampling, seed, stats, stop, min_new_tokens,
-                                       logprobs, stop_token_ids):
+                                       logprobs, stop_token_ids, ignore_eos=ignore_eos):
             outputs[row] += tokens
         return outputs, stats
 
@@ -157,7 +159,8 @@ class SpeculativeEngine:
                stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int | list[int] = 0,
                logprobs: TokenLogprobs | None = None,
                stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
-               aborted: Container[int] = (), joining: Joining | None = None) -> Iterator[tuple[int, list[int]]]:
+               aborted: Container[int] = (), joining: Joining | None = None,
+               ignore_eos: bool = False) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
@@ -177,14 +180,18 @@ class SpeculativeEngine:
         max_new_tokens[, min_new_tokens[, stop[, stop_token_ids]]]); a minimum or stops it does not
         give are the batch's one (none when the batch had one per row). Its sampling settings are
         the batch's; check_rows() tells whether it is valid. Needs a drafter that can add rows
-        (Drafter.can_add_rows)."""
+        (Drafter.can_add_rows). ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is
+        drawn as any token), so rows end at their stops or limits."""
         if joining is not None and not self.drafter.can_add_rows:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
         self.check_prompts(prompts)
+        if not isinstance(ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
+        self._row_eos = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
         self._row_end_ids = self._row_stop_token_ids(stop_token_ids, len(prompts))
         self._end_ids = frozenset().union(*self._row_end_ids)
-        self._join_end_ids = self.eos_token_ids if per_row(stop_token_ids) else self._row_end_ids[0]
+        self._join_end_ids = self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0]
         stops = self._row_stops(stop, len(prompts))
         join_stop = None if isinstance(stop, (list, tuple)) else stop
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
@@ -320,11 +327,11 @@ class SpeculativeEngine:
     def _row_stop_token_ids(self, stop_token_ids, rows: int) -> list[frozenset[int]]:
         """Each row's end tokens: EOS and its stop_token_ids (one list for all, or one per row)."""
         if not per_row(stop_token_ids):
-            return [self.eos_token_ids | self.check_stop_token_ids(stop_token_ids)] * rows
+            return [self._row_eos | self.check_stop_token_ids(stop_token_ids)] * rows
         if len(stop_token_ids) != rows:
             raise ValueError(f"stop_token_ids has {len(stop_token_ids)} lists for {rows} rows: give one list "
                              "of token ids, or one per row")
-        return [self.eos_token_ids | self.check_stop_token_ids(ids) for ids in stop_token_ids]
+        return [self._row_eos | self.check_stop_token_ids(ids) for ids in stop_token_ids]
 
     @staticmethod
     def _row_stops(stop, rows: int) -> list:
@@ -367,7 +374,7 @@ class SpeculativeEngine:
         new_limits = [row[1] for row in joined]
         new_minimums = [row[2] if len(row) > 2 and row[2] is not None else self._join_minimum for row in joined]
         self.check_rows(prompts, new_limits, new_minimums)
-        new_end_ids = [self.eos_token_ids | self.check_stop_token_ids(row[4]) if len(row) > 4 else self._join_end_ids
+        new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else self._join_end_ids
                        for row in joined]
         first = len(contexts)
         layers = self.drafter.needs.hidden_state_layers
