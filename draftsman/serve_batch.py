@@ -6,7 +6,7 @@ CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1,
 come at once are served sooner.
 
 Requests share a batch only when every setting but max_tokens, min_tokens, stop and
-stop_token_ids is the same (one generation takes one set of sampling settings, and a limit, a
+stop_token_ids is the same (a setting sent with the config's value is the same as one left out) (one generation takes one set of sampling settings, and a limit, a
 minimum and stops per row), up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
@@ -54,12 +54,16 @@ class _Job:
     (row, StreamChunk)) then ("end", stats) for a stream; ("done", GenerationOutput) for the
     others; or ("error", exception)."""
 
-    def __init__(self, ids: list[list[int]], args: dict, stream: bool = False):
+    def __init__(self, ids: list[list[int]], args: dict, stream: bool = False, defaults: dict | None = None):
         self.ids, self.args, self.stream = ids, args, stream
         self.rows = len(ids) * args.get("num_return_sequences", 1)
         # Settings as a comparable string (n included: one generation takes one; PER_ROW_SETTINGS
-        # not: the engine takes them per row); None: this job runs alone.
-        settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS}
+        # not: the engine takes them per row); None: this job runs alone. A setting sent with its
+        # default value (the config's) is the same as one left out: "temperature": 0 or
+        # "ignore_eos": false, as benchmark clients send them, keep no request apart.
+        defaults = defaults or {}
+        settings = {k: v for k, v in args.items()
+                    if k not in PER_ROW_SETTINGS and not (k in defaults and v == defaults[k])}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         self.batch_rows = 0  # rows running in its batch when it started, its own included
         self.queue: queue.Queue = queue.Queue()
@@ -202,6 +206,8 @@ class Batcher:
         server's metrics)."""
         check_max_rows(max_rows)
         self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
+        # generate's arguments as the config sets them, when a request leaves them out
+        self.defaults = {**decoder.config["sampling"], **decoder.config["generation"], "num_return_sequences": 1}
         self.record_request = record_request
         self.waiting: list[_Job] = []
         self.running = 0  # requests in the generation now running
@@ -213,7 +219,7 @@ class Batcher:
         this request's output, and how many rows the batch it ran in had. gone() -> True once its
         client has left: it is then dropped from the queue, or its rows end (finish reason
         "abort"), and ClientGone is raised."""
-        job = self._submit(_Job(ids, args))
+        job = self._submit(_Job(ids, args, defaults=self.defaults))
         kind, item = self._next(job, gone)
         if kind == "error":
             raise item
@@ -225,7 +231,7 @@ class Batcher:
         (prompt by prompt, n samples each); afterwards `job.stats` (the batch's, with these rows'
         finish reasons) and `job.batch_rows`. Returns (job, chunks). gone: as generate's, watched
         while no chunk comes."""
-        job = self._submit(_Job(ids, args, stream=True))
+        job = self._submit(_Job(ids, args, stream=True, defaults=self.defaults))
         return job, self._chunks(job, gone)
 
     def _next(self, job: _Job, gone) -> tuple[str, object]:

@@ -462,6 +462,33 @@ def test_requests_with_their_own_min_tokens_share_a_batch(slow_server_decoder):
     assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
 
 
+def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_server_decoder):
+    """vLLM's benchmark sends "temperature": 0, "ignore_eos": false and "best_of" / "n" 1 with
+    every request; another client leaves them out. Both are the config's values: the requests
+    share the running batch."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    assert decoder.config["sampling"]["temperature"] == 0 and decoder.config["generation"]["ignore_eos"] is False
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    explicit = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": False, "num_return_sequences": 1}
+    out, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), explicit)
+    assert rows == 2 and long_job.stats is None  # it ran beside the long row
+    got += [chunk for _, chunk in chunks]
+    assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
+    other = {"max_new_tokens": 8, "temperature": 0.5}  # a value of its own still keeps it apart
+    assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
+
+
+def batcher_key(args: dict, batcher) -> str | None:
+    from draftsman.serve_batch import _Job
+
+    return _Job([[1]], args, defaults=batcher.defaults).key
+
+
 def test_a_generation_stops_taking_rows_at_its_limit(slow_server_decoder):
     """Past max_generation_rows rows in all, a generation takes no more: the request waits for
     it to end and runs in the next one."""

@@ -163,6 +163,7 @@ def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
 
     class FakeDecoder:  # row 0 ends at once; row 1 ends only when the test says so
         can_join = False  # rows joining a running batch: tests/test_continuous_batching.py
+        config = {"sampling": {}, "generation": {}}  # no defaults: a request's settings are as sent
         def stream_batch(self, rows, stats, **settings):
             stats.finish_reasons = ["", ""]
             yield 0, StreamChunk("a", [1])
@@ -199,6 +200,7 @@ def test_a_request_that_ends_early_is_answered_before_its_batch_ends():
 
     class FakeDecoder:  # rows 0-1 (the first request, n = 2) end at once; row 2 when the test says so
         can_join = False  # rows joining a running batch: tests/test_continuous_batching.py
+        config = {"sampling": {}, "generation": {}}  # no defaults: a request's settings are as sent
         def stream_batch(self, rows, stats, **settings):
             assert rows == [[5], [6]] and settings["num_return_sequences"] == 2  # n samples of each prompt
             stats.finish_reasons = ["", "", "", ""]
