@@ -6,8 +6,9 @@ CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1,
 come at once are served sooner.
 
 Requests share a batch only when every setting but max_tokens, min_tokens, stop and
-stop_token_ids is the same (a setting sent with the config's value is the same as one left out) (one generation takes one set of sampling settings, and a limit, a
-minimum and stops per row), up to `max_rows` rows running at once;
+stop_token_ids is the same (one generation takes one set of sampling settings, and a limit, a
+minimum and stops per row; a setting sent with the config's value is the same as one left out),
+up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
 the joining until the batch ends (nothing waits for ever behind later arrivals). A request with
