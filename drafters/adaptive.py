@@ -638,7 +638,8 @@ class AdaptiveDrafter(Drafter):
             return [self._empty] * len(contexts)
         self._stretch = None  # a bet or a probe ends the stretch: its outcome moves the estimates
         self.inner.depth_limit = depth
-        self.inner.min_new_tokens = self.min_new_tokens  # set by the engine each round
+        # set by the engine each round (the end tokens grow when rows join with stops of their own)
+        self.inner.min_new_tokens, self.inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
         t0 = time.perf_counter()
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
         seconds = time.perf_counter() - t0

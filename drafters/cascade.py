@@ -76,7 +76,8 @@ class CascadeDrafter(Drafter):
                 break  # later children are not asked at all: that is where a cascade saves time
             # Every row, not only the waiting ones: children keep per-row state for all active rows.
             child.depth_limit = self.depth_limit  # set on the cascade by adaptive speculation
-            child.min_new_tokens = self.min_new_tokens  # set by the engine each round
+            # set by the engine each round (the end tokens grow when rows join with stops of their own)
+            child.min_new_tokens, child.eos_token_ids = self.min_new_tokens, self.eos_token_ids
             proposals = child.propose(contexts)
             self.called.append(c)
             for i in waiting:

@@ -51,7 +51,8 @@ class DraftContext:
     def __init__(self, prompts: list[list[int]], vocab_size: int, device):
         self.generated_from = [len(p) for p in prompts]  # the prompt's tokens are not counted
         self.device = device
-        self.eos_columns: torch.Tensor | None = None  # EosBan.columns_of, once per request
+        self.eos_columns: torch.Tensor | None = None  # EosBan.columns_of, found again when the end tokens change
+        self.eos_columns_of: frozenset[int] = frozenset()  # ...the end tokens they were found for
         self.bias: DraftBias | None = None  # the request's logit_bias over the drafter's logits, made once
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
@@ -80,11 +81,13 @@ class DraftContext:
                 vocab_map: torch.Tensor | None) -> EosBan | None:
         """This round's EosBan under the request's min_new_tokens (set on the drafter by the
         engine); None when it bans nothing. A drafter's logits and draft vocabulary are fixed for
-        a request (begin() picks them, then makes this context), so EOS's columns are found once."""
+        a request (begin() picks them, then makes this context), so EOS's columns are found once,
+        and again only when rows join with stop tokens of their own."""
         if not drafter.min_new_tokens or not drafter.eos_token_ids:
             return None
-        if self.eos_columns is None:
+        if self.eos_columns is None or self.eos_columns_of != drafter.eos_token_ids:
             self.eos_columns = EosBan.columns_of(drafter.eos_token_ids, width, vocab_map, self.device)
+            self.eos_columns_of = drafter.eos_token_ids
         produced = [len(c) - n for c, n in zip(contexts, self.generated_from)]
         return EosBan.for_round(produced, drafter.min_new_tokens_per_row(len(contexts)), self.eos_columns, self.device)
 

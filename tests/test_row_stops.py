@@ -6,6 +6,7 @@ import threading
 import pytest
 
 import draftsman
+from toy_drafters import watching_proposals
 from test_row_min_new_tokens import (SAMPLED_PROMPT, SAMPLED_ROWS, assert_held_and_free_rows_follow,
                                      close_draft, drafters, likeliest_first_token)  # noqa: F401 (a fixture)
 
@@ -96,6 +97,41 @@ def test_joining_rows_bring_their_own_stops(tiny_models, close_draft, fresh_head
     assert [texts[i] for i in range(4)] == [out.texts[0] for out in alone]
     assert [reasons[i] for i in range(4)] == [out.stats.finish_reasons[0] for out in alone]
     assert list(reasons.values()).count("stop") >= 2, reasons
+
+
+@pytest.mark.parametrize("name", ["draft_model", "cascade", "draft_model_adaptive"])
+def test_a_joining_rows_own_stop_token_is_held_back_in_drafts_too(tiny_models, plain, name):
+    """A row joins with a stop token of its own and a minimum over its whole length: the drafter
+    (the target drafting for itself, which would draft that token where the target picks it)
+    never drafts it for that row, also inside a cascade or adaptive drafting. A ban made when the
+    batch began would not hold it; drafting it would only cost drafts, never exactness."""
+    target = str(tiny_models["llama"][0])
+    itself = {"name": "draft_model", "path": target, "k": 3}
+    spec = {"draft_model": itself, "draft_model_adaptive": {**itself, "adaptive": True},
+            "cascade": {"name": "cascade", "drafters": [{"name": "ngram", "k": 3, "min_ngram": 1}, itself]}}[name]
+    decoder = draftsman.load({"target": {"path": target}, "drafter": spec})
+    if name.endswith("adaptive"):  # draft every round
+        adaptive = decoder.engine.drafter
+        adaptive.choose_depth = lambda *args, **kwargs: adaptive.inner.max_depth()
+    stop = plain[1][2]  # the joining row's third greedy token, unheld
+    drafted, rounds, tokens = [], [0], {}
+
+    def watch(contexts, trees):
+        drafted.extend(t for c, tree in zip(contexts, trees) if c[:3] == PROMPTS[1] for t in tree.tokens.tolist())
+
+    def joining():
+        rounds[0] += 1
+        return [(PROMPTS[1], NEW, NEW, None, [stop])] if rounds[0] == 2 else []
+
+    with watching_proposals(decoder, watch):
+        # The first row is held too: the drafter's ban is made before the second row joins.
+        for row, chunk in decoder.stream_batch([PROMPTS[0]], joining=joining, max_new_tokens=NEW, min_new_tokens=4,
+                                               temperature=0.0):
+            tokens.setdefault(row, []).extend(chunk.token_ids)
+    alone = decoder.generate(input_ids=[PROMPTS[1]], max_new_tokens=NEW, min_new_tokens=NEW, stop_token_ids=[stop],
+                             temperature=0.0)
+    assert tokens[1] == alone.token_ids[0] and stop not in tokens[1]
+    assert drafted and stop not in drafted, name
 
 
 def test_sampled_rows_hold_back_only_their_own_stop_tokens(tiny_models):
