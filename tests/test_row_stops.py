@@ -55,13 +55,13 @@ def stop_strings(decoder, plain) -> list[list[str]]:
 def test_each_row_ends_at_its_own_stop_strings(tiny_models, plain):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
                               "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
-    prompts = PROMPTS
     stops = stop_strings(decoder, plain)
     assert all(s for row in stops for s in row), stops
-    alone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, stop=s, temperature=0.0) for p, s in zip(prompts, stops)]
-    together = decoder.generate(input_ids=prompts, max_new_tokens=NEW, stop=stops, temperature=0.0)
-    streamed = [""] * len(prompts)
-    for row, chunk in decoder.stream_batch(prompts, max_new_tokens=NEW, stop=stops, temperature=0.0):
+    alone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, stop=s, temperature=0.0)
+             for p, s in zip(PROMPTS, stops)]
+    together = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, stop=stops, temperature=0.0)
+    streamed = [""] * len(PROMPTS)
+    for row, chunk in decoder.stream_batch(PROMPTS, max_new_tokens=NEW, stop=stops, temperature=0.0):
         streamed[row] += chunk.text
     for i, out in enumerate(alone):
         assert together.token_ids[i] == out.token_ids[0] and together.texts[i] == out.texts[0], i
