@@ -52,8 +52,7 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
                          "(temperature > 0) or leave it at 1")
     for key in PER_PROMPT_SETTINGS:
         per_prompt = args[key]
-        if isinstance(per_prompt, list) if key == "stop" else \
-                per_row(per_prompt) if key == "stop_token_ids" else isinstance(per_prompt, (list, tuple)):
+        if isinstance(per_prompt, list):  # _run_args gives a setting per prompt as a list, and only then
             if len(per_prompt) != len(ids):
                 one = "one list" if key.startswith("stop") else "one number"
                 raise ValueError(f"{key} has {len(per_prompt)} values for {len(ids)} prompts: give {one}, "
@@ -392,17 +391,20 @@ class Decoder:
 
     def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None,
                   ignore_eos=None) -> dict:
-        """The engine's arguments: each one given (not None), else the config's."""
+        """The engine's arguments: each one given (not None), else the config's. A setting given per
+        prompt comes back as a list (and only then: one stop_token_ids for all as a tuple)."""
         s, g = self.config["sampling"], self.config["generation"]
         sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
+        limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+        least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         stop = g["stop"] if stop is None else stop
         stop_token_ids = g["stop_token_ids"] if stop_token_ids is None else stop_token_ids
-        return {"max_new_tokens": g["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
-                "sampling": sampling, "seed": g["seed"] if seed is None else seed,
+        as_list = lambda value: list(value) if isinstance(value, tuple) else value  # noqa: E731
+        return {"max_new_tokens": as_list(limit), "sampling": sampling, "seed": g["seed"] if seed is None else seed,
                 "stop": [self._stop_check(s) for s in stop] if per_row(stop) else self._stop_check(stop),
-                "min_new_tokens": g["min_new_tokens"] if min_new_tokens is None else min_new_tokens,
-                "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids)
-                                   else stop_token_ids or ()),
+                "min_new_tokens": as_list(least),
+                "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids) else
+                                   tuple(stop_token_ids) if isinstance(stop_token_ids, list) else stop_token_ids or ()),
                 "ignore_eos": g["ignore_eos"] if ignore_eos is None else ignore_eos}
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:

@@ -314,9 +314,9 @@ class Batcher:
             entered, now = [], time.perf_counter()
             generation = self.decoder.config["generation"]
             for job in taken:
-                own = [generation[key] if job.args.get(key) is None else job.args[key] for key in PER_ROW_SETTINGS]
+                own = {key: generation[key] if job.args.get(key) is None else job.args[key] for key in PER_ROW_SETTINGS}
                 try:
-                    self.decoder.check_join(job.ids, *own)
+                    self.decoder.check_join(job.ids, **own)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
                     running -= job.rows
@@ -328,8 +328,8 @@ class Batcher:
             joined_jobs.extend(job for job, _ in entered)
             self.running += len(entered)
             # Its own stops as [] when it has none: None would take the batch's.
-            return [(ids, limit, least, stop or [], stop_ids or []) for job, (limit, least, stop, stop_ids) in entered
-                    for ids in job.ids]
+            return [(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [], own["stop_token_ids"] or [])
+                    for job, own in entered for ids in job.ids]
         return joining
 
     def _take(self) -> list[_Job]:

@@ -105,11 +105,13 @@ class SpeculativeEngine:
         self.device = self.target.device
         self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
         self._minimums: list[int] = []  # per request: each row's min_new_tokens, by row number
-        self._join_minimum = 0  # per request: a joining row's min_new_tokens when it gives none
+        self._stops: list[StopCheck | None] = []  # per request: each row's stop check
         self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS and stop token ids
         self._end_ids = frozenset(self.eos_token_ids)  # per request: every row's, together
-        self._join_end_ids = self._end_ids  # per request: a joining row's when it gives none
         self._row_eos = self._end_ids  # per request: the EOS ids that end rows (none under ignore_eos)
+        # per request: what a joining row that gives none takes (the batch's one value, or none
+        # when its rows had their own): min_new_tokens, stop check, end tokens
+        self._join_defaults: tuple[int, StopCheck | None, frozenset[int]] = (0, None, self._row_eos)
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -191,9 +193,7 @@ class SpeculativeEngine:
         self._row_eos = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
         self._row_end_ids = self._row_stop_token_ids(stop_token_ids, len(prompts))
         self._end_ids = frozenset().union(*self._row_end_ids)
-        self._join_end_ids = self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0]
-        stops = self._row_stops(stop, len(prompts))
-        join_stop = None if isinstance(stop, (list, tuple)) else stop
+        self._stops = self._row_stops(stop, len(prompts))
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
@@ -207,7 +207,9 @@ class SpeculativeEngine:
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
         limits = self._row_limits(max_new_tokens, len(prompts))
         self._minimums = self._row_minimums(min_new_tokens, limits)
-        self._join_minimum = min_new_tokens if isinstance(min_new_tokens, int) else 0
+        self._join_defaults = (min_new_tokens if isinstance(min_new_tokens, int) else 0,
+                               None if isinstance(stop, (list, tuple)) else stop,
+                               self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0])
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
         stats.finish_reasons = [""] * len(prompts)
@@ -241,7 +243,7 @@ class SpeculativeEngine:
                 if joining is not None:  # rows that join before this round
                     joined = joining()
                     if joined:
-                        active += self._join(joined, contexts, outputs, limits, stats, logprobs, stops, join_stop)
+                        active += self._join(joined, contexts, outputs, limits, stats, logprobs)
                     elif not active:
                         break
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
@@ -277,7 +279,7 @@ class SpeculativeEngine:
                 for i, r in enumerate(active):
                     emitted, reason = self._clip(round_tokens[i], len(outputs[r]), len(contexts[r]), limits[r],
                                                  self._row_end_ids[r])
-                    keep = stops[r](outputs[r], emitted) if stops[r] is not None and emitted else None
+                    keep = self._stops[r](outputs[r], emitted) if self._stops[r] is not None and emitted else None
                     if keep is not None:  # the row ends like EOS: its cache and drafter rows go below
                         emitted, reason = emitted[:keep], "stop"
                     if not reason and r in aborted:  # its tokens so far stand; it takes no more rounds
@@ -367,14 +369,15 @@ class SpeculativeEngine:
         return minimums[0] if len(set(minimums)) == 1 else minimums
 
     def _join(self, joined: list[tuple], contexts: list[list[int]], outputs: list[list[int]], limits: list[int],
-              stats: GenerationStats, logprobs: TokenLogprobs | None, stops: list, join_stop) -> list[int]:
+              stats: GenerationStats, logprobs: TokenLogprobs | None) -> list[int]:
         """Rows join the running batch: their prompts prefilled apart, their caches appended to the
         target's, the drafter told, every per-row table extended. Returns their row numbers."""
         prompts = [list(map(int, row[0])) for row in joined]
         new_limits = [row[1] for row in joined]
-        new_minimums = [row[2] if len(row) > 2 and row[2] is not None else self._join_minimum for row in joined]
+        least, stop, end_ids = self._join_defaults
+        new_minimums = [row[2] if len(row) > 2 and row[2] is not None else least for row in joined]
         self.check_rows(prompts, new_limits, new_minimums)
-        new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else self._join_end_ids
+        new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else end_ids
                        for row in joined]
         first = len(contexts)
         layers = self.drafter.needs.hidden_state_layers
@@ -385,7 +388,7 @@ class SpeculativeEngine:
         outputs += [[] for _ in prompts]
         limits += new_limits
         self._minimums += new_minimums
-        stops += [row[3] if len(row) > 3 else join_stop for row in joined]
+        self._stops += [row[3] if len(row) > 3 else stop for row in joined]
         self._row_end_ids += new_end_ids
         # Drafters hold back every row's end tokens before its minimum: a few more than a row's own
         # costs some drafts, never exactness (the target's mask below is each row's own).
