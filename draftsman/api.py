@@ -13,7 +13,7 @@ from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
-from .verifier.sampling import SamplingParams
+from .verifier.sampling import WARPER_FIELDS, SamplingParams
 
 
 @dataclass
@@ -47,15 +47,20 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
     min_new_tokens, stop or stop_token_ids given per prompt in `args` becomes one per row."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
-    if n > 1 and args["sampling"].greedy:
-        raise ValueError(f"num_return_sequences={n} at temperature 0 would give identical rows: sample "
+    sampling = args["sampling"]
+    greedy = [i for i, params in enumerate(sampling) if params.greedy] if isinstance(sampling, list) else \
+        ([0] if sampling.greedy else [])
+    if n > 1 and greedy:
+        which = f" (prompt {greedy[0]})" if isinstance(sampling, list) else ""
+        raise ValueError(f"num_return_sequences={n} at temperature 0{which} would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
-    for key in PER_PROMPT_SETTINGS:
+    for key in (*PER_PROMPT_SETTINGS, "sampling"):
         per_prompt = args[key]
         if isinstance(per_prompt, list):  # _run_args gives a setting per prompt as a list, and only then
             if len(per_prompt) != len(ids):
                 one = "one list" if key.startswith("stop") else "one number"
-                raise ValueError(f"{key} has {len(per_prompt)} values for {len(ids)} prompts: give {one}, "
+                name = key if key != "sampling" else "per-prompt sampling settings (temperature, top_p, ...)"
+                raise ValueError(f"{name} has {len(per_prompt)} values for {len(ids)} prompts: give {one}, "
                                  "or one per prompt")
             args[key] = [m for m in per_prompt for _ in range(n)]
     return [row for row in ids for _ in range(n)]
@@ -63,6 +68,8 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
 
 # Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
 # limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []]).
+# The warpers too (verifier/sampling.py's WARPER_FIELDS: temperature=[0.0, 0.8], top_p=[None, 0.9], ...;
+# None: the config's), which the engine takes as one SamplingParams per row.
 PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids")
 
 
@@ -143,18 +150,18 @@ class Decoder:
         return self.generate(input_ids=ids, **generate_args)
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
-                 max_new_tokens: int | list[int] | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 min_p: float | None = None, stop: list[str] | list[list[str]] | None = None,
+                 max_new_tokens: int | list[int] | None = None, temperature: float | list | None = None,
+                 top_k: int | list | None = None, top_p: float | list | None = None, seed: int | None = None,
+                 min_p: float | list | None = None, stop: list[str] | list[list[str]] | None = None,
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, min_new_tokens: int | list[int] | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | list[list[int]] | None = None, num_return_sequences: int = 1,
                  logit_bias: dict[int, float] | None = None,
-                 lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
-                 epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
+                 lossy_typical_acceptance: bool | dict | None = None, typical_p: float | list | None = None,
+                 epsilon_cutoff: float | list | None = None, eta_cutoff: float | list | None = None,
                  no_repeat_ngram_size: int | None = None,
-                 bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
+                 bad_words_ids: list[list[int]] | None = None, top_h: float | list | None = None,
                  ignore_eos: bool | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
@@ -176,7 +183,10 @@ class Decoder:
         at temperature > 0 drafts are accepted by Medusa's typical acceptance, so the output is no
         longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
         turns a config's setting off; ignore_eos: vLLM's, EOS ends no row (it is drawn as any
-        token, so the distribution is the target's), rows run to their stops or max_new_tokens."""
+        token, so the distribution is the target's), rows run to their stops or max_new_tokens.
+        The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
+        top_h) take one value, or a list of one per prompt (None in it: the config's): the rows
+        generate as one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -270,8 +280,9 @@ class Decoder:
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
         that join the running batch now, as tuples (token ids, max_new_tokens[, min_new_tokens[,
-        stop[, stop_token_ids]]]), [] for none (a value left out or None: the batch's one value,
-        else the config's; stop strings as a list). Their rows (n samples each) are
+        stop[, stop_token_ids[, warpers]]]]), [] for none (a value left out or None: the batch's one
+        value, else the config's; stop strings as a list; warpers a dict of WARPER_FIELDS, e.g.
+        {"temperature": 0.7}). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -294,17 +305,21 @@ class Decoder:
         default_least = least if isinstance(least, int) else g["min_new_tokens"]
         default_stop = self._stop_check(g["stop"]) if isinstance(stop, list) else stop
         default_stop_ids = (g["stop_token_ids"] or ()) if per_row(stop_ids) else stop_ids
+        # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
+        batch_sampling = {k: None if k in WARPER_FIELDS and isinstance(v, (list, tuple)) else v
+                          for k, v in sampling.items()}
         ids = _samples_of(ids, n, args)
         joined_rows = None
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
                 rows = []
                 for prompt, own_limit, *own in joining():
-                    own_least, own_stop, own_stop_ids = own + [None] * (3 - len(own))
+                    own_least, own_stop, own_stop_ids, own_warpers = own + [None] * (4 - len(own))
                     row = (list(map(int, prompt)), default_limit if own_limit is None else own_limit,
                            default_least if own_least is None else own_least,
                            default_stop if own_stop is None else self._stop_check(own_stop),
-                           default_stop_ids if own_stop_ids is None else own_stop_ids)
+                           default_stop_ids if own_stop_ids is None else own_stop_ids,
+                           self._joining_sampling(batch_sampling, own_warpers))
                     rows += [row] * n
                 return rows
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
@@ -317,15 +332,29 @@ class Decoder:
 
     def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
                    min_new_tokens: int | None = None, stop: list[str] | None = None,
-                   stop_token_ids: list[int] | None = None) -> None:
+                   stop_token_ids: list[int] | None = None, num_return_sequences: int = 1, **warpers) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits and stops (None: the config's), so a caller can refuse them alone."""
+        with these limits, stops and warpers (WARPER_FIELDS, e.g. temperature=0.7; None: the
+        config's), so a caller can refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         self._stop_check(stop)
-        self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or ())
+        unknown = sorted(set(warpers) - set(WARPER_FIELDS))
+        if unknown:
+            raise TypeError(f"check_join() got unknown settings {unknown}; the per-row sampling settings are "
+                            f"{list(WARPER_FIELDS)}")
+        sampling = self._sampling(warpers)
+        _samples_of(ids, num_return_sequences, {"sampling": sampling, **{key: None for key in PER_PROMPT_SETTINGS}})
+        self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or (), sampling)
+
+    def _joining_sampling(self, batch_sampling: dict, own: dict | None) -> SamplingParams:
+        """A joining row's SamplingParams: the batch's settings, with its own warpers where it gives them."""
+        unknown = sorted(set(own or ()) - set(WARPER_FIELDS))
+        if unknown:
+            raise ValueError(f"a joining row's warpers have unknown keys {unknown}; valid: {list(WARPER_FIELDS)}")
+        return self._sampling({**batch_sampling, **{k: v for k, v in (own or {}).items() if v is not None}})
 
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
                     joining=None):
@@ -392,20 +421,41 @@ class Decoder:
     def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None,
                   ignore_eos=None) -> dict:
         """The engine's arguments: each one given (not None), else the config's. A setting given per
-        prompt comes back as a list (and only then: one stop_token_ids for all as a tuple)."""
-        s, g = self.config["sampling"], self.config["generation"]
-        sampling = SamplingParams(**{key: s[key] if sampling.get(key) is None else sampling[key] for key in s})
+        prompt comes back as a list (and only then: one stop_token_ids for all as a tuple; sampling
+        as one SamplingParams per prompt when a warper is given per prompt)."""
+        g = self.config["generation"]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         stop = g["stop"] if stop is None else stop
         stop_token_ids = g["stop_token_ids"] if stop_token_ids is None else stop_token_ids
         as_list = lambda value: list(value) if isinstance(value, tuple) else value  # noqa: E731
-        return {"max_new_tokens": as_list(limit), "sampling": sampling, "seed": g["seed"] if seed is None else seed,
+        return {"max_new_tokens": as_list(limit), "sampling": self._sampling(sampling),
+                "seed": g["seed"] if seed is None else seed,
                 "stop": [self._stop_check(s) for s in stop] if per_row(stop) else self._stop_check(stop),
                 "min_new_tokens": as_list(least),
                 "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids) else
                                    tuple(stop_token_ids) if isinstance(stop_token_ids, list) else stop_token_ids or ()),
                 "ignore_eos": g["ignore_eos"] if ignore_eos is None else ignore_eos}
+
+    def _sampling(self, given: dict) -> SamplingParams | list[SamplingParams]:
+        """SamplingParams from generate's sampling keywords (None: the config's). A warper given as
+        a list (one value per prompt, None: the config's) makes one SamplingParams per prompt."""
+        s = self.config["sampling"]
+        values = {key: s[key] if given.get(key) is None else given[key] for key in s}
+        per_prompt = {key: list(values[key]) for key in WARPER_FIELDS if isinstance(values[key], (list, tuple))}
+        listed = [key for key in given if key not in WARPER_FIELDS and isinstance(given[key], (list, tuple))
+                  and key not in ("bad_words_ids", "logit_bias")]
+        if listed:
+            raise ValueError(f"{listed[0]} takes one value for all prompts; only {list(WARPER_FIELDS)} can be "
+                             "given per prompt: run prompts with other values as generations of their own")
+        if not per_prompt:
+            return SamplingParams(**values)
+        counts = {len(v) for v in per_prompt.values()}
+        if len(counts) > 1:
+            raise ValueError(f"per-prompt settings {sorted(per_prompt)} have {sorted(counts)} values: give each "
+                             "one value per prompt")
+        return [SamplingParams(**{**values, **{key: s[key] if v[i] is None else v[i] for key, v in per_prompt.items()}})
+                for i in range(counts.pop())]
 
     def _logprobs_recorder(self, rows: int, logprobs, top_logprobs) -> TokenLogprobs | None:
         if not (isinstance(logprobs, bool) or logprobs in LOGPROBS_MODES):

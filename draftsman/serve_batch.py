@@ -5,9 +5,10 @@ that is running, between two rounds, as vLLM's scheduler adds requests at every 
 CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1, so clients that
 come at once are served sooner.
 
-Requests share a batch only when every setting but max_tokens, min_tokens, stop and
-stop_token_ids is the same (one generation takes one set of sampling settings, and a limit, a
-minimum and stops per row; a setting sent with the config's value is the same as one left out),
+Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids
+and the warpers (temperature, top_p, top_k, min_p, typical_p, ...) is the same (one generation
+takes one set of penalties, biases and bans, and a limit, a minimum, stops and warpers per row; a
+setting sent with the config's value is the same as one left out),
 up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
@@ -32,6 +33,7 @@ import threading
 import time
 
 from .api import Decoder, GenerationOutput, GenerationStats, StreamChunk
+from .verifier.sampling import WARPER_FIELDS
 
 
 @dataclasses.dataclass
@@ -46,8 +48,9 @@ class RequestTimes:
     generation_tokens: int  # over its rows
 
 
-# Requests that differ only in these share a batch: the engine takes them per row.
-PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids")
+# Requests that differ only in these share a batch: the engine takes them per row (the warpers:
+# temperature, top_p, top_k, min_p, ..., verifier/sampling.py's WARPER_FIELDS).
+PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", *WARPER_FIELDS)
 
 
 class _Job:
@@ -312,11 +315,12 @@ class Batcher:
                     running += job.rows
                 self.waiting = self.waiting[len(taken):]
             entered, now = [], time.perf_counter()
-            generation = self.decoder.config["generation"]
             for job in taken:
-                own = {key: generation[key] if job.args.get(key) is None else job.args[key] for key in PER_ROW_SETTINGS}
+                own = {key: self.defaults[key] if job.args.get(key) is None else job.args[key]
+                       for key in PER_ROW_SETTINGS}
                 try:
-                    self.decoder.check_join(job.ids, **own)
+                    self.decoder.check_join(job.ids, num_return_sequences=job.args.get("num_return_sequences", 1),
+                                            **own)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
                     running -= job.rows
@@ -328,8 +332,8 @@ class Batcher:
             joined_jobs.extend(job for job, _ in entered)
             self.running += len(entered)
             # Its own stops as [] when it has none: None would take the batch's.
-            return [(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [], own["stop_token_ids"] or [])
-                    for job, own in entered for ids in job.ids]
+            return [(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [], own["stop_token_ids"] or [],
+                     {key: own[key] for key in WARPER_FIELDS}) for job, own in entered for ids in job.ids]
         return joining
 
     def _take(self) -> list[_Job]:
@@ -381,7 +385,7 @@ class Batcher:
         for key in PER_ROW_SETTINGS:
             values = [job.args.get(key) for job in jobs]
             if any(value != values[0] for value in values):  # one per prompt; a request that gave none takes
-                default = self.decoder.config["generation"][key]  # the config's
+                default = self.defaults[key]  # the config's
                 settings[key] = [default if value is None else value
                                  for job, value in zip(jobs, values) for _ in job.ids]
         # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.

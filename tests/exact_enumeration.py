@@ -78,6 +78,9 @@ class ToyWorld:
     params: SamplingParams
     seed: int = 0
     draft_processed: bool = True  # q from the same processing as the target (like draft_model)
+    # q processed by other settings than the target's (a batch row with its own temperature, top_k,
+    # ...: the drafter drafts under the settings most rows have); None: the target's
+    draft_params: SamplingParams | None = None
 
     def _logits(self, ctx: tuple, salt: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(hash((self.seed, salt, ctx)) % (2**31))
@@ -88,8 +91,9 @@ class ToyWorld:
 
     def draft_probs(self, ctx: tuple) -> torch.Tensor:
         logits = self._logits(ctx, 2)
-        if self.draft_processed and not self.params.greedy:
-            return processed_probs(logits, self.params)
+        params = self.draft_params or self.params
+        if self.draft_processed and not params.greedy:
+            return processed_probs(logits, params)
         return logits.softmax(-1)
 
 

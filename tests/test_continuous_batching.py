@@ -479,7 +479,7 @@ def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_serv
     assert rows == 2 and long_job.stats is None  # it ran beside the long row
     got += [chunk for _, chunk in chunks]
     assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
-    other = {"max_new_tokens": 8, "temperature": 0.5}  # a value of its own still keeps it apart
+    other = {"max_new_tokens": 8, "presence_penalty": 0.5}  # a value of its own still keeps it apart
     assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
 
 

@@ -117,6 +117,12 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "2",
                      "--max-tokens", "5", "--distinct-stops"]) == 0
     assert [s["stop"] for s in sent] == [["<|stop-0|>"], ["<|stop-1|>"]]
+    sent.clear()
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "4",
+                     "--max-tokens", "5", "--temperatures", "0,0.7"]) == 0
+    assert [s["temperature"] for s in sent] == [0.0, 0.7, 0.0, 0.7]
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--temperatures", "0,hot"]) != 0
+    assert "--temperatures takes numbers >= 0 separated by commas" in capsys.readouterr().err
 
 
 def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, prompt_file, capsys):

@@ -8,6 +8,7 @@ a stop string, max_new_tokens, context limit, or the caller aborting them) leave
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Container, Iterable, Iterator
 
@@ -21,15 +22,15 @@ from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verif
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BadWords, RepeatedNgrams
-from .sampling import SamplingParams, processed_probs
+from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 # joining() -> rows that join a running batch before its next round. A joining row is a tuple
-# (token ids, max_new_tokens[, min_new_tokens[, stop[, stop_token_ids]]]): the settings it leaves
-# out are the batch's, those it gives are its own (a stop of None: no stop check).
+# (token ids, max_new_tokens[, min_new_tokens[, stop[, stop_token_ids[, sampling]]]]): the settings
+# it leaves out are the batch's, those it gives are its own (a stop of None: no stop check).
 Joining = Callable[[], "list[tuple]"]
 
 
@@ -109,9 +110,11 @@ class SpeculativeEngine:
         self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS and stop token ids
         self._end_ids = frozenset(self.eos_token_ids)  # per request: every row's, together
         self._row_eos = self._end_ids  # per request: the EOS ids that end rows (none under ignore_eos)
-        # per request: what a joining row that gives none takes (the batch's one value, or none
-        # when its rows had their own): min_new_tokens, stop check, end tokens
-        self._join_defaults: tuple[int, StopCheck | None, frozenset[int]] = (0, None, self._row_eos)
+        # per request: what a joining row that gives none takes: min_new_tokens, stop check, end
+        # tokens (the batch's one value, or none when its rows had their own) and sampling settings
+        # (the batch's, or its drafter's when its rows had their own)
+        self._join_defaults: tuple = (0, None, self._row_eos, None)
+        self._row_sampling: list[SamplingParams] = []  # per request: each row's sampling settings, by row number
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -141,7 +144,8 @@ class SpeculativeEngine:
                              "e.g. tokenizer.convert_tokens_to_ids('<|im_end|>')")
         return frozenset(ids)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int],
+                 sampling: SamplingParams | list[SamplingParams],
                  seed: int = 0, stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int = 0,
                  logprobs: TokenLogprobs | None = None,
                  stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
@@ -156,7 +160,8 @@ class SpeculativeEngine:
         return outputs, stats
 
     @torch.no_grad()
-    def stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], sampling: SamplingParams,
+    def stream(self, prompts: list[list[int]], max_new_tokens: int | list[int],
+               sampling: SamplingParams | list[SamplingParams],
                seed: int = 0, stats: GenerationStats | None = None,
                stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int | list[int] = 0,
                logprobs: TokenLogprobs | None = None,
@@ -179,11 +184,15 @@ class SpeculativeEngine:
         joining: asked before every round for rows that join the batch (continuous batching, as
         vLLM's scheduler adds requests at every step): each is prefilled and then runs as if it had
         been there from the start, numbered after the rows before it. A joining row is (token ids,
-        max_new_tokens[, min_new_tokens[, stop[, stop_token_ids]]]); a minimum or stops it does not
-        give are the batch's one (none when the batch had one per row). Its sampling settings are
-        the batch's; check_rows() tells whether it is valid. Needs a drafter that can add rows
-        (Drafter.can_add_rows). ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is
-        drawn as any token), so rows end at their stops or limits."""
+        max_new_tokens[, min_new_tokens[, stop[, stop_token_ids[, sampling]]]]); a minimum or stops it
+        does not give are the batch's one (none when the batch had one per row), sampling settings
+        the batch's (its drafter's when the batch had one per row); check_rows() tells whether it
+        is valid. Needs a drafter that can add rows (Drafter.can_add_rows). ignore_eos: vLLM's; EOS
+        ends no row (nor is it held back: it is drawn as any token), so rows end at their stops or
+        limits. sampling: one for every row, or one per row that differ only in
+        verifier/sampling.py's WARPER_FIELDS (temperature, top_k, top_p, ...): each row is
+        verified against its own distribution; the drafter drafts under the settings most rows
+        have (exact for the others too, as the verifier tests any draft against each row's own)."""
         if joining is not None and not self.drafter.can_add_rows:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
@@ -194,6 +203,9 @@ class SpeculativeEngine:
         self._row_end_ids = self._row_stop_token_ids(stop_token_ids, len(prompts))
         self._end_ids = frozenset().union(*self._row_end_ids)
         self._stops = self._row_stops(stop, len(prompts))
+        self._row_sampling = self._row_sampling_of(sampling, len(prompts))
+        sampling = self._row_sampling[0]  # what rows share: biases, penalties, bans, typical acceptance
+        drafter_sampling = Counter(self._row_sampling).most_common(1)[0][0]  # the first of the likeliest
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
@@ -209,7 +221,8 @@ class SpeculativeEngine:
         self._minimums = self._row_minimums(min_new_tokens, limits)
         self._join_defaults = (min_new_tokens if isinstance(min_new_tokens, int) else 0,
                                None if isinstance(stop, (list, tuple)) else stop,
-                               self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0])
+                               self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0],
+                               drafter_sampling)
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
         stats.finish_reasons = [""] * len(prompts)
@@ -234,7 +247,7 @@ class SpeculativeEngine:
         prefill_hidden = self._prefill(contexts, layers)
         self.drafter.token_budget = limits  # the engine's own list, extended as rows join
         self.drafter.min_new_tokens, self.drafter.eos_token_ids = self._drafter_minimums(range(B)), self._end_ids
-        self.drafter.begin([list(p) for p in prompts], sampling, generator)
+        self.drafter.begin([list(p) for p in prompts], drafter_sampling, generator)
         if layers:
             self.drafter.observe_prefill(prefill_hidden)
 
@@ -259,8 +272,10 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
+                round_sampling = self._sampling_of(active)
                 verdict, hidden, block_tokens, logprob_logits = self._verify(
-                    roots, trees, sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active], active)
+                    roots, trees, round_sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active],
+                    active)
                 accepted = verdict.accepted.tolist()
                 num_accepted = verdict.num_accepted.tolist()
                 next_token = verdict.next_token.tolist()
@@ -273,7 +288,7 @@ class SpeculativeEngine:
                 keep_slots = [[0] + [n + 1 for n in path] for path in paths]
                 round_tokens = [trees[i].tokens[path].tolist() + [next_token[i]] if path else [next_token[i]]
                                 for i, path in enumerate(paths)]
-                round_logprobs = (logprobs.read(logprob_logits, keep_slots, round_tokens, sampling)
+                round_logprobs = (logprobs.read(logprob_logits, keep_slots, round_tokens, round_sampling)
                                   if logprobs is not None else None)
                 emitted_rows, still = [], []
                 for i, r in enumerate(active):
@@ -319,12 +334,33 @@ class SpeculativeEngine:
             stats.drafter_report = self.drafter.report()
 
     def check_rows(self, prompts: list[list[int]], max_new_tokens: int | list[int],
-                   min_new_tokens: int | list[int], stop_token_ids: Iterable[int] | list[Iterable[int]] = ()) -> None:
+                   min_new_tokens: int | list[int], stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
+                   sampling: SamplingParams | list[SamplingParams] | None = None) -> None:
         """Raise ValueError, naming the problem, when these rows cannot join a batch with these
-        limits and stop token ids (what stream() checks before it starts)."""
+        limits, stop token ids and sampling settings (what stream() checks before it starts)."""
         self.check_prompts(prompts)
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
         self._row_stop_token_ids(stop_token_ids, len(prompts))
+        if sampling is not None:
+            self._row_sampling_of(sampling, len(prompts))
+
+    @staticmethod
+    def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
+        """Each row's sampling settings: one for all, or a list of one per row that may differ
+        only in the warpers (verifier/sampling.py's WARPER_FIELDS)."""
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * rows
+        if not isinstance(sampling, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling):
+            raise ValueError(f"sampling must be a SamplingParams, or a list of one per row, got {sampling!r}")
+        if len(sampling) != rows:
+            raise ValueError(f"sampling has {len(sampling)} settings for {rows} rows: give one, or one per row")
+        check_row_sampling(list(sampling))
+        return list(sampling)
+
+    def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
+        """The rows' sampling settings this round: the one they share, or each row's own."""
+        params = [self._row_sampling[r] for r in rows]
+        return params[0] if all(p == params[0] for p in params[1:]) else RowSampling(params)
 
     def _row_stop_token_ids(self, stop_token_ids, rows: int) -> list[frozenset[int]]:
         """Each row's end tokens: EOS and its stop_token_ids (one list for all, or one per row)."""
@@ -374,9 +410,11 @@ class SpeculativeEngine:
         target's, the drafter told, every per-row table extended. Returns their row numbers."""
         prompts = [list(map(int, row[0])) for row in joined]
         new_limits = [row[1] for row in joined]
-        least, stop, end_ids = self._join_defaults
+        least, stop, end_ids, sampling = self._join_defaults
         new_minimums = [row[2] if len(row) > 2 and row[2] is not None else least for row in joined]
+        new_sampling = [row[5] if len(row) > 5 and row[5] is not None else sampling for row in joined]
         self.check_rows(prompts, new_limits, new_minimums)
+        check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's biases, penalties, ...
         new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else end_ids
                        for row in joined]
         first = len(contexts)
@@ -390,6 +428,7 @@ class SpeculativeEngine:
         self._minimums += new_minimums
         self._stops += [row[3] if len(row) > 3 else stop for row in joined]
         self._row_end_ids += new_end_ids
+        self._row_sampling += new_sampling
         # Drafters hold back every row's end tokens before its minimum: a few more than a row's own
         # costs some drafts, never exactness (the target's mask below is each row's own).
         self._end_ids = self._end_ids.union(*new_end_ids)
@@ -434,24 +473,25 @@ class SpeculativeEngine:
             lm.select_rows(distinct)
         return prefill_hidden
 
-    def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams, coin,
+    def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams | RowSampling, coin,
                 contexts: list[list[int]], outputs: list[list[int]], rows: list[int]):
         """One target pass over every row's root + tree and the verdict. Plain rounds and greedy
-        chains take shorter paths to the same verdict (no packing, no tree walk). contexts: each
-        row's committed tokens, the root included; outputs: the generated ones (for penalties);
-        rows: each one's original row."""
+        chains take shorter paths to the same verdict (no packing, no tree walk). sampling: the
+        rows' warpers (one setting, or each row's own); contexts: each row's committed tokens, the
+        root included; outputs: the generated ones (for penalties); rows: each one's original row."""
+        shared = self._row_sampling[rows[0]]  # biases, penalties and bans: one for the whole batch
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, sampling, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)

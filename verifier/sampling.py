@@ -201,8 +201,63 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
     return tuple(pairs) or None
 
 
-def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(..., V) logits -> (..., V) probabilities in float32 or better (float64 stays float64)."""
+# The settings that only reshape the target's distribution at each position (the warpers and the
+# temperature): rows of one batch may differ in these. Every other setting changes the logits
+# themselves, or how drafts are accepted, and is one for the whole batch.
+WARPER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+
+
+class RowSampling:
+    """Each row's own sampling settings in one batch (rows that differ only in WARPER_FIELDS).
+    processed_probs / processed_logprobs warp each row by its own settings, one call per distinct
+    setting; the verifier then tests every row against its own distribution, so each row is
+    exact as it would be alone."""
+
+    def __init__(self, rows: list[SamplingParams]):
+        self.rows = list(rows)
+        self.groups: dict[SamplingParams, list[int]] = {}
+        for i, params in enumerate(self.rows):
+            self.groups.setdefault(params, []).append(i)
+
+    @property
+    def greedy(self) -> bool:
+        return all(params.greedy for params in self.groups)
+
+    @property
+    def lossy(self) -> bool:
+        return any(params.lossy for params in self.groups)
+
+    def apply(self, logits: torch.Tensor, warp) -> torch.Tensor:
+        """warp(logits, params) on each group of rows (the first dim), put back in row order."""
+        out = None
+        for params, rows in self.groups.items():
+            index = torch.tensor(rows, device=logits.device)
+            part = warp(logits.index_select(0, index), params)
+            if out is None:
+                out = part.new_empty((logits.shape[0], *part.shape[1:]))
+            out.index_copy_(0, index, part)
+        return out
+
+
+def check_row_sampling(rows: list[SamplingParams]) -> None:
+    """Rows may share a batch when their settings differ only in WARPER_FIELDS; else a ValueError
+    that names the settings that differ."""
+    first = rows[0]
+    differ = sorted({name for params in rows[1:] for name in first.__dataclass_fields__
+                     if name not in WARPER_FIELDS and getattr(params, name) != getattr(first, name)})
+    if differ:
+        raise ValueError(f"rows of one batch differ in {differ}: only {list(WARPER_FIELDS)} can be set per row; "
+                         "run rows with other values as batches of their own")
+    if len(set(rows)) > 1 and first.lossy_typical_acceptance is not None:
+        raise ValueError("lossy_typical_acceptance takes one sampling setting for the whole batch: give every row "
+                         "the same temperature, top_k, ... or run them as batches of their own")
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams | RowSampling) -> torch.Tensor:
+    """(..., V) logits -> (..., V) probabilities in float32 or better (float64 stays float64).
+    RowSampling: each row (first dim) by its own settings."""
+    if isinstance(params, RowSampling):
+        return params.apply(logits, processed_probs)
     work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(work_dtype)
     if params.greedy:
@@ -210,10 +265,13 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return _warped_scores(logits, params).softmax(-1)
 
 
-def processed_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def processed_logprobs(logits: torch.Tensor, params: SamplingParams | RowSampling) -> torch.Tensor:
     """(..., V) logits -> the log of the distribution a token is drawn from (float32 or better):
     -inf where top-k / top-p / min-p / typical-p / the cutoffs drop a token. At temperature 0, the
-    log-softmax of the logits greedy takes the argmax of (vLLM's processed_logprobs does the same)."""
+    log-softmax of the logits greedy takes the argmax of (vLLM's processed_logprobs does the same).
+    RowSampling: each row (first dim) by its own settings."""
+    if isinstance(params, RowSampling):
+        return params.apply(logits, processed_logprobs)
     logits = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     return (logits if params.greedy else _warped_scores(logits, params)).log_softmax(-1)
 
