@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .bench.config import BUNDLED_PROMPTS
@@ -31,6 +31,9 @@ class Result:
     error: str = ""
     seconds: float = 0.0  # sent to last byte
     first_token_seconds: float | None = None  # --stream: sent to the first text
+    # --stream: the waits between a stream's pieces of text (vLLM's inter-token latency, ITL; a
+    # piece holds the tokens of one round): a running stream's stall while another prompt prefills
+    gaps: list[float] = field(default_factory=list)
     output_tokens: int = 0
     tau: float | None = None  # draftsman serve's tokens per target pass, when the server reports it
 
@@ -122,7 +125,7 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     t0 = time.perf_counter()
-    first, tokens, tau = None, 0, None
+    first, tokens, tau, gaps, last = None, 0, None, [], 0.0
     try:
         with urllib.request.urlopen(_request(base + ("/chat/completions" if chat else "/completions"), body,
                                              api_key), timeout=600) as r:
@@ -138,8 +141,13 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
                     event = json.loads(line[len("data: "):])
                     choice = (event.get("choices") or [{}])[0]
                     text = choice.get("delta", {}).get("content") if chat else choice.get("text")
-                    if text and first is None:
-                        first = time.perf_counter() - t0
+                    if text:
+                        now = time.perf_counter() - t0
+                        if first is None:
+                            first = now
+                        else:
+                            gaps.append(now - last)
+                        last = now
                     if event.get("usage"):
                         tokens = event["usage"]["completion_tokens"]
                     tau = event.get("draftsman", {}).get("tau", tau)
@@ -148,7 +156,7 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
     except (urllib.error.URLError, OSError) as e:
         return Result(prompt_id, False, f"{type(e).__name__}: {e}")
     return Result(prompt_id, True, seconds=time.perf_counter() - t0, first_token_seconds=first,
-                  output_tokens=tokens, tau=tau)
+                  output_tokens=tokens, tau=tau, gaps=gaps)
 
 
 def arrival_gaps(requests: int, rate: float | None, seed: int = 0) -> list[float]:
@@ -242,7 +250,8 @@ def summary(results: list[Result], wall: float) -> dict:
             "seconds": wall, "requests_per_second": len(ok) / wall if wall else 0.0,
             "output_tokens": tokens, "output_tokens_per_second": tokens / wall if wall else 0.0,
             "latency_seconds": spread([r.seconds for r in ok]), "ttft_seconds": spread(firsts),
-            "tpot_seconds": spread(per_token), "mean_tau": statistics.mean(taus) if taus else None,
+            "tpot_seconds": spread(per_token), "itl_seconds": spread([g for r in ok for g in r.gaps]),
+            "mean_tau": statistics.mean(taus) if taus else None,
             "first_error": next((r.error for r in results if not r.ok), None)}
 
 
@@ -251,8 +260,8 @@ def format_summary(s: dict) -> str:
              f"request throughput: {s['requests_per_second']:.2f} req/s",
              f"output tokens: {s['output_tokens']} ({s['output_tokens_per_second']:.1f} tokens/s)"]
     for key, name, unit in (("latency_seconds", "latency", 1), ("ttft_seconds", "TTFT", 1000),
-                            ("tpot_seconds", "TPOT", 1000)):
-        if s[key]:
+                            ("tpot_seconds", "TPOT", 1000), ("itl_seconds", "ITL", 1000)):
+        if s.get(key):
             label = "s" if unit == 1 else "ms"
             lines.append(f"{name}: mean {s[key]['mean'] * unit:.2f} {label}, median {s[key]['median'] * unit:.2f} "
                          f"{label}, p99 {s[key]['p99'] * unit:.2f} {label}")
@@ -276,7 +285,8 @@ def side_by_side(runs: list[dict]) -> list[dict]:
                      "requests_per_second": median(m["requests_per_second"] for m in mine),
                      "output_tokens_per_second": median(m["output_tokens_per_second"] for m in mine),
                      "latency_mean_seconds": median((m["latency_seconds"] or {}).get("mean") for m in mine),
-                     "ttft_mean_seconds": median((m["ttft_seconds"] or {}).get("mean") for m in mine)})
+                     "ttft_mean_seconds": median((m["ttft_seconds"] or {}).get("mean") for m in mine),
+                     "itl_p99_seconds": median((m.get("itl_seconds") or {}).get("p99") for m in mine)})
     first = rows[0]["output_tokens_per_second"]
     for row in rows:
         row["tokens_per_second_vs_first"] = row["output_tokens_per_second"] / first if first else None
@@ -284,14 +294,15 @@ def side_by_side(runs: list[dict]) -> list[dict]:
 
 
 def format_side_by_side(rows: list[dict]) -> str:
-    lines = ["| server | runs | req/s | tokens/s | latency mean s | TTFT mean ms | tokens/s vs first |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| server | runs | req/s | tokens/s | latency mean s | TTFT mean ms | ITL p99 ms | tokens/s vs first |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ttft = f"{r['ttft_mean_seconds'] * 1000:.0f}" if r["ttft_mean_seconds"] is not None else "-"
+        itl = f"{r['itl_p99_seconds'] * 1000:.0f}" if r.get("itl_p99_seconds") is not None else "-"
         latency = f"{r['latency_mean_seconds']:.2f}" if r["latency_mean_seconds"] is not None else "-"
         ratio = f"{r['tokens_per_second_vs_first']:.2f}x" if r["tokens_per_second_vs_first"] is not None else "-"
         lines.append(f"| {r['url']} | {r['runs']} | {r['requests_per_second']:.2f} | "
-                     f"{r['output_tokens_per_second']:.1f} | {latency} | {ttft} | {ratio} |")
+                     f"{r['output_tokens_per_second']:.1f} | {latency} | {ttft} | {itl} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -96,9 +96,12 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
 
 @pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle", "eagle3",
                                   "mtp", "cascade", "draft_model_adaptive"])
-def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, name):
+@pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
+def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, name, chunk):
+    """Also with joining prompts prefilled 2 tokens a round (the running rows go on meanwhile)."""
     drafter = drafters(tiny_models, close_draft, fresh_heads)[name]
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": drafter})
+    decoder.engine.join_prefill_chunk = chunk
     assert decoder.can_join
     alone_trees = record_trees(decoder)
     alone = [decoder.generate(input_ids=[p], max_new_tokens=m, temperature=0.0) for p, m in zip(PROMPTS, LIMITS)]
@@ -148,6 +151,36 @@ def test_rows_join_as_the_last_row_ends(tiny_models, close_draft, fresh_heads, n
         assert tokens[i] == decoder.generate(input_ids=[p], max_new_tokens=m, temperature=0.0).token_ids[0]
 
 
+@pytest.mark.parametrize("chunk, rounds_before", [(None, 2), (2, 5), (3, 4)])
+def test_a_joining_prompt_is_prefilled_a_chunk_per_round(tiny_models, chunk, rounds_before):
+    """Chunked prefill: a 9-token prompt joins before round 1. Whole, it is prefilled before that
+    round, so the running row's 2 tokens of rounds 0 and 1 come before its first; 2 (3) tokens a
+    round, its 8 prefix tokens take rounds 1-4 (1-3), in which the running row goes on making
+    tokens. Either way every row makes what it makes alone."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})  # plain: a token a round
+    decoder.engine.join_prefill_chunk = chunk
+    rounds, order, seen = [0], [0], []
+
+    def joining():  # a 3-token prompt joins a round after the 9-token one: it enters after it, in its order
+        rounds[0] += 1
+        joins = {2: 2, 3: 1}
+        if rounds[0] in joins:
+            order.append(joins[rounds[0]])
+            return [(PROMPTS[joins[rounds[0]]], LIMITS[joins[rounds[0]]])]
+        return []
+
+    tokens: dict[int, list[int]] = {}
+    for row, chunk_out in decoder.stream_batch([PROMPTS[0]], joining=joining, max_new_tokens=LIMITS[0],
+                                               temperature=0.0):
+        tokens.setdefault(order[row], []).extend(chunk_out.token_ids)
+        if chunk_out.token_ids:
+            seen.append(order[row])
+    assert seen.index(2) == rounds_before  # the running row's tokens before the joined row's first
+    for i in (0, 1, 2):
+        assert tokens[i] == decoder.generate(input_ids=[PROMPTS[i]], max_new_tokens=LIMITS[i],
+                                             temperature=0.0).token_ids[0]
+
+
 def test_rows_join_a_batch_of_one_token_prompts_before_its_first_round(tiny_models, close_draft):
     """Joining before the first round, when the target's cache holds nothing yet (a one-token
     prompt has no prefill), and a draft model's cache neither."""
@@ -185,10 +218,11 @@ def test_joined_rows_keep_logprobs_and_stop_strings(tiny_models):
     assert chunks[1][-1].finish_reason == "stop"
 
 
-def sampled_run(tiny_models, medium_draft, drafter, prompts, limit, joining, seed):
+def sampled_run(tiny_models, medium_draft, drafter, prompts, limit, joining, seed, join_prefill_chunk=None):
     """engine.stream at temperature 1 with `joining`: each row's tokens by row number, and stats."""
     cfg = {"name": "draft_model", "path": str(medium_draft), "k": 3} if drafter == "draft_model" else {"name": "none"}
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": cfg})
+    decoder.engine.join_prefill_chunk = join_prefill_chunk
     stats = draftsman.GenerationStats()
     out: dict[int, list[int]] = {}
     for row, tokens in decoder.engine.stream(prompts, limit, SamplingParams(1.0), seed=seed, stats=stats,
@@ -221,7 +255,8 @@ def test_sampled_joined_rows_draw_from_the_target(tiny_models, medium_draft, dra
         rounds.append(None)
         return [(PROMPT, 2)] * 4000 if len(rounds) == 3 else []
 
-    decoder, out, stats = sampled_run(tiny_models, medium_draft, drafter, [[9, 10, 11]] * 500, 12, joining, seed=7)
+    decoder, out, stats = sampled_run(tiny_models, medium_draft, drafter, [[9, 10, 11]] * 500, 12, joining, seed=7,
+                                      join_prefill_chunk=3)  # the joined prompt's 7 prefix tokens over 3 rounds
     joined = [out[row] for row in range(500, 4500)]
     assert_first_two_tokens_follow_the_target(tiny_models, decoder, joined, PROMPT, stats)
 

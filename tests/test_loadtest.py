@@ -55,8 +55,11 @@ def test_every_request_is_counted(served, prompt_file, tmp_path, capsys, stream)
     if stream:
         assert "TTFT" in printed and all(0 < r["first_token_seconds"] <= r["seconds"] for r in results)
         assert s["tpot_seconds"]["mean"] > 0
+        # a gap between each two pieces of a stream, none longer than the stream
+        assert "ITL" in printed and all(len(r["gaps"]) >= 1 and sum(r["gaps"]) <= r["seconds"] for r in results)
+        assert 0 < s["itl_seconds"]["mean"] <= s["itl_seconds"]["p99"]
     else:
-        assert s["ttft_seconds"] is None and "TTFT" not in printed
+        assert s["ttft_seconds"] is None and "TTFT" not in printed and s["itl_seconds"] is None
 
 
 def test_failures_are_reported(served, prompt_file, capsys):

@@ -92,6 +92,23 @@ def test_a_stream_waits_for_the_batch_that_is_generating(server):
 def test_max_batch_rows_must_be_positive(capsys):
     assert cli.main(["serve", "--max-batch-rows", "0", "--port", "0"]) == 2  # before any model loads
     assert "--max-batch-rows must be >= 1" in capsys.readouterr().err
+    assert cli.main(["serve", "--prefill-chunk", "-1", "--port", "0"]) == 2
+    assert "--prefill-chunk must be >= 0 tokens (0: whole prompts), got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, chunk", [([], 256), (["--prefill-chunk", "32"], 32), (["--prefill-chunk", "0"], None)])
+def test_serve_prefills_joining_prompts_in_chunks(monkeypatch, chat_target, flag, chunk):
+    import draftsman.serve as S
+
+    class Started(Exception):
+        pass
+
+    def caught(decoder, *args, **kwargs):
+        assert decoder.engine.join_prefill_chunk == chunk
+        raise Started
+    monkeypatch.setattr(S, "Server", caught)
+    with pytest.raises(Started):
+        cli.main(["serve", "--drafter", "ngram", "--set", f"target.path={chat_target[0]}", "--port", "0", *flag])
 
 
 def test_streams_and_other_requests_that_wait_together_run_as_one_batch(server):

@@ -22,6 +22,7 @@ from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verif
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BadWords, RepeatedNgrams
+from .prefill import Prefill
 from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -91,6 +92,14 @@ class GenerationStats:
             self.accepted_at_depth[d] += int(d < num_accepted)
 
 
+@dataclass
+class _PendingJoin:
+    """Rows that joined a running batch, numbered, while their prompts are prefilled."""
+    rows: list[int]
+    prompts: list[list[int]]
+    prefill: Prefill
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,6 +125,9 @@ class SpeculativeEngine:
         self._join_defaults: tuple = (0, None, self._row_eos, None)
         self._row_sampling: list[SamplingParams] = []  # per request: each row's sampling settings, by row number
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
+        # Tokens per row and round that a joining prompt's prefill takes (chunked prefill,
+        # verifier/prefill.py); None: the whole prompt before the next round, as a batch's start does.
+        self.join_prefill_chunk: int | None = None
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -252,13 +264,18 @@ class SpeculativeEngine:
             self.drafter.observe_prefill(prefill_hidden)
 
         try:
-            while active or joining is not None:
+            pending: list[_PendingJoin] = []  # joined rows whose prompts are being prefilled
+            while active or pending or joining is not None:
                 if joining is not None:  # rows that join before this round
                     joined = joining()
                     if joined:
-                        active += self._join(joined, contexts, outputs, limits, stats, logprobs)
-                    elif not active:
+                        pending.append(self._start_join(joined, contexts, outputs, limits, stats, logprobs))
+                    elif not active and not pending:
                         break
+                if pending:
+                    active += self._advance_joins(pending, whole=not active)
+                if not active:
+                    continue
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
                 self.drafter.min_new_tokens = self._drafter_minimums(active)
                 synchronize(self.device)
@@ -404,10 +421,10 @@ class SpeculativeEngine:
         minimums = [self._minimums[r] for r in rows]
         return minimums[0] if len(set(minimums)) == 1 else minimums
 
-    def _join(self, joined: list[tuple], contexts: list[list[int]], outputs: list[list[int]], limits: list[int],
-              stats: GenerationStats, logprobs: TokenLogprobs | None) -> list[int]:
-        """Rows join the running batch: their prompts prefilled apart, their caches appended to the
-        target's, the drafter told, every per-row table extended. Returns their row numbers."""
+    def _start_join(self, joined: list[tuple], contexts: list[list[int]], outputs: list[list[int]],
+                    limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> "_PendingJoin":
+        """Rows join the running batch: numbered and every per-row table extended now; their
+        prompts prefilled apart, a chunk per round (_advance_joins), before they enter it."""
         prompts = [list(map(int, row[0])) for row in joined]
         new_limits = [row[1] for row in joined]
         least, stop, end_ids, sampling = self._join_defaults
@@ -418,10 +435,8 @@ class SpeculativeEngine:
         new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else end_ids
                        for row in joined]
         first = len(contexts)
-        layers = self.drafter.needs.hidden_state_layers
         fresh = CachedLM(self.target.model, self.target.dtype)
-        prefill_hidden = self._prefill(prompts, layers, fresh)
-        self.target.add_rows(fresh)
+        prefill = Prefill(fresh, prompts, self.drafter.needs.hidden_state_layers, self.device)
         contexts += [list(p) for p in prompts]
         outputs += [[] for _ in prompts]
         limits += new_limits
@@ -437,8 +452,27 @@ class SpeculativeEngine:
         stats.finish_reasons += [""] * len(prompts)
         if logprobs is not None:
             logprobs.add_rows(len(prompts))
-        self.drafter.add_rows([list(p) for p in prompts], prefill_hidden if layers else [{} for _ in prompts])
-        return list(range(first, first + len(prompts)))
+        return _PendingJoin(list(range(first, first + len(prompts))), prompts, prefill)
+
+    def _advance_joins(self, pending: list["_PendingJoin"], whole: bool) -> list[int]:
+        """One chunk (join_prefill_chunk tokens per row) of the first pending join's prefill, or
+        every pending prefill whole (no chunk size, or no row running that would wait); the joins
+        whose prefill is done enter the batch, first come first (the order of their numbers, which
+        the drafters count too). Returns the rows that entered."""
+        if whole or self.join_prefill_chunk is None:
+            for join in pending:
+                join.prefill.step()
+        else:
+            pending[0].prefill.step(self.join_prefill_chunk)
+        entered = []
+        while pending and pending[0].prefill.finished:
+            join = pending.pop(0)
+            hidden = join.prefill.finish()
+            self.target.add_rows(join.prefill.lm)
+            self.drafter.add_rows([list(p) for p in join.prompts],
+                                  hidden if self.drafter.needs.hidden_state_layers else [{} for _ in join.prompts])
+            entered += join.rows
+        return entered
 
     @staticmethod
     def _row_limits(max_new_tokens, rows: int) -> list[int]:
@@ -454,24 +488,10 @@ class SpeculativeEngine:
 
     def _prefill(self, prompts: list[list[int]], layers, lm: CachedLM | None = None) -> list[dict[int, torch.Tensor]]:
         """Cache every prompt but its last token in `lm` (default: the target's cache, emptied);
-        per row, the requested layers' states there. Rows with the same prefix (a prompt sampled n
-        times) are prefilled once, then their cache copied."""
-        lm = lm if lm is not None else self.target
-        first_of: dict[tuple[int, ...], int] = {}  # prefix -> its row among the distinct ones
-        distinct = [first_of.setdefault(tuple(p[:-1]), len(first_of)) for p in prompts]
-        prefixes = [list(prefix) for prefix in first_of]
-        lm.reset(len(prefixes))
-        prefill_hidden: list[dict[int, torch.Tensor]] = [{} for _ in prompts]
-        if max(len(p) for p in prefixes) > 0:
-            block = TreeBlock.chains(prefixes, self.device)
-            no_logits = torch.zeros(len(prefixes), dtype=torch.long, device=self.device)  # the prefill needs none
-            _, hidden = lm.forward(block, layers, logits_at=no_logits)
-            lm.accept([list(range(len(p))) for p in prefixes])
-            prefill_hidden = [{k: h[u, : len(p) - 1] for k, h in hidden.items()} if len(p) > 1 else {}
-                              for u, p in zip(distinct, prompts)]
-        if len(prefixes) < len(prompts):
-            lm.select_rows(distinct)
-        return prefill_hidden
+        per row, the requested layers' states there (verifier/prefill.py)."""
+        prefill = Prefill(lm if lm is not None else self.target, prompts, layers, self.device)
+        prefill.step()
+        return prefill.finish()
 
     def _verify(self, roots: torch.Tensor, trees: list[DraftTree], sampling: SamplingParams | RowSampling, coin,
                 contexts: list[list[int]], outputs: list[list[int]], rows: list[int]):
