@@ -8,7 +8,8 @@ come at once are served sooner.
 Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids
 and the warpers (temperature, top_p, top_k, min_p, typical_p, ...) is the same (one generation
 takes one set of penalties, biases and bans, and a limit, a minimum, stops and warpers per row; a
-setting sent with the config's value is the same as one left out),
+setting sent with the config's value is the same as one left out; logprobs and top_logprobs
+differ freely: the batch scores every row, each request gets the scores it asked for),
 up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
@@ -51,6 +52,10 @@ class RequestTimes:
 # Requests that differ only in these share a batch: the engine takes them per row (the warpers:
 # temperature, top_p, top_k, min_p, ..., verifier/sampling.py's WARPER_FIELDS).
 PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", *WARPER_FIELDS)
+# Requests that differ in these share a batch too: the batch records the scores of every row, as
+# many top tokens as its requests ask at most, and each request gets what it asked for. A request
+# that asks for more than a running batch records waits for the next one.
+SCORE_SETTINGS = ("logprobs", "top_logprobs")
 
 
 class _Job:
@@ -66,9 +71,11 @@ class _Job:
         # default value (the config's) is the same as one left out: "temperature": 0 or
         # "ignore_eos": false, as benchmark clients send them, keep no request apart.
         defaults = defaults or {}
-        settings = {k: v for k, v in args.items()
-                    if k not in PER_ROW_SETTINGS and not (k in defaults and v == defaults[k])}
+        settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS and k not in SCORE_SETTINGS
+                    and not (k in defaults and v == defaults[k])}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
+        # The top tokens asked per scored token (0: the token's own score only); None: no scores.
+        self.top: int | None = (args.get("top_logprobs") or 0) if args.get("logprobs") else None
         self.batch_rows = 0  # rows running in its batch when it started, its own included
         self.queue: queue.Queue = queue.Queue()
         self.sent = False  # a chunk reached it: the batch can no longer be rerun request by request
@@ -95,6 +102,7 @@ class _Job:
 
     def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats) -> None:
         """Chunk of its row `row` (counted within this job); answers once its last row has ended."""
+        chunk = self._own_scores(chunk)
         self.sent = True
         if chunk.token_ids:
             self.last_token = time.perf_counter()
@@ -119,6 +127,16 @@ class _Job:
                 self.queue.put(("end", stats))
             else:
                 self.queue.put(("done", _output(self._chunks, stats)))
+
+    def _own_scores(self, chunk: StreamChunk) -> StreamChunk:
+        """The chunk with the scores this request asked for: none, or its number of top tokens
+        (the batch's are the most likely first, as many as its requests ask at most)."""
+        if chunk.logprobs is None or (self.top is not None and chunk.top_logprobs is None):
+            return chunk
+        if self.top is None:
+            return dataclasses.replace(chunk, logprobs=None, top_logprobs=None)
+        return dataclasses.replace(chunk, top_logprobs=[top[: self.top] for top in chunk.top_logprobs]
+                                   if self.top else None)
 
     def fail(self, error: BaseException) -> None:
         if not self._answered:
@@ -297,7 +315,7 @@ class Batcher:
             job.cancel()
 
     def _joining(self, first: _Job, owner: list, prompts: list, aborted: set, stats: GenerationStats,
-                 joined_jobs: list):
+                 joined_jobs: list, batch_top: int | None):
         """stream_batch's joining for a running batch: the waiting jobs at the head of the queue
         with its settings, while their rows fit beside the rows still running. The queue keeps
         its order: a job with other settings at its head stops joining until this batch ends, so
@@ -309,7 +327,8 @@ class Batcher:
                 running = sum(1 for reason in stats.finish_reasons if not reason)
                 taken = []
                 for job in self.waiting:
-                    if job.key != first.key or running + job.rows > self.max_rows:
+                    if job.key != first.key or running + job.rows > self.max_rows or \
+                            (job.top is not None and (batch_top is None or job.top > batch_top)):
                         break
                     taken.append(job)
                     running += job.rows
@@ -378,10 +397,14 @@ class Batcher:
         for job in jobs:
             job.batch_rows = len(owner)
         stats = GenerationStats()
-        settings = dict(jobs[0].args)
+        settings = {k: v for k, v in jobs[0].args.items() if k not in SCORE_SETTINGS}
+        asked = [job.top for job in jobs if job.top is not None]
+        batch_top = max(asked) if asked else None  # the scores the batch records, for every row
+        if batch_top is not None:
+            settings.update(logprobs=True, top_logprobs=batch_top)
         joined: list[_Job] = []
         if self.decoder.can_join and jobs[0].key is not None:
-            settings["joining"] = self._joining(jobs[0], owner, prompts, aborted, stats, joined)
+            settings["joining"] = self._joining(jobs[0], owner, prompts, aborted, stats, joined, batch_top)
         for key in PER_ROW_SETTINGS:
             values = [job.args.get(key) for job in jobs]
             if any(value != values[0] for value in values):  # one per prompt; a request that gave none takes

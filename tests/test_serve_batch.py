@@ -130,9 +130,9 @@ def test_streams_and_other_requests_that_wait_together_run_as_one_batch(server):
             assert got["choices"][0]["text"] == want.texts[0]
     rows = [got[-1]["draftsman"]["batch_rows"] if body.get("stream") else got["draftsman"]["batch_rows"]
             for body, (_, got) in zip(bodies, answers)]
-    # Requests with the same settings share a batch, streamed or not (four of them: the cap is 4
-    # rows); the one asking for logprobs and the seeded one each run on their own.
-    assert rows == [4, 4, 4, 1, 4, 1]
+    # Requests with the same settings share a batch, streamed or not, the one asking for logprobs
+    # too (four of them: the cap is 4 rows, so the fifth runs after them); the seeded one alone.
+    assert rows == [4, 4, 4, 4, 1, 1]
     scored = [e["choices"][0]["logprobs"] for e in answers[3][1] if e["choices"][0]["logprobs"]]
     want = decoder.generate(["import os\nimport"], max_new_tokens=NEW, logprobs=True)
     assert [v for s in scored for v in s["token_logprobs"]] == pytest.approx(want.logprobs[0], abs=1e-5)
@@ -278,3 +278,35 @@ def test_a_requests_statistics_are_a_snapshot_the_batch_does_not_change():
     assert (snap.new_tokens, snap.accepted_per_round, snap.proposed_at_depth, snap.accepted_at_depth) == (
         5, [[1, 2], [0]], [2, 1], [1, 1])
     assert snap.finish_reasons == ["eos"] and snap.drafter_report == {"used": 1}
+
+
+def test_requests_that_differ_in_logprobs_share_a_batch(chat_target):
+    """logprobs and top_logprobs keep no request apart: the batch scores every row with as many
+    top tokens as its requests ask at most, and each request gets what it asked for (the scores
+    it gets alone); a request that asks for more top tokens than a running batch records waits
+    for the next one."""
+    from draftsman.serve_batch import Batcher
+
+    from test_continuous_batching import SERVE_PROMPTS, slowed
+    from serving import ngram_decoder
+
+    decoder = slowed(ngram_decoder(chat_target[0]))
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
+                                                                         "logprobs": True, "top_logprobs": 3})
+    got = [next(chunks)[1]]
+    ids = decoder.encode(SERVE_PROMPTS[1:2])
+    plain, plain_rows = batcher.generate(ids, {"max_new_tokens": 8})
+    fewer, fewer_rows = batcher.generate(ids, {"max_new_tokens": 8, "logprobs": True, "top_logprobs": 1})
+    assert plain_rows == fewer_rows == 2 and long_job.stats is None  # both ran beside the long row
+    more, more_rows = batcher.generate(ids, {"max_new_tokens": 8, "logprobs": True, "top_logprobs": 5})
+    assert more_rows == 1  # it waited for the long row's batch to end
+    got += [chunk for _, chunk in chunks]
+    alone = decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8, logprobs=True, top_logprobs=5)
+    assert plain.logprobs is None and plain.top_logprobs is None and plain.token_ids == alone.token_ids
+    for out, top in ((fewer, 1), (more, 5)):
+        assert out.token_ids == alone.token_ids
+        assert out.logprobs[0] == pytest.approx(alone.logprobs[0], abs=1e-4)
+        assert [[t for t, _ in entry] for entry in out.top_logprobs[0]] == \
+            [[t for t, _ in entry[:top]] for entry in alone.top_logprobs[0]]
+    assert all(len(entry) == 3 for c in got for entry in c.top_logprobs)  # the long stream's own 3
