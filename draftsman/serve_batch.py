@@ -8,8 +8,9 @@ come at once are served sooner.
 Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids
 and the warpers (temperature, top_p, top_k, min_p, typical_p, ...) is the same (one generation
 takes one set of penalties, biases and bans, and a limit, a minimum, stops and warpers per row; a
-setting sent with the config's value is the same as one left out; logprobs and top_logprobs
-differ freely: the batch scores every row, each request gets the scores it asked for),
+setting sent with the config's value is the same as one left out; logprobs, top_logprobs and n
+differ freely: the batch scores every row and each request gets the scores it asked for, and
+the batch holds each prompt n times, its request's n),
 up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
@@ -56,6 +57,9 @@ PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids"
 # many top tokens as its requests ask at most, and each request gets what it asked for. A request
 # that asks for more than a running batch records waits for the next one.
 SCORE_SETTINGS = ("logprobs", "top_logprobs")
+# And n: the batcher gives the engine each prompt of a request n times (prefilled once), so
+# requests with other n share a batch as well.
+SAMPLES = "num_return_sequences"
 
 
 class _Job:
@@ -65,14 +69,15 @@ class _Job:
 
     def __init__(self, ids: list[list[int]], args: dict, stream: bool = False, defaults: dict | None = None):
         self.ids, self.args, self.stream = ids, args, stream
-        self.rows = len(ids) * args.get("num_return_sequences", 1)
+        self.n = args.get(SAMPLES, 1)
+        self.rows = len(ids) * self.n
         # Settings as a comparable string (n included: one generation takes one; PER_ROW_SETTINGS
         # not: the engine takes them per row); None: this job runs alone. A setting sent with its
         # default value (the config's) is the same as one left out: "temperature": 0 or
         # "ignore_eos": false, as benchmark clients send them, keep no request apart.
         defaults = defaults or {}
         settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS and k not in SCORE_SETTINGS
-                    and not (k in defaults and v == defaults[k])}
+                    and k != SAMPLES and not (k in defaults and v == defaults[k])}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         # The top tokens asked per scored token (0: the token's own score only); None: no scores.
         self.top: int | None = (args.get("top_logprobs") or 0) if args.get("logprobs") else None
@@ -338,7 +343,7 @@ class Batcher:
                 own = {key: self.defaults[key] if job.args.get(key) is None else job.args[key]
                        for key in PER_ROW_SETTINGS}
                 try:
-                    self.decoder.check_join(job.ids, num_return_sequences=job.args.get("num_return_sequences", 1),
+                    self.decoder.check_join(job.ids, num_return_sequences=job.n,
                                             **own)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
@@ -352,7 +357,8 @@ class Batcher:
             self.running += len(entered)
             # Its own stops as [] when it has none: None would take the batch's.
             return [(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [], own["stop_token_ids"] or [],
-                     {key: own[key] for key in WARPER_FIELDS}) for job, own in entered for ids in job.ids]
+                     {key: own[key] for key in WARPER_FIELDS}) for job, own in entered for ids in job.ids
+                    for _ in range(job.n)]
         return joining
 
     def _take(self) -> list[_Job]:
@@ -397,7 +403,11 @@ class Batcher:
         for job in jobs:
             job.batch_rows = len(owner)
         stats = GenerationStats()
-        settings = {k: v for k, v in jobs[0].args.items() if k not in SCORE_SETTINGS}
+        for job in jobs:
+            if job.n > 1:  # n samples at temperature 0 would be identical rows: refused alone
+                self.decoder.check_join(job.ids, num_return_sequences=job.n,
+                                        **{key: job.args.get(key) for key in WARPER_FIELDS})
+        settings = {k: v for k, v in jobs[0].args.items() if k not in SCORE_SETTINGS and k != SAMPLES}
         asked = [job.top for job in jobs if job.top is not None]
         batch_top = max(asked) if asked else None  # the scores the batch records, for every row
         if batch_top is not None:
@@ -410,11 +420,12 @@ class Batcher:
             if any(value != values[0] for value in values):  # one per prompt; a request that gave none takes
                 default = self.defaults[key]  # the config's
                 settings[key] = [default if value is None else value
-                                 for job, value in zip(jobs, values) for _ in job.ids]
-        # Rows prompt by prompt, n samples each (the jobs share their n): job by job, as `owner` has them.
+                                 for job, value in zip(jobs, values) for _ in range(job.rows)]
+        # The engine's rows, job by job as `owner` has them: each prompt n times (its own n), in a row.
         progress = _Progress(self.record) if self.record is not None else None
         try:
-            for row, chunk in self.decoder.stream_batch(list(prompts), stats=stats, aborted=aborted, **settings):
+            rows = [job.ids[row // job.n] for job, row in owner]
+            for row, chunk in self.decoder.stream_batch(rows, stats=stats, aborted=aborted, **settings):
                 job, job_row = owner[row]
                 job.deliver(job_row, chunk, stats)
                 if progress is not None and job._answered:  # the metrics move as requests end

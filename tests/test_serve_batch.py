@@ -218,8 +218,11 @@ def test_a_request_that_ends_early_is_answered_before_its_batch_ends():
     class FakeDecoder:  # rows 0-1 (the first request, n = 2) end at once; row 2 when the test says so
         can_join = False  # rows joining a running batch: tests/test_continuous_batching.py
         config = {"sampling": {}, "generation": {}}  # no defaults: a request's settings are as sent
+        def check_join(self, *args, **kwargs):  # every request is valid here
+            pass
+
         def stream_batch(self, rows, stats, **settings):
-            assert rows == [[5], [6]] and settings["num_return_sequences"] == 2  # n samples of each prompt
+            assert rows == [[5], [5], [6], [6]] and "num_return_sequences" not in settings  # n rows of each prompt
             stats.finish_reasons = ["", "", "", ""]
             yield 0, StreamChunk("a", [1], [-0.5], None)
             yield 1, StreamChunk("b", [2], [-0.25], None)
@@ -253,13 +256,16 @@ def test_a_request_that_ends_early_is_answered_before_its_batch_ends():
     assert answers[1][0].texts == ["d", "d"] and answers[1][0].stats.finish_reasons == ["eos", "eos"]
 
 
-def test_requests_with_different_n_run_apart(server):
+def test_requests_with_different_n_share_a_batch(server):
     server, decoder, base = server
     body = {"prompt": "x = [", "max_tokens": NEW, "temperature": 1.0}
     answers = queue_while_busy(server, base, [{**body, "n": 2}, body, {**body, "n": 2}])
     assert [status for status, _ in answers] == [200] * 3
     assert [len(got["choices"]) for _, got in answers] == [2, 1, 2]
-    assert [got["draftsman"]["batch_rows"] for _, got in answers] == [4, 1, 4]  # one generation takes one n
+    # The first two share a batch (3 rows); the third's 2 rows would pass the cap of 4: it joins
+    # when one of their rows has ended (beside 2 rows: 4), or runs after them (2).
+    rows = [got["draftsman"]["batch_rows"] for _, got in answers]
+    assert rows[:2] == [3, 3] and rows[2] in (2, 4), rows
 
 
 def test_a_requests_statistics_are_a_snapshot_the_batch_does_not_change():
@@ -310,3 +316,35 @@ def test_requests_that_differ_in_logprobs_share_a_batch(chat_target):
         assert [[t for t, _ in entry] for entry in out.top_logprobs[0]] == \
             [[t for t, _ in entry[:top]] for entry in alone.top_logprobs[0]]
     assert all(len(entry) == 3 for c in got for entry in c.top_logprobs)  # the long stream's own 3
+
+
+def test_requests_with_other_n_share_a_batch(chat_target):
+    """n keeps no request apart: a request's prompt runs n times beside the others' (prefilled
+    once), joining a running batch too, and it gets n samples; n 2 at temperature 0 is refused
+    alone (identical rows), and the batch goes on."""
+    from draftsman.serve_batch import Batcher
+
+    from test_continuous_batching import SERVE_PROMPTS, slowed, start_long_stream
+    from serving import ngram_decoder
+
+    decoder = slowed(ngram_decoder(chat_target[0]))
+    batcher = Batcher(decoder, threading.Lock(), max_rows=6)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    ids = decoder.encode(SERVE_PROMPTS[1:3])
+    # top_k 1 at T=1: sampling that draws the argmax, so each sample is its prompt's greedy output
+    sampled, rows = batcher.generate(ids, {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 1.0,
+                                           "top_k": 1, "num_return_sequences": 2})
+    assert rows == 5 and long_job.stats is None  # its 4 rows ran beside the long one
+    with pytest.raises(ValueError, match="num_return_sequences=2 at temperature 0 would give identical rows"):
+        batcher.generate(ids[:1], {"max_new_tokens": 8, "num_return_sequences": 2})
+    got += [chunk for _, chunk in chunks]  # (the decoder is the batch's until it ends)
+    greedy = decoder.generate(SERVE_PROMPTS[1:3], max_new_tokens=8, min_new_tokens=8).token_ids
+    assert sampled.token_ids == [greedy[0], greedy[0], greedy[1], greedy[1]]  # prompt by prompt, n each
+    # The same as a batch of its own (no batch running now), and n 2 at temperature 0 refused there too.
+    again, rows = batcher.generate(ids, {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 1.0,
+                                         "top_k": 1, "num_return_sequences": 2})
+    assert rows == 4 and again.token_ids == sampled.token_ids
+    with pytest.raises(ValueError, match="num_return_sequences=2 at temperature 0 would give identical rows"):
+        batcher.generate(ids, {"max_new_tokens": 8, "num_return_sequences": 2})
+    alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60)
+    assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
