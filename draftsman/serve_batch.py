@@ -71,8 +71,8 @@ class _Job:
         self.ids, self.args, self.stream = ids, args, stream
         self.n = args.get(SAMPLES, 1)
         self.rows = len(ids) * self.n
-        # Settings as a comparable string (n included: one generation takes one; PER_ROW_SETTINGS
-        # not: the engine takes them per row); None: this job runs alone. A setting sent with its
+        # Settings as a comparable string (not PER_ROW_SETTINGS, SCORE_SETTINGS nor n: a batch
+        # takes them per row); None: this job runs alone. A setting sent with its
         # default value (the config's) is the same as one left out: "temperature": 0 or
         # "ignore_eos": false, as benchmark clients send them, keep no request apart.
         defaults = defaults or {}
@@ -343,8 +343,7 @@ class Batcher:
                 own = {key: self.defaults[key] if job.args.get(key) is None else job.args[key]
                        for key in PER_ROW_SETTINGS}
                 try:
-                    self.decoder.check_join(job.ids, num_return_sequences=job.n,
-                                            **own)
+                    self.decoder.check_join(job.ids, num_return_sequences=job.n, **own)
                 except ValueError as e:  # this request's own problem (e.g. a prompt too long): it alone fails
                     job.fail(e)
                     running -= job.rows
