@@ -42,18 +42,24 @@ class StreamChunk:
     finish_reason: str | None = None
 
 
-def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
-    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens,
-    min_new_tokens, stop or stop_token_ids given per prompt in `args` becomes one per row."""
+def _check_samples(n, sampling: SamplingParams | list[SamplingParams]) -> None:
+    """num_return_sequences: a whole number >= 1, and more than 1 only for prompts that sample
+    (greedy samples would be identical rows); sampling is one setting, or one per prompt."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"num_return_sequences must be a whole number >= 1, got {n!r}")
-    sampling = args["sampling"]
-    greedy = [i for i, params in enumerate(sampling) if params.greedy] if isinstance(sampling, list) else \
-        ([0] if sampling.greedy else [])
-    if n > 1 and greedy:
-        which = f" (prompt {greedy[0]})" if isinstance(sampling, list) else ""
+    per_prompt = isinstance(sampling, list)
+    greedy = next((i for i, params in enumerate(sampling if per_prompt else [sampling]) if params.greedy), None)
+    if n > 1 and greedy is not None:
+        which = f" (prompt {greedy})" if per_prompt else ""
         raise ValueError(f"num_return_sequences={n} at temperature 0{which} would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
+
+
+def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
+    """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens,
+    min_new_tokens, stop, stop_token_ids or sampling setting given per prompt in `args` becomes
+    one per row."""
+    _check_samples(n, args["sampling"])
     for key in (*PER_PROMPT_SETTINGS, "sampling"):
         per_prompt = args[key]
         if isinstance(per_prompt, list):  # _run_args gives a setting per prompt as a list, and only then
@@ -346,7 +352,7 @@ class Decoder:
             raise TypeError(f"check_join() got unknown settings {unknown}; the per-row sampling settings are "
                             f"{list(WARPER_FIELDS)}")
         sampling = self._sampling(warpers)
-        _samples_of(ids, num_return_sequences, {"sampling": sampling, **{key: None for key in PER_PROMPT_SETTINGS}})
+        _check_samples(num_return_sequences, sampling)
         self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or (), sampling)
 
     def _joining_sampling(self, batch_sampling: dict, own: dict | None) -> SamplingParams:

@@ -124,6 +124,7 @@ class SpeculativeEngine:
         # (the batch's, or its drafter's when its rows had their own)
         self._join_defaults: tuple = (0, None, self._row_eos, None)
         self._row_sampling: list[SamplingParams] = []  # per request: each row's sampling settings, by row number
+        self._one_sampling: SamplingParams | None = None  # per request: the setting every row has, if one
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
         # Tokens per row and round that a joining prompt's prefill takes (chunked prefill,
         # verifier/prefill.py); None: the whole prompt before the next round, as a batch's start does.
@@ -216,8 +217,10 @@ class SpeculativeEngine:
         self._end_ids = frozenset().union(*self._row_end_ids)
         self._stops = self._row_stops(stop, len(prompts))
         self._row_sampling = self._row_sampling_of(sampling, len(prompts))
+        counts = Counter(self._row_sampling)
+        drafter_sampling = counts.most_common(1)[0][0]  # the first of the likeliest
+        self._one_sampling = drafter_sampling if len(counts) == 1 else None
         sampling = self._row_sampling[0]  # what rows share: biases, penalties, bans, typical acceptance
-        drafter_sampling = Counter(self._row_sampling).most_common(1)[0][0]  # the first of the likeliest
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
@@ -375,7 +378,10 @@ class SpeculativeEngine:
         return list(sampling)
 
     def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
-        """The rows' sampling settings this round: the one they share, or each row's own."""
+        """The rows' sampling settings this round: the one they share, or each row's own. A request
+        whose rows all came with one setting (the usual one) costs no per-row work a round."""
+        if self._one_sampling is not None:
+            return self._one_sampling
         params = [self._row_sampling[r] for r in rows]
         return params[0] if all(p == params[0] for p in params[1:]) else RowSampling(params)
 
@@ -444,6 +450,8 @@ class SpeculativeEngine:
         self._stops += [row[3] if len(row) > 3 else stop for row in joined]
         self._row_end_ids += new_end_ids
         self._row_sampling += new_sampling
+        if any(params != self._one_sampling for params in new_sampling):
+            self._one_sampling = None  # rows with settings of their own from now on
         # Drafters hold back every row's end tokens before its minimum: a few more than a row's own
         # costs some drafts, never exactness (the target's mask below is each row's own).
         self._end_ids = self._end_ids.union(*new_end_ids)
