@@ -214,9 +214,8 @@ class RowSampling:
     exact as it would be alone."""
 
     def __init__(self, rows: list[SamplingParams]):
-        self.rows = list(rows)
-        self.groups: dict[SamplingParams, list[int]] = {}
-        for i, params in enumerate(self.rows):
+        self.groups: dict[SamplingParams, list[int]] = {}  # each distinct setting -> its rows
+        for i, params in enumerate(rows):
             self.groups.setdefault(params, []).append(i)
 
     @property
@@ -242,13 +241,13 @@ class RowSampling:
 def check_row_sampling(rows: list[SamplingParams]) -> None:
     """Rows may share a batch when their settings differ only in WARPER_FIELDS; else a ValueError
     that names the settings that differ."""
-    first = rows[0]
-    differ = sorted({name for params in rows[1:] for name in first.__dataclass_fields__
+    first, distinct = rows[0], set(rows)  # rows of a batch mostly repeat a few settings
+    differ = sorted({name for params in distinct for name in first.__dataclass_fields__
                      if name not in WARPER_FIELDS and getattr(params, name) != getattr(first, name)})
     if differ:
         raise ValueError(f"rows of one batch differ in {differ}: only {list(WARPER_FIELDS)} can be set per row; "
                          "run rows with other values as batches of their own")
-    if len(set(rows)) > 1 and first.lossy_typical_acceptance is not None:
+    if len(distinct) > 1 and first.lossy_typical_acceptance is not None:
         raise ValueError("lossy_typical_acceptance takes one sampling setting for the whole batch: give every row "
                          "the same temperature, top_k, ... or run them as batches of their own")
 
