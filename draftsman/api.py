@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Container
+from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
 from .config import load_config
@@ -11,6 +11,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
+from .verifier.joining import JoiningRow
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
 from .verifier.sampling import WARPER_FIELDS, SamplingParams
@@ -42,6 +43,27 @@ class StreamChunk:
     finish_reason: str | None = None
 
 
+class JoiningPrompt(NamedTuple):
+    """A prompt that joins stream_batch's running batch (its `joining`); a plain tuple in this
+    order works too. None: the batch's one value, else the config's."""
+    input_ids: Iterable[int]
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    stop: list[str] | None = None  # [] : no stop strings
+    stop_token_ids: list[int] | None = None  # [] : none (EOS still ends the row, unless ignore_eos)
+    warpers: dict | None = None  # its own WARPER_FIELDS, e.g. {"temperature": 0.7}
+    ignore_eos: bool | None = None
+
+    @classmethod
+    def of(cls, given) -> "JoiningPrompt":
+        if isinstance(given, cls):
+            return given
+        if not isinstance(given, (tuple, list)) or not 1 <= len(given) <= len(cls._fields):
+            raise ValueError(f"a joining prompt is a JoiningPrompt or a tuple ({', '.join(cls._fields)}) of 1 to "
+                             f"{len(cls._fields)} values, got {given!r}")
+        return cls(*given)
+
+
 def _check_samples(n, sampling: SamplingParams | list[SamplingParams]) -> None:
     """num_return_sequences: a whole number >= 1, and more than 1 only for prompts that sample
     (greedy samples would be identical rows); sampling is one setting, or one per prompt."""
@@ -57,14 +79,14 @@ def _check_samples(n, sampling: SamplingParams | list[SamplingParams]) -> None:
 
 def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
     """n rows of each prompt, prompt by prompt (num_return_sequences); a max_new_tokens,
-    min_new_tokens, stop, stop_token_ids or sampling setting given per prompt in `args` becomes
-    one per row."""
+    min_new_tokens, stop, stop_token_ids, ignore_eos or sampling setting given per prompt in
+    `args` becomes one per row."""
     _check_samples(n, args["sampling"])
     for key in (*PER_PROMPT_SETTINGS, "sampling"):
         per_prompt = args[key]
         if isinstance(per_prompt, list):  # _run_args gives a setting per prompt as a list, and only then
             if len(per_prompt) != len(ids):
-                one = "one list" if key.startswith("stop") else "one number"
+                one = "one list" if key.startswith("stop") else "one flag" if key == "ignore_eos" else "one number"
                 name = key if key != "sampling" else "per-prompt sampling settings (temperature, top_p, ...)"
                 raise ValueError(f"{name} has {len(per_prompt)} values for {len(ids)} prompts: give {one}, "
                                  "or one per prompt")
@@ -73,10 +95,11 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
 
 
 # Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
-# limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []]).
-# The warpers too (verifier/sampling.py's WARPER_FIELDS: temperature=[0.0, 0.8], top_p=[None, 0.9], ...;
-# None: the config's), which the engine takes as one SamplingParams per row.
-PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids")
+# limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []];
+# a flag each for ignore_eos). The warpers too (verifier/sampling.py's WARPER_FIELDS:
+# temperature=[0.0, 0.8], top_p=[None, 0.9], ...; None: the config's), which the engine takes as
+# one SamplingParams per row.
+PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos")
 
 
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
@@ -168,7 +191,7 @@ class Decoder:
                  epsilon_cutoff: float | list | None = None, eta_cutoff: float | list | None = None,
                  no_repeat_ngram_size: int | None = None,
                  bad_words_ids: list[list[int]] | None = None, top_h: float | list | None = None,
-                 ignore_eos: bool | None = None) -> GenerationOutput:
+                 ignore_eos: bool | list[bool] | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
@@ -189,7 +212,8 @@ class Decoder:
         at temperature > 0 drafts are accepted by Medusa's typical acceptance, so the output is no
         longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
         turns a config's setting off; ignore_eos: vLLM's, EOS ends no row (it is drawn as any
-        token, so the distribution is the target's), rows run to their stops or max_new_tokens.
+        token, so the distribution is the target's), rows run to their stops or max_new_tokens;
+        one flag, or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
         top_h) take one value, or a list of one per prompt (None in it: the config's): the rows
         generate as one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
@@ -285,10 +309,10 @@ class Decoder:
         the row ends after the round it is in, its last chunk saying finish_reason "abort", and
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
-        that join the running batch now, as tuples (token ids, max_new_tokens[, min_new_tokens[,
-        stop[, stop_token_ids[, warpers]]]]), [] for none (a value left out or None: the batch's one
-        value, else the config's; stop strings as a list; warpers a dict of WARPER_FIELDS, e.g.
-        {"temperature": 0.7}). Their rows (n samples each) are
+        that join the running batch now, as JoiningPrompt(input_ids, max_new_tokens, min_new_tokens,
+        stop, stop_token_ids, warpers, ignore_eos) or tuples in that order, [] for none (a value
+        left out or None: the batch's one value, else the config's; stop strings as a list;
+        warpers a dict of WARPER_FIELDS, e.g. {"temperature": 0.7}). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -306,11 +330,12 @@ class Decoder:
         args = self._run_args(settings.get("max_new_tokens"), settings.get("seed"), settings.get("stop"), sampling,
                               settings.get("min_new_tokens"), settings.get("stop_token_ids"), settings.get("ignore_eos"))
         g = self.config["generation"]
-        limit, least, stop, stop_ids = (args[key] for key in PER_PROMPT_SETTINGS)
+        limit, least, stop, stop_ids, ignore = (args[key] for key in PER_PROMPT_SETTINGS)
         default_limit = limit if isinstance(limit, int) else g["max_new_tokens"]
         default_least = least if isinstance(least, int) else g["min_new_tokens"]
         default_stop = self._stop_check(g["stop"]) if isinstance(stop, list) else stop
         default_stop_ids = (g["stop_token_ids"] or ()) if per_row(stop_ids) else stop_ids
+        default_ignore = ignore if isinstance(ignore, bool) else g["ignore_eos"]
         # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
         batch_sampling = {k: None if k in WARPER_FIELDS and isinstance(v, (list, tuple)) else v
                           for k, v in sampling.items()}
@@ -319,13 +344,15 @@ class Decoder:
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
                 rows = []
-                for prompt, own_limit, *own in joining():
-                    own_least, own_stop, own_stop_ids, own_warpers = own + [None] * (4 - len(own))
-                    row = (list(map(int, prompt)), default_limit if own_limit is None else own_limit,
-                           default_least if own_least is None else own_least,
-                           default_stop if own_stop is None else self._stop_check(own_stop),
-                           default_stop_ids if own_stop_ids is None else own_stop_ids,
-                           self._joining_sampling(batch_sampling, own_warpers))
+                for given in joining():
+                    own = JoiningPrompt.of(given)
+                    row = JoiningRow(list(map(int, own.input_ids)),
+                                     default_limit if own.max_new_tokens is None else own.max_new_tokens,
+                                     default_least if own.min_new_tokens is None else own.min_new_tokens,
+                                     default_stop if own.stop is None else self._stop_check(own.stop),
+                                     default_stop_ids if own.stop_token_ids is None else own.stop_token_ids,
+                                     self._joining_sampling(batch_sampling, own.warpers),
+                                     default_ignore if own.ignore_eos is None else own.ignore_eos)
                     rows += [row] * n
                 return rows
         yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
@@ -338,10 +365,11 @@ class Decoder:
 
     def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
                    min_new_tokens: int | None = None, stop: list[str] | None = None,
-                   stop_token_ids: list[int] | None = None, num_return_sequences: int = 1, **warpers) -> None:
+                   stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
+                   ignore_eos: bool | None = None, **warpers) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits, stops and warpers (WARPER_FIELDS, e.g. temperature=0.7; None: the
-        config's), so a caller can refuse them alone."""
+        with these limits, stops, ignore_eos and warpers (WARPER_FIELDS, e.g. temperature=0.7;
+        None: the config's), so a caller can refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
@@ -353,7 +381,8 @@ class Decoder:
                             f"{list(WARPER_FIELDS)}")
         sampling = self._sampling(warpers)
         _check_samples(num_return_sequences, sampling)
-        self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or (), sampling)
+        self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or (), sampling,
+                               g["ignore_eos"] if ignore_eos is None else ignore_eos)
 
     def _joining_sampling(self, batch_sampling: dict, own: dict | None) -> SamplingParams:
         """A joining row's SamplingParams: the batch's settings, with its own warpers where it gives them."""
@@ -378,7 +407,7 @@ class Decoder:
             open_rows.update(range(len(texts), len(texts) + len(rows)))
             texts.extend(IncrementalText(self.decode) for _ in rows)
             shown.extend("" for _ in rows)
-            row_stops.extend(row[3] for row in rows)
+            row_stops.extend(row.stop for row in rows)
             return rows
 
         def last(row: int) -> tuple[int, StreamChunk]:
@@ -441,7 +470,9 @@ class Decoder:
                 "min_new_tokens": as_list(least),
                 "stop_token_ids": ([ids or () for ids in stop_token_ids] if per_row(stop_token_ids) else
                                    tuple(stop_token_ids) if isinstance(stop_token_ids, list) else stop_token_ids or ()),
-                "ignore_eos": g["ignore_eos"] if ignore_eos is None else ignore_eos}
+                "ignore_eos": ([g["ignore_eos"] if flag is None else flag for flag in ignore_eos]
+                               if isinstance(ignore_eos, (list, tuple)) else
+                               g["ignore_eos"] if ignore_eos is None else ignore_eos)}
 
     def _sampling(self, given: dict) -> SamplingParams | list[SamplingParams]:
         """SamplingParams from generate's sampling keywords (None: the config's). A warper given as

@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 
-from .api import Decoder, GenerationOutput, GenerationStats, StreamChunk
+from .api import Decoder, GenerationOutput, GenerationStats, JoiningPrompt, StreamChunk
 from .verifier.sampling import WARPER_FIELDS
 
 
@@ -52,7 +52,7 @@ class RequestTimes:
 
 # Requests that differ only in these share a batch: the engine takes them per row (the warpers:
 # temperature, top_p, top_k, min_p, ..., verifier/sampling.py's WARPER_FIELDS).
-PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", *WARPER_FIELDS)
+PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos", *WARPER_FIELDS)
 # Requests that differ in these share a batch too: the batch records the scores of every row, as
 # many top tokens as its requests ask at most, and each request gets what it asked for. A request
 # that asks for more than a running batch records waits for the next one.
@@ -73,8 +73,8 @@ class _Job:
         self.rows = len(ids) * self.n
         # Settings as a comparable string (not PER_ROW_SETTINGS, SCORE_SETTINGS nor n: a batch
         # takes them per row); None: this job runs alone. A setting sent with its
-        # default value (the config's) is the same as one left out: "temperature": 0 or
-        # "ignore_eos": false, as benchmark clients send them, keep no request apart.
+        # default value (the config's) is the same as one left out, as benchmark clients send
+        # them: such a request keeps no other apart.
         defaults = defaults or {}
         settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS and k not in SCORE_SETTINGS
                     and k != SAMPLES and not (k in defaults and v == defaults[k])}
@@ -355,9 +355,10 @@ class Batcher:
             joined_jobs.extend(job for job, _ in entered)
             self.running += len(entered)
             # Its own stops as [] when it has none: None would take the batch's.
-            return [(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [], own["stop_token_ids"] or [],
-                     {key: own[key] for key in WARPER_FIELDS}) for job, own in entered for ids in job.ids
-                    for _ in range(job.n)]
+            return [JoiningPrompt(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [],
+                                  own["stop_token_ids"] or [], {key: own[key] for key in WARPER_FIELDS},
+                                  own["ignore_eos"])
+                    for job, own in entered for ids in job.ids for _ in range(job.n)]
         return joining
 
     def _take(self) -> list[_Job]:

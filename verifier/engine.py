@@ -22,6 +22,7 @@ from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verif
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BadWords, RepeatedNgrams
+from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
 from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
@@ -29,10 +30,9 @@ from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
 StopCheck = Callable[[list[int], list[int]], "int | None"]
-# joining() -> rows that join a running batch before its next round. A joining row is a tuple
-# (token ids, max_new_tokens[, min_new_tokens[, stop[, stop_token_ids[, sampling]]]]): the settings
-# it leaves out are the batch's, those it gives are its own (a stop of None: no stop check).
-Joining = Callable[[], "list[tuple]"]
+# joining() -> rows that join a running batch before its next round (verifier/joining.py's
+# JoiningRow, or plain tuples in its order): the settings a row leaves out are the batch's.
+Joining = Callable[[], "list[JoiningRow | tuple]"]
 
 
 def per_row(value) -> bool:
@@ -92,14 +92,6 @@ class GenerationStats:
             self.accepted_at_depth[d] += int(d < num_accepted)
 
 
-@dataclass
-class _PendingJoin:
-    """Rows that joined a running batch, numbered, while their prompts are prefilled."""
-    rows: list[int]
-    prompts: list[list[int]]
-    prefill: Prefill
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,13 +108,12 @@ class SpeculativeEngine:
         self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
         self._minimums: list[int] = []  # per request: each row's min_new_tokens, by row number
         self._stops: list[StopCheck | None] = []  # per request: each row's stop check
-        self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS and stop token ids
+        self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS (unless ignored) and stop ids
         self._end_ids = frozenset(self.eos_token_ids)  # per request: every row's, together
-        self._row_eos = self._end_ids  # per request: the EOS ids that end rows (none under ignore_eos)
-        # per request: what a joining row that gives none takes: min_new_tokens, stop check, end
-        # tokens (the batch's one value, or none when its rows had their own) and sampling settings
-        # (the batch's, or its drafter's when its rows had their own)
-        self._join_defaults: tuple = (0, None, self._row_eos, None)
+        # per request: what a joining row that gives none takes: min_new_tokens, stop check, stop
+        # token ids, ignore_eos (the batch's one value, else none / False when its rows had their
+        # own) and sampling settings (the batch's, or its drafter's when its rows had their own)
+        self._join_defaults: tuple = (0, None, frozenset(), False, None)
         self._row_sampling: list[SamplingParams] = []  # per request: each row's sampling settings, by row number
         self._one_sampling: SamplingParams | None = None  # per request: the setting every row has, if one
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
@@ -162,7 +153,7 @@ class SpeculativeEngine:
                  seed: int = 0, stop: StopCheck | list[StopCheck | None] | None = None, min_new_tokens: int = 0,
                  logprobs: TokenLogprobs | None = None,
                  stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
-                 ignore_eos: bool = False) -> tuple[list[list[int]], GenerationStats]:
+                 ignore_eos: bool | list[bool] = False) -> tuple[list[list[int]], GenerationStats]:
         """New tokens per row (EOS or the stop token included when it ended the row) and the run's
         statistics; `logprobs` filled as in stream()."""
         stats = GenerationStats()
@@ -180,7 +171,7 @@ class SpeculativeEngine:
                logprobs: TokenLogprobs | None = None,
                stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
                aborted: Container[int] = (), joining: Joining | None = None,
-               ignore_eos: bool = False) -> Iterator[tuple[int, list[int]]]:
+               ignore_eos: bool | list[bool] = False) -> Iterator[tuple[int, list[int]]]:
         """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
@@ -196,13 +187,15 @@ class SpeculativeEngine:
         the batch after the round it is in, finish reason "abort", so it costs no more target passes.
         joining: asked before every round for rows that join the batch (continuous batching, as
         vLLM's scheduler adds requests at every step): each is prefilled and then runs as if it had
-        been there from the start, numbered after the rows before it. A joining row is (token ids,
-        max_new_tokens[, min_new_tokens[, stop[, stop_token_ids[, sampling]]]]); a minimum or stops it
-        does not give are the batch's one (none when the batch had one per row), sampling settings
-        the batch's (its drafter's when the batch had one per row); check_rows() tells whether it
-        is valid. Needs a drafter that can add rows (Drafter.can_add_rows). ignore_eos: vLLM's; EOS
-        ends no row (nor is it held back: it is drawn as any token), so rows end at their stops or
-        limits. sampling: one for every row, or one per row that differ only in
+        been there from the start, numbered after the rows before it. A joining row is a
+        JoiningRow (verifier/joining.py) or a tuple in its order (token ids, max_new_tokens[,
+        min_new_tokens[, stop[, stop_token_ids[, sampling[, ignore_eos]]]]]); a minimum, stops or
+        ignore_eos it does not give are the batch's one (none when the batch had one per row),
+        sampling settings the batch's (its drafter's when the batch had one per row); check_rows()
+        tells whether it is valid. Needs a drafter that can add rows (Drafter.can_add_rows).
+        ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is drawn as any token), so
+        rows end at their stops or limits; one for every row, or one per row. sampling: one for
+        every row, or one per row that differ only in
         verifier/sampling.py's WARPER_FIELDS (temperature, top_k, top_p, ...): each row is
         verified against its own distribution; the drafter drafts under the settings most rows
         have (exact for the others too, as the verifier tests any draft against each row's own)."""
@@ -210,10 +203,8 @@ class SpeculativeEngine:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
         self.check_prompts(prompts)
-        if not isinstance(ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
-        self._row_eos = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
-        self._row_end_ids = self._row_stop_token_ids(stop_token_ids, len(prompts))
+        ignored = self._row_ignore_eos(ignore_eos, len(prompts))
+        self._row_end_ids = self._row_stop_token_ids(stop_token_ids, ignored)
         self._end_ids = frozenset().union(*self._row_end_ids)
         self._stops = self._row_stops(stop, len(prompts))
         self._row_sampling = self._row_sampling_of(sampling, len(prompts))
@@ -236,7 +227,8 @@ class SpeculativeEngine:
         self._minimums = self._row_minimums(min_new_tokens, limits)
         self._join_defaults = (min_new_tokens if isinstance(min_new_tokens, int) else 0,
                                None if isinstance(stop, (list, tuple)) else stop,
-                               self._row_eos if per_row(stop_token_ids) else self._row_end_ids[0],
+                               frozenset() if per_row(stop_token_ids) else self.check_stop_token_ids(stop_token_ids),
+                               ignore_eos if isinstance(ignore_eos, bool) else False,
                                drafter_sampling)
         stats = stats if stats is not None else GenerationStats()
         stats.accepted_per_round = [[] for _ in prompts]
@@ -267,7 +259,7 @@ class SpeculativeEngine:
             self.drafter.observe_prefill(prefill_hidden)
 
         try:
-            pending: list[_PendingJoin] = []  # joined rows whose prompts are being prefilled
+            pending: list[PendingJoin] = []  # joined rows whose prompts are being prefilled
             while active or pending or joining is not None:
                 if joining is not None:  # rows that join before this round
                     joined = joining()
@@ -355,12 +347,13 @@ class SpeculativeEngine:
 
     def check_rows(self, prompts: list[list[int]], max_new_tokens: int | list[int],
                    min_new_tokens: int | list[int], stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
-                   sampling: SamplingParams | list[SamplingParams] | None = None) -> None:
+                   sampling: SamplingParams | list[SamplingParams] | None = None,
+                   ignore_eos: bool | list[bool] = False) -> None:
         """Raise ValueError, naming the problem, when these rows cannot join a batch with these
-        limits, stop token ids and sampling settings (what stream() checks before it starts)."""
+        limits, stop token ids, sampling settings and ignore_eos (what stream() checks before it starts)."""
         self.check_prompts(prompts)
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
-        self._row_stop_token_ids(stop_token_ids, len(prompts))
+        self._row_stop_token_ids(stop_token_ids, self._row_ignore_eos(ignore_eos, len(prompts)))
         if sampling is not None:
             self._row_sampling_of(sampling, len(prompts))
 
@@ -385,14 +378,33 @@ class SpeculativeEngine:
         params = [self._row_sampling[r] for r in rows]
         return params[0] if all(p == params[0] for p in params[1:]) else RowSampling(params)
 
-    def _row_stop_token_ids(self, stop_token_ids, rows: int) -> list[frozenset[int]]:
-        """Each row's end tokens: EOS and its stop_token_ids (one list for all, or one per row)."""
+    def _row_stop_token_ids(self, stop_token_ids, ignored: list[bool]) -> list[frozenset[int]]:
+        """Each row's end tokens: EOS unless the row ignores it, and its stop_token_ids (one list
+        for all, or one per row)."""
+        rows = len(ignored)
         if not per_row(stop_token_ids):
-            return [self._row_eos | self.check_stop_token_ids(stop_token_ids)] * rows
-        if len(stop_token_ids) != rows:
+            stop_ids = [self.check_stop_token_ids(stop_token_ids)] * rows
+        elif len(stop_token_ids) != rows:
             raise ValueError(f"stop_token_ids has {len(stop_token_ids)} lists for {rows} rows: give one list "
                              "of token ids, or one per row")
-        return [self._row_eos | self.check_stop_token_ids(ids) for ids in stop_token_ids]
+        else:
+            stop_ids = [self.check_stop_token_ids(ids) for ids in stop_token_ids]
+        return [self._eos_of(ignore) | ids for ignore, ids in zip(ignored, stop_ids)]
+
+    def _eos_of(self, ignore_eos: bool) -> frozenset[int]:
+        """The EOS ids that end a row: none when it ignores EOS."""
+        return frozenset() if ignore_eos else self.eos_token_ids
+
+    @staticmethod
+    def _row_ignore_eos(ignore_eos, rows: int) -> list[bool]:
+        """ignore_eos as one flag per row: one for all, or a list of one per row."""
+        flags = list(ignore_eos) if isinstance(ignore_eos, (list, tuple)) else [ignore_eos] * rows
+        if len(flags) != rows:
+            raise ValueError(f"ignore_eos has {len(flags)} values for {rows} rows: give one, or one per row")
+        bad = [flag for flag in flags if not isinstance(flag, bool)]
+        if bad:
+            raise ValueError(f"ignore_eos must be true or false, got {bad[0]!r}")
+        return flags
 
     @staticmethod
     def _row_stops(stop, rows: int) -> list:
@@ -427,19 +439,23 @@ class SpeculativeEngine:
         minimums = [self._minimums[r] for r in rows]
         return minimums[0] if len(set(minimums)) == 1 else minimums
 
-    def _start_join(self, joined: list[tuple], contexts: list[list[int]], outputs: list[list[int]],
-                    limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> "_PendingJoin":
+    def _start_join(self, joined: list[JoiningRow | tuple], contexts: list[list[int]], outputs: list[list[int]],
+                    limits: list[int], stats: GenerationStats, logprobs: TokenLogprobs | None) -> PendingJoin:
         """Rows join the running batch: numbered and every per-row table extended now; their
         prompts prefilled apart, a chunk per round (_advance_joins), before they enter it."""
-        prompts = [list(map(int, row[0])) for row in joined]
-        new_limits = [row[1] for row in joined]
-        least, stop, end_ids, sampling = self._join_defaults
-        new_minimums = [row[2] if len(row) > 2 and row[2] is not None else least for row in joined]
-        new_sampling = [row[5] if len(row) > 5 and row[5] is not None else sampling for row in joined]
+        joined = [JoiningRow.of(row) for row in joined]
+        least, stop, stop_ids, ignore, sampling = self._join_defaults
+        prompts = [list(map(int, row.prompt)) for row in joined]
+        new_limits = [row.max_new_tokens for row in joined]
+        new_minimums = [least if row.min_new_tokens is None else row.min_new_tokens for row in joined]
+        new_sampling = [sampling if row.sampling is None else row.sampling for row in joined]
+        ignored = self._row_ignore_eos([ignore if row.ignore_eos is None else row.ignore_eos for row in joined],
+                                       len(joined))
         self.check_rows(prompts, new_limits, new_minimums)
         check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's biases, penalties, ...
-        new_end_ids = [self._row_eos | self.check_stop_token_ids(row[4]) if len(row) > 4 else end_ids
-                       for row in joined]
+        new_end_ids = [self._eos_of(ignore_row) | (stop_ids if row.stop_token_ids is BATCH
+                                                   else self.check_stop_token_ids(row.stop_token_ids))
+                       for row, ignore_row in zip(joined, ignored)]
         first = len(contexts)
         fresh = CachedLM(self.target.model, self.target.dtype)
         prefill = Prefill(fresh, prompts, self.drafter.needs.hidden_state_layers, self.device)
@@ -447,7 +463,7 @@ class SpeculativeEngine:
         outputs += [[] for _ in prompts]
         limits += new_limits
         self._minimums += new_minimums
-        self._stops += [row[3] if len(row) > 3 else stop for row in joined]
+        self._stops += [stop if row.stop is BATCH else row.stop for row in joined]
         self._row_end_ids += new_end_ids
         self._row_sampling += new_sampling
         if any(params != self._one_sampling for params in new_sampling):
@@ -460,9 +476,9 @@ class SpeculativeEngine:
         stats.finish_reasons += [""] * len(prompts)
         if logprobs is not None:
             logprobs.add_rows(len(prompts))
-        return _PendingJoin(list(range(first, first + len(prompts))), prompts, prefill)
+        return PendingJoin(list(range(first, first + len(prompts))), prompts, prefill)
 
-    def _advance_joins(self, pending: list["_PendingJoin"], whole: bool) -> list[int]:
+    def _advance_joins(self, pending: list[PendingJoin], whole: bool) -> list[int]:
         """One chunk (join_prefill_chunk tokens per row) of the first pending join's prefill, or
         every pending prefill whole (no chunk size, or no row running that would wait); the joins
         whose prefill is done enter the batch, first come first (the order of their numbers, which
