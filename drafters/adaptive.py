@@ -217,7 +217,7 @@ class AdaptiveDrafter(Drafter):
             self._carried = [c for c in self._carried if c[0] != self.sampling][-7:]
             self._carried.append((self.sampling, self._acceptance_state()))
         super().begin(prompts, sampling, generator)
-        self.inner.min_new_tokens, self.inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
+        self.pass_round_settings(self.inner)
         self.inner.begin(prompts, sampling, generator)
         s = self.settings
         D = max(1, self.inner.max_depth())
@@ -639,7 +639,7 @@ class AdaptiveDrafter(Drafter):
         self._stretch = None  # a bet or a probe ends the stretch: its outcome moves the estimates
         self.inner.depth_limit = depth
         # set by the engine each round (the end tokens grow when rows join with stops of their own)
-        self.inner.min_new_tokens, self.inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
+        self.pass_round_settings(self.inner)
         t0 = time.perf_counter()
         trees = [t.truncated_to_depth(depth) for t in self.inner.propose(contexts)]
         seconds = time.perf_counter() - t0

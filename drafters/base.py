@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import torch
 
 if TYPE_CHECKING:  # imported for annotations only; drafters never import the engine at runtime
-    from ..verifier.sampling import SamplingParams
+    from ..verifier.sampling import RowSampling, SamplingParams
 
 DETERMINISTIC, IID, WITHOUT_REPLACEMENT = 0, 1, 2
 KIND_NAMES = {DETERMINISTIC: "deterministic", IID: "iid", WITHOUT_REPLACEMENT: "without_replacement"}
@@ -159,6 +159,30 @@ class Drafter:
     # few drafts, never exactness.
     min_new_tokens: int | list[int] = 0
     eos_token_ids: frozenset[int] = frozenset()
+    # Set by the engine before each `propose`: the coming rows' own sampling settings when they
+    # are not all `sampling` (a RowSampling, or the one setting the rows left share), else None.
+    # A drafter that draws its drafts may draw each row under its own (draft_sampling()): a
+    # greedy row then drafts its argmax, a sampled row from its own q. Drawing every row under
+    # `sampling` is exact too (the verifier tests any draft against each row's own p); it only
+    # accepts less.
+    row_sampling: "SamplingParams | RowSampling | None" = None
+
+    def draft_sampling(self) -> "SamplingParams | RowSampling":
+        """The settings this round's drafts are drawn under: the rows' own, else the request's."""
+        return self.row_sampling if self.row_sampling is not None else self.sampling
+
+    def shape_sampling(self) -> "SamplingParams":
+        """The setting that picks this round's drafting shape (e.g. a greedy tree or a sampled
+        chain): the one the rows share, else the request's (the one most rows had at its start)."""
+        from ..verifier.sampling import SamplingParams  # noqa: F811 (the import above is for annotations only)
+
+        rows = self.row_sampling
+        return rows if isinstance(rows, SamplingParams) else self.sampling
+
+    def pass_round_settings(self, inner: "Drafter") -> None:
+        """What the engine sets before each propose, passed on to a drafter this one holds."""
+        inner.min_new_tokens, inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
+        inner.row_sampling = self.row_sampling
 
     def min_new_tokens_per_row(self, rows: int) -> list[int]:
         """min_new_tokens as one number per row of the coming propose()."""
@@ -168,6 +192,7 @@ class Drafter:
     def begin(self, prompts: list[list[int]], sampling: "SamplingParams", generator: torch.Generator) -> None:
         self.sampling = sampling
         self.generator = generator
+        self.row_sampling = None  # until the engine's first round says otherwise
 
     def observe_prefill(self, target_hidden: list[dict[int, torch.Tensor]]) -> None:
         """Called once after `begin` if `needs.hidden_state_layers` is set: per row, for each

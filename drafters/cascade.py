@@ -62,7 +62,7 @@ class CascadeDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         for child in self.children:
-            child.min_new_tokens, child.eos_token_ids = self.min_new_tokens, self.eos_token_ids
+            self.pass_round_settings(child)
             child.begin(prompts, sampling, generator)
         self._reset_counters()
 
@@ -77,7 +77,7 @@ class CascadeDrafter(Drafter):
             # Every row, not only the waiting ones: children keep per-row state for all active rows.
             child.depth_limit = self.depth_limit  # set on the cascade by adaptive speculation
             # set by the engine each round (the end tokens grow when rows join with stops of their own)
-            child.min_new_tokens, child.eos_token_ids = self.min_new_tokens, self.eos_token_ids
+            self.pass_round_settings(child)
             proposals = child.propose(contexts)
             self.called.append(c)
             for i in waiting:

@@ -30,10 +30,10 @@ import torch
 
 from ..models import context_length, load_causal_lm, load_tokenizer, vocab_mismatch
 from ..verifier.cached_model import CachedLM
-from ..verifier.sampling import draw, processed_probs
 from .first_feed import distinct_rows
 from ..verifier.tree import TreeBlock
-from .base import DETERMINISTIC, IID, Drafter, DraftTree
+from .base import Drafter, DraftTree
+from .chain_draws import chain_trees, draw_step
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
@@ -137,10 +137,6 @@ class DraftModelDrafter(Drafter):
         self.lm.add_rows(len(prompts))  # empty: the next propose() feeds each whole prompt
         self.draft_context.add_rows(prompts)
 
-    def _next_distribution(self, logits: torch.Tensor) -> torch.Tensor:
-        """The processed distribution over the draft model's logits (all tokens, or draft_vocab's)."""
-        return processed_probs(logits[..., : self.vocab_size], self.sampling)
-
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices into the draft model's logits -> token ids (they differ under draft_vocab)."""
         return indices if self.vocab_map is None else self.vocab_map[indices]
@@ -170,13 +166,14 @@ class DraftModelDrafter(Drafter):
         repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
-        if self.options.top_k > 1 and self.sampling.greedy:
+        if self.options.top_k > 1 and self.shape_sampling().greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,
                                  min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
         self.round_start = torch.tensor([len(c) for c in contexts])
+        sampling = self.draft_sampling()  # each row's own, when rows differ
         # 2. Draft k tokens one at a time; with min_confidence, a row stops after a token the draft
         # model itself gave less than that probability (its next guesses are rarely accepted), and
         # drafting ends when every row has stopped (as transformers' assisted generation does).
@@ -188,8 +185,8 @@ class DraftModelDrafter(Drafter):
                 logits = repeats.penalise(logits, context_state)
             if eos_ban is not None:
                 logits = eos_ban.apply(logits, step + 1)
-            p = self._next_distribution(logits)
-            index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)  # into the logits
+            # Over the draft model's logits (all tokens, or draft_vocab's); index into them.
+            p, index = draw_step(logits[..., : self.vocab_size], sampling, self.generator)
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             tok = self.token_ids(index)
             tokens.append(tok)
@@ -207,11 +204,9 @@ class DraftModelDrafter(Drafter):
                 logits = self.draft_context.biased(self.sampling, logits[:, 0], self.vocab_map)
         tokens_bk = torch.stack(tokens, 1)  # (B, drafted)
         n = length.clamp(max=tokens_bk.shape[1]).tolist()
-        if self.sampling.greedy:
-            return [DraftTree.chain(tokens_bk[b, : n[b]], DETERMINISTIC, device=self.lm.device) for b in range(B)]
-        probs_bkv = full_vocab(torch.stack(probs, 1), self.vocab_map, self.vocab_size)  # (B, drafted, V)
-        return [DraftTree.chain(tokens_bk[b, : n[b]], IID, probs_bkv[b, : n[b]], device=self.lm.device)
-                for b in range(B)]
+        # q (B, drafted, V): what each token was drawn from
+        return chain_trees(tokens_bk, n, sampling, lambda: full_vocab(torch.stack(probs, 1), self.vocab_map,
+                                                                      self.vocab_size))
 
     def _grow(self, _, tokens, depth, visible):
         logits, _ = grow_level(self.lm, tokens, depth, visible)

@@ -73,7 +73,7 @@ class EagleDrafter(FeatureHeadDrafter):
 
     def max_depth(self) -> int:
         """A sampled chain is accepted less deep than a greedy tree, so it may stop shorter."""
-        sampled = self.sampling is not None and not self.sampling.greedy
+        sampled = self.sampling is not None and not self.shape_sampling().greedy
         if sampled and self.options.sampled_depth is not None:
             return self.options.sampled_depth
         return self.options.depth
@@ -84,7 +84,7 @@ class EagleDrafter(FeatureHeadDrafter):
 
     def draft(self, feature, logits, depth, ready):
         o = self.options
-        if not self.sampling.greedy and o.sampled_rounds == "chain":
+        if not self.shape_sampling().greedy and o.sampled_rounds == "chain":
             return self.draft_chain(feature, logits, depth, ready)
         return dynamic_tree(self.lm, self.grow, logits, feature, depth, o.top_k, o.total_tokens, ready.tolist(),
                             self.token_ids, self.score_scale, self.repeats, o.min_confidence, self.eos_ban)

@@ -19,9 +19,9 @@ import torch
 from ..heads.feature_head import FeatureHead
 from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
-from ..verifier.sampling import draw, processed_probs
 from ..verifier.tree import TreeBlock
-from .base import DETERMINISTIC, IID, Drafter, DraftTree, TargetNeeds
+from .base import Drafter, DraftTree, TargetNeeds
+from .chain_draws import chain_trees, draw_step
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .first_feed import distinct_rows
 from .dynamic_tree import grow_level
@@ -146,10 +146,11 @@ class FeatureHeadDrafter(Drafter):
     def draft_chain(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor) -> list[DraftTree]:
         """A chain of `depth` tokens, the head fed its own output features beyond depth 1. Greedy:
         each token is the head's argmax (deterministic). Sampling: each is drawn from the head's
-        distribution after the request's processing (temperature, top-k, top-p), and that
-        distribution, placed in the full vocabulary, is the node's q: the verifier's rejection
-        sampling stays exact."""
+        distribution after its row's processing (temperature, top-k, top-p: draft_sampling()), and
+        that distribution, placed in the full vocabulary, is the node's q: the verifier's rejection
+        sampling stays exact. A batch may hold both kinds of row (drafters/chain_draws.py)."""
         B = feature.shape[0]
+        sampling = self.draft_sampling()  # each row's own, when rows differ
         tokens, probs = [], []
         visible = None
         context_state = None if self.repeats is None else self.repeats.root_state
@@ -158,8 +159,8 @@ class FeatureHeadDrafter(Drafter):
                 logits = self.repeats.penalise(logits, context_state)
             if self.eos_ban is not None:
                 logits = self.eos_ban.apply(logits, d)
-            p = processed_probs(logits, self.sampling)  # over the head's logits (all, or a draft vocabulary)
-            index = p.argmax(-1) if self.sampling.greedy else draw(p, self.generator)
+            # Over the head's logits (all, or a draft vocabulary).
+            p, index = draw_step(logits, sampling, self.generator)
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             token = self.token_ids(index)
             tokens.append(token)
@@ -175,13 +176,9 @@ class FeatureHeadDrafter(Drafter):
             seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
             visible = seen
         chain = torch.stack(tokens, 1)  # (B, depth)
-        ready = ready.tolist()
-        if self.sampling.greedy:
-            return [DraftTree.chain(chain[b], DETERMINISTIC, device=self.device) if ready[b]
-                    else DraftTree.empty(self.device) for b in range(B)]
-        q = self.full_vocab(torch.stack(probs, 1))  # (B, depth, V): what each token was drawn from
-        return [DraftTree.chain(chain[b], IID, q[b], device=self.device) if ready[b]
-                else DraftTree.empty(self.device) for b in range(B)]
+        # q (B, depth, V): what each token was drawn from
+        return chain_trees(chain, [chain.shape[1]] * B, sampling, lambda: self.full_vocab(torch.stack(probs, 1)),
+                           ready.tolist())
 
     def extra_parameters(self) -> int:
         return self._parameters

@@ -273,6 +273,9 @@ class SpeculativeEngine:
                     continue
                 # 2. Draft, clipped so no row runs past max_new_tokens or the context.
                 self.drafter.min_new_tokens = self._drafter_minimums(active)
+                round_sampling = self._sampling_of(active)
+                # Rows with settings of their own: drafters that draw may draw each row under them.
+                self.drafter.row_sampling = None if round_sampling == self.drafter.sampling else round_sampling
                 synchronize(self.device)
                 t0 = time.perf_counter()
                 trees = self.drafter.propose([contexts[r] for r in active])
@@ -284,7 +287,6 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-                round_sampling = self._sampling_of(active)
                 verdict, hidden, block_tokens, logprob_logits = self._verify(
                     roots, trees, round_sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active],
                     active)
