@@ -60,6 +60,22 @@ SCORE_SETTINGS = ("logprobs", "top_logprobs")
 # And n: the batcher gives the engine each prompt of a request n times (prefilled once), so
 # requests with other n share a batch as well.
 SAMPLES = "num_return_sequences"
+# Values that change nothing (clients such as OpenAI SDK examples send "presence_penalty": 0):
+# where the config has no such setting either, a request that sends one is the same as one that
+# leaves it out, and the two share a batch (which runs with either value: they act alike).
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "no_repeat_ngram_size": 0,
+           "logit_bias": {}, "bad_words_ids": [], "lossy_typical_acceptance": False}
+
+
+def _as_default(key: str, value, defaults: dict) -> bool:
+    """Whether a request's value of a setting acts as the config's: it is the config's, or it
+    changes nothing where the config's changes nothing either."""
+    if key not in defaults:
+        return False
+    default = defaults[key]
+    if value == default:
+        return True
+    return key in NEUTRAL and value == NEUTRAL[key] and (default is None or default == NEUTRAL[key])
 
 
 class _Job:
@@ -73,11 +89,11 @@ class _Job:
         self.rows = len(ids) * self.n
         # Settings as a comparable string (not PER_ROW_SETTINGS, SCORE_SETTINGS nor n: a batch
         # takes them per row); None: this job runs alone. A setting sent with its
-        # default value (the config's) is the same as one left out, as benchmark clients send
-        # them: such a request keeps no other apart.
+        # default value (the config's), or a NEUTRAL one, is the same as one left out, as
+        # benchmark clients send them: such a request keeps no other apart.
         defaults = defaults or {}
         settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS and k not in SCORE_SETTINGS
-                    and k != SAMPLES and not (k in defaults and v == defaults[k])}
+                    and k != SAMPLES and not _as_default(k, v, defaults)}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         # The top tokens asked per scored token (0: the token's own score only); None: no scores.
         self.top: int | None = (args.get("top_logprobs") or 0) if args.get("logprobs") else None

@@ -518,6 +518,32 @@ def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_serv
     assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
 
 
+def test_neutral_settings_keep_no_request_apart(slow_server_decoder):
+    """Clients send "presence_penalty": 0, "frequency_penalty": 0, ... with every request: values
+    that change nothing, where the config has none, so such a request shares the running batch
+    and generates what it would alone. Where the config sets a penalty, 0 turns it off: apart."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    decoder = slow_server_decoder
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    neutral = {"max_new_tokens": 8, "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+               "no_repeat_ngram_size": 0, "logit_bias": {}, "bad_words_ids": [], "lossy_typical_acceptance": False}
+    out, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), neutral)
+    assert rows == 2 and long_job.stats is None  # it ran beside the long row
+    got += [chunk for _, chunk in chunks]
+    assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
+    assert [t for c in got for t in c.token_ids] == decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60,
+                                                                     min_new_tokens=60).token_ids[0]
+    plain = batcher_key({"max_new_tokens": 8}, batcher)
+    for key, value in {"presence_penalty": 0.2, "repetition_penalty": 1.1, "logit_bias": {5: 1.0}}.items():
+        assert batcher_key({"max_new_tokens": 8, key: value}, batcher) != plain, key
+    batcher.defaults = {**batcher.defaults, "presence_penalty": 0.5}  # the config penalises: 0 turns it off
+    assert batcher_key({"presence_penalty": 0}, batcher) != batcher_key({}, batcher)
+
+
 def batcher_key(args: dict, batcher) -> str | None:
     from draftsman.serve_batch import _Job
 
