@@ -20,11 +20,7 @@ def greedy_rows(params: SamplingParams | RowSampling, rows: int) -> list[bool]:
     """Whether each of the batch's rows is greedy under params."""
     if isinstance(params, SamplingParams):
         return [params.greedy] * rows
-    flags = [False] * rows
-    for setting, members in params.groups.items():
-        for row in members:
-            flags[row] = setting.greedy
-    return flags
+    return params.greedy_rows(torch.device("cpu")).tolist()
 
 
 def draw_step(logits: torch.Tensor, params: SamplingParams | RowSampling,
@@ -36,8 +32,7 @@ def draw_step(logits: torch.Tensor, params: SamplingParams | RowSampling,
         return p, p.argmax(-1)
     index = draw(p, generator)
     if isinstance(params, RowSampling):  # greedy rows' p is one-hot; take its argmax outright
-        greedy = torch.tensor(greedy_rows(params, p.shape[0]), device=p.device)
-        index = torch.where(greedy, p.argmax(-1), index)
+        index = torch.where(params.greedy_rows(p.device), p.argmax(-1), index)
     return p, index
 
 

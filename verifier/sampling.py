@@ -217,6 +217,11 @@ class RowSampling:
         self.groups: dict[SamplingParams, list[int]] = {}  # each distinct setting -> its rows
         for i, params in enumerate(rows):
             self.groups.setdefault(params, []).append(i)
+        self.size = len(rows)
+        # Per device: each group's row indices, and which rows are greedy. A round warps with the
+        # same groups several times (each drafted depth, the verification): built once.
+        self._indices: dict[torch.device, list[tuple[SamplingParams, torch.Tensor]]] = {}
+        self._greedy: dict[torch.device, torch.Tensor] = {}
 
     @property
     def greedy(self) -> bool:
@@ -226,11 +231,23 @@ class RowSampling:
     def lossy(self) -> bool:
         return any(params.lossy for params in self.groups)
 
+    def greedy_rows(self, device: torch.device) -> torch.Tensor:
+        """(rows,) bool: which rows are greedy."""
+        if device not in self._greedy:
+            flags = [False] * self.size
+            for params, rows in self.groups.items():
+                for row in rows:
+                    flags[row] = params.greedy
+            self._greedy[device] = torch.tensor(flags, device=device)
+        return self._greedy[device]
+
     def apply(self, logits: torch.Tensor, warp) -> torch.Tensor:
         """warp(logits, params) on each group of rows (the first dim), put back in row order."""
+        if logits.device not in self._indices:
+            self._indices[logits.device] = [(params, torch.tensor(rows, device=logits.device))
+                                            for params, rows in self.groups.items()]
         out = None
-        for params, rows in self.groups.items():
-            index = torch.tensor(rows, device=logits.device)
+        for params, index in self._indices[logits.device]:
             part = warp(logits.index_select(0, index), params)
             if out is None:
                 out = part.new_empty((logits.shape[0], *part.shape[1:]))

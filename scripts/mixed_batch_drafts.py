@@ -1,0 +1,49 @@
+"""A/B in one process: a mixed batch (2 rows at T=0.7, 2 greedy) with drafts drawn under each
+row's own settings (the default) and under the request's one setting (the drafter's row settings
+withheld, as before per-row drafts), alternating, 4 runs each. Prints tokens/s, tau and the
+drafting and verification time per round.
+
+    python scripts/mixed_batch_drafts.py eagle3        # or draft_model
+"""
+import json
+import sys
+
+import draftsman
+
+SPECS = {
+    "eagle3": {"name": "eagle", "path": "zoo/python-eagle3", "quantize": "auto", "min_confidence": 0.05,
+               "depth": 6, "total_tokens": 20},
+    "draft_model": {"name": "draft_model", "path": "zoo/python-draft", "k": 4, "quantize": "auto"},
+}
+TEMPERATURES = [0.7, 0.0, 0.7, 0.0]
+
+
+def main(name: str) -> None:
+    records = [json.loads(line) for line in open("draftsman/bench/data/prompts.jsonl")][1:]
+    prompts = [r["text"] for r in records][: len(TEMPERATURES)]
+    decoder = draftsman.load({"target": {"path": "zoo/python-target"}, "drafter": SPECS[name]})
+    drafter, mode = decoder.engine.drafter, {"now": "own"}
+    propose = drafter.propose
+
+    def proposing(contexts):
+        if mode["now"] == "shared":
+            drafter.row_sampling = None  # the request's setting for every row
+        return propose(contexts)
+
+    drafter.propose = proposing
+    decoder.generate(prompts, max_new_tokens=16, temperature=TEMPERATURES)  # warm-up
+    runs = {"shared": [], "own": []}
+    for rep in range(4):
+        for now in ("shared", "own") if rep % 2 == 0 else ("own", "shared"):
+            mode["now"] = now
+            s = decoder.generate(prompts, max_new_tokens=96, temperature=TEMPERATURES, seed=rep, ignore_eos=True).stats
+            runs[now].append((s.new_tokens / s.total_seconds, s.tau, 1e3 * s.draft_seconds / s.rounds,
+                              1e3 * s.verify_seconds / s.rounds))
+    for now, values in runs.items():
+        mean = [sum(v[i] for v in values) / len(values) for i in range(4)]
+        print(f"{name} drafts under {now:6s} settings: {mean[0]:.1f} tokens/s, tau {mean[1]:.2f}, "
+              f"draft {mean[2]:.2f} ms/round, verify {mean[3]:.2f} ms/round")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "eagle3")
