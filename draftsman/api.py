@@ -14,7 +14,7 @@ from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa
 from .verifier.joining import JoiningRow
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
-from .verifier.sampling import WARPER_FIELDS, SamplingParams
+from .verifier.sampling import ROW_FIELDS, SamplingParams
 
 
 @dataclass
@@ -51,7 +51,7 @@ class JoiningPrompt(NamedTuple):
     min_new_tokens: int | None = None
     stop: list[str] | None = None  # [] : no stop strings
     stop_token_ids: list[int] | None = None  # [] : none (EOS still ends the row, unless ignore_eos)
-    warpers: dict | None = None  # its own WARPER_FIELDS, e.g. {"temperature": 0.7}
+    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties), e.g. {"temperature": 0.7}
     ignore_eos: bool | None = None
 
     @classmethod
@@ -96,9 +96,9 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
 
 # Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
 # limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []];
-# a flag each for ignore_eos). The warpers too (verifier/sampling.py's WARPER_FIELDS:
-# temperature=[0.0, 0.8], top_p=[None, 0.9], ...; None: the config's), which the engine takes as
-# one SamplingParams per row.
+# a flag each for ignore_eos). The warpers and penalties too (verifier/sampling.py's ROW_FIELDS:
+# temperature=[0.0, 0.8], top_p=[None, 0.9], presence_penalty=[0.5, None], ...; None: the
+# config's), which the engine takes as one SamplingParams per row.
 PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos")
 
 
@@ -182,8 +182,8 @@ class Decoder:
                  max_new_tokens: int | list[int] | None = None, temperature: float | list | None = None,
                  top_k: int | list | None = None, top_p: float | list | None = None, seed: int | None = None,
                  min_p: float | list | None = None, stop: list[str] | list[list[str]] | None = None,
-                 repetition_penalty: float | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None, min_new_tokens: int | list[int] | None = None,
+                 repetition_penalty: float | list | None = None, presence_penalty: float | list | None = None,
+                 frequency_penalty: float | list | None = None, min_new_tokens: int | list[int] | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | list[list[int]] | None = None, num_return_sequences: int = 1,
                  logit_bias: dict[int, float] | None = None,
@@ -215,8 +215,9 @@ class Decoder:
         token, so the distribution is the target's), rows run to their stops or max_new_tokens;
         one flag, or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
-        top_h) take one value, or a list of one per prompt (None in it: the config's): the rows
-        generate as one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
+        top_h) and the penalties (repetition_penalty, presence_penalty, frequency_penalty) take
+        one value, or a list of one per prompt (None in it: the config's): the rows generate as
+        one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
@@ -312,7 +313,8 @@ class Decoder:
         that join the running batch now, as JoiningPrompt(input_ids, max_new_tokens, min_new_tokens,
         stop, stop_token_ids, warpers, ignore_eos) or tuples in that order, [] for none (a value
         left out or None: the batch's one value, else the config's; stop strings as a list;
-        warpers a dict of WARPER_FIELDS, e.g. {"temperature": 0.7}). Their rows (n samples each) are
+        warpers a dict of ROW_FIELDS, e.g. {"temperature": 0.7,
+        "presence_penalty": 0.5}). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -337,7 +339,7 @@ class Decoder:
         default_stop_ids = (g["stop_token_ids"] or ()) if per_row(stop_ids) else stop_ids
         default_ignore = ignore if isinstance(ignore, bool) else g["ignore_eos"]
         # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
-        batch_sampling = {k: None if k in WARPER_FIELDS and isinstance(v, (list, tuple)) else v
+        batch_sampling = {k: None if k in ROW_FIELDS and isinstance(v, (list, tuple)) else v
                           for k, v in sampling.items()}
         ids = _samples_of(ids, n, args)
         joined_rows = None
@@ -368,17 +370,17 @@ class Decoder:
                    stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
                    ignore_eos: bool | None = None, **warpers) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits, stops, ignore_eos and warpers (WARPER_FIELDS, e.g. temperature=0.7;
+        with these limits, stops, ignore_eos and per-row sampling settings (ROW_FIELDS, e.g. temperature=0.7;
         None: the config's), so a caller can refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         self._stop_check(stop)
-        unknown = sorted(set(warpers) - set(WARPER_FIELDS))
+        unknown = sorted(set(warpers) - set(ROW_FIELDS))
         if unknown:
             raise TypeError(f"check_join() got unknown settings {unknown}; the per-row sampling settings are "
-                            f"{list(WARPER_FIELDS)}")
+                            f"{list(ROW_FIELDS)}")
         sampling = self._sampling(warpers)
         _check_samples(num_return_sequences, sampling)
         self.engine.check_rows(ids, [limit] * len(ids), least, stop_token_ids or (), sampling,
@@ -386,9 +388,9 @@ class Decoder:
 
     def _joining_sampling(self, batch_sampling: dict, own: dict | None) -> SamplingParams:
         """A joining row's SamplingParams: the batch's settings, with its own warpers where it gives them."""
-        unknown = sorted(set(own or ()) - set(WARPER_FIELDS))
+        unknown = sorted(set(own or ()) - set(ROW_FIELDS))
         if unknown:
-            raise ValueError(f"a joining row's warpers have unknown keys {unknown}; valid: {list(WARPER_FIELDS)}")
+            raise ValueError(f"a joining row's warpers have unknown keys {unknown}; valid: {list(ROW_FIELDS)}")
         return self._sampling({**batch_sampling, **{k: v for k, v in (own or {}).items() if v is not None}})
 
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
@@ -479,11 +481,11 @@ class Decoder:
         a list (one value per prompt, None: the config's) makes one SamplingParams per prompt."""
         s = self.config["sampling"]
         values = {key: s[key] if given.get(key) is None else given[key] for key in s}
-        per_prompt = {key: list(values[key]) for key in WARPER_FIELDS if isinstance(values[key], (list, tuple))}
-        listed = [key for key in given if key not in WARPER_FIELDS and isinstance(given[key], (list, tuple))
+        per_prompt = {key: list(values[key]) for key in ROW_FIELDS if isinstance(values[key], (list, tuple))}
+        listed = [key for key in given if key not in ROW_FIELDS and isinstance(given[key], (list, tuple))
                   and key not in ("bad_words_ids", "logit_bias")]
         if listed:
-            raise ValueError(f"{listed[0]} takes one value for all prompts; only {list(WARPER_FIELDS)} can be "
+            raise ValueError(f"{listed[0]} takes one value for all prompts; only {list(ROW_FIELDS)} can be "
                              "given per prompt: run prompts with other values as generations of their own")
         if not per_prompt:
             return SamplingParams(**values)

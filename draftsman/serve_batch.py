@@ -35,7 +35,7 @@ import threading
 import time
 
 from .api import Decoder, GenerationOutput, GenerationStats, JoiningPrompt, StreamChunk
-from .verifier.sampling import WARPER_FIELDS
+from .verifier.sampling import ROW_FIELDS
 
 
 @dataclasses.dataclass
@@ -51,8 +51,8 @@ class RequestTimes:
 
 
 # Requests that differ only in these share a batch: the engine takes them per row (the warpers:
-# temperature, top_p, top_k, min_p, ..., verifier/sampling.py's WARPER_FIELDS).
-PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos", *WARPER_FIELDS)
+# temperature, top_p, top_k, min_p, ..., and the penalties: verifier/sampling.py's ROW_FIELDS).
+PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos", *ROW_FIELDS)
 # Requests that differ in these share a batch too: the batch records the scores of every row, as
 # many top tokens as its requests ask at most, and each request gets what it asked for. A request
 # that asks for more than a running batch records waits for the next one.
@@ -60,11 +60,11 @@ SCORE_SETTINGS = ("logprobs", "top_logprobs")
 # And n: the batcher gives the engine each prompt of a request n times (prefilled once), so
 # requests with other n share a batch as well.
 SAMPLES = "num_return_sequences"
-# Values that change nothing (clients such as OpenAI SDK examples send "presence_penalty": 0):
-# where the config has no such setting either, a request that sends one is the same as one that
-# leaves it out, and the two share a batch (which runs with either value: they act alike).
-NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "no_repeat_ngram_size": 0,
-           "logit_bias": {}, "bad_words_ids": [], "lossy_typical_acceptance": False}
+# Values that change nothing (clients send "logit_bias": {} or "no_repeat_ngram_size": 0 with
+# every request): where the config has no such setting either, a request that sends one is the
+# same as one that leaves it out, and the two share a batch (which runs with either value: they
+# act alike). The penalties need no entry: they are per-row settings.
+NEUTRAL = {"no_repeat_ngram_size": 0, "logit_bias": {}, "bad_words_ids": [], "lossy_typical_acceptance": False}
 
 
 def _as_default(key: str, value, defaults: dict) -> bool:
@@ -372,7 +372,7 @@ class Batcher:
             self.running += len(entered)
             # Its own stops as [] when it has none: None would take the batch's.
             return [JoiningPrompt(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [],
-                                  own["stop_token_ids"] or [], {key: own[key] for key in WARPER_FIELDS},
+                                  own["stop_token_ids"] or [], {key: own[key] for key in ROW_FIELDS},
                                   own["ignore_eos"])
                     for job, own in entered for ids in job.ids for _ in range(job.n)]
         return joining
@@ -422,7 +422,7 @@ class Batcher:
         for job in jobs:
             if job.n > 1:  # n samples at temperature 0 would be identical rows: refused alone
                 self.decoder.check_join(job.ids, num_return_sequences=job.n,
-                                        **{key: job.args.get(key) for key in WARPER_FIELDS})
+                                        **{key: job.args.get(key) for key in ROW_FIELDS})
         settings = {k: v for k, v in jobs[0].args.items() if k not in SCORE_SETTINGS and k != SAMPLES}
         asked = [job.top for job in jobs if job.top is not None]
         batch_top = max(asked) if asked else None  # the scores the batch records, for every row

@@ -458,7 +458,7 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     for count, (name, prompts, args) in enumerate([("wide", SERVE_PROMPTS[1:3], same),
                                                    ("small", SERVE_PROMPTS[3:4], same),
                                                    ("other", SERVE_PROMPTS[1:2], {"max_new_tokens": 8,
-                                                                                  "repetition_penalty": 1.2})],
+                                                                                  "no_repeat_ngram_size": 3})],
                                                   start=1):
         threading.Thread(target=ask, args=(name, decoder.encode(prompts), args), daemon=True).start()
         deadline = time.time() + 10
@@ -514,14 +514,14 @@ def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_serv
     assert rows == 2 and long_job.stats is None  # it ran beside the long row
     got += [chunk for _, chunk in chunks]
     assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
-    other = {"max_new_tokens": 8, "presence_penalty": 0.5}  # a value of its own still keeps it apart
+    other = {"max_new_tokens": 8, "logit_bias": {5: 1.0}}  # a value of its own still keeps it apart
     assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
 
 
 def test_neutral_settings_keep_no_request_apart(slow_server_decoder):
-    """Clients send "presence_penalty": 0, "frequency_penalty": 0, ... with every request: values
-    that change nothing, where the config has none, so such a request shares the running batch
-    and generates what it would alone. Where the config sets a penalty, 0 turns it off: apart."""
+    """Clients send "logit_bias": {}, "presence_penalty": 0, ... with every request: values that
+    change nothing, where the config has none, so such a request shares the running batch and
+    generates what it would alone. Where the config sets a ban, 0 turns it off: apart."""
     import threading
 
     from draftsman.serve_batch import Batcher
@@ -538,10 +538,10 @@ def test_neutral_settings_keep_no_request_apart(slow_server_decoder):
     assert [t for c in got for t in c.token_ids] == decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60,
                                                                      min_new_tokens=60).token_ids[0]
     plain = batcher_key({"max_new_tokens": 8}, batcher)
-    for key, value in {"presence_penalty": 0.2, "repetition_penalty": 1.1, "logit_bias": {5: 1.0}}.items():
+    for key, value in {"no_repeat_ngram_size": 3, "bad_words_ids": [[5]], "logit_bias": {5: 1.0}}.items():
         assert batcher_key({"max_new_tokens": 8, key: value}, batcher) != plain, key
-    batcher.defaults = {**batcher.defaults, "presence_penalty": 0.5}  # the config penalises: 0 turns it off
-    assert batcher_key({"presence_penalty": 0}, batcher) != batcher_key({}, batcher)
+    batcher.defaults = {**batcher.defaults, "no_repeat_ngram_size": 3}  # the config bans: 0 turns it off
+    assert batcher_key({"no_repeat_ngram_size": 0}, batcher) != batcher_key({}, batcher)
 
 
 def batcher_key(args: dict, batcher) -> str | None:

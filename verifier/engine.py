@@ -195,10 +195,11 @@ class SpeculativeEngine:
         tells whether it is valid. Needs a drafter that can add rows (Drafter.can_add_rows).
         ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is drawn as any token), so
         rows end at their stops or limits; one for every row, or one per row. sampling: one for
-        every row, or one per row that differ only in
-        verifier/sampling.py's WARPER_FIELDS (temperature, top_k, top_p, ...): each row is
-        verified against its own distribution; the drafter drafts under the settings most rows
-        have (exact for the others too, as the verifier tests any draft against each row's own)."""
+        every row, or one per row that differ only in verifier/sampling.py's ROW_FIELDS
+        (temperature, top_k, top_p, ..., the penalties): each row is verified against its own
+        distribution; the drafter drafts in the shape the settings most rows have pick, each
+        row's draws under its own where it can (exact either way, as the verifier tests any draft
+        against each row's own)."""
         if joining is not None and not self.drafter.can_add_rows:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
@@ -242,10 +243,9 @@ class SpeculativeEngine:
         outputs: list[list[int]] = [[] for _ in prompts]
         active = list(range(B))  # original row index of each active row
         # Under penalties: the tokens each active row's context holds, and how often each was
-        # generated, kept up to date with each round's tokens (not rebuilt from whole rows).
-        self._context_seen = ContextTokens(self.vocab_size, self.device) if sampling.penalizes_repeats else None
-        self._generated_counts = (ContextTokens(self.vocab_size, self.device, counts=True)
-                                  if sampling.penalizes_counts else None)
+        # generated, kept up to date with each round's tokens (not rebuilt from whole rows); made
+        # when a round's rows first need them (_target_pass).
+        self._context_seen = self._generated_counts = None
         self._ngrams = RepeatedNgrams(sampling.no_repeat_ngram_size) if sampling.bans_repeated_ngrams else None
         self._bad_words = BadWords(sampling.bad_words_ids, self.eos_token_ids) if sampling.bans_words else None
 
@@ -362,7 +362,7 @@ class SpeculativeEngine:
     @staticmethod
     def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
         """Each row's sampling settings: one for all, or a list of one per row that may differ
-        only in the warpers (verifier/sampling.py's WARPER_FIELDS)."""
+        only in ROW_FIELDS (verifier/sampling.py: the warpers and the penalties)."""
         if isinstance(sampling, SamplingParams):
             return [sampling] * rows
         if not isinstance(sampling, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling):
@@ -525,7 +525,7 @@ class SpeculativeEngine:
         chains take shorter paths to the same verdict (no packing, no tree walk). sampling: the
         rows' warpers (one setting, or each row's own); contexts: each row's committed tokens, the
         root included; outputs: the generated ones (for penalties); rows: each one's original row."""
-        shared = self._row_sampling[rows[0]]  # biases, penalties and bans: one for the whole batch
+        shared = self._row_sampling[rows[0]]  # biases and bans: one for the whole batch
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
@@ -558,18 +558,25 @@ class SpeculativeEngine:
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         minimums = [self._minimums[r] for r in rows] if self._end_ids else []
         holds_eos = any(least > len(out) for least, out in zip(minimums, outputs))  # some row's EOS is masked
-        changes = sampling.changes_logits or holds_eos
+        repetition, presence, frequency = self._penalties(rows)
+        penalizes_counts = presence is not None or frequency is not None
+        changes = sampling.changes_logits or holds_eos or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
             ids, biases = sampling.bias_tensors(logits.device)
             logits[..., ids] += biases.to(logits.dtype)
-        if sampling.penalizes_repeats:
+        # A table no row of this round needs is dropped: it would miss the rows that join and
+        # leave meanwhile, so it is rebuilt from whole rows when a row needs it again.
+        self._context_seen = (self._context_seen or ContextTokens(self.vocab_size, self.device)
+                              if repetition is not None else None)
+        self._generated_counts = (self._generated_counts or ContextTokens(self.vocab_size, self.device, counts=True)
+                                  if penalizes_counts else None)
+        if repetition is not None:
             logits = penalize_block_repeats_(logits, block.tokens, block.ancestors, self._context_seen.update(contexts),
-                                             sampling.repetition_penalty)
-        if sampling.penalizes_counts:
+                                             repetition)
+        if penalizes_counts:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
-                                            self._generated_counts.update(outputs), sampling.presence_penalty,
-                                            sampling.frequency_penalty)
+                                            self._generated_counts.update(outputs), presence, frequency)
         for ban in (self._ngrams, self._bad_words):
             if ban is not None:
                 logits = ban.ban_(logits, block, rows, contexts)
@@ -585,6 +592,21 @@ class SpeculativeEngine:
             eos = torch.tensor(ends, device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
+
+    def _penalties(self, rows: list[int]) -> list[float | torch.Tensor | None]:
+        """The rows' (repetition, presence, frequency) penalties: None where no row has one, the
+        number when they share it, else one per row (the neutral value where a row has none)."""
+        params = [self._one_sampling] if self._one_sampling is not None else [self._row_sampling[r] for r in rows]
+        penalties = []
+        for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+            values = [neutral if getattr(p, name) is None else float(getattr(p, name)) for p in params]
+            if all(value == neutral for value in values):
+                penalties.append(None)
+            elif all(value == values[0] for value in values[1:]):
+                penalties.append(values[0])
+            else:
+                penalties.append(torch.tensor(values, dtype=torch.float64, device=self.device))
+        return penalties
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int, end_ids: frozenset[int]):
         """Cut a round's tokens at EOS or one of the row's stop tokens (kept), max_new_tokens and

@@ -202,13 +202,17 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
 
 
 # The settings that only reshape the target's distribution at each position (the warpers and the
-# temperature): rows of one batch may differ in these. Every other setting changes the logits
-# themselves, or how drafts are accepted, and is one for the whole batch.
+# temperature): rows of one batch may differ in these.
 WARPER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+# The penalties change the logits, but each row's from its own context only, so rows may differ
+# in these too (verifier/block_penalties.py takes a value per row). The other settings (biases,
+# bans, typical acceptance) are one for the whole batch.
+PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS)
 
 
 class RowSampling:
-    """Each row's own sampling settings in one batch (rows that differ only in WARPER_FIELDS).
+    """Each row's own sampling settings in one batch (rows that differ only in ROW_FIELDS).
     processed_probs / processed_logprobs warp each row by its own settings, one call per distinct
     setting; the verifier then tests every row against its own distribution, so each row is
     exact as it would be alone."""
@@ -256,13 +260,13 @@ class RowSampling:
 
 
 def check_row_sampling(rows: list[SamplingParams]) -> None:
-    """Rows may share a batch when their settings differ only in WARPER_FIELDS; else a ValueError
+    """Rows may share a batch when their settings differ only in ROW_FIELDS; else a ValueError
     that names the settings that differ."""
     first, distinct = rows[0], set(rows)  # rows of a batch mostly repeat a few settings
     differ = sorted({name for params in distinct for name in first.__dataclass_fields__
-                     if name not in WARPER_FIELDS and getattr(params, name) != getattr(first, name)})
+                     if name not in ROW_FIELDS and getattr(params, name) != getattr(first, name)})
     if differ:
-        raise ValueError(f"rows of one batch differ in {differ}: only {list(WARPER_FIELDS)} can be set per row; "
+        raise ValueError(f"rows of one batch differ in {differ}: only {list(ROW_FIELDS)} can be set per row; "
                          "run rows with other values as batches of their own")
     if len(distinct) > 1 and first.lossy_typical_acceptance is not None:
         raise ValueError("lossy_typical_acceptance takes one sampling setting for the whole batch: give every row "
@@ -391,7 +395,8 @@ def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, presence: float 
     token was generated in each position's context: logits - frequency x count - presence x [count > 0]."""
     logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
     counts = counts.to(logits.dtype)
-    return logits - (frequency or 0.0) * counts - (presence or 0.0) * (counts > 0).to(logits.dtype)
+    frequency, presence = (0.0 if value is None else value for value in (frequency, presence))
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
 def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,174 @@
+"""Penalties per row: rows with their own repetition, presence and frequency penalties share one
+batch (generate's lists, stream_batch's joining rows, serve's requests). A penalty changes a row's
+logits from its own context only, so each row's logits are penalised as they are alone
+(verifier/block_penalties.py takes a value per row) and each row generates what it generates alone."""
+import threading
+
+import pytest
+import torch
+
+import draftsman
+from draftsman import JoiningPrompt
+from draftsman.verifier.block_penalties import penalize_block_counts_, penalize_block_repeats_
+from draftsman.verifier.sampling import SamplingParams
+
+from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixture)
+from test_row_sampling import PROMPTS
+
+NEW = 16
+PENALTIES = [dict(repetition_penalty=1.5), dict(), dict(presence_penalty=1.5, frequency_penalty=0.8),
+             dict(repetition_penalty=1.2, frequency_penalty=1.0)]
+
+
+def per_prompt(rows: list[dict]) -> dict:
+    """generate's per-prompt lists (None: the config's, no penalty) from one dict per row."""
+    names = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def test_block_penalties_per_row_equal_each_row_alone():
+    """A (B,) tensor of penalties gives each row exactly the logits its own number gives it, and a
+    row's neutral value leaves its logits bit-identical."""
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 3, 4, 30
+    logits = torch.randn(B, T, V, generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    ancestors = torch.tril(torch.ones(T, T, dtype=torch.bool)).expand(B, T, T).clone()
+    seen = torch.rand(B, V, generator=g) < 0.3
+    counts = torch.randint(0, 3, (B, V), generator=g, dtype=torch.int32)
+    repetition, presence, frequency = [1.3, 1.0, 0.7], [0.5, 0.0, 1.1], [0.2, 0.0, 0.9]
+    per_row = penalize_block_repeats_(logits.clone(), tokens, ancestors, seen, torch.tensor(repetition))
+    counted = penalize_block_counts_(logits.clone(), tokens, ancestors, counts, torch.tensor(presence),
+                                     torch.tensor(frequency))
+    for b in range(B):
+        alone = penalize_block_repeats_(logits[b:b + 1].clone(), tokens[b:b + 1], ancestors[b:b + 1], seen[b:b + 1],
+                                        repetition[b])
+        assert torch.equal(per_row[b], alone[0]), b
+        alone = penalize_block_counts_(logits[b:b + 1].clone(), tokens[b:b + 1], ancestors[b:b + 1], counts[b:b + 1],
+                                       presence[b], frequency[b])
+        assert torch.equal(counted[b], alone[0]), b
+    assert torch.equal(per_row[1], logits[1]) and torch.equal(counted[1], logits[1])
+
+
+@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle3", "mtp",
+                                  "cascade"])
+def test_rows_with_their_own_penalties_each_generate_as_alone(tiny_models, fresh_heads, name,
+                                                             close_draft):  # noqa: F811
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": drafters(tiny_models, close_draft, fresh_heads)[name]})
+    lone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
+            for p, row in zip(PROMPTS, PENALTIES)]
+    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0, **per_prompt(PENALTIES))
+    assert out.token_ids == lone, name
+    plain = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0).token_ids
+    assert sum(a != b for a, b in zip(plain, lone)) >= 2  # the penalties mattered
+    assert out.token_ids[1] == plain[1]  # the row without one is plain decoding
+
+
+def test_processed_logprobs_are_each_rows_own_penalised_distribution(tiny_models):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0, logprobs="processed",
+                           top_logprobs=3, **per_prompt(PENALTIES))
+    for r, (prompt, row) in enumerate(zip(PROMPTS, PENALTIES)):
+        alone = decoder.generate(input_ids=[prompt], max_new_tokens=8, temperature=0.0, logprobs="processed",
+                                 top_logprobs=3, **row)
+        assert out.token_ids[r] == alone.token_ids[0]
+        assert out.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-5), r
+        assert [[t for t, _ in top] for top in out.top_logprobs[r]] == \
+            [[t for t, _ in top] for top in alone.top_logprobs[0]]
+
+
+def test_joining_rows_bring_their_own_penalties(tiny_models):
+    """A penalised row joins an unpenalised batch (its tables made then), an unpenalised one a
+    penalised batch; each is what it is alone, the rows already running too."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+    decoder.engine.join_prefill_chunk = 2
+
+    def alone(prompt, **row):
+        return decoder.generate(input_ids=[prompt], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
+
+    # A joining row's own penalties; 1 is no repetition penalty, beside a batch that has one.
+    for batch, joining in ((dict(), PENALTIES[2]), (PENALTIES[0], dict(repetition_penalty=1.0))):
+        rounds = [0]
+
+        def joins():
+            rounds[0] += 1
+            return [JoiningPrompt(PROMPTS[2], NEW, warpers=joining)] if rounds[0] == 3 else []
+
+        tokens: dict[int, list[int]] = {}
+        for row, chunk in decoder.stream_batch([PROMPTS[0], PROMPTS[3]], joining=joins, max_new_tokens=NEW,
+                                               temperature=0.0, **batch):
+            tokens.setdefault(row, []).extend(chunk.token_ids)
+        assert tokens[0] == alone(PROMPTS[0], **batch) and tokens[1] == alone(PROMPTS[3], **batch), batch
+        assert tokens[2] == alone(PROMPTS[2], **joining), (batch, joining)
+    assert alone(PROMPTS[2], **PENALTIES[0]) != alone(PROMPTS[2])  # the batch's penalty would have mattered
+
+
+def test_requests_with_their_own_penalties_share_a_serve_batch(chat_target):
+    from draftsman.serve_batch import Batcher
+
+    from test_continuous_batching import SERVE_PROMPTS, slowed, start_long_stream
+    from serving import ngram_decoder
+
+    decoder = slowed(ngram_decoder(chat_target[0]))
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    long_job, chunks, got = start_long_stream(batcher, decoder)
+    args = {"max_new_tokens": 12, "presence_penalty": 1.5, "repetition_penalty": 1.3}
+    penalised, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), args)
+    assert rows == 2 and long_job.stats is None  # it ran beside the long row
+    got += [chunk for _, chunk in chunks]  # (the batch ends before the decoder runs alone)
+    assert penalised.token_ids == decoder.generate(SERVE_PROMPTS[1:2], **args).token_ids
+    assert penalised.token_ids != decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=12).token_ids
+    alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60)
+    assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
+
+
+def test_engine_rows_may_differ_in_penalties_only_among_the_settings_that_change_logits(tiny_models):
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    rows = [SamplingParams(0.0, repetition_penalty=1.3), SamplingParams(0.0, presence_penalty=0.4)]
+    out, _ = decoder.engine.generate(PROMPTS[:2], 6, rows)
+    assert out == [decoder.engine.generate([p], 6, params)[0][0] for p, params in zip(PROMPTS, rows)]
+    with pytest.raises(ValueError, match=r"differ in \['logit_bias'\]"):
+        decoder.engine.generate(PROMPTS[:2], 6, [SamplingParams(0.0), SamplingParams(0.0, logit_bias={3: 1.0})])
+
+
+def test_raw_logprobs_are_each_rows_own_before_its_penalties(tiny_models):
+    """logprobs=True reads the target's own distribution: a penalised row's, beside an unpenalised
+    first row, is taken before its penalties, as alone."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    rows = [dict(), dict(repetition_penalty=1.5, presence_penalty=1.0)]
+    out = decoder.generate(input_ids=PROMPTS[:2], max_new_tokens=8, temperature=0.0, logprobs=True,
+                           **per_prompt(rows))
+    for r, row in enumerate(rows):
+        alone = decoder.generate(input_ids=[PROMPTS[r]], max_new_tokens=8, temperature=0.0, logprobs=True, **row)
+        assert out.token_ids[r] == alone.token_ids[0]
+        assert out.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-5), r
+
+
+def test_penalty_tables_follow_rows_that_come_and_go(tiny_models):
+    """The penalised row leaves first; rows without penalties join and leave while no row needs
+    the tables (a table kept then would no longer match the rows); then a penalised row joins.
+    Every row is what it is alone."""
+    from draftsman.verifier.joining import JoiningRow
+
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+    engine, plain, penalised = decoder.engine, SamplingParams(0.0), SamplingParams(0.0, repetition_penalty=1.5)
+    rows = [(PROMPTS[0], 2, penalised), (PROMPTS[1], 24, plain), (PROMPTS[2], 5, plain)]
+    later = {3: [JoiningRow(PROMPTS[3], 24, sampling=plain), JoiningRow(PROMPTS[0], 24, sampling=plain)],
+             9: [JoiningRow(PROMPTS[2], 12, sampling=penalised)]}
+    rounds = [0]
+
+    def joining():
+        rounds[0] += 1
+        return later.get(rounds[0], [])
+
+    tokens: dict[int, list[int]] = {}
+    for row, new in engine.stream([p for p, _, _ in rows], [n for _, n, _ in rows], [s for _, _, s in rows],
+                                  joining=joining):
+        tokens.setdefault(row, []).extend(new)
+    wanted = rows + [(j.prompt, j.max_new_tokens, j.sampling) for r in sorted(later) for j in later[r]]
+    for r, (prompt, limit, params) in enumerate(wanted):
+        assert tokens[r] == engine.generate([prompt], limit, params)[0][0], r
