@@ -75,18 +75,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a mix instead of --temperature: request i sends the (i mod count)-th, e.g. 0,0.7,1 for "
                         "clients that sample differently: draftsman serve batches them anyway, warpers per row; a "
                         "server that splits batches by temperature would not")
+    p.add_argument("--presence-penalties", metavar="P,P,...",
+                   help="request i also sends the (i mod count)-th presence_penalty, e.g. 0,0.5 (0: none sent), "
+                        "for clients that penalise differently: draftsman serve batches them anyway, penalties "
+                        "per row; a server that splits batches by penalty would not")
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
     p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
 
 
-def temperature_mix(text: str) -> list[float]:
-    """--temperatures "0,0.7,1" -> [0.0, 0.7, 1.0]."""
+def temperature_mix(text: str, flag: str = "--temperatures", example: str = "0,0.7,1") -> list[float]:
+    """--temperatures "0,0.7,1" -> [0.0, 0.7, 1.0] (or another flag's mix of numbers >= 0)."""
     try:
         values = [float(t) for t in text.split(",")]
     except ValueError:
         values = []
     if not values or any(t < 0 for t in values):
-        raise ValueError(f"--temperatures takes numbers >= 0 separated by commas, e.g. 0,0.7,1; got {text!r}")
+        raise ValueError(f"{flag} takes numbers >= 0 separated by commas, e.g. {example}; got {text!r}")
     return values
 
 
@@ -315,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
     bases = [url.rstrip("/") for url in args.url]
     lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
     temperatures = temperature_mix(args.temperatures) if args.temperatures else [args.temperature]
+    penalties = temperature_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
+        if args.presence_penalties else [0.0]
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     models = {base: args.model or served_model(base, args.api_key) for base in bases}
     pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
@@ -324,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
         for base in (bases if repeat % 2 == 0 else bases[::-1]):  # the order flips: drift hits each server alike
             settings = [{"model": models[base], "max_tokens": n, "temperature": temperatures[i % len(temperatures)],
                          **({"min_tokens": n} if args.fixed_length else {}),
+                         **({"presence_penalty": penalties[i % len(penalties)]} if penalties[i % len(penalties)]
+                            else {}),
                          **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {})} for i, n in enumerate(lengths)]
             results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
                                      args.api_key, args.request_rate, args.seed)
@@ -332,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
             most = f"{args.max_tokens_min}-{args.max_tokens}" if args.max_tokens_min else args.max_tokens
             print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {most} tokens at "
                   f"most{', streamed' if args.stream else ''}, temperature {args.temperatures or args.temperature}"
+                  + (f", presence_penalty {args.presence_penalties}" if args.presence_penalties else "")
                   + (f"; run {repeat + 1} of {args.repeats}" if args.repeats > 1 else ""))
             print(format_summary(s) + "\n")
     table = side_by_side(runs) if len(bases) > 1 or args.repeats > 1 else None

@@ -126,6 +126,13 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert [s["temperature"] for s in sent] == [0.0, 0.7, 0.0, 0.7]
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--temperatures", "0,hot"]) != 0
     assert "--temperatures takes numbers >= 0 separated by commas" in capsys.readouterr().err
+    sent.clear()
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "3",
+                     "--max-tokens", "5", "--presence-penalties", "0,0.5"]) == 0
+    assert [s.get("presence_penalty") for s in sent] == [None, 0.5, None]
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file),
+                     "--presence-penalties", "-1"]) != 0
+    assert "--presence-penalties takes numbers >= 0 separated by commas, e.g. 0,0.5" in capsys.readouterr().err
 
 
 def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, prompt_file, capsys):
