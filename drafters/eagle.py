@@ -78,9 +78,11 @@ class EagleDrafter(FeatureHeadDrafter):
             return self.options.sampled_depth
         return self.options.depth
 
-    def begin(self, prompts, sampling, generator):
-        super().begin(prompts, sampling, generator)
-        self.score_scale = self.head_config.get("greedy_score_scale", 1.0) if sampling.greedy else 1.0
+    @property
+    def score_scale(self) -> float:
+        """Greedy trees rank by the head's calibrated confidences, sampled rounds by its own: by
+        the round's shape setting (greedy rows left in a batch that began sampled are greedy)."""
+        return self.head_config.get("greedy_score_scale", 1.0) if self.shape_sampling().greedy else 1.0
 
     def draft(self, feature, logits, depth, ready):
         o = self.options

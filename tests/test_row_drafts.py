@@ -102,8 +102,11 @@ def test_rows_left_sharing_one_setting_draft_in_its_shape(tiny_models, fresh_hea
                               "drafter": {"name": "eagle", "path": str(fresh_heads / "eagle3"), "depth": 3,
                                           "top_k": 2, "total_tokens": 6}})
     rounds = recorded_trees(decoder)
+    drafter = decoder.engine.drafter
+    drafter.head_config = {**drafter.head_config, "greedy_score_scale": 3.0}
     decoder.generate(input_ids=[PROMPTS[0], PROMPTS[0], PROMPTS[1]], max_new_tokens=[2, 2, 16],
                      temperature=[0.8, 0.8, 0.0], seed=4, ignore_eos=True)
+    assert drafter.sampling.temperature == 0.8 and drafter.score_scale == 3.0  # the greedy trees' own ranking
     alone = [trees[0] for _, trees in rounds if len(trees) == 1 and trees[0].size]
     assert alone and all(torch.bincount(t.parents + 1).max() > 1 for t in alone)  # branching: trees
     assert all(set(t.kinds.tolist()) == {DETERMINISTIC} for t in alone)
