@@ -11,7 +11,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
-from .verifier.joining import JoiningRow
+from .verifier.joining import JoiningRow, as_named
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
 from .verifier.sampling import ROW_FIELDS, SamplingParams
@@ -56,12 +56,7 @@ class JoiningPrompt(NamedTuple):
 
     @classmethod
     def of(cls, given) -> "JoiningPrompt":
-        if isinstance(given, cls):
-            return given
-        if not isinstance(given, (tuple, list)) or not 1 <= len(given) <= len(cls._fields):
-            raise ValueError(f"a joining prompt is a JoiningPrompt or a tuple ({', '.join(cls._fields)}) of 1 to "
-                             f"{len(cls._fields)} values, got {given!r}")
-        return cls(*given)
+        return as_named(cls, given, 1, "a joining prompt")
 
 
 def _check_samples(n, sampling: SamplingParams | list[SamplingParams]) -> None:

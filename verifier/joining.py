@@ -35,12 +35,17 @@ class JoiningRow(NamedTuple):
 
     @classmethod
     def of(cls, row) -> "JoiningRow":
-        if isinstance(row, cls):
-            return row
-        if not isinstance(row, (tuple, list)) or not 2 <= len(row) <= len(cls._fields):
-            raise ValueError(f"a joining row is a JoiningRow or a tuple ({', '.join(cls._fields)}) of 2 to "
-                             f"{len(cls._fields)} values, got {row!r}")
-        return cls(*row)
+        return as_named(cls, row, 2, "a joining row")
+
+
+def as_named(cls, given, least: int, what: str):
+    """A NamedTuple class's value from itself, or from a tuple of `least` or more of its fields in order."""
+    if isinstance(given, cls):
+        return given
+    if not isinstance(given, (tuple, list)) or not least <= len(given) <= len(cls._fields):
+        raise ValueError(f"{what} is a {cls.__name__} or a tuple ({', '.join(cls._fields)}) of {least} to "
+                         f"{len(cls._fields)} values, got {given!r}")
+    return cls(*given)
 
 
 @dataclass
