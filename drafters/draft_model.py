@@ -163,7 +163,7 @@ class DraftModelDrafter(Drafter):
             self.lm.select_rows(repeated[1])
             logits = logits[torch.tensor(repeated[1], device=logits.device)]
         logits = self.draft_context.biased(self.sampling, logits[..., : self.vocab_size], self.vocab_map)
-        repeats = (self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
+        repeats = (self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         if self.options.top_k > 1 and self.shape_sampling().greedy:

@@ -132,7 +132,7 @@ class FeatureHeadDrafter(Drafter):
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
         logits = self.draft_context.biased(self.sampling, logits, self.vocab_map)  # grow() biases the rest
-        self.repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)
+        self.repeats = self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
         self.eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()

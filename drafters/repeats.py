@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..verifier.context_tokens import ContextTokens
-from ..verifier.sampling import penalize_counts, penalize_repeats
+from ..verifier.sampling import RowSampling, penalize_counts, penalize_repeats, row_penalties
 from .draft_bias import BAN, DraftBias
 from .eos_ban import EosBan
 
@@ -95,35 +95,43 @@ class DraftContext:
               vocab_map: torch.Tensor | None) -> "DraftRepeats | None":
         """This round's DraftRepeats over the drafter's `width` logits (all tokens, or a draft
         vocabulary's rows: `vocab_map` row -> token id); None without penalties (drafting is then
-        unchanged)."""
-        if sampling is None or not (sampling.penalizes_repeats or sampling.penalizes_counts):
+        unchanged). sampling: the request's, or each row's own (a RowSampling: each row's drafts
+        penalised as the target will penalise that row)."""
+        if sampling is None:
+            return None
+        rows = sampling.params_by_row() if isinstance(sampling, RowSampling) else [sampling]
+        repetition, presence, frequency = row_penalties(rows, self.device)
+        counts = presence is not None or frequency is not None
+        if repetition is None and not counts:
             return None
         state = torch.zeros((), dtype=torch.int32)
-        if sampling.penalizes_counts:
+        if counts:
             state = 2 * self.generated.update(contexts, first=self.generated_from)
-        if sampling.penalizes_repeats:
+        if repetition is not None:
             state = state + self.held.update(contexts)  # bool + int32 -> int32
         state = state[:, :width] if vocab_map is None else state[:, vocab_map]
-        return DraftRepeats(sampling, state)
+        return DraftRepeats((repetition, presence, frequency), state)
 
 
 class DraftRepeats:
-    """One round's penalties: `root_state` (B, width), the committed context of each row's root."""
+    """One round's penalties: `root_state` (B, width), the committed context of each row's root;
+    each penalty None, one number, or a (B,) tensor of one per row (row_penalties)."""
 
-    def __init__(self, sampling, root_state: torch.Tensor):
-        self.repetition = sampling.repetition_penalty if sampling.penalizes_repeats else None
-        self.presence, self.frequency = sampling.presence_penalty, sampling.frequency_penalty
-        self.counts = sampling.penalizes_counts
+    def __init__(self, penalties: tuple, root_state: torch.Tensor):
+        self.repetition, self.presence, self.frequency = penalties
+        self.counts = self.presence is not None or self.frequency is not None
         self.root_state = root_state
 
     def penalise(self, logits: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """(..., width) logits of positions whose contexts hold `state` (..., width), penalised in
-        the engine's order: repetition first, then presence / frequency."""
+        """(B, ..., width) logits of positions whose contexts hold `state` (B, ..., width),
+        penalised in the engine's order: repetition first, then presence / frequency."""
         logits = logits[..., : state.shape[-1]]
         if self.repetition is not None:
             logits = penalize_repeats(logits, state > 0, self.repetition)
         if self.counts:
-            logits = penalize_counts(logits, state // 2, self.presence, self.frequency)
+            per_row = lambda value: (value.to(logits.dtype).view(-1, *[1] * (logits.dim() - 1))  # noqa: E731
+                                     if isinstance(value, torch.Tensor) else value)
+            logits = penalize_counts(logits, state // 2, per_row(self.presence), per_row(self.frequency))
         return logits
 
     @staticmethod

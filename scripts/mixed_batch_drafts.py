@@ -1,9 +1,11 @@
-"""A/B in one process: a mixed batch (2 rows at T=0.7, 2 greedy) with drafts drawn under each
-row's own settings (the default) and under the request's one setting (the drafter's row settings
-withheld, as before per-row drafts), alternating, 4 runs each. Prints tokens/s, tau and the
-drafting and verification time per round.
+"""A/B in one process: a mixed batch (2 rows at T=0.7, 2 greedy; or, with `penalties`, 2 greedy
+rows with presence penalty 1.0 and frequency penalty 0.5, 2 without) with drafts drawn and
+penalised under each row's own settings (the default) and under the request's one setting (the
+drafter's row settings withheld, as before per-row drafts), alternating, 4 runs each. Prints
+tokens/s, tau and the drafting and verification time per round.
 
-    python scripts/mixed_batch_drafts.py eagle3        # or draft_model
+    python scripts/mixed_batch_drafts.py eagle3              # or draft_model
+    python scripts/mixed_batch_drafts.py eagle3 penalties
 """
 import json
 import sys
@@ -16,12 +18,16 @@ SPECS = {
     "draft_model": {"name": "draft_model", "path": "zoo/python-draft", "k": 4, "quantize": "auto"},
 }
 TEMPERATURES = [0.7, 0.0, 0.7, 0.0]
+PENALTIES = {"temperature": 0.0, "presence_penalty": [1.0, None, 1.0, None],
+             "frequency_penalty": [0.5, None, 0.5, None]}
 
 
-def main(name: str) -> None:
+def main(name: str, mix: str) -> None:
     records = [json.loads(line) for line in open("draftsman/bench/data/prompts.jsonl")][1:]
     prompts = [r["text"] for r in records][: len(TEMPERATURES)]
-    decoder = draftsman.load({"target": {"path": "zoo/python-target"}, "drafter": SPECS[name]})
+    spec = {**SPECS[name], "penalise_drafts": True} if name == "draft_model" else SPECS[name]
+    decoder = draftsman.load({"target": {"path": "zoo/python-target"}, "drafter": spec})
+    settings = PENALTIES if mix == "penalties" else {"temperature": TEMPERATURES}
     drafter, mode = decoder.engine.drafter, {"now": "own"}
     propose = drafter.propose
 
@@ -31,19 +37,19 @@ def main(name: str) -> None:
         return propose(contexts)
 
     drafter.propose = proposing
-    decoder.generate(prompts, max_new_tokens=16, temperature=TEMPERATURES)  # warm-up
+    decoder.generate(prompts, max_new_tokens=16, **settings)  # warm-up
     runs = {"shared": [], "own": []}
     for rep in range(4):
         for now in ("shared", "own") if rep % 2 == 0 else ("own", "shared"):
             mode["now"] = now
-            s = decoder.generate(prompts, max_new_tokens=96, temperature=TEMPERATURES, seed=rep, ignore_eos=True).stats
+            s = decoder.generate(prompts, max_new_tokens=96, seed=rep, ignore_eos=True, **settings).stats
             runs[now].append((s.new_tokens / s.total_seconds, s.tau, 1e3 * s.draft_seconds / s.rounds,
                               1e3 * s.verify_seconds / s.rounds))
     for now, values in runs.items():
         mean = [sum(v[i] for v in values) / len(values) for i in range(4)]
-        print(f"{name} drafts under {now:6s} settings: {mean[0]:.1f} tokens/s, tau {mean[1]:.2f}, "
+        print(f"{name} ({mix}) drafts under {now:6s} settings: {mean[0]:.1f} tokens/s, tau {mean[1]:.2f}, "
               f"draft {mean[2]:.2f} ms/round, verify {mean[3]:.2f} ms/round")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "eagle3")
+    main(sys.argv[1] if len(sys.argv) > 1 else "eagle3", sys.argv[2] if len(sys.argv) > 2 else "temperatures")

@@ -172,3 +172,64 @@ def test_penalty_tables_follow_rows_that_come_and_go(tiny_models):
     wanted = rows + [(j.prompt, j.max_new_tokens, j.sampling) for r in sorted(later) for j in later[r]]
     for r, (prompt, limit, params) in enumerate(wanted):
         assert tokens[r] == engine.generate([prompt], limit, params)[0][0], r
+
+
+def test_drafts_are_penalised_as_each_rows_target_will_be():
+    """DraftContext.round under each row's own settings (a RowSampling): each row's draft logits,
+    at the root and at a deeper node of a tree, are penalised exactly as that row's alone."""
+    from draftsman.drafters.repeats import DraftContext, DraftRepeats
+    from draftsman.verifier.sampling import RowSampling
+
+    prompts, rows = [[4, 5], [7], [1, 2]], [[4, 5, 9, 9], [7, 7, 0], [1, 2, 2]]
+    settings = [SamplingParams(0.0, repetition_penalty=1.5), SamplingParams(0.7, presence_penalty=0.5,
+                                                                             frequency_penalty=0.25),
+                SamplingParams(0.0)]
+    logits = torch.randn(3, 2, 10, generator=torch.Generator().manual_seed(1))  # (B, K, width): a tree level
+    together = DraftContext(prompts, 10, "cpu").round(RowSampling(settings), rows, 10, None)
+    state = DraftRepeats.plus(together.root_state[:, None].expand(3, 2, -1), torch.tensor([[2, 3]] * 3))
+    mixed = together.penalise(logits, state)
+    for b, params in enumerate(settings):
+        alone = DraftContext(prompts[b:b + 1], 10, "cpu").round(params, rows[b:b + 1], 10, None)
+        want = logits[b] if alone is None else alone.penalise(logits[b:b + 1], state[b:b + 1])[0]
+        assert torch.allclose(mixed[b], want, atol=1e-6), b
+    assert not torch.allclose(mixed[0], logits[0]) and torch.equal(mixed[2], logits[2])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_with_their_own_penalties_accept_their_self_drafts(tiny_models, temperature):
+    """The target as its own draft model, penalising its drafts: rows with other penalties than
+    the first row's each accept (almost) every draft, so each row's drafts were penalised as its
+    own target logits are."""
+    target = tiny_models["llama"][0]
+    decoder = draftsman.load({"target": {"path": str(target)},
+                              "drafter": {"name": "draft_model", "path": str(target), "k": 4,
+                                          "penalise_drafts": True}})
+    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=20, temperature=temperature, seed=2, ignore_eos=True,
+                           **per_prompt([dict(repetition_penalty=1.8), dict(), dict(presence_penalty=1.5,
+                                                                                    frequency_penalty=1.0),
+                                         dict(repetition_penalty=1.3, presence_penalty=0.8)]))
+    rates = out.stats.per_position_acceptance
+    assert out.stats.proposed_at_depth[0] >= 8 and min(rates) > 0.95, rates
+
+
+@pytest.mark.parametrize("name", ["eagle3", "mtp", "draft_model"])
+def test_drafters_penalise_drafts_under_each_rows_settings(tiny_models, close_draft, fresh_heads, name):  # noqa: F811
+    """The drafters that penalise their drafts are given the rows' own settings each round."""
+    spec = {**drafters(tiny_models, close_draft, fresh_heads)[name], "penalise_drafts": True} \
+        if name == "draft_model" else drafters(tiny_models, close_draft, fresh_heads)[name]
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": spec})
+    context_rounds = []
+    begin = decoder.engine.drafter.begin
+
+    def beginning(*args):
+        begin(*args)
+        round_of = decoder.engine.drafter.draft_context.round
+        decoder.engine.drafter.draft_context.round = lambda sampling, *rest: (context_rounds.append(sampling),
+                                                                              round_of(sampling, *rest))[1]
+
+    decoder.engine.drafter.begin = beginning
+    decoder.generate(input_ids=PROMPTS, max_new_tokens=6, temperature=0.0, ignore_eos=True, **per_prompt(PENALTIES))
+    mixed = [s for s in context_rounds if hasattr(s, "params_by_row") and s.size == len(PROMPTS)]
+    assert mixed, context_rounds
+    assert [p.repetition_penalty for p in mixed[0].params_by_row()] == [row.get("repetition_penalty")
+                                                                         for row in PENALTIES]

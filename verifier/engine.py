@@ -24,7 +24,7 @@ from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BadWords, RepeatedNgrams
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
-from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs
+from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs, row_penalties
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -594,19 +594,9 @@ class SpeculativeEngine:
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
 
     def _penalties(self, rows: list[int]) -> list[float | torch.Tensor | None]:
-        """The rows' (repetition, presence, frequency) penalties: None where no row has one, the
-        number when they share it, else one per row (the neutral value where a row has none)."""
+        """The rows' (repetition, presence, frequency) penalties (verifier/sampling.py's row_penalties)."""
         params = [self._one_sampling] if self._one_sampling is not None else [self._row_sampling[r] for r in rows]
-        penalties = []
-        for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
-            values = [neutral if getattr(p, name) is None else float(getattr(p, name)) for p in params]
-            if all(value == neutral for value in values):
-                penalties.append(None)
-            elif all(value == values[0] for value in values[1:]):
-                penalties.append(values[0])
-            else:
-                penalties.append(torch.tensor(values, dtype=torch.float64, device=self.device))
-        return penalties
+        return row_penalties(params, self.device)
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int, end_ids: frozenset[int]):
         """Cut a round's tokens at EOS or one of the row's stop tokens (kept), max_new_tokens and

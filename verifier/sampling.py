@@ -235,6 +235,14 @@ class RowSampling:
     def lossy(self) -> bool:
         return any(params.lossy for params in self.groups)
 
+    def params_by_row(self) -> list[SamplingParams]:
+        """Each row's settings, in row order."""
+        rows: list[SamplingParams | None] = [None] * self.size
+        for params, members in self.groups.items():
+            for row in members:
+                rows[row] = params
+        return rows
+
     def greedy_rows(self, device: torch.device) -> torch.Tensor:
         """(rows,) bool: which rows are greedy."""
         if device not in self._greedy:
@@ -257,6 +265,22 @@ class RowSampling:
                 out = part.new_empty((logits.shape[0], *part.shape[1:]))
             out.index_copy_(0, index, part)
         return out
+
+
+def row_penalties(rows: list[SamplingParams], device) -> list[float | torch.Tensor | None]:
+    """The rows' (repetition, presence, frequency) penalties: None where no row has one, the
+    number when they share it, else a (rows,) float64 tensor of one per row (the neutral value,
+    which changes nothing, where a row has none)."""
+    penalties = []
+    for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+        values = [neutral if getattr(p, name) is None else float(getattr(p, name)) for p in rows]
+        if all(value == neutral for value in values):
+            penalties.append(None)
+        elif all(value == values[0] for value in values[1:]):
+            penalties.append(values[0])
+        else:
+            penalties.append(torch.tensor(values, dtype=torch.float64, device=device))
+    return penalties
 
 
 def check_row_sampling(rows: list[SamplingParams]) -> None:
@@ -369,14 +393,17 @@ def _below_cutoff(scores: torch.Tensor, cutoff) -> torch.Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
-def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
     """Hugging Face's repetition penalty on (..., V) logits, seen (..., V) = the tokens already in
     each position's context: their positive logits are divided by `penalty`, negative ones
-    multiplied. In float32 or better, as Hugging Face's generate computes it."""
+    multiplied. In float32 or better, as Hugging Face's generate computes it. penalty: one
+    number, or a (B,) tensor of one per row (the first dim)."""
     logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits.clone()
     # Only the seen entries change: indexing them beat two full-size torch.where's 3-5x at batch 8.
     at = seen.nonzero(as_tuple=True)
     values = logits[at]
+    if isinstance(penalty, torch.Tensor):
+        penalty = penalty.to(logits.dtype)[at[0]]
     logits[at] = torch.where(values < 0, values * penalty, values / penalty)
     return logits
 
