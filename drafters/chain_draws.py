@@ -20,7 +20,7 @@ def greedy_rows(params: SamplingParams | RowSampling, rows: int) -> list[bool]:
     """Whether each of the batch's rows is greedy under params."""
     if isinstance(params, SamplingParams):
         return [params.greedy] * rows
-    return params.greedy_rows(torch.device("cpu")).tolist()
+    return [setting.greedy for setting in params.rows]
 
 
 def draw_step(logits: torch.Tensor, params: SamplingParams | RowSampling,

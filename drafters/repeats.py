@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..verifier.context_tokens import ContextTokens
-from ..verifier.sampling import RowSampling, penalize_counts, penalize_repeats, row_penalties
+from ..verifier.sampling import penalize_counts, penalize_repeats, row_penalties
 from .draft_bias import BAN, DraftBias
 from .eos_ban import EosBan
 
@@ -99,8 +99,7 @@ class DraftContext:
         penalised as the target will penalise that row)."""
         if sampling is None:
             return None
-        rows = sampling.params_by_row() if isinstance(sampling, RowSampling) else [sampling]
-        repetition, presence, frequency = row_penalties(rows, self.device)
+        repetition, presence, frequency = row_penalties(sampling, self.device)
         counts = presence is not None or frequency is not None
         if repetition is None and not counts:
             return None

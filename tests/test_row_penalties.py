@@ -229,7 +229,7 @@ def test_drafters_penalise_drafts_under_each_rows_settings(tiny_models, close_dr
 
     decoder.engine.drafter.begin = beginning
     decoder.generate(input_ids=PROMPTS, max_new_tokens=6, temperature=0.0, ignore_eos=True, **per_prompt(PENALTIES))
-    mixed = [s for s in context_rounds if hasattr(s, "params_by_row") and s.size == len(PROMPTS)]
+    mixed = [s for s in context_rounds if hasattr(s, "rows") and len(s.rows) == len(PROMPTS)]
     assert mixed, context_rounds
-    assert [p.repetition_penalty for p in mixed[0].params_by_row()] == [row.get("repetition_penalty")
+    assert [p.repetition_penalty for p in mixed[0].rows] == [row.get("repetition_penalty")
                                                                          for row in PENALTIES]

@@ -224,3 +224,14 @@ def test_requests_with_their_own_temperature_share_a_serve_batch(chat_target):
     got += [chunk for _, chunk in chunks]
     alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60)
     assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
+
+
+def test_a_mixed_request_after_another_on_the_same_rows_uses_its_own_settings(tiny_models, greedy_alone):
+    """The engine keeps a mixed batch's settings while its rows stay: a second request whose rows
+    are numbered as the first's last round (plain decoding, rows ending together) must not take
+    them. Its greedy row is the lone greedy output."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    decoder.generate(input_ids=PROMPTS[:2], max_new_tokens=NEW, temperature=[0.0, 1.3], ignore_eos=True, seed=1)
+    out = decoder.generate(input_ids=[PROMPTS[0], PROMPTS[1]], max_new_tokens=NEW, temperature=[1.3, 0.0],
+                           ignore_eos=True, seed=1)
+    assert out.token_ids[1] == greedy_alone[1]

@@ -116,6 +116,9 @@ class SpeculativeEngine:
         self._join_defaults: tuple = (0, None, frozenset(), False, None)
         self._row_sampling: list[SamplingParams] = []  # per request: each row's sampling settings, by row number
         self._one_sampling: SamplingParams | None = None  # per request: the setting every row has, if one
+        # per request: the rows of the last round and their settings (_sampling_of), kept while
+        # the same rows run, so a mixed batch builds its RowSampling only when rows join or leave
+        self._round: tuple[tuple[int, ...], SamplingParams | RowSampling] | None = None
         self._logprobs_mode = None  # per request: None, or the mode logprobs are asked for in
         # Tokens per row and round that a joining prompt's prefill takes (chunked prefill,
         # verifier/prefill.py); None: the whole prompt before the next round, as a batch's start does.
@@ -212,7 +215,8 @@ class SpeculativeEngine:
         counts = Counter(self._row_sampling)
         drafter_sampling = counts.most_common(1)[0][0]  # the first of the likeliest
         self._one_sampling = drafter_sampling if len(counts) == 1 else None
-        sampling = self._row_sampling[0]  # what rows share: biases, penalties, bans, typical acceptance
+        self._round = None
+        sampling = self._row_sampling[0]  # what rows share: biases, bans, typical acceptance
         outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
         if outside:
             raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
@@ -374,11 +378,15 @@ class SpeculativeEngine:
 
     def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
         """The rows' sampling settings this round: the one they share, or each row's own. A request
-        whose rows all came with one setting (the usual one) costs no per-row work a round."""
+        whose rows all came with one setting (the usual one) costs no per-row work a round; a
+        mixed one builds them again only when its rows change."""
         if self._one_sampling is not None:
             return self._one_sampling
-        params = [self._row_sampling[r] for r in rows]
-        return params[0] if all(p == params[0] for p in params[1:]) else RowSampling(params)
+        key = tuple(rows)
+        if self._round is None or self._round[0] != key:
+            params = [self._row_sampling[r] for r in rows]
+            self._round = key, params[0] if all(p == params[0] for p in params[1:]) else RowSampling(params)
+        return self._round[1]
 
     def _row_stop_token_ids(self, stop_token_ids, ignored: list[bool]) -> list[frozenset[int]]:
         """Each row's end tokens: EOS unless the row ignores it, and its stop_token_ids (one list
@@ -558,7 +566,7 @@ class SpeculativeEngine:
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         minimums = [self._minimums[r] for r in rows] if self._end_ids else []
         holds_eos = any(least > len(out) for least, out in zip(minimums, outputs))  # some row's EOS is masked
-        repetition, presence, frequency = self._penalties(rows)
+        repetition, presence, frequency = row_penalties(self._sampling_of(rows), self.device)
         penalizes_counts = presence is not None or frequency is not None
         changes = sampling.changes_logits or holds_eos or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
@@ -592,11 +600,6 @@ class SpeculativeEngine:
             eos = torch.tensor(ends, device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
-
-    def _penalties(self, rows: list[int]) -> list[float | torch.Tensor | None]:
-        """The rows' (repetition, presence, frequency) penalties (verifier/sampling.py's row_penalties)."""
-        params = [self._one_sampling] if self._one_sampling is not None else [self._row_sampling[r] for r in rows]
-        return row_penalties(params, self.device)
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int, end_ids: frozenset[int]):
         """Cut a round's tokens at EOS or one of the row's stop tokens (kept), max_new_tokens and

@@ -218,14 +218,16 @@ class RowSampling:
     exact as it would be alone."""
 
     def __init__(self, rows: list[SamplingParams]):
+        self.rows = list(rows)  # each row's settings, in row order
         self.groups: dict[SamplingParams, list[int]] = {}  # each distinct setting -> its rows
         for i, params in enumerate(rows):
             self.groups.setdefault(params, []).append(i)
-        self.size = len(rows)
-        # Per device: each group's row indices, and which rows are greedy. A round warps with the
-        # same groups several times (each drafted depth, the verification): built once.
+        # Per device: each group's row indices, which rows are greedy, the penalties. The engine
+        # keeps one RowSampling while its rows stay, and a round warps with it several times (each
+        # drafted depth, the verification): each is built once.
         self._indices: dict[torch.device, list[tuple[SamplingParams, torch.Tensor]]] = {}
         self._greedy: dict[torch.device, torch.Tensor] = {}
+        self._penalties: dict[torch.device, list] = {}
 
     @property
     def greedy(self) -> bool:
@@ -235,22 +237,10 @@ class RowSampling:
     def lossy(self) -> bool:
         return any(params.lossy for params in self.groups)
 
-    def params_by_row(self) -> list[SamplingParams]:
-        """Each row's settings, in row order."""
-        rows: list[SamplingParams | None] = [None] * self.size
-        for params, members in self.groups.items():
-            for row in members:
-                rows[row] = params
-        return rows
-
     def greedy_rows(self, device: torch.device) -> torch.Tensor:
         """(rows,) bool: which rows are greedy."""
         if device not in self._greedy:
-            flags = [False] * self.size
-            for params, rows in self.groups.items():
-                for row in rows:
-                    flags[row] = params.greedy
-            self._greedy[device] = torch.tensor(flags, device=device)
+            self._greedy[device] = torch.tensor([params.greedy for params in self.rows], device=device)
         return self._greedy[device]
 
     def apply(self, logits: torch.Tensor, warp) -> torch.Tensor:
@@ -267,10 +257,19 @@ class RowSampling:
         return out
 
 
-def row_penalties(rows: list[SamplingParams], device) -> list[float | torch.Tensor | None]:
-    """The rows' (repetition, presence, frequency) penalties: None where no row has one, the
-    number when they share it, else a (rows,) float64 tensor of one per row (the neutral value,
-    which changes nothing, where a row has none)."""
+def row_penalties(params: SamplingParams | RowSampling, device) -> list[float | torch.Tensor | None]:
+    """The (repetition, presence, frequency) penalties of one setting, or of each row's own: None
+    where no row has one, the number when the rows share it, else a (rows,) float64 tensor of one
+    per row (the neutral value, which changes nothing, where a row has none). The target pass and
+    the drafters' draft penalties (drafters/repeats.py) both read them here."""
+    if isinstance(params, SamplingParams):
+        return _penalties_of([params], device)
+    if device not in params._penalties:
+        params._penalties[device] = _penalties_of(params.rows, device)
+    return params._penalties[device]
+
+
+def _penalties_of(rows: list[SamplingParams], device) -> list[float | torch.Tensor | None]:
     penalties = []
     for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
         values = [neutral if getattr(p, name) is None else float(getattr(p, name)) for p in rows]
