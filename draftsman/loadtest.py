@@ -62,29 +62,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-min", type=int, metavar="LO",
                    help="vary the lengths: each request's max_tokens is drawn uniformly from [LO, --max-tokens] "
                         "(seeded by --seed; the same draws for every server and run)")
+    # The options that send requests differing in a per-row setting: what they tell apart.
+    apart = "draftsman serve batches them anyway, {} per row; a server that splits batches by {} would not"
     p.add_argument("--fixed-length", action="store_true",
                    help="also send min_tokens = max_tokens, so every request makes its max_tokens (with "
-                        "--max-tokens-min each request then has its own min_tokens; draftsman serve batches them "
-                        "anyway, a minimum per row; a server that splits batches by min_tokens would not)")
+                        "--max-tokens-min each request then has its own min_tokens; "
+                        + apart.format("a minimum", "min_tokens") + ")")
     p.add_argument("--distinct-stops", action="store_true",
                    help="each request also sends a stop string of its own that no output spells ('<|stop-7|>'), "
-                        "as clients with their own stop conventions do: draftsman serve batches them anyway, "
-                        "stops per row; a server that splits batches by stop would not")
+                        "as clients with their own stop conventions do: " + apart.format("stops", "stop"))
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--temperatures", metavar="T,T,...",
                    help="a mix instead of --temperature: request i sends the (i mod count)-th, e.g. 0,0.7,1 for "
-                        "clients that sample differently: draftsman serve batches them anyway, warpers per row; a "
-                        "server that splits batches by temperature would not")
+                        "clients that sample differently: " + apart.format("warpers", "temperature"))
     p.add_argument("--presence-penalties", metavar="P,P,...",
                    help="request i also sends the (i mod count)-th presence_penalty, e.g. 0,0.5 (0: none sent), "
-                        "for clients that penalise differently: draftsman serve batches them anyway, penalties "
-                        "per row; a server that splits batches by penalty would not")
+                        "for clients that penalise differently: " + apart.format("penalties", "penalty"))
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
     p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
 
 
-def temperature_mix(text: str, flag: str = "--temperatures", example: str = "0,0.7,1") -> list[float]:
-    """--temperatures "0,0.7,1" -> [0.0, 0.7, 1.0] (or another flag's mix of numbers >= 0)."""
+def number_mix(text: str, flag: str, example: str) -> list[float]:
+    """A flag's mix of numbers >= 0: --temperatures "0,0.7,1" -> [0.0, 0.7, 1.0]."""
     try:
         values = [float(t) for t in text.split(",")]
     except ValueError:
@@ -318,8 +317,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     bases = [url.rstrip("/") for url in args.url]
     lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
-    temperatures = temperature_mix(args.temperatures) if args.temperatures else [args.temperature]
-    penalties = temperature_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
+    temperatures = number_mix(args.temperatures, "--temperatures", "0,0.7,1") if args.temperatures \
+        else [args.temperature]
+    penalties = number_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
         if args.presence_penalties else [0.0]
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     models = {base: args.model or served_model(base, args.api_key) for base in bases}
