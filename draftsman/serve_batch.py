@@ -5,12 +5,13 @@ that is running, between two rounds, as vLLM's scheduler adds requests at every 
 CPU plain decoding makes 2.2x more tokens per second at batch 4 than at batch 1, so clients that
 come at once are served sooner.
 
-Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids
-and the warpers (temperature, top_p, top_k, min_p, typical_p, ...) is the same (one generation
-takes one set of penalties, biases and bans, and a limit, a minimum, stops and warpers per row; a
-setting sent with the config's value is the same as one left out; logprobs, top_logprobs and n
-differ freely: the batch scores every row and each request gets the scores it asked for, and
-the batch holds each prompt n times, its request's n),
+Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids,
+ignore_eos, the warpers (temperature, top_p, top_k, min_p, typical_p, ...) and the penalties
+(repetition, presence, frequency) is the same (one generation takes one set of biases and bans,
+and those per row: PER_ROW_SETTINGS; a setting sent with the config's value, or a NEUTRAL one, is
+the same as one left out; logprobs, top_logprobs and n differ freely: the batch scores every row
+and each request gets the scores it asked for, and the batch holds each prompt n times, its
+request's n),
 up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
