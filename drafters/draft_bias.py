@@ -12,10 +12,16 @@ target, where -100 left the token on top), and the request's intent is plain.
 Drafts only. A sampled draft token's q is the distribution it was drawn from, biased or not, so
 the verifier stays exact either way; a deterministic draft needs no q. `ngram` copies tokens from
 the context: it ends a continuation before a banned token and ignores other biases.
+
+Rows of one batch may have biases of their own (verifier/sampling.py's ROW_FIELDS): a drafter
+then biases each row's logits by its own (RowDraftBias), and `ngram` ends each row's continuations
+before the tokens that row bans (RowBans).
 """
 from __future__ import annotations
 
 import torch
+
+from ..verifier.sampling import RowSampling
 
 BAN = -100.0  # the API's floor (OpenAI's logit_bias range is [-100, 100])
 
@@ -46,3 +52,49 @@ class DraftBias:
         out = logits.clone()
         out[..., self.columns] += self.values.to(logits.dtype)
         return out
+
+
+class RowDraftBias:
+    """Each row's own logit_bias over a drafter's (B, ..., width) logits (B: the first dim): one
+    (B, width) table, 0 where a row has no bias, -inf where it bans. `row_biases`: each row's
+    (id, bias) pairs, () for none."""
+
+    def __init__(self, row_biases: list[tuple[tuple[int, float], ...]], width: int, vocab_map: torch.Tensor | None,
+                 device):
+        self.table = torch.zeros(len(row_biases), width, dtype=torch.float64, device=device)
+        made: dict[tuple, DraftBias] = {}  # rows mostly repeat a few biases
+        for row, biases in enumerate(row_biases):
+            if biases:
+                if biases not in made:
+                    made[biases] = DraftBias(biases, width, vocab_map, device)
+                self.table[row, made[biases].columns] = made[biases].values
+        self._cast: dict[torch.dtype, torch.Tensor] = {}  # the table in each logits dtype met
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, ..., width) logits plus each row's bias: a new tensor."""
+        if logits.dtype not in self._cast:
+            self._cast[logits.dtype] = self.table.to(logits.dtype)
+        table = self._cast[logits.dtype]
+        return logits + table.view(table.shape[0], *[1] * (logits.dim() - 2), table.shape[1])
+
+
+def banned_ids(sampling) -> frozenset[int]:
+    """The tokens a setting's logit_bias bans (-100)."""
+    return frozenset(t for t, bias in sampling.logit_bias or () if bias <= BAN)
+
+
+class RowBans:
+    """The tokens each row bans, for drafters that copy tokens (`ngram`, `retrieval`): found again
+    only when the rows' settings change (the engine keeps one RowSampling while its rows stay)."""
+
+    def __init__(self):
+        self._for = None
+        self._bans: list[frozenset[int]] = []
+
+    def of(self, sampling, rows: int) -> list[frozenset[int]]:
+        """One frozenset per row: sampling is the request's, or the rows' own (draft_sampling())."""
+        if sampling is not self._for:
+            self._for = sampling
+            self._bans = ([banned_ids(p) for p in sampling.rows] if isinstance(sampling, RowSampling)
+                          else [banned_ids(sampling)])
+        return self._bans if isinstance(sampling, RowSampling) else self._bans * rows

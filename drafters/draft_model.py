@@ -162,7 +162,7 @@ class DraftModelDrafter(Drafter):
         if repeated is not None:
             self.lm.select_rows(repeated[1])
             logits = logits[torch.tensor(repeated[1], device=logits.device)]
-        logits = self.draft_context.biased(self.sampling, logits[..., : self.vocab_size], self.vocab_map)
+        logits = self.draft_context.biased(self.draft_sampling(), logits[..., : self.vocab_size], self.vocab_map)
         repeats = (self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
@@ -201,7 +201,7 @@ class DraftModelDrafter(Drafter):
             if step < k - 1:
                 logits, _ = self.lm.forward(TreeBlock.column(tok))
                 self.lm.accept([[0]] * B)
-                logits = self.draft_context.biased(self.sampling, logits[:, 0], self.vocab_map)
+                logits = self.draft_context.biased(self.draft_sampling(), logits[:, 0], self.vocab_map)
         tokens_bk = torch.stack(tokens, 1)  # (B, drafted)
         n = length.clamp(max=tokens_bk.shape[1]).tolist()
         # q (B, drafted, V): what each token was drawn from
@@ -210,7 +210,7 @@ class DraftModelDrafter(Drafter):
 
     def _grow(self, _, tokens, depth, visible):
         logits, _ = grow_level(self.lm, tokens, depth, visible)
-        return None, self.draft_context.biased(self.sampling, logits[..., : self.vocab_size], self.vocab_map)
+        return None, self.draft_context.biased(self.draft_sampling(), logits[..., : self.vocab_size], self.vocab_map)
 
     def observe(self, feedback):
         # Keep the drafts that were accepted (those the draft model was fed); forget the rest.

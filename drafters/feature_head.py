@@ -131,7 +131,7 @@ class FeatureHeadDrafter(Drafter):
         if depth == 0 or not any(self.pending_tokens) and self.lm.num_slots == 0:
             return [DraftTree.empty(self.device) for _ in contexts]
         feature, logits, ready = self.catch_up()
-        logits = self.draft_context.biased(self.sampling, logits, self.vocab_map)  # grow() biases the rest
+        logits = self.draft_context.biased(self.draft_sampling(), logits, self.vocab_map)  # grow() biases the rest
         self.repeats = self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
         self.eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
@@ -287,7 +287,8 @@ class FeatureHeadDrafter(Drafter):
         (1 = children of the root); visible (B, K, S) = slots of each node's ancestors from earlier
         grow calls (None at depth 1). Returns the nodes' predicted features and logits."""
         logits, hidden = grow_level(self.lm, tokens, depth, visible, (-1,), self._embeds(features, tokens))
-        logits = self.draft_context.biased(self.sampling, _scores_dtype(logits[..., : self.vocab_size]), self.vocab_map)
+        logits = self.draft_context.biased(self.draft_sampling(), _scores_dtype(logits[..., : self.vocab_size]),
+                                           self.vocab_map)
         return hidden[-1], logits
 
     def forget_grown(self) -> None:

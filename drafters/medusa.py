@@ -134,7 +134,8 @@ class MedusaDrafter(Drafter):
         if not ready:
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
-        logits = self.draft_context.biased(self.sampling, self.heads(hidden), self.vocab_map)  # (heads, n, width)
+        # (heads, n, width): rows second, so the request's bias and penalties (not each row's own)
+        logits = self.draft_context.biased(self.sampling, self.heads(hidden), self.vocab_map)
         repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)  # (heads first)
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
             state = repeats.root_state[torch.tensor(ready, device=self.device)]

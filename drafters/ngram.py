@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
-from .draft_bias import BAN
+from .draft_bias import RowBans
 from .registry import register
 
 
@@ -96,8 +96,8 @@ class NgramDrafter(Drafter):
         o = self.options
         self.indexes = [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
         self.prompt_lengths = [len(p) for p in prompts]
-        # Tokens the request bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
-        self.banned = frozenset(t for t, bias in sampling.logit_bias or () if bias <= BAN)
+        # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
+        self.bans = RowBans()
 
     def keep_rows(self, indices):
         self.indexes = [self.indexes[i] for i in indices]
@@ -114,15 +114,17 @@ class NgramDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        for index, ctx, prompt_length, least in zip(self.indexes, contexts, self.prompt_lengths, minimums):
+        bans = self.bans.of(self.draft_sampling(), len(contexts))
+        for index, ctx, prompt_length, least, banned in zip(self.indexes, contexts, self.prompt_lengths, minimums,
+                                                            bans):
             index.update(ctx)
             trie = _Trie([], [])
             # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor
-            # ever a token logit_bias bans: a continuation ends before either (the tree is
+            # ever a token the row's logit_bias bans: a continuation ends before either (the tree is
             # deterministic, so cutting it is exact).
             banned_depths = least - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
-                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
+                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, banned))
             trees.append(trie.tree(self.device))
         return trees
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from ..verifier.context_tokens import ContextTokens
-from ..verifier.sampling import penalize_counts, penalize_repeats, row_penalties
-from .draft_bias import BAN, DraftBias
+from ..verifier.sampling import RowSampling, penalize_counts, penalize_repeats, row_penalties
+from .draft_bias import BAN, DraftBias, RowDraftBias
 from .eos_ban import EosBan
 
 
@@ -53,7 +53,9 @@ class DraftContext:
         self.device = device
         self.eos_columns: torch.Tensor | None = None  # EosBan.columns_of, found again when the end tokens change
         self.eos_columns_of: frozenset[int] = frozenset()  # ...the end tokens they were found for
-        self.bias: DraftBias | None = None  # the request's logit_bias over the drafter's logits, made once
+        # The bias over the drafter's logits, per logits width, made again when the rows' settings change
+        self._bias_for = None
+        self._biases: dict[int, DraftBias | RowDraftBias | None] = {}
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
 
@@ -67,15 +69,27 @@ class DraftContext:
         self.generated_from += [len(p) for p in prompts]
 
     def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
-        """(..., width) logits fresh from the drafter's network plus the request's logit_bias
-        (drafters/draft_bias.py) and its one-token bad words as bans; the same tensor without
-        either. Call it before penalising: the engine adds the bias first."""
+        """(..., width) logits fresh from the drafter's network plus the logit_bias
+        (drafters/draft_bias.py) and the one-token bad words as bans; the same tensor without
+        either. sampling: the request's, or the rows' own (draft_sampling(): a RowSampling biases
+        row b of the logits, their first dim, by row b's). Call it before penalising: the engine
+        adds the bias first."""
+        if sampling is not self._bias_for:  # the engine keeps its settings objects while rows stay
+            self._bias_for, self._biases = sampling, {}
+        width = logits.shape[-1]
+        if width not in self._biases:
+            self._biases[width] = self._bias_of(sampling, width, vocab_map)
+        bias = self._biases[width]
+        return logits if bias is None else bias.apply(logits)
+
+    def _bias_of(self, sampling, width: int, vocab_map: torch.Tensor | None) -> DraftBias | RowDraftBias | None:
+        if isinstance(sampling, RowSampling):
+            row_biases = [draft_biases(params) for params in sampling.rows]
+            if any(biases != row_biases[0] for biases in row_biases[1:]):
+                return RowDraftBias(row_biases, width, vocab_map, self.device)
+            sampling = sampling.rows[0]
         biases = draft_biases(sampling)
-        if not biases:
-            return logits
-        if self.bias is None:
-            self.bias = DraftBias(biases, logits.shape[-1], vocab_map, self.device)
-        return self.bias.apply(logits)
+        return DraftBias(biases, width, vocab_map, self.device) if biases else None
 
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,
                 vocab_map: torch.Tensor | None) -> EosBan | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .base import Drafter
 from .datastore import Datastore, read_documents
 from .datastore_index import is_index, load_index
-from .draft_bias import BAN
+from .draft_bias import RowBans
 from .ngram import _before_banned, _Trie
 from .registry import register
 
@@ -78,8 +78,8 @@ class RetrievalDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.prompt_lengths = [len(p) for p in prompts]
-        # Tokens the request bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
-        self.banned = frozenset(t for t, bias in sampling.logit_bias or () if bias <= BAN)
+        # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
+        self.bans = RowBans()
 
     def keep_rows(self, indices):
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
@@ -93,11 +93,12 @@ class RetrievalDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        for ctx, prompt_length, least in zip(contexts, self.prompt_lengths, minimums):
+        bans = self.bans.of(self.draft_sampling(), len(contexts))
+        for ctx, prompt_length, least, banned in zip(contexts, self.prompt_lengths, minimums, bans):
             trie = _Trie([], [])
             banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
-                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, self.banned))
+                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, banned))
             trees.append(trie.tree(self.device))
         return trees
 

@@ -51,7 +51,7 @@ class JoiningPrompt(NamedTuple):
     min_new_tokens: int | None = None
     stop: list[str] | None = None  # [] : no stop strings
     stop_token_ids: list[int] | None = None  # [] : none (EOS still ends the row, unless ignore_eos)
-    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties), e.g. {"temperature": 0.7}
+    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties, logit_bias), e.g. {"temperature": 0.7}
     ignore_eos: bool | None = None
 
     @classmethod
@@ -91,10 +91,23 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
 
 # Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
 # limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []];
-# a flag each for ignore_eos). The warpers and penalties too (verifier/sampling.py's ROW_FIELDS:
-# temperature=[0.0, 0.8], top_p=[None, 0.9], presence_penalty=[0.5, None], ...; None: the
-# config's), which the engine takes as one SamplingParams per row.
+# a flag each for ignore_eos). The warpers, penalties and logit_bias too (verifier/sampling.py's
+# ROW_FIELDS: temperature=[0.0, 0.8], top_p=[None, 0.9], presence_penalty=[0.5, None],
+# logit_bias=[{5: -100}, None], ...; None: the config's), which the engine takes as one
+# SamplingParams per row.
 PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos")
+
+
+def _per_prompt(key: str, value) -> bool:
+    """Whether a ROW_FIELDS value comes one per prompt: a list. logit_bias is one value as a dict
+    or a list of (id, bias) pairs, so one per prompt is a list of dicts (or pair lists, or None)."""
+    if key not in ROW_FIELDS or not isinstance(value, (list, tuple)):
+        return False
+    if key != "logit_bias":
+        return True
+    one_bias = lambda v: v is None or isinstance(v, dict) or (  # noqa: E731
+        isinstance(v, (list, tuple)) and all(isinstance(pair, (list, tuple)) for pair in v))
+    return bool(value) and all(one_bias(v) for v in value)
 
 
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
@@ -181,7 +194,7 @@ class Decoder:
                  frequency_penalty: float | list | None = None, min_new_tokens: int | list[int] | None = None,
                  logprobs: bool | str = False, top_logprobs: int = 0,
                  stop_token_ids: list[int] | list[list[int]] | None = None, num_return_sequences: int = 1,
-                 logit_bias: dict[int, float] | None = None,
+                 logit_bias: dict[int, float] | list | None = None,
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | list | None = None,
                  epsilon_cutoff: float | list | None = None, eta_cutoff: float | list | None = None,
                  no_repeat_ngram_size: int | None = None,
@@ -199,7 +212,8 @@ class Decoder:
         position (out.top_logprobs); stop_token_ids: tokens that end a row as EOS does (vLLM's);
         num_return_sequences: n samples of each prompt (Hugging Face's; vLLM's n), as rows prompt by
         prompt: [p0 s0, p0 s1, ..., p1 s0, ...]; the prompt is prefilled once for all n;
-        logit_bias: {token id: bias} added to the target's logits (OpenAI's); typical_p,
+        logit_bias: {token id: bias} added to the target's logits (OpenAI's), or a list of one per
+        prompt ([{5: -100}, None]); typical_p,
         epsilon_cutoff, eta_cutoff, top_h: Hugging Face's truncation warpers (exact, as top_p is);
         no_repeat_ngram_size: Hugging Face's, no n-gram of that size twice in prompt + output;
         bad_words_ids: Hugging Face's, token sequences never generated ([[5], [7, 8]]);
@@ -210,8 +224,8 @@ class Decoder:
         token, so the distribution is the target's), rows run to their stops or max_new_tokens;
         one flag, or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
-        top_h) and the penalties (repetition_penalty, presence_penalty, frequency_penalty) take
-        one value, or a list of one per prompt (None in it: the config's): the rows generate as
+        top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty) and
+        logit_bias take one value, or a list of one per prompt (None in it: the config's): the rows generate as
         one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
@@ -334,8 +348,7 @@ class Decoder:
         default_stop_ids = (g["stop_token_ids"] or ()) if per_row(stop_ids) else stop_ids
         default_ignore = ignore if isinstance(ignore, bool) else g["ignore_eos"]
         # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
-        batch_sampling = {k: None if k in ROW_FIELDS and isinstance(v, (list, tuple)) else v
-                          for k, v in sampling.items()}
+        batch_sampling = {k: None if _per_prompt(k, v) else v for k, v in sampling.items()}
         ids = _samples_of(ids, n, args)
         joined_rows = None
         if joining is not None:
@@ -476,9 +489,9 @@ class Decoder:
         a list (one value per prompt, None: the config's) makes one SamplingParams per prompt."""
         s = self.config["sampling"]
         values = {key: s[key] if given.get(key) is None else given[key] for key in s}
-        per_prompt = {key: list(values[key]) for key in ROW_FIELDS if isinstance(values[key], (list, tuple))}
+        per_prompt = {key: list(values[key]) for key in ROW_FIELDS if _per_prompt(key, values[key])}
         listed = [key for key in given if key not in ROW_FIELDS and isinstance(given[key], (list, tuple))
-                  and key not in ("bad_words_ids", "logit_bias")]
+                  and key != "bad_words_ids"]
         if listed:
             raise ValueError(f"{listed[0]} takes one value for all prompts; only {list(ROW_FIELDS)} can be "
                              "given per prompt: run prompts with other values as generations of their own")

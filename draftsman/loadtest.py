@@ -78,8 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalties", metavar="P,P,...",
                    help="request i also sends the (i mod count)-th presence_penalty, e.g. 0,0.5 (0: none sent), "
                         "for clients that penalise differently: " + apart.format("penalties", "penalty"))
+    p.add_argument("--distinct-biases", action="store_true",
+                   help=f"request i also bans a token of its own (logit_bias {{id: -100}}, id 1 + i mod {BIASED_IDS}), "
+                        "as clients that each ban their own tokens do: " + apart.format("biases", "logit_bias"))
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
     p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
+
+
+BIASED_IDS = 16  # --distinct-biases bans ids 1..16 (0 is EOS in GPT-2-style vocabularies)
 
 
 def number_mix(text: str, flag: str, example: str) -> list[float]:
@@ -332,7 +338,9 @@ def run(args: argparse.Namespace) -> int:
                          **({"min_tokens": n} if args.fixed_length else {}),
                          **({"presence_penalty": penalties[i % len(penalties)]} if penalties[i % len(penalties)]
                             else {}),
-                         **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {})} for i, n in enumerate(lengths)]
+                         **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {}),
+                         **({"logit_bias": {str(1 + i % BIASED_IDS): -100}} if args.distinct_biases else {})}
+                        for i, n in enumerate(lengths)]
             results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
                                      args.api_key, args.request_rate, args.seed)
             s = summary(results, wall)
@@ -341,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {most} tokens at "
                   f"most{', streamed' if args.stream else ''}, temperature {args.temperatures or args.temperature}"
                   + (f", presence_penalty {args.presence_penalties}" if args.presence_penalties else "")
+                  + (", a banned token each" if args.distinct_biases else "")
                   + (f"; run {repeat + 1} of {args.repeats}" if args.repeats > 1 else ""))
             print(format_summary(s) + "\n")
     table = side_by_side(runs) if len(bases) > 1 or args.repeats > 1 else None

@@ -514,7 +514,7 @@ def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_serv
     assert rows == 2 and long_job.stats is None  # it ran beside the long row
     got += [chunk for _, chunk in chunks]
     assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
-    other = {"max_new_tokens": 8, "logit_bias": {5: 1.0}}  # a value of its own still keeps it apart
+    other = {"max_new_tokens": 8, "bad_words_ids": [[5]]}  # a value of its own still keeps it apart
     assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
 
 
@@ -538,7 +538,7 @@ def test_neutral_settings_keep_no_request_apart(slow_server_decoder):
     assert [t for c in got for t in c.token_ids] == decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60,
                                                                      min_new_tokens=60).token_ids[0]
     plain = batcher_key({"max_new_tokens": 8}, batcher)
-    for key, value in {"no_repeat_ngram_size": 3, "bad_words_ids": [[5]], "logit_bias": {5: 1.0}}.items():
+    for key, value in {"no_repeat_ngram_size": 3, "bad_words_ids": [[5]], "lossy_typical_acceptance": True}.items():
         assert batcher_key({"max_new_tokens": 8, key: value}, batcher) != plain, key
     batcher.defaults = {**batcher.defaults, "no_repeat_ngram_size": 3}  # the config bans: 0 turns it off
     assert batcher_key({"no_repeat_ngram_size": 0}, batcher) != batcher_key({}, batcher)

@@ -121,6 +121,10 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
                      "--max-tokens", "5", "--distinct-stops"]) == 0
     assert [s["stop"] for s in sent] == [["<|stop-0|>"], ["<|stop-1|>"]]
     sent.clear()
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "18",
+                     "--max-tokens", "5", "--distinct-biases"]) == 0
+    assert [s["logit_bias"] for s in sent] == [{str(i): -100} for i in [*range(1, 17), 1, 2]]
+    sent.clear()
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "4",
                      "--max-tokens", "5", "--temperatures", "0,0.7"]) == 0
     assert [s["temperature"] for s in sent] == [0.0, 0.7, 0.0, 0.7]

@@ -31,6 +31,12 @@ def test_each_row_is_warped_by_its_own_settings():
         assert torch.equal(logprobs[i], processed_logprobs(logits[i], params)), i
     assert not rows.greedy and RowSampling([SamplingParams(0.0)] * 3).greedy
     assert len(rows.groups) == len(set(MIX)) == 6  # one warp per distinct setting
+    # Rows that differ in a penalty or a bias alone (already in their logits) share one warp call.
+    alike = RowSampling([SamplingParams(0.7, top_k=3, presence_penalty=0.5), SamplingParams(0.7, top_k=3),
+                         SamplingParams(0.7, top_k=3, logit_bias={4: -100.0}), SamplingParams(0.0)])
+    assert list(alike.groups.values()) == [[0, 1, 2], [3]]
+    assert torch.equal(processed_probs(logits[:4], alike), torch.stack([processed_probs(logits[i], params)
+                                                                        for i, params in enumerate(alike.rows)]))
 
 
 @pytest.mark.parametrize("row, drafted, kind", [
@@ -192,7 +198,7 @@ def test_check_join_names_bad_warpers(tiny_models):
 def test_rows_that_differ_beyond_the_warpers_are_refused(tiny_models):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
     rows = [SamplingParams(1.0), SamplingParams(0.5, no_repeat_ngram_size=2, logit_bias={5: 1.0})]
-    with pytest.raises(ValueError, match=r"rows of one batch differ in \['logit_bias', 'no_repeat_ngram_size'\]"):
+    with pytest.raises(ValueError, match=r"rows of one batch differ in \['no_repeat_ngram_size'\]"):
         decoder.engine.generate(PROMPTS[:2], 4, rows)
     with pytest.raises(ValueError, match="sampling has 2 settings for 3 rows"):
         decoder.engine.generate(PROMPTS[:3], 4, rows[:1] * 2)

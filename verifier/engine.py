@@ -24,7 +24,8 @@ from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BadWords, RepeatedNgrams
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
-from .sampling import RowSampling, SamplingParams, check_row_sampling, processed_probs, row_penalties
+from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_biases,
+                       row_penalties)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
 
@@ -199,7 +200,7 @@ class SpeculativeEngine:
         ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is drawn as any token), so
         rows end at their stops or limits; one for every row, or one per row. sampling: one for
         every row, or one per row that differ only in verifier/sampling.py's ROW_FIELDS
-        (temperature, top_k, top_p, ..., the penalties): each row is verified against its own
+        (temperature, top_k, top_p, ..., the penalties, logit_bias): each row is verified against its own
         distribution; the drafter drafts in the shape the settings most rows have pick, each
         row's draws under its own where it can (exact either way, as the verifier tests any draft
         against each row's own)."""
@@ -216,11 +217,8 @@ class SpeculativeEngine:
         drafter_sampling = counts.most_common(1)[0][0]  # the first of the likeliest
         self._one_sampling = drafter_sampling if len(counts) == 1 else None
         self._round = None
-        sampling = self._row_sampling[0]  # what rows share: biases, bans, typical acceptance
-        outside = [t for t, _ in sampling.logit_bias or () if t >= self.vocab_size]
-        if outside:
-            raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
-                             f"[0, {self.vocab_size}): drop them")
+        sampling = self._row_sampling[0]  # what rows share: bans, typical acceptance
+        self._check_bias_ids(counts)
         outside = sorted({t for word in sampling.bad_words_ids or () for t in word if t >= self.vocab_size})
         if outside:
             raise ValueError(f"bad_words_ids has token ids {outside[:5]} outside the target's vocabulary "
@@ -361,12 +359,12 @@ class SpeculativeEngine:
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
         self._row_stop_token_ids(stop_token_ids, self._row_ignore_eos(ignore_eos, len(prompts)))
         if sampling is not None:
-            self._row_sampling_of(sampling, len(prompts))
+            self._check_bias_ids(set(self._row_sampling_of(sampling, len(prompts))))
 
     @staticmethod
     def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
         """Each row's sampling settings: one for all, or a list of one per row that may differ
-        only in ROW_FIELDS (verifier/sampling.py: the warpers and the penalties)."""
+        only in ROW_FIELDS (verifier/sampling.py: the warpers, the penalties and logit_bias)."""
         if isinstance(sampling, SamplingParams):
             return [sampling] * rows
         if not isinstance(sampling, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling):
@@ -375,6 +373,12 @@ class SpeculativeEngine:
             raise ValueError(f"sampling has {len(sampling)} settings for {rows} rows: give one, or one per row")
         check_row_sampling(list(sampling))
         return list(sampling)
+
+    def _check_bias_ids(self, settings: Iterable[SamplingParams]) -> None:
+        outside = sorted({t for params in settings for t, _ in params.logit_bias or () if t >= self.vocab_size})
+        if outside:
+            raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
+                             f"[0, {self.vocab_size}): drop them")
 
     def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
         """The rows' sampling settings this round: the one they share, or each row's own. A request
@@ -462,7 +466,8 @@ class SpeculativeEngine:
         ignored = self._row_ignore_eos([ignore if row.ignore_eos is None else row.ignore_eos for row in joined],
                                        len(joined))
         self.check_rows(prompts, new_limits, new_minimums)
-        check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's biases, penalties, ...
+        check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's bans, ...
+        self._check_bias_ids(set(new_sampling))
         new_end_ids = [self._eos_of(ignore_row) | (stop_ids if row.stop_token_ids is BATCH
                                                    else self.check_stop_token_ids(row.stop_token_ids))
                        for row, ignore_row in zip(joined, ignored)]
@@ -533,7 +538,7 @@ class SpeculativeEngine:
         chains take shorter paths to the same verdict (no packing, no tree walk). sampling: the
         rows' warpers (one setting, or each row's own); contexts: each row's committed tokens, the
         root included; outputs: the generated ones (for penalties); rows: each one's original row."""
-        shared = self._row_sampling[rows[0]]  # biases and bans: one for the whole batch
+        shared = self._row_sampling[rows[0]]  # bans and typical acceptance: one for the whole batch
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
@@ -566,13 +571,15 @@ class SpeculativeEngine:
         logits, hidden = self.target.forward(block, layers)  # fresh: penalised in place
         minimums = [self._minimums[r] for r in rows] if self._end_ids else []
         holds_eos = any(least > len(out) for least, out in zip(minimums, outputs))  # some row's EOS is masked
-        repetition, presence, frequency = row_penalties(self._sampling_of(rows), self.device)
+        rows_sampling = self._sampling_of(rows)
+        repetition, presence, frequency = row_penalties(rows_sampling, self.device)
+        bias = row_biases(rows_sampling, logits.device)
         penalizes_counts = presence is not None or frequency is not None
-        changes = sampling.changes_logits or holds_eos or repetition is not None or penalizes_counts
+        changes = (sampling.bans_repeated_ngrams or sampling.bans_words or holds_eos or bias is not None
+                   or repetition is not None or penalizes_counts)
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
-        if sampling.logit_bias:  # before the penalties, as Hugging Face adds its sequence_bias
-            ids, biases = sampling.bias_tensors(logits.device)
-            logits[..., ids] += biases.to(logits.dtype)
+        if bias is not None:  # before the penalties, as Hugging Face adds its sequence_bias
+            logits = bias.add_(logits)
         # A table no row of this round needs is dropped: it would miss the rows that join and
         # leave meanwhile, so it is rebuilt from whole rows when a row needs it again.
         self._context_seen = (self._context_seen or ContextTokens(self.vocab_size, self.device)

@@ -26,6 +26,7 @@ bans, at each node, the tokens that would repeat an n-gram of its own sequence
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -205,10 +206,17 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...] | None:
 # temperature): rows of one batch may differ in these.
 WARPER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
 # The penalties change the logits, but each row's from its own context only, so rows may differ
-# in these too (verifier/block_penalties.py takes a value per row). The other settings (biases,
-# bans, typical acceptance) are one for the whole batch.
+# in these too (verifier/block_penalties.py takes a value per row).
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS)
+# A logit bias depends on no context: each row's is added to its own logits (add_row_biases_). The
+# other settings (bans, typical acceptance) are one for the whole batch.
+BIAS_FIELDS = ("logit_bias",)
+ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS)
+
+
+def warp_of(params: SamplingParams) -> SamplingParams:
+    """The setting with its warpers (WARPER_FIELDS) only: what processed_probs reads."""
+    return SamplingParams(**{name: getattr(params, name) for name in WARPER_FIELDS})
 
 
 class RowSampling:
@@ -219,23 +227,21 @@ class RowSampling:
 
     def __init__(self, rows: list[SamplingParams]):
         self.rows = list(rows)  # each row's settings, in row order
-        self.groups: dict[SamplingParams, list[int]] = {}  # each distinct setting -> its rows
+        # Each distinct warp -> its rows: the warpers only, so rows that differ in a penalty or a
+        # bias alone (already in their logits) are warped in one call.
+        self.groups: dict[SamplingParams, list[int]] = {}
+        warps = {params: warp_of(params) for params in set(rows)}
         for i, params in enumerate(rows):
-            self.groups.setdefault(params, []).append(i)
+            self.groups.setdefault(warps[params], []).append(i)
+        self.greedy = all(params.greedy for params in self.groups)
+        self.lossy = any(params.lossy for params in warps)
         # Per device: each group's row indices, which rows are greedy, the penalties. The engine
         # keeps one RowSampling while its rows stay, and a round warps with it several times (each
         # drafted depth, the verification): each is built once.
         self._indices: dict[torch.device, list[tuple[SamplingParams, torch.Tensor]]] = {}
         self._greedy: dict[torch.device, torch.Tensor] = {}
         self._penalties: dict[torch.device, list] = {}
-
-    @property
-    def greedy(self) -> bool:
-        return all(params.greedy for params in self.groups)
-
-    @property
-    def lossy(self) -> bool:
-        return any(params.lossy for params in self.groups)
+        self._biases: dict[torch.device, RowBiases | None] = {}
 
     def greedy_rows(self, device: torch.device) -> torch.Tensor:
         """(rows,) bool: which rows are greedy."""
@@ -280,6 +286,39 @@ def _penalties_of(rows: list[SamplingParams], device) -> list[float | torch.Tens
         else:
             penalties.append(torch.tensor(values, dtype=torch.float64, device=device))
     return penalties
+
+
+class RowBiases(NamedTuple):
+    """A logit bias for a block's (B, T, V) logits: `rows` None when every row has this one (ids,
+    values), else entry i adds values[i] to token ids[i] of row rows[i] (a row's ids are distinct)."""
+    rows: torch.Tensor | None
+    ids: torch.Tensor
+    values: torch.Tensor
+
+    def add_(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, T, V) logits plus the bias, in place: each row's biased logits get exactly the
+        arithmetic they get alone (the bias in the logits' dtype, added once)."""
+        if self.rows is None:
+            logits[..., self.ids] += self.values.to(logits.dtype)
+        else:
+            logits[self.rows, :, self.ids] += self.values.to(logits.dtype)[:, None]
+        return logits
+
+
+def row_biases(params: SamplingParams | RowSampling, device) -> RowBiases | None:
+    """The logit bias of one setting, or of each row's own: None where no row has one."""
+    if isinstance(params, SamplingParams):
+        return None if not params.logit_bias else RowBiases(None, *params.bias_tensors(device))
+    if device not in params._biases:
+        biases = [p.logit_bias for p in params.rows]
+        if all(bias == biases[0] for bias in biases[1:]):
+            params._biases[device] = row_biases(params.rows[0], device)
+        else:
+            entries = [(row, t, b) for row, bias in enumerate(biases) for t, b in bias or ()]
+            rows, ids, values = zip(*entries)
+            params._biases[device] = RowBiases(torch.tensor(rows, device=device), torch.tensor(ids, device=device),
+                                               torch.tensor(values, device=device))
+    return params._biases[device]
 
 
 def check_row_sampling(rows: list[SamplingParams]) -> None:
