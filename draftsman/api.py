@@ -51,7 +51,7 @@ class JoiningPrompt(NamedTuple):
     min_new_tokens: int | None = None
     stop: list[str] | None = None  # [] : no stop strings
     stop_token_ids: list[int] | None = None  # [] : none (EOS still ends the row, unless ignore_eos)
-    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties, logit_bias), e.g. {"temperature": 0.7}
+    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties, bias, bans), e.g. {"temperature": 0.7}
     ignore_eos: bool | None = None
 
     @classmethod
@@ -91,23 +91,26 @@ def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
 
 # Settings generate and stream_batch take for all prompts or one per prompt (a number each for the
 # limits; a list each for the stops, e.g. stop=[["\n"], ["END", "##"]], stop_token_ids=[[2], []];
-# a flag each for ignore_eos). The warpers, penalties and logit_bias too (verifier/sampling.py's
+# a flag each for ignore_eos). The warpers, penalties, logit_bias and bans too (verifier/sampling.py's
 # ROW_FIELDS: temperature=[0.0, 0.8], top_p=[None, 0.9], presence_penalty=[0.5, None],
-# logit_bias=[{5: -100}, None], ...; None: the config's), which the engine takes as one
-# SamplingParams per row.
+# logit_bias=[{5: -100}, None], bad_words_ids=[[[7, 8]], None], no_repeat_ngram_size=[3, None],
+# ...; None: the config's), which the engine takes as one SamplingParams per row.
 PER_PROMPT_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos")
 
 
 def _per_prompt(key: str, value) -> bool:
     """Whether a ROW_FIELDS value comes one per prompt: a list. logit_bias is one value as a dict
-    or a list of (id, bias) pairs, so one per prompt is a list of dicts (or pair lists, or None)."""
+    or a list of (id, bias) pairs, and bad_words_ids one value as a list of words (token-id
+    lists), so one per prompt is a list of those (or None)."""
     if key not in ROW_FIELDS or not isinstance(value, (list, tuple)):
         return False
-    if key != "logit_bias":
+    if key not in ("logit_bias", "bad_words_ids"):
         return True
-    one_bias = lambda v: v is None or isinstance(v, dict) or (  # noqa: E731
-        isinstance(v, (list, tuple)) and all(isinstance(pair, (list, tuple)) for pair in v))
-    return bool(value) and all(one_bias(v) for v in value)
+    lists = lambda v: isinstance(v, (list, tuple)) and all(isinstance(item, (list, tuple)) for item in v)  # noqa: E731
+    one = (lambda v: v is None or isinstance(v, dict) or lists(v)) if key == "logit_bias" else \
+        (lambda v: v is None or lists(v))
+    empty = [isinstance(v, (list, tuple)) and not v for v in value]  # [[]]: one malformed value, not "none"
+    return bool(value) and all(one(v) for v in value) and not all(empty)
 
 
 def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) -> tuple:
@@ -197,8 +200,8 @@ class Decoder:
                  logit_bias: dict[int, float] | list | None = None,
                  lossy_typical_acceptance: bool | dict | None = None, typical_p: float | list | None = None,
                  epsilon_cutoff: float | list | None = None, eta_cutoff: float | list | None = None,
-                 no_repeat_ngram_size: int | None = None,
-                 bad_words_ids: list[list[int]] | None = None, top_h: float | list | None = None,
+                 no_repeat_ngram_size: int | list | None = None,
+                 bad_words_ids: list[list[int]] | list | None = None, top_h: float | list | None = None,
                  ignore_eos: bool | list[bool] | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
@@ -224,8 +227,9 @@ class Decoder:
         token, so the distribution is the target's), rows run to their stops or max_new_tokens;
         one flag, or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
-        top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty) and
-        logit_bias take one value, or a list of one per prompt (None in it: the config's): the rows generate as
+        top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty),
+        logit_bias and the bans (no_repeat_ngram_size, bad_words_ids) take one value, or a list of
+        one per prompt (None in it: the config's): the rows generate as
         one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
@@ -490,8 +494,7 @@ class Decoder:
         s = self.config["sampling"]
         values = {key: s[key] if given.get(key) is None else given[key] for key in s}
         per_prompt = {key: list(values[key]) for key in ROW_FIELDS if _per_prompt(key, values[key])}
-        listed = [key for key in given if key not in ROW_FIELDS and isinstance(given[key], (list, tuple))
-                  and key != "bad_words_ids"]
+        listed = [key for key in given if key not in ROW_FIELDS and isinstance(given[key], (list, tuple))]
         if listed:
             raise ValueError(f"{listed[0]} takes one value for all prompts; only {list(ROW_FIELDS)} can be "
                              "given per prompt: run prompts with other values as generations of their own")

@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presence-penalties", metavar="P,P,...",
                    help="request i also sends the (i mod count)-th presence_penalty, e.g. 0,0.5 (0: none sent), "
                         "for clients that penalise differently: " + apart.format("penalties", "penalty"))
+    p.add_argument("--no-repeat-ngram-sizes", metavar="N,N,...",
+                   help="request i also sends the (i mod count)-th no_repeat_ngram_size, e.g. 0,3 (0: none sent), "
+                        "for clients that ban repeats differently: " + apart.format("bans", "no_repeat_ngram_size"))
     p.add_argument("--distinct-biases", action="store_true",
                    help=f"request i also bans a token of its own (logit_bias {{id: -100}}, id 1 + i mod {BIASED_IDS}), "
                         "as clients that each ban their own tokens do: " + apart.format("biases", "logit_bias"))
@@ -327,6 +330,10 @@ def run(args: argparse.Namespace) -> int:
         else [args.temperature]
     penalties = number_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
         if args.presence_penalties else [0.0]
+    ngram_sizes = number_mix(args.no_repeat_ngram_sizes, "--no-repeat-ngram-sizes", "0,3") \
+        if args.no_repeat_ngram_sizes else [0.0]
+    if any(n != int(n) for n in ngram_sizes):
+        raise ValueError(f"--no-repeat-ngram-sizes takes whole numbers, e.g. 0,3; got {args.no_repeat_ngram_sizes!r}")
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     models = {base: args.model or served_model(base, args.api_key) for base in bases}
     pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
@@ -338,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
                          **({"min_tokens": n} if args.fixed_length else {}),
                          **({"presence_penalty": penalties[i % len(penalties)]} if penalties[i % len(penalties)]
                             else {}),
+                         **({"no_repeat_ngram_size": int(ngram_sizes[i % len(ngram_sizes)])}
+                            if ngram_sizes[i % len(ngram_sizes)] else {}),
                          **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {}),
                          **({"logit_bias": {str(1 + i % BIASED_IDS): -100}} if args.distinct_biases else {})}
                         for i, n in enumerate(lengths)]
@@ -349,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.requests} requests to {base} ({models[base]}), {pace}, {most} tokens at "
                   f"most{', streamed' if args.stream else ''}, temperature {args.temperatures or args.temperature}"
                   + (f", presence_penalty {args.presence_penalties}" if args.presence_penalties else "")
+                  + (f", no_repeat_ngram_size {args.no_repeat_ngram_sizes}" if args.no_repeat_ngram_sizes else "")
                   + (", a banned token each" if args.distinct_biases else "")
                   + (f"; run {repeat + 1} of {args.repeats}" if args.repeats > 1 else ""))
             print(format_summary(s) + "\n")

@@ -7,8 +7,8 @@ come at once are served sooner.
 
 Requests share a batch only when every setting but max_tokens, min_tokens, stop, stop_token_ids,
 ignore_eos, the warpers (temperature, top_p, top_k, min_p, typical_p, ...), the penalties
-(repetition, presence, frequency) and logit_bias is the same (one generation takes one set of bans,
-and those per row: PER_ROW_SETTINGS; a setting sent with the config's value, or a NEUTRAL one, is
+(repetition, presence, frequency), logit_bias and the bans (no_repeat_ngram_size, bad_words_ids)
+is the same (those are per row: PER_ROW_SETTINGS; a setting sent with the config's value, or a NEUTRAL one, is
 the same as one left out; logprobs, top_logprobs and n differ freely: the batch scores every row
 and each request gets the scores it asked for, and the batch holds each prompt n times, its
 request's n),
@@ -52,7 +52,8 @@ class RequestTimes:
 
 
 # Requests that differ only in these share a batch: the engine takes them per row (the warpers:
-# temperature, top_p, top_k, min_p, ..., the penalties and logit_bias: verifier/sampling.py's ROW_FIELDS).
+# temperature, top_p, top_k, min_p, ..., the penalties, logit_bias and the bans: verifier/sampling.py's
+# ROW_FIELDS).
 PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos", *ROW_FIELDS)
 # Requests that differ in these share a batch too: the batch records the scores of every row, as
 # many top tokens as its requests ask at most, and each request gets what it asked for. A request
@@ -61,11 +62,11 @@ SCORE_SETTINGS = ("logprobs", "top_logprobs")
 # And n: the batcher gives the engine each prompt of a request n times (prefilled once), so
 # requests with other n share a batch as well.
 SAMPLES = "num_return_sequences"
-# Values that change nothing (clients send "no_repeat_ngram_size": 0 or "bad_words_ids": [] with
-# every request): where the config has no such setting either, a request that sends one is the
-# same as one that leaves it out, and the two share a batch (which runs with either value: they
-# act alike). The penalties and logit_bias need no entry: they are per-row settings.
-NEUTRAL = {"no_repeat_ngram_size": 0, "bad_words_ids": [], "lossy_typical_acceptance": False}
+# Values that change nothing (clients send "lossy_typical_acceptance": false with every request):
+# where the config has no such setting either, a request that sends one is the same as one that
+# leaves it out, and the two share a batch (which runs with either value: they act alike). The
+# per-row settings (penalties, logit_bias, bans, ...) need no entry.
+NEUTRAL = {"lossy_typical_acceptance": False}
 
 
 def _as_default(key: str, value, defaults: dict) -> bool:

@@ -458,7 +458,7 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     for count, (name, prompts, args) in enumerate([("wide", SERVE_PROMPTS[1:3], same),
                                                    ("small", SERVE_PROMPTS[3:4], same),
                                                    ("other", SERVE_PROMPTS[1:2], {"max_new_tokens": 8,
-                                                                                  "no_repeat_ngram_size": 3})],
+                                                                                  "lossy_typical_acceptance": True})],
                                                   start=1):
         threading.Thread(target=ask, args=(name, decoder.encode(prompts), args), daemon=True).start()
         deadline = time.time() + 10
@@ -514,7 +514,7 @@ def test_settings_sent_with_their_default_values_keep_no_request_apart(slow_serv
     assert rows == 2 and long_job.stats is None  # it ran beside the long row
     got += [chunk for _, chunk in chunks]
     assert out.token_ids == decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=8).token_ids
-    other = {"max_new_tokens": 8, "bad_words_ids": [[5]]}  # a value of its own still keeps it apart
+    other = {"max_new_tokens": 8, "lossy_typical_acceptance": True}  # a value of its own still keeps it apart
     assert batcher_key(other, batcher) != batcher_key({"max_new_tokens": 60, "min_new_tokens": 60}, batcher)
 
 
@@ -538,10 +538,9 @@ def test_neutral_settings_keep_no_request_apart(slow_server_decoder):
     assert [t for c in got for t in c.token_ids] == decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60,
                                                                      min_new_tokens=60).token_ids[0]
     plain = batcher_key({"max_new_tokens": 8}, batcher)
-    for key, value in {"no_repeat_ngram_size": 3, "bad_words_ids": [[5]], "lossy_typical_acceptance": True}.items():
-        assert batcher_key({"max_new_tokens": 8, key: value}, batcher) != plain, key
-    batcher.defaults = {**batcher.defaults, "no_repeat_ngram_size": 3}  # the config bans: 0 turns it off
-    assert batcher_key({"no_repeat_ngram_size": 0}, batcher) != batcher_key({}, batcher)
+    assert batcher_key({"max_new_tokens": 8, "lossy_typical_acceptance": True}, batcher) != plain
+    batcher.defaults = {**batcher.defaults, "lossy_typical_acceptance": True}  # the config's is on: false turns it off
+    assert batcher_key({"lossy_typical_acceptance": False}, batcher) != batcher_key({}, batcher)
 
 
 def batcher_key(args: dict, batcher) -> str | None:

@@ -125,6 +125,13 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
                      "--max-tokens", "5", "--distinct-biases"]) == 0
     assert [s["logit_bias"] for s in sent] == [{str(i): -100} for i in [*range(1, 17), 1, 2]]
     sent.clear()
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "3",
+                     "--max-tokens", "5", "--no-repeat-ngram-sizes", "0,3"]) == 0
+    assert [s.get("no_repeat_ngram_size") for s in sent] == [None, 3, None]
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file),
+                     "--no-repeat-ngram-sizes", "2.5"]) != 0
+    assert "--no-repeat-ngram-sizes takes whole numbers, e.g. 0,3" in capsys.readouterr().err
+    sent.clear()
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--requests", "4",
                      "--max-tokens", "5", "--temperatures", "0,0.7"]) == 0
     assert [s["temperature"] for s in sent] == [0.0, 0.7, 0.0, 0.7]

@@ -125,13 +125,14 @@ def test_requests_with_their_own_penalties_share_a_serve_batch(chat_target):
     assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
 
 
-def test_engine_rows_may_differ_in_penalties_but_not_in_bans(tiny_models):
+def test_engine_rows_may_differ_in_penalties_but_not_in_typical_acceptance(tiny_models):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
     rows = [SamplingParams(0.0, repetition_penalty=1.3), SamplingParams(0.0, presence_penalty=0.4)]
     out, _ = decoder.engine.generate(PROMPTS[:2], 6, rows)
     assert out == [decoder.engine.generate([p], 6, params)[0][0] for p, params in zip(PROMPTS, rows)]
-    with pytest.raises(ValueError, match=r"differ in \['no_repeat_ngram_size'\]"):
-        decoder.engine.generate(PROMPTS[:2], 6, [SamplingParams(0.0), SamplingParams(0.0, no_repeat_ngram_size=2)])
+    with pytest.raises(ValueError, match=r"differ in \['lossy_typical_acceptance'\]"):
+        decoder.engine.generate(PROMPTS[:2], 6, [SamplingParams(1.0),
+                                                 SamplingParams(1.0, lossy_typical_acceptance=True)])
 
 
 def test_raw_logprobs_are_each_rows_own_before_its_penalties(tiny_models):

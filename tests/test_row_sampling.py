@@ -170,7 +170,8 @@ def test_joining_rows_bring_their_own_warpers(tiny_models, close_draft):  # noqa
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=[0.5]), "per-prompt sampling settings (temperature, top_p, ...) has 1 values for 2 prompts"),
     (dict(temperature=[0.5, 1.0], top_p=[0.9]), "per-prompt settings ['temperature', 'top_p'] have [1, 2] values"),
-    (dict(no_repeat_ngram_size=[2, 3]), "no_repeat_ngram_size takes one value for all prompts; only ['temperature'"),
+    (dict(lossy_typical_acceptance=[True, False]),
+     "lossy_typical_acceptance takes one value for all prompts; only ['temperature'"),
     (dict(temperature=[0.5, 1.0], lossy_typical_acceptance=True),
      "lossy_typical_acceptance takes one sampling setting for the whole batch"),
     (dict(temperature=[1.0, 0.0], num_return_sequences=2), "num_return_sequences=2 at temperature 0 (prompt 1)"),
@@ -191,21 +192,21 @@ def test_check_join_names_bad_warpers(tiny_models):
         decoder.check_join(PROMPTS[:1], temperature=0.0, num_return_sequences=2)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
         decoder.check_join(PROMPTS[:1], top_p=1.5)
-    with pytest.raises(TypeError, match=r"unknown settings \['no_repeat_ngram_size'\]"):
-        decoder.check_join(PROMPTS[:1], no_repeat_ngram_size=2)
+    with pytest.raises(TypeError, match=r"unknown settings \['lossy_typical_acceptance'\]"):
+        decoder.check_join(PROMPTS[:1], lossy_typical_acceptance=True)
 
 
 def test_rows_that_differ_beyond_the_warpers_are_refused(tiny_models):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
-    rows = [SamplingParams(1.0), SamplingParams(0.5, no_repeat_ngram_size=2, logit_bias={5: 1.0})]
-    with pytest.raises(ValueError, match=r"rows of one batch differ in \['no_repeat_ngram_size'\]"):
+    rows = [SamplingParams(1.0), SamplingParams(0.5, lossy_typical_acceptance=True, logit_bias={5: 1.0})]
+    with pytest.raises(ValueError, match=r"rows of one batch differ in \['lossy_typical_acceptance'\]"):
         decoder.engine.generate(PROMPTS[:2], 4, rows)
     with pytest.raises(ValueError, match="sampling has 2 settings for 3 rows"):
         decoder.engine.generate(PROMPTS[:3], 4, rows[:1] * 2)
-    with pytest.raises(ValueError, match=r"differ in \['no_repeat_ngram_size'\]"):  # a joining row too
+    with pytest.raises(ValueError, match=r"differ in \['lossy_typical_acceptance'\]"):  # a joining row too
         list(decoder.engine.stream(PROMPTS[:1], 4, SamplingParams(1.0),
                                    joining=lambda: [(PROMPTS[1], 4, None, None, None,
-                                                     SamplingParams(1.0, no_repeat_ngram_size=2))]))
+                                                     SamplingParams(1.0, lossy_typical_acceptance=True))]))
 
 
 def test_requests_with_their_own_temperature_share_a_serve_batch(chat_target):

@@ -21,7 +21,7 @@ from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
-from .ngram_ban import BadWords, RepeatedNgrams
+from .ngram_ban import BlockBans
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
 from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_biases,
@@ -106,7 +106,7 @@ class SpeculativeEngine:
         self.max_context = max_context
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
-        self._context_seen = self._generated_counts = self._ngrams = self._bad_words = None  # per request
+        self._context_seen = self._generated_counts = self._bans = None  # per request
         self._minimums: list[int] = []  # per request: each row's min_new_tokens, by row number
         self._stops: list[StopCheck | None] = []  # per request: each row's stop check
         self._row_end_ids: list[frozenset[int]] = []  # per request: each row's EOS (unless ignored) and stop ids
@@ -200,7 +200,7 @@ class SpeculativeEngine:
         ignore_eos: vLLM's; EOS ends no row (nor is it held back: it is drawn as any token), so
         rows end at their stops or limits; one for every row, or one per row. sampling: one for
         every row, or one per row that differ only in verifier/sampling.py's ROW_FIELDS
-        (temperature, top_k, top_p, ..., the penalties, logit_bias): each row is verified against its own
+        (temperature, top_k, top_p, ..., the penalties, logit_bias, the bans): each row is verified against its own
         distribution; the drafter drafts in the shape the settings most rows have pick, each
         row's draws under its own where it can (exact either way, as the verifier tests any draft
         against each row's own)."""
@@ -217,12 +217,8 @@ class SpeculativeEngine:
         drafter_sampling = counts.most_common(1)[0][0]  # the first of the likeliest
         self._one_sampling = drafter_sampling if len(counts) == 1 else None
         self._round = None
-        sampling = self._row_sampling[0]  # what rows share: bans, typical acceptance
-        self._check_bias_ids(counts)
-        outside = sorted({t for word in sampling.bad_words_ids or () for t in word if t >= self.vocab_size})
-        if outside:
-            raise ValueError(f"bad_words_ids has token ids {outside[:5]} outside the target's vocabulary "
-                             f"[0, {self.vocab_size}): drop them")
+        sampling = self._row_sampling[0]  # what rows share: typical acceptance
+        self._check_token_ids(counts)
         if logprobs is not None and len(logprobs.values) != len(prompts):
             raise ValueError(f"logprobs holds {len(logprobs.values)} rows for {len(prompts)} prompts")
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
@@ -248,8 +244,7 @@ class SpeculativeEngine:
         # generated, kept up to date with each round's tokens (not rebuilt from whole rows); made
         # when a round's rows first need them (_target_pass).
         self._context_seen = self._generated_counts = None
-        self._ngrams = RepeatedNgrams(sampling.no_repeat_ngram_size) if sampling.bans_repeated_ngrams else None
-        self._bad_words = BadWords(sampling.bad_words_ids, self.eos_token_ids) if sampling.bans_words else None
+        self._bans = BlockBans(self.eos_token_ids)  # each row's n-gram and word bans, indexed as rows need them
 
         # 1. Prefill all but the last prompt token: that one is the first round's root.
         layers = self.drafter.needs.hidden_state_layers
@@ -359,12 +354,12 @@ class SpeculativeEngine:
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
         self._row_stop_token_ids(stop_token_ids, self._row_ignore_eos(ignore_eos, len(prompts)))
         if sampling is not None:
-            self._check_bias_ids(set(self._row_sampling_of(sampling, len(prompts))))
+            self._check_token_ids(set(self._row_sampling_of(sampling, len(prompts))))
 
     @staticmethod
     def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
         """Each row's sampling settings: one for all, or a list of one per row that may differ
-        only in ROW_FIELDS (verifier/sampling.py: the warpers, the penalties and logit_bias)."""
+        only in ROW_FIELDS (verifier/sampling.py: all but typical acceptance)."""
         if isinstance(sampling, SamplingParams):
             return [sampling] * rows
         if not isinstance(sampling, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling):
@@ -374,11 +369,14 @@ class SpeculativeEngine:
         check_row_sampling(list(sampling))
         return list(sampling)
 
-    def _check_bias_ids(self, settings: Iterable[SamplingParams]) -> None:
-        outside = sorted({t for params in settings for t, _ in params.logit_bias or () if t >= self.vocab_size})
-        if outside:
-            raise ValueError(f"logit_bias has token ids {outside[:5]} outside the target's vocabulary "
-                             f"[0, {self.vocab_size}): drop them")
+    def _check_token_ids(self, settings: Iterable[SamplingParams]) -> None:
+        """The token ids of every setting's logit_bias and bad_words_ids are in the vocabulary."""
+        for name, ids_of in (("logit_bias", lambda p: [t for t, _ in p.logit_bias or ()]),
+                             ("bad_words_ids", lambda p: [t for word in p.bad_words_ids or () for t in word])):
+            outside = sorted({t for params in settings for t in ids_of(params) if t >= self.vocab_size})
+            if outside:
+                raise ValueError(f"{name} has token ids {outside[:5]} outside the target's vocabulary "
+                                 f"[0, {self.vocab_size}): drop them")
 
     def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
         """The rows' sampling settings this round: the one they share, or each row's own. A request
@@ -466,8 +464,8 @@ class SpeculativeEngine:
         ignored = self._row_ignore_eos([ignore if row.ignore_eos is None else row.ignore_eos for row in joined],
                                        len(joined))
         self.check_rows(prompts, new_limits, new_minimums)
-        check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's bans, ...
-        self._check_bias_ids(set(new_sampling))
+        check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's typical acceptance
+        self._check_token_ids(set(new_sampling))
         new_end_ids = [self._eos_of(ignore_row) | (stop_ids if row.stop_token_ids is BATCH
                                                    else self.check_stop_token_ids(row.stop_token_ids))
                        for row, ignore_row in zip(joined, ignored)]
@@ -538,19 +536,18 @@ class SpeculativeEngine:
         chains take shorter paths to the same verdict (no packing, no tree walk). sampling: the
         rows' warpers (one setting, or each row's own); contexts: each row's committed tokens, the
         root included; outputs: the generated ones (for penalties); rows: each one's original row."""
-        shared = self._row_sampling[rows[0]]  # bans and typical acceptance: one for the whole batch
         layers = self.drafter.needs.hidden_state_layers
         if all(t.size == 0 for t in trees):  # `none`, adaptive's zero-depth rounds, nothing proposed
             block = TreeBlock.column(roots.to(self.device))
-            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, contexts, outputs, rows)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
         elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, contexts, outputs, rows)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])
         else:
             block = verification_block(roots, trees, self.device)
-            logits, hidden, for_logprobs = self._target_pass(block, layers, shared, contexts, outputs, rows)
+            logits, hidden, for_logprobs = self._target_pass(block, layers, contexts, outputs, rows)
             drafts = pack_drafts(trees, self.vocab_size, self.device)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(-1), drafts)
@@ -561,10 +558,11 @@ class SpeculativeEngine:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
         return verdict, hidden, block.tokens.shape[1], for_logprobs
 
-    def _target_pass(self, block: TreeBlock, layers, sampling: SamplingParams, contexts: list[list[int]],
-                     outputs: list[list[int]], rows: list[int]):
-        """The target's logits and states over a block; under penalties, the logits as penalised
-        for each position's own context (committed tokens + its ancestors in the block); before
+    def _target_pass(self, block: TreeBlock, layers, contexts: list[list[int]], outputs: list[list[int]],
+                     rows: list[int]):
+        """The target's logits and states over a block; each row's logit_bias added; under
+        penalties and bans, the logits as penalised and banned for each position's own context
+        (committed tokens + its ancestors in the block), by each row's own settings; before
         min_new_tokens, EOS at the positions whose next token comes too early. Third: the logits
         logprobs are read from (else None): as the target gave them ("raw"), or as returned
         ("processed")."""
@@ -575,8 +573,8 @@ class SpeculativeEngine:
         repetition, presence, frequency = row_penalties(rows_sampling, self.device)
         bias = row_biases(rows_sampling, logits.device)
         penalizes_counts = presence is not None or frequency is not None
-        changes = (sampling.bans_repeated_ngrams or sampling.bans_words or holds_eos or bias is not None
-                   or repetition is not None or penalizes_counts)
+        bans = BlockBans.groups(rows_sampling)
+        changes = any(bans) or holds_eos or bias is not None or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if bias is not None:  # before the penalties, as Hugging Face adds its sequence_bias
             logits = bias.add_(logits)
@@ -592,9 +590,8 @@ class SpeculativeEngine:
         if penalizes_counts:
             logits = penalize_block_counts_(logits, block.tokens, block.ancestors,
                                             self._generated_counts.update(outputs), presence, frequency)
-        for ban in (self._ngrams, self._bad_words):
-            if ban is not None:
-                logits = ban.ban_(logits, block, rows, contexts)
+        if any(bans):
+            logits = self._bans.ban_(logits, block, rows, contexts, bans)
         if holds_eos:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             least = torch.tensor(minimums, device=logits.device)

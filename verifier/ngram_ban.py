@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .block_penalties import writable
+from .sampling import RowSampling, SamplingParams
 from .tree import TreeBlock
 
 
@@ -49,14 +50,15 @@ class RepeatedNgrams:
         self._rows[row] = (len(context), index)
         return index
 
-    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> torch.Tensor:
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
+             which: list[int] | None = None) -> torch.Tensor:
         """Set to -inf, in (B, T, V) block logits (in place; in a float32 copy when lower, as the
         penalties), every token that would complete an n-gram already in its position's sequence,
         and return them. rows: each block row's original row (for its index); contexts: each row's
-        committed tokens, the root included."""
+        committed tokens, the root included; which: the block rows to ban in (None: all)."""
         logits, n = writable(logits), self.n
         at_b, at_j, at_v = [], [], []
-        for b, row, context, nodes in _node_paths(block, rows, contexts):
+        for b, row, context, nodes in _node_paths(block, rows, contexts, which):
             index = self._index(row, context)
             head = context[max(0, len(context) - (n - 1)):]  # as far back as a path's new n-grams reach
             for j, path in nodes:
@@ -91,15 +93,20 @@ class BadWords:
         """The tokens banned after `sequence` (the plain form, for one sequence: the audit's)."""
         return set(self.singles) | {w[-1] for w in self.longer if _ends_with(sequence, w[:-1])}
 
-    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]]) -> torch.Tensor:
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
+             which: list[int] | None = None) -> torch.Tensor:
         """As RepeatedNgrams.ban_, for the words."""
         logits = writable(logits)
         if self.singles:
-            logits[..., self.singles] = float("-inf")
+            if which is None:
+                logits[..., self.singles] = float("-inf")
+            else:
+                at_b = torch.tensor(which, device=logits.device)[:, None]
+                logits[at_b, :, torch.tensor(self.singles, device=logits.device)[None, :]] = float("-inf")
         if not self.longer:
             return logits
         at_b, at_j, at_v = [], [], []
-        for b, _, context, nodes in _node_paths(block, rows, contexts):
+        for b, _, context, nodes in _node_paths(block, rows, contexts, which):
             head = context[max(0, len(context) - self.reach):]
             for j, path in nodes:
                 tail = head + path
@@ -117,11 +124,13 @@ def _ends_with(sequence: list[int], prefix: tuple[int, ...]) -> bool:
     return len(sequence) >= len(prefix) and tuple(sequence[len(sequence) - len(prefix):]) == prefix
 
 
-def _node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]]):
-    """Per block row: (b, its original row, its context, [(position, path)] for its valid
-    positions), a path being the position's tokens after the root (the root is in the context)."""
+def _node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]], which: list[int] | None = None):
+    """Per block row (of `which`; None: all): (b, its original row, its context, [(position, path)]
+    for its valid positions), a path being the position's tokens after the root (the root is in
+    the context)."""
     tokens, parents, valid = block.tokens.tolist(), block.parents.tolist(), block.valid.tolist()
-    for b, (row, context) in enumerate(zip(rows, contexts)):
+    for b in range(len(rows)) if which is None else which:
+        row, context = rows[b], contexts[b]
         paths: list[list[int]] = []
         nodes = []
         for j, token in enumerate(tokens[b]):
@@ -129,3 +138,50 @@ def _node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]]):
             if valid[b][j]:
                 nodes.append((j, paths[j]))
         yield b, row, context, nodes
+
+
+class BlockBans:
+    """Each row's own bans in one batch (rows may differ in no_repeat_ngram_size and
+    bad_words_ids, verifier/sampling.py's BAN_FIELDS): one RepeatedNgrams per n and one BadWords
+    per word list, made when a row first needs them and kept for the generation, each applied
+    to its own rows. A ban depends only on a position's own sequence, so each row is banned
+    exactly as alone."""
+
+    def __init__(self, eos_token_ids=()):
+        self.eos_token_ids = eos_token_ids
+        self._ngrams: dict[int, RepeatedNgrams] = {}
+        self._words: dict[tuple, BadWords] = {}
+
+    @staticmethod
+    def groups(sampling: SamplingParams | RowSampling) -> tuple[dict, dict]:
+        """The block rows that ban n-grams, by n, and words, by word list (None: every row); found
+        once per RowSampling (the engine keeps one while its rows stay)."""
+        if isinstance(sampling, SamplingParams):
+            return ({sampling.no_repeat_ngram_size: None} if sampling.bans_repeated_ngrams else {},
+                    {sampling.bad_words_ids: None} if sampling.bans_words else {})
+        if sampling.ban_groups is None:
+            by_n: dict[int, list[int] | None] = {}
+            by_words: dict[tuple, list[int] | None] = {}
+            for b, params in enumerate(sampling.rows):
+                if params.bans_repeated_ngrams:
+                    by_n.setdefault(params.no_repeat_ngram_size, []).append(b)
+                if params.bans_words:
+                    by_words.setdefault(params.bad_words_ids, []).append(b)
+            every = len(sampling.rows)
+            sampling.ban_groups = tuple({key: None if len(which) == every else which for key, which in groups.items()}
+                                        for groups in (by_n, by_words))
+        return sampling.ban_groups
+
+    def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
+             groups: tuple[dict, dict]) -> torch.Tensor:
+        """RepeatedNgrams.ban_ and BadWords.ban_, each on its own rows (groups())."""
+        by_n, by_words = groups
+        for n, which in by_n.items():
+            if n not in self._ngrams:
+                self._ngrams[n] = RepeatedNgrams(n)
+            logits = self._ngrams[n].ban_(logits, block, rows, contexts, which)
+        for words, which in by_words.items():
+            if words not in self._words:
+                self._words[words] = BadWords(words, self.eos_token_ids)
+            logits = self._words[words].ban_(logits, block, rows, contexts, which)
+        return logits

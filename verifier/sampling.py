@@ -208,10 +208,12 @@ WARPER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon
 # The penalties change the logits, but each row's from its own context only, so rows may differ
 # in these too (verifier/block_penalties.py takes a value per row).
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-# A logit bias depends on no context: each row's is added to its own logits (add_row_biases_). The
-# other settings (bans, typical acceptance) are one for the whole batch.
+# A logit bias depends on no context: each row's is added to its own logits (RowBiases). A ban
+# depends on a position's own sequence only: each row's bans its own tokens (verifier/ngram_ban.py's
+# BlockBans). Typical acceptance is one for the whole batch.
 BIAS_FIELDS = ("logit_bias",)
-ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS)
+BAN_FIELDS = ("no_repeat_ngram_size", "bad_words_ids")
+ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS, *BAN_FIELDS)
 
 
 def warp_of(params: SamplingParams) -> SamplingParams:
@@ -242,6 +244,7 @@ class RowSampling:
         self._greedy: dict[torch.device, torch.Tensor] = {}
         self._penalties: dict[torch.device, list] = {}
         self._biases: dict[torch.device, RowBiases | None] = {}
+        self.ban_groups: tuple | None = None  # the rows of each ban (verifier/ngram_ban.py's BlockBans)
 
     def greedy_rows(self, device: torch.device) -> torch.Tensor:
         """(rows,) bool: which rows are greedy."""
