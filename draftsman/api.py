@@ -51,7 +51,9 @@ class JoiningPrompt(NamedTuple):
     min_new_tokens: int | None = None
     stop: list[str] | None = None  # [] : no stop strings
     stop_token_ids: list[int] | None = None  # [] : none (EOS still ends the row, unless ignore_eos)
-    warpers: dict | None = None  # its own ROW_FIELDS (warpers, penalties, bias, bans), e.g. {"temperature": 0.7}
+    # Its own ROW_FIELDS (warpers, penalties, bias, bans), e.g. {"temperature": 0.7}; a key given as
+    # None: the config's value (left out: the batch's one value)
+    warpers: dict | None = None
     ignore_eos: bool | None = None
 
     @classmethod
@@ -327,7 +329,8 @@ class Decoder:
         stop, stop_token_ids, warpers, ignore_eos) or tuples in that order, [] for none (a value
         left out or None: the batch's one value, else the config's; stop strings as a list;
         warpers a dict of ROW_FIELDS, e.g. {"temperature": 0.7,
-        "presence_penalty": 0.5}). Their rows (n samples each) are
+        "presence_penalty": 0.5}: a key left out takes the batch's one value, else the config's;
+        a key given as None the config's). Their rows (n samples each) are
         numbered after the rows before them and generate with the batch's other settings, each as
         it would alone (the same tokens at temperature 0, the same distribution when sampling).
         The batch runs until no row is left and joining() returns nothing. Needs a drafter that
@@ -399,11 +402,14 @@ class Decoder:
                                g["ignore_eos"] if ignore_eos is None else ignore_eos)
 
     def _joining_sampling(self, batch_sampling: dict, own: dict | None) -> SamplingParams:
-        """A joining row's SamplingParams: the batch's settings, with its own warpers where it gives them."""
+        """A joining row's SamplingParams: the batch's settings, with its own warpers where it gives
+        them. A key it leaves out takes the batch's one value (else the config's); a key it gives as
+        None takes the config's, so a row can ask for the config's value (e.g. no penalty) beside a
+        batch whose rows all have one (as serve's requests that leave a setting out do)."""
         unknown = sorted(set(own or ()) - set(ROW_FIELDS))
         if unknown:
             raise ValueError(f"a joining row's warpers have unknown keys {unknown}; valid: {list(ROW_FIELDS)}")
-        return self._sampling({**batch_sampling, **{k: v for k, v in (own or {}).items() if v is not None}})
+        return self._sampling({**batch_sampling, **(own or {})})
 
     def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
                     joining=None):

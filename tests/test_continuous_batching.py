@@ -580,3 +580,34 @@ def test_a_joined_request_whose_client_leaves_ends_its_rows(slow_server_decoder)
     assert rest[-1].finish_reason == "abort" and len(first[1].token_ids) + sum(len(c.token_ids) for c in rest) < 60
     got += [chunk for _, chunk in chunks]
     assert long_job.stats.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("running", [{"presence_penalty": 1.5}, {"top_k": 2, "temperature": 0.8},
+                                     {"logit_bias": "first"}, {"no_repeat_ngram_size": 1}],
+                         ids=["penalty", "top_k", "logit_bias", "ban"])
+def test_a_request_that_leaves_a_setting_out_joins_with_the_configs_not_the_batchs(chat_target, running):
+    """The running batch's requests all sent a per-row setting; a request that leaves it out
+    joins with the config's value (none), not the batch's one value: its row's settings are the
+    config's, it generates what it does alone, and so does the running request (greedy cases)."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    from serving import ngram_decoder
+
+    decoder = slowed(ngram_decoder(chat_target[0]))
+    want = decoder.generate(SERVE_PROMPTS[1:2], max_new_tokens=12).token_ids
+    if running.get("logit_bias") == "first":  # ban the joining request's own first token: it would matter
+        running = {"logit_bias": {want[0][0]: -100.0}}
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
+                                                                     **running})
+    got = [next(chunks)[1]]
+    plain, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), {"max_new_tokens": 12})
+    assert rows == 2 and job.stats is None  # it ran beside the long row
+    got += [chunk for _, chunk in chunks]
+    assert decoder.engine._row_sampling[1] == decoder._sampling({})  # the config's settings
+    if running.get("temperature", 0.0) == 0.0:
+        assert plain.token_ids == want
+        alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60, **running)
+        assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
