@@ -90,3 +90,15 @@ def served(chat_target):
     decoder = ngram_decoder(chat_target[0])
     with running(decoder) as (_, base):
         yield decoder, base
+
+
+@pytest.fixture(scope="session")
+def plain(tiny_models) -> list[list[int]]:
+    """The tiny Llama target's greedy output (16 tokens) for test_row_sampling's PROMPTS, which
+    the per-row settings' tests make their settings from (so that each one changes its row)."""
+    import draftsman
+    from row_settings import NEW
+    from test_row_sampling import PROMPTS
+
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    return decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0).token_ids

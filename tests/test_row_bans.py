@@ -13,6 +13,8 @@ from draftsman import JoiningPrompt
 from draftsman.verifier.ngram_ban import BadWords, BlockBans, RepeatedNgrams
 from draftsman.verifier.sampling import RowSampling, SamplingParams, processed_probs
 from draftsman.verifier.tree import TreeBlock
+from row_settings import (DRAFTERS, NEW, assert_joining_rows_bring_their_own, assert_logprobs_are_each_rows_own,
+                          lone_and_batched)
 from test_engine_sampling import ALPHA, fit_pvalue
 from test_ngram_ban import VOCAB, random_block
 from test_row_drafts import assert_all_accepted, self_drafting
@@ -20,14 +22,6 @@ from test_row_min_new_tokens import SAMPLED_PROMPT, close_draft, drafters  # noq
 from test_row_sampling import PROMPTS
 from tiny_models import load_for_reference
 
-NEW = 16
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_models) -> list[list[int]]:
-    """The tiny target's greedy output for PROMPTS, which the bans below are made from."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
-    return decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0).token_ids
 
 
 def bans_of(plain: list[list[int]]) -> list[dict]:
@@ -83,42 +77,21 @@ def _block_row(block: TreeBlock, b: int) -> TreeBlock:
     return TreeBlock(block.tokens[b:b + 1], block.parents[b:b + 1], block.valid[b:b + 1])
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle3", "mtp",
-                                  "cascade"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_rows_with_their_own_bans_each_generate_as_alone(tiny_models, fresh_heads, plain, name,
                                                         close_draft):  # noqa: F811
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
                               "drafter": drafters(tiny_models, close_draft, fresh_heads)[name]})
-    bans = bans_of(plain)
-    lone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
-            for p, row in zip(PROMPTS, bans)]
-    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0, **per_prompt(bans))
-    assert out.token_ids == lone, name
+    lone, batched = lone_and_batched(decoder, bans_of(plain), per_prompt(bans_of(plain)), NEW)
+    assert batched == lone, name
     assert all(a != b for r, (a, b) in enumerate(zip(plain, lone)) if r != 1)  # each ban mattered
-    assert out.token_ids[1] == plain[1]  # the row without one is plain decoding
+    assert batched[1] == plain[1]  # the row without one is plain decoding
 
 
 def test_logprobs_are_each_rows_own(tiny_models, plain):
     """processed logprobs read each row's banned distribution; raw ones the target's own."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
     bans = bans_of(plain)
-    for mode in ("processed", "raw"):
-        out = decoder.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0, logprobs=mode, top_logprobs=3,
-                               **per_prompt(bans))
-        for r, (prompt, row) in enumerate(zip(PROMPTS, bans)):
-            alone = decoder.generate(input_ids=[prompt], max_new_tokens=8, temperature=0.0, logprobs=mode,
-                                     top_logprobs=3, **row)
-            assert out.token_ids[r] == alone.token_ids[0], (mode, r)
-            assert out.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-5), (mode, r)
-            assert [[t for t, _ in top] for top in out.top_logprobs[r]] == \
-                [[t for t, _ in top] for top in alone.top_logprobs[0]], (mode, r)
-    reference = load_for_reference(tiny_models["llama"][0])
-    for prompt, tokens, values in zip(PROMPTS, out.token_ids, out.logprobs):  # raw: the target's own
-        with torch.no_grad():
-            logits = reference(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
-        own = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-        assert values == pytest.approx(own.tolist(), abs=1e-4)
+    assert_logprobs_are_each_rows_own(tiny_models["llama"][0], bans, per_prompt(bans))
 
 
 def test_sampled_rows_each_follow_their_own_banned_distribution(tiny_models, close_draft):  # noqa: F811
@@ -161,27 +134,9 @@ def test_each_row_drafts_without_its_own_one_token_bad_words(tiny_models, plain,
 def test_joining_rows_bring_their_own_bans(tiny_models, plain):
     """A banning row joins a batch without bans, a row without one a banning batch; each is what
     it is alone, the rows already running too."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
-    decoder.engine.join_prefill_chunk = 2
     bans = bans_of(plain)
-
-    def alone(prompt, **row):
-        return decoder.generate(input_ids=[prompt], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
-
-    for batch, joining in ((dict(), bans[2]), (bans[3], dict(no_repeat_ngram_size=0))):
-        rounds = [0]
-
-        def joins():
-            rounds[0] += 1
-            return [JoiningPrompt(PROMPTS[2], NEW, warpers=joining)] if rounds[0] == 3 else []
-
-        tokens: dict[int, list[int]] = {}
-        for row, chunk in decoder.stream_batch([PROMPTS[0], PROMPTS[3]], joining=joins, max_new_tokens=NEW,
-                                               temperature=0.0, **batch):
-            tokens.setdefault(row, []).extend(chunk.token_ids)
-        assert tokens[0] == alone(PROMPTS[0], **batch) and tokens[1] == alone(PROMPTS[3], **batch), batch
-        assert tokens[2] == alone(PROMPTS[2], **joining), (batch, joining)
+    alone = assert_joining_rows_bring_their_own(tiny_models["llama"][0], [(dict(), bans[2]),
+                                                                          (bans[3], dict(no_repeat_ngram_size=0))], NEW)
     assert alone(PROMPTS[2], **bans[3]) != alone(PROMPTS[2])  # the batch's ban would have mattered
 
 

@@ -12,20 +12,14 @@ from draftsman import JoiningPrompt
 from draftsman.drafters.draft_bias import DraftBias, RowBans, RowDraftBias
 from draftsman.drafters.repeats import DraftContext
 from draftsman.verifier.sampling import RowSampling, SamplingParams, processed_probs, row_biases
+from row_settings import (DRAFTERS, NEW, assert_joining_rows_bring_their_own, assert_logprobs_are_each_rows_own,
+                          lone_and_batched)
 from test_engine_sampling import ALPHA, fit_pvalue
 from test_row_drafts import assert_all_accepted, self_drafting
 from test_row_min_new_tokens import SAMPLED_PROMPT, close_draft, drafters  # noqa: F401 (a fixture)
 from test_row_sampling import PROMPTS
 from tiny_models import load_for_reference
 
-NEW = 16
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_models) -> list[list[int]]:
-    """The tiny target's greedy output for PROMPTS, which the biases below are made from."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
-    return decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0).token_ids
 
 
 def biases_of(plain: list[list[int]]) -> list[dict | None]:
@@ -54,43 +48,24 @@ def test_row_biases_add_each_rows_own_as_alone():
     assert row_biases(RowSampling([SamplingParams(0.0), SamplingParams(0.5)]), "cpu") is None
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle3", "mtp",
-                                  "cascade"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_rows_with_their_own_biases_each_generate_as_alone(tiny_models, fresh_heads, plain, name,
                                                           close_draft):  # noqa: F811
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
                               "drafter": drafters(tiny_models, close_draft, fresh_heads)[name]})
     biases = biases_of(plain)
-    lone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, temperature=0.0, logit_bias=bias).token_ids[0]
-            for p, bias in zip(PROMPTS, biases)]
-    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0, logit_bias=biases)
-    assert out.token_ids == lone, name
+    lone, batched = lone_and_batched(decoder, [dict(logit_bias=bias) for bias in biases], dict(logit_bias=biases), NEW)
+    assert batched == lone, name
     assert all(a != b for r, (a, b) in enumerate(zip(plain, lone)) if r != 1)  # each bias mattered
-    assert out.token_ids[1] == plain[1]  # the row without one is plain decoding
+    assert batched[1] == plain[1]  # the row without one is plain decoding
 
 
 def test_logprobs_are_each_rows_own(tiny_models, plain):
     """processed logprobs read each row's biased distribution (a banned token at -inf in its row
     only); raw ones the target's own, before any row's bias, as alone."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
     biases = biases_of(plain)
-    for mode in ("processed", "raw"):
-        out = decoder.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0, logprobs=mode, top_logprobs=3,
-                               logit_bias=biases)
-        for r, (prompt, bias) in enumerate(zip(PROMPTS, biases)):
-            alone = decoder.generate(input_ids=[prompt], max_new_tokens=8, temperature=0.0, logprobs=mode,
-                                     top_logprobs=3, logit_bias=bias)
-            assert out.token_ids[r] == alone.token_ids[0], (mode, r)
-            assert out.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-5), (mode, r)
-            assert [[t for t, _ in top] for top in out.top_logprobs[r]] == \
-                [[t for t, _ in top] for top in alone.top_logprobs[0]], (mode, r)
-    reference = load_for_reference(tiny_models["llama"][0])
-    for prompt, tokens, values in zip(PROMPTS, out.token_ids, out.logprobs):  # raw: the target's own
-        with torch.no_grad():
-            logits = reference(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
-        own = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-        assert values == pytest.approx(own.tolist(), abs=1e-4)
+    assert_logprobs_are_each_rows_own(tiny_models["llama"][0], [dict(logit_bias=bias) for bias in biases],
+                                      dict(logit_bias=biases))
 
 
 def biased_first_token_distribution(target, params: SamplingParams) -> torch.Tensor:
@@ -182,29 +157,10 @@ def test_copying_drafters_end_each_rows_continuations_before_its_own_bans(name):
 def test_joining_rows_bring_their_own_bias(tiny_models, plain):
     """A biased row joins an unbiased batch, an unbiased one a biased batch; each is what it is
     alone, the rows already running too."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
-    decoder.engine.join_prefill_chunk = 2
     biases = biases_of(plain)
-
-    def alone(prompt, bias=None):
-        return decoder.generate(input_ids=[prompt], max_new_tokens=NEW, temperature=0.0,
-                                logit_bias=bias).token_ids[0]
-
-    for batch, joining in ((None, biases[2]), (biases[0], {})):
-        rounds = [0]
-
-        def joins():
-            rounds[0] += 1
-            return [JoiningPrompt(PROMPTS[2], NEW, warpers={"logit_bias": joining})] if rounds[0] == 3 else []
-
-        tokens: dict[int, list[int]] = {}
-        for row, chunk in decoder.stream_batch([PROMPTS[0], PROMPTS[3]], joining=joins, max_new_tokens=NEW,
-                                               temperature=0.0, logit_bias=batch):
-            tokens.setdefault(row, []).extend(chunk.token_ids)
-        assert tokens[0] == alone(PROMPTS[0], batch) and tokens[1] == alone(PROMPTS[3], batch), batch
-        assert tokens[2] == alone(PROMPTS[2], joining), (batch, joining)
-    assert alone(PROMPTS[2], biases[2]) != alone(PROMPTS[2])  # the joining row's bias mattered
+    cases = [(dict(), dict(logit_bias=biases[2])), (dict(logit_bias=biases[0]), dict(logit_bias={}))]
+    alone = assert_joining_rows_bring_their_own(tiny_models["llama"][0], cases, NEW)
+    assert alone(PROMPTS[2], logit_bias=biases[2]) != alone(PROMPTS[2])  # the joining row's bias mattered
 
 
 def test_requests_with_their_own_bias_share_a_serve_batch(chat_target):

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import draftsman
-from draftsman import JoiningPrompt
 from draftsman.verifier.block_penalties import penalize_block_counts_, penalize_block_repeats_
 from draftsman.verifier.sampling import SamplingParams
 
+from row_settings import (DRAFTERS, assert_joining_rows_bring_their_own, assert_logprobs_are_each_rows_own,
+                          lone_and_batched)
 from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixture)
 from test_row_sampling import PROMPTS
 
@@ -50,59 +51,28 @@ def test_block_penalties_per_row_equal_each_row_alone():
     assert torch.equal(per_row[1], logits[1]) and torch.equal(counted[1], logits[1])
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle3", "mtp",
-                                  "cascade"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_rows_with_their_own_penalties_each_generate_as_alone(tiny_models, fresh_heads, name,
                                                              close_draft):  # noqa: F811
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
                               "drafter": drafters(tiny_models, close_draft, fresh_heads)[name]})
-    lone = [decoder.generate(input_ids=[p], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
-            for p, row in zip(PROMPTS, PENALTIES)]
-    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0, **per_prompt(PENALTIES))
-    assert out.token_ids == lone, name
+    lone, batched = lone_and_batched(decoder, PENALTIES, per_prompt(PENALTIES), NEW)
+    assert batched == lone, name
     plain = decoder.generate(input_ids=PROMPTS, max_new_tokens=NEW, temperature=0.0).token_ids
     assert sum(a != b for a, b in zip(plain, lone)) >= 2  # the penalties mattered
-    assert out.token_ids[1] == plain[1]  # the row without one is plain decoding
+    assert batched[1] == plain[1]  # the row without one is plain decoding
 
 
 def test_processed_logprobs_are_each_rows_own_penalised_distribution(tiny_models):
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
-    out = decoder.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0, logprobs="processed",
-                           top_logprobs=3, **per_prompt(PENALTIES))
-    for r, (prompt, row) in enumerate(zip(PROMPTS, PENALTIES)):
-        alone = decoder.generate(input_ids=[prompt], max_new_tokens=8, temperature=0.0, logprobs="processed",
-                                 top_logprobs=3, **row)
-        assert out.token_ids[r] == alone.token_ids[0]
-        assert out.logprobs[r] == pytest.approx(alone.logprobs[0], abs=1e-5), r
-        assert [[t for t, _ in top] for top in out.top_logprobs[r]] == \
-            [[t for t, _ in top] for top in alone.top_logprobs[0]]
+    assert_logprobs_are_each_rows_own(tiny_models["llama"][0], PENALTIES, per_prompt(PENALTIES))
 
 
 def test_joining_rows_bring_their_own_penalties(tiny_models):
     """A penalised row joins an unpenalised batch (its tables made then), an unpenalised one a
-    penalised batch; each is what it is alone, the rows already running too."""
-    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
-                              "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
-    decoder.engine.join_prefill_chunk = 2
-
-    def alone(prompt, **row):
-        return decoder.generate(input_ids=[prompt], max_new_tokens=NEW, temperature=0.0, **row).token_ids[0]
-
-    # A joining row's own penalties; 1 is no repetition penalty, beside a batch that has one.
-    for batch, joining in ((dict(), PENALTIES[2]), (PENALTIES[0], dict(repetition_penalty=1.0))):
-        rounds = [0]
-
-        def joins():
-            rounds[0] += 1
-            return [JoiningPrompt(PROMPTS[2], NEW, warpers=joining)] if rounds[0] == 3 else []
-
-        tokens: dict[int, list[int]] = {}
-        for row, chunk in decoder.stream_batch([PROMPTS[0], PROMPTS[3]], joining=joins, max_new_tokens=NEW,
-                                               temperature=0.0, **batch):
-            tokens.setdefault(row, []).extend(chunk.token_ids)
-        assert tokens[0] == alone(PROMPTS[0], **batch) and tokens[1] == alone(PROMPTS[3], **batch), batch
-        assert tokens[2] == alone(PROMPTS[2], **joining), (batch, joining)
+    penalised batch; each is what it is alone, the rows already running too. 1 is no repetition
+    penalty, beside a batch that has one."""
+    alone = assert_joining_rows_bring_their_own(
+        tiny_models["llama"][0], [(dict(), PENALTIES[2]), (PENALTIES[0], dict(repetition_penalty=1.0))], NEW)
     assert alone(PROMPTS[2], **PENALTIES[0]) != alone(PROMPTS[2])  # the batch's penalty would have mattered
 
 
