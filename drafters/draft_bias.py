@@ -70,11 +70,12 @@ class RowDraftBias:
                 self.table[row, made[biases].columns] = made[biases].values
         self._cast: dict[torch.dtype, torch.Tensor] = {}  # the table in each logits dtype met
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """(B, ..., width) logits plus each row's bias: a new tensor."""
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, ..., width) logits plus each row's bias: a new tensor. rows: which of the batch's
+        rows the logits' first dim holds, when not all."""
         if logits.dtype not in self._cast:
             self._cast[logits.dtype] = self.table.to(logits.dtype)
-        table = self._cast[logits.dtype]
+        table = self._cast[logits.dtype] if rows is None else self._cast[logits.dtype].index_select(0, rows)
         return logits + table.view(table.shape[0], *[1] * (logits.dim() - 2), table.shape[1])
 
 

@@ -134,18 +134,18 @@ class MedusaDrafter(Drafter):
         if not ready:
             return trees
         hidden = torch.stack([self.last_hidden[b] for b in ready]).float()  # (n, d)
-        # (heads, n, width): rows second, so the request's bias and penalties (not each row's own)
-        logits = self.draft_context.biased(self.sampling, self.heads(hidden), self.vocab_map)
-        repeats = self.draft_context.round(self.sampling, contexts, logits.shape[-1], self.vocab_map)  # (heads first)
+        index = torch.tensor(ready, device=self.device)
+        sampling = self.draft_sampling()  # each row's own bias and penalties, when rows differ
+        # (n, heads, width): rows first, as the per-row bias, penalties and EOS ban take them
+        logits = self.draft_context.biased(sampling, self.heads(hidden).transpose(0, 1), self.vocab_map, rows=index)
+        repeats = self.draft_context.round(sampling, contexts, logits.shape[-1], self.vocab_map)
         if repeats is not None:  # every head penalised for the committed text (not for the nodes above)
-            state = repeats.root_state[torch.tensor(ready, device=self.device)]
-            logits = repeats.penalise(logits, state.expand_as(logits))
+            repeats = repeats.rows(index)
+            logits = repeats.penalise(logits, repeats.root_state[:, None, :].expand_as(logits))
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         if eos_ban is not None:  # head h drafts depth h + 1
-            ready_rows = eos_ban.rows(torch.tensor(ready, device=self.device))
-            depths = torch.arange(1, logits.shape[0] + 1, device=self.device)
-            logits = ready_rows.apply(logits.transpose(0, 1), depths).transpose(0, 1)
-        candidates = logits.topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
+            logits = eos_ban.rows(index).apply(logits, torch.arange(1, logits.shape[1] + 1, device=self.device))
+        candidates = logits.transpose(0, 1).topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]
         tokens = candidates[self.head_of_node, :, self.rank_of_node]  # (nodes, n)

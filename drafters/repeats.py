@@ -68,19 +68,21 @@ class DraftContext:
         """Rows join after the others (the token tables rebuild once, seeing more rows)."""
         self.generated_from += [len(p) for p in prompts]
 
-    def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None) -> torch.Tensor:
+    def biased(self, sampling, logits: torch.Tensor, vocab_map: torch.Tensor | None,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
         """(..., width) logits fresh from the drafter's network plus the logit_bias
         (drafters/draft_bias.py) and the one-token bad words as bans; the same tensor without
         either. sampling: the request's, or the rows' own (draft_sampling(): a RowSampling biases
-        row b of the logits, their first dim, by row b's). Call it before penalising: the engine
-        adds the bias first."""
+        row b of the logits, their first dim, by row b's; rows: which of the batch's rows that
+        first dim holds, when not all). Call it before penalising: the engine adds the bias first."""
         if sampling is not self._bias_for:  # the engine keeps its settings objects while rows stay
             self._bias_for, self._biases = sampling, {}
         width = logits.shape[-1]
         if width not in self._biases:
             self._biases[width] = self._bias_of(sampling, width, vocab_map)
         bias = self._biases[width]
-        return logits if bias is None else bias.apply(logits)
+        return logits if bias is None else bias.apply(logits, rows) if isinstance(bias, RowDraftBias) else \
+            bias.apply(logits)
 
     def _bias_of(self, sampling, width: int, vocab_map: torch.Tensor | None) -> DraftBias | RowDraftBias | None:
         if isinstance(sampling, RowSampling):
@@ -146,6 +148,11 @@ class DraftRepeats:
                                      if isinstance(value, torch.Tensor) else value)
             logits = penalize_counts(logits, state // 2, per_row(self.presence), per_row(self.frequency))
         return logits
+
+    def rows(self, index: torch.Tensor) -> "DraftRepeats":
+        """The penalties of a subset of rows (drafters that draft for some rows only)."""
+        pick = lambda value: value[index] if isinstance(value, torch.Tensor) else value  # noqa: E731
+        return DraftRepeats((pick(self.repetition), pick(self.presence), pick(self.frequency)), self.root_state[index])
 
     @staticmethod
     def plus(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

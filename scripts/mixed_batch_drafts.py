@@ -1,11 +1,12 @@
 """A/B in one process: a mixed batch (2 rows at T=0.7, 2 greedy; or, with `penalties`, 2 greedy
-rows with presence penalty 1.0 and frequency penalty 0.5, 2 without) with drafts drawn and
-penalised under each row's own settings (the default) and under the request's one setting (the
-drafter's row settings withheld, as before per-row drafts), alternating, 4 runs each. Prints
-tokens/s, tau and the drafting and verification time per round.
+rows with presence penalty 1.0 and frequency penalty 0.5, 2 without; or, with `biases`, 2 greedy
+rows that ban the newline token, 2 without) with drafts drawn, penalised and biased under each
+row's own settings (the default) and under the request's one setting (the drafter's row settings
+withheld, as before per-row drafts), alternating, 4 runs each. Prints tokens/s, tau and the
+drafting and verification time per round.
 
-    python scripts/mixed_batch_drafts.py eagle3              # or draft_model
-    python scripts/mixed_batch_drafts.py eagle3 penalties
+    python scripts/mixed_batch_drafts.py eagle3              # or draft_model, medusa
+    python scripts/mixed_batch_drafts.py eagle3 penalties    # or biases
 """
 import json
 import sys
@@ -16,10 +17,13 @@ SPECS = {
     "eagle3": {"name": "eagle", "path": "zoo/python-eagle3", "quantize": "auto", "min_confidence": 0.05,
                "depth": 6, "total_tokens": 20},
     "draft_model": {"name": "draft_model", "path": "zoo/python-draft", "k": 4, "quantize": "auto"},
+    "medusa": {"name": "medusa", "path": "zoo/python-medusa"},
 }
 TEMPERATURES = [0.7, 0.0, 0.7, 0.0]
 PENALTIES = {"temperature": 0.0, "presence_penalty": [1.0, None, 1.0, None],
              "frequency_penalty": [0.5, None, 0.5, None]}
+NEWLINE = 199  # a lone "\n" in the bundled tokenizer
+BIASES = {"temperature": 0.0, "logit_bias": [{NEWLINE: -100}, None, {NEWLINE: -100}, None]}
 
 
 def main(name: str, mix: str) -> None:
@@ -27,7 +31,7 @@ def main(name: str, mix: str) -> None:
     prompts = [r["text"] for r in records][: len(TEMPERATURES)]
     spec = {**SPECS[name], "penalise_drafts": True} if name == "draft_model" else SPECS[name]
     decoder = draftsman.load({"target": {"path": "zoo/python-target"}, "drafter": spec})
-    settings = PENALTIES if mix == "penalties" else {"temperature": TEMPERATURES}
+    settings = {"penalties": PENALTIES, "biases": BIASES}.get(mix, {"temperature": TEMPERATURES})
     drafter, mode = decoder.engine.drafter, {"now": "own"}
     propose = drafter.propose
 

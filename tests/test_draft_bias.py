@@ -32,7 +32,7 @@ def test_the_bias_lands_on_the_drafters_own_columns():
 
 
 def _without_the_draft_bias(monkeypatch):
-    monkeypatch.setattr(DraftContext, "biased", lambda self, sampling, logits, vocab_map: logits)
+    monkeypatch.setattr(DraftContext, "biased", lambda self, sampling, logits, vocab_map, rows=None: logits)
 
 
 def _drafted(dec, prompts, **kwargs) -> tuple[Counter, list[Counter], object]:

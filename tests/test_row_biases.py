@@ -125,6 +125,8 @@ def test_draft_biases_per_row_equal_each_row_alone():
     context = DraftContext([[1], [1], [1], [1]], 12, "cpu")
     logits = torch.randn(4, 12, generator=g)
     assert torch.equal(context.biased(rows, logits, None), RowDraftBias(biases, 12, None, "cpu").apply(logits))
+    some = torch.tensor([2, 0])  # rows a drafter drafts for (medusa: the rows with a hidden state)
+    assert torch.equal(context.biased(rows, logits[some], None, rows=some), context.biased(rows, logits, None)[some])
     shared = RowSampling([SamplingParams(0.0, logit_bias={2: 1.0}), SamplingParams(0.5, logit_bias={2: 1.0})])
     two = logits[:2]
     assert torch.equal(context.biased(shared, two, None), DraftBias(((2, 1.0),), 12, None, "cpu").apply(two))
@@ -214,7 +216,7 @@ def test_bad_biases_per_row_are_named(tiny_models, call, message):
         call(decoder)
 
 
-@pytest.mark.parametrize("name", ["draft_model", "draft_model_tree", "eagle3", "mtp"])
+@pytest.mark.parametrize("name", ["draft_model", "draft_model_tree", "eagle3", "mtp", "medusa"])
 def test_model_drafters_keep_a_rows_banned_token_out_of_its_drafts_only(tiny_models, fresh_heads, name,
                                                                        close_draft):  # noqa: F811
     """Two rows of one prompt, the first banning a token the drafter drafts for it unbiased: that

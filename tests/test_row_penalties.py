@@ -164,6 +164,8 @@ def test_drafts_are_penalised_as_each_rows_target_will_be():
         want = logits[b] if alone is None else alone.penalise(logits[b:b + 1], state[b:b + 1])[0]
         assert torch.allclose(mixed[b], want, atol=1e-6), b
     assert not torch.allclose(mixed[0], logits[0]) and torch.equal(mixed[2], logits[2])
+    some = torch.tensor([2, 0])  # rows a drafter drafts for (medusa: the rows with a hidden state)
+    assert torch.equal(together.rows(some).penalise(logits[some], state[some]), mixed[some])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -183,7 +185,7 @@ def test_rows_with_their_own_penalties_accept_their_self_drafts(tiny_models, tem
     assert out.stats.proposed_at_depth[0] >= 8 and min(rates) > 0.95, rates
 
 
-@pytest.mark.parametrize("name", ["eagle3", "mtp", "draft_model"])
+@pytest.mark.parametrize("name", ["eagle3", "mtp", "draft_model", "medusa"])
 def test_drafters_penalise_drafts_under_each_rows_settings(tiny_models, close_draft, fresh_heads, name):  # noqa: F811
     """The drafters that penalise their drafts are given the rows' own settings each round."""
     spec = {**drafters(tiny_models, close_draft, fresh_heads)[name], "penalise_drafts": True} \
