@@ -16,7 +16,9 @@ up to `max_rows` rows running at once;
 the first waiting request always runs, whatever its size. Requests join a running batch in
 the order they came: one with other settings, or too many rows, at the head of the queue stops
 the joining until the batch ends (nothing waits for ever behind later arrivals). A request with
-a `seed` runs alone: its output is then what the same request gives on its own.
+a `seed` runs alone: its output is then what the same request gives on its own. Under (lossy)
+typical acceptance the per-row sampling settings keep requests apart too: it takes one setting
+for the whole batch.
 Every batch runs through Decoder.stream_batch, streamed requests and the others alike: each
 request reads its own rows as rounds commit them, and is answered as soon as its rows have
 ended, not when the batch's longest row does.
@@ -94,7 +96,11 @@ class _Job:
         # default value (the config's), or a NEUTRAL one, is the same as one left out, as
         # benchmark clients send them: such a request keeps no other apart.
         defaults = defaults or {}
-        settings = {k: v for k, v in args.items() if k not in PER_ROW_SETTINGS and k not in SCORE_SETTINGS
+        # Typical acceptance takes one sampling setting for the whole batch (LOSSY; verifier/
+        # typical.py): under it the sampling settings keep requests apart too.
+        typical = args.get("lossy_typical_acceptance", defaults.get("lossy_typical_acceptance"))
+        per_row = [k for k in PER_ROW_SETTINGS if not (typical and k in ROW_FIELDS)]
+        settings = {k: v for k, v in args.items() if k not in per_row and k not in SCORE_SETTINGS
                     and k != SAMPLES and not _as_default(k, v, defaults)}
         self.key = None if "seed" in args else json.dumps(settings, sort_keys=True, default=str)
         # The top tokens asked per scored token (0: the token's own score only); None: no scores.

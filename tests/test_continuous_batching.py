@@ -611,3 +611,30 @@ def test_a_request_that_leaves_a_setting_out_joins_with_the_configs_not_the_batc
         assert plain.token_ids == want
         alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60, **running)
         assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
+
+
+def test_typical_acceptance_requests_with_other_sampling_settings_run_apart(chat_target):
+    """Typical acceptance takes one sampling setting for the whole batch: a typical-acceptance
+    request with another temperature (or bias, penalty, ...) waits for the running batch to end,
+    where joining it would stop that batch with an error."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+
+    from serving import ngram_decoder
+
+    decoder = slowed(ngram_decoder(chat_target[0]))
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    typical = {"lossy_typical_acceptance": True}
+    job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
+                                                                     "temperature": 0.8, **typical})
+    got = [next(chunks)[1]]
+    other, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), {"max_new_tokens": 8, "temperature": 0.5,
+                                                                        **typical})
+    assert rows == 1 and len(other.token_ids[0]) <= 8  # in a batch of its own
+    got += [chunk for _, chunk in chunks]
+    assert job.stats.finish_reasons == ["length"] and sum(len(c.token_ids) for c in got) == 60
+    same = {"max_new_tokens": 8, "temperature": 0.8, **typical}
+    assert batcher_key(same, batcher) == batcher_key({**same, "max_new_tokens": 12}, batcher)  # limits: per row
+    assert batcher_key(same, batcher) != batcher_key({**same, "logit_bias": {5: 1.0}}, batcher)
+    assert batcher_key({"temperature": 0.8}, batcher) == batcher_key({"temperature": 0.5}, batcher)  # exact: per row
