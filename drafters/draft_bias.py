@@ -14,8 +14,8 @@ the verifier stays exact either way; a deterministic draft needs no q. `ngram` c
 the context: it ends a continuation before a banned token and ignores other biases.
 
 Rows of one batch may have biases of their own (verifier/sampling.py's ROW_FIELDS): a drafter
-then biases each row's logits by its own (RowDraftBias), and `ngram` ends each row's continuations
-before the tokens that row bans (RowBans).
+then biases each row's logits by its own (RowDraftBias), and `ngram` and `retrieval` end each
+row's continuations before the tokens that row bans (RowBans).
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ class DraftBias:
             self.columns = match.any(1).nonzero()[:, 0]
             self.values = biases[match[self.columns].int().argmax(1)]
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """(..., width) logits plus the bias: a new tensor (the caller's logits may be cached)."""
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., width) logits plus the bias: a new tensor (the caller's logits may be cached).
+        rows: which rows the logits hold (RowDraftBias's; one bias for every row needs none)."""
         if self.columns.numel() == 0:
             return logits
         out = logits.clone()

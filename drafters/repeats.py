@@ -81,8 +81,7 @@ class DraftContext:
         if width not in self._biases:
             self._biases[width] = self._bias_of(sampling, width, vocab_map)
         bias = self._biases[width]
-        return logits if bias is None else bias.apply(logits, rows) if isinstance(bias, RowDraftBias) else \
-            bias.apply(logits)
+        return logits if bias is None else bias.apply(logits, rows)
 
     def _bias_of(self, sampling, width: int, vocab_map: torch.Tensor | None) -> DraftBias | RowDraftBias | None:
         if isinstance(sampling, RowSampling):
