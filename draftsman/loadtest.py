@@ -102,6 +102,35 @@ def number_mix(text: str, flag: str, example: str) -> list[float]:
     return values
 
 
+def request_fields(args: argparse.Namespace, lengths: list[int]) -> list[dict]:
+    """Each request's fields besides the prompt and the model: its max_tokens (`lengths`), and
+    what the mixing options give request i (the (i mod count)-th of a mix; a penalty or a ban of
+    0 is not sent)."""
+    temperatures = number_mix(args.temperatures, "--temperatures", "0,0.7,1") if args.temperatures \
+        else [args.temperature]
+    penalties = number_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
+        if args.presence_penalties else [0.0]
+    ngram_sizes = number_mix(args.no_repeat_ngram_sizes, "--no-repeat-ngram-sizes", "0,3") \
+        if args.no_repeat_ngram_sizes else [0.0]
+    if any(n != int(n) for n in ngram_sizes):
+        raise ValueError(f"--no-repeat-ngram-sizes takes whole numbers, e.g. 0,3; got {args.no_repeat_ngram_sizes!r}")
+    fields = []
+    for i, n in enumerate(lengths):
+        own = {"max_tokens": n, "temperature": temperatures[i % len(temperatures)]}
+        if args.fixed_length:
+            own["min_tokens"] = n
+        if penalties[i % len(penalties)]:
+            own["presence_penalty"] = penalties[i % len(penalties)]
+        if ngram_sizes[i % len(ngram_sizes)]:
+            own["no_repeat_ngram_size"] = int(ngram_sizes[i % len(ngram_sizes)])
+        if args.distinct_stops:
+            own["stop"] = [f"<|stop-{i}|>"]
+        if args.distinct_biases:
+            own["logit_bias"] = {str(1 + i % BIASED_IDS): -100}
+        fields.append(own)
+    return fields
+
+
 def load_prompts(path: str, categories: list[str] | None) -> list[tuple[str, dict]]:
     """(id, request fields) per prompt: text and token ids go to completions, chats to chat."""
     prompts = [p for group in by_category(read_prompts(path)[0], categories).values() for p in group
@@ -326,14 +355,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     bases = [url.rstrip("/") for url in args.url]
     lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
-    temperatures = number_mix(args.temperatures, "--temperatures", "0,0.7,1") if args.temperatures \
-        else [args.temperature]
-    penalties = number_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
-        if args.presence_penalties else [0.0]
-    ngram_sizes = number_mix(args.no_repeat_ngram_sizes, "--no-repeat-ngram-sizes", "0,3") \
-        if args.no_repeat_ngram_sizes else [0.0]
-    if any(n != int(n) for n in ngram_sizes):
-        raise ValueError(f"--no-repeat-ngram-sizes takes whole numbers, e.g. 0,3; got {args.no_repeat_ngram_sizes!r}")
+    fields = request_fields(args, lengths)
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
     models = {base: args.model or served_model(base, args.api_key) for base in bases}
     pace = (f"{args.request_rate:g} per second on average, {args.concurrency} in flight at most"
@@ -341,15 +363,7 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for repeat in range(args.repeats):
         for base in (bases if repeat % 2 == 0 else bases[::-1]):  # the order flips: drift hits each server alike
-            settings = [{"model": models[base], "max_tokens": n, "temperature": temperatures[i % len(temperatures)],
-                         **({"min_tokens": n} if args.fixed_length else {}),
-                         **({"presence_penalty": penalties[i % len(penalties)]} if penalties[i % len(penalties)]
-                            else {}),
-                         **({"no_repeat_ngram_size": int(ngram_sizes[i % len(ngram_sizes)])}
-                            if ngram_sizes[i % len(ngram_sizes)] else {}),
-                         **({"stop": [f"<|stop-{i}|>"]} if args.distinct_stops else {}),
-                         **({"logit_bias": {str(1 + i % BIASED_IDS): -100}} if args.distinct_biases else {})}
-                        for i, n in enumerate(lengths)]
+            settings = [{"model": models[base], **own} for own in fields]
             results, wall = run_load(base, prompts, settings, args.requests, args.concurrency, args.stream,
                                      args.api_key, args.request_rate, args.seed)
             s = summary(results, wall)
