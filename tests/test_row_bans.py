@@ -11,7 +11,7 @@ import torch
 import draftsman
 from draftsman import JoiningPrompt
 from draftsman.verifier.ngram_ban import BadWords, BlockBans, RepeatedNgrams
-from draftsman.verifier.sampling import RowSampling, SamplingParams, processed_probs
+from draftsman.verifier.sampling import RowSampling, SamplingParams, processed_probs, row_bans
 from draftsman.verifier.tree import TreeBlock
 from row_settings import (DRAFTERS, NEW, assert_joining_rows_bring_their_own, assert_logprobs_are_each_rows_own,
                           lone_and_batched)
@@ -56,7 +56,7 @@ def test_block_bans_ban_each_row_as_alone():
         block = random_block(rng, len(settings), nodes=6)
         block.tokens[:, 0] = torch.tensor([c[-1] for c in contexts])
         logits = torch.randn(len(settings), block.tokens.shape[1], VOCAB, generator=torch.Generator().manual_seed(1))
-        together = bans.ban_(logits.clone(), block, list(range(len(settings))), contexts, BlockBans.groups(rows))
+        together = bans.ban_(logits.clone(), block, list(range(len(settings))), contexts, row_bans(rows))
         for b in range(len(settings)):
             own = logits[b:b + 1].clone()
             for ban in alone[b]:
@@ -68,9 +68,9 @@ def test_block_bans_ban_each_row_as_alone():
         for context in contexts:
             context += [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 3))]
     assert banned > 50
-    assert BlockBans.groups(rows) == ({2: [0, 3], 3: [4]}, {((4,), (1, 2)): [2], ((0, 5),): [4]})
+    assert row_bans(rows) == ({2: [0, 3], 3: [4]}, {((4,), (1, 2)): [2], ((0, 5),): [4]})
     shared = SamplingParams(0.0, no_repeat_ngram_size=2)
-    assert BlockBans.groups(shared) == ({2: None}, {})  # one setting: every row, no index
+    assert row_bans(shared) == ({2: None}, {})  # one setting: every row, no index
 
 
 def _block_row(block: TreeBlock, b: int) -> TreeBlock:

@@ -24,7 +24,7 @@ from .block_penalties import penalize_block_counts_, penalize_block_repeats_
 from .ngram_ban import BlockBans
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
-from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_biases,
+from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_bans, row_biases,
                        row_penalties)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -573,7 +573,7 @@ class SpeculativeEngine:
         repetition, presence, frequency = row_penalties(rows_sampling, self.device)
         bias = row_biases(rows_sampling, logits.device)
         penalizes_counts = presence is not None or frequency is not None
-        bans = BlockBans.groups(rows_sampling)
+        bans = row_bans(rows_sampling)
         changes = any(bans) or holds_eos or bias is not None or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if bias is not None:  # before the penalties, as Hugging Face adds its sequence_bias

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from .block_penalties import writable
-from .sampling import RowSampling, SamplingParams
 from .tree import TreeBlock
 
 
@@ -152,29 +151,10 @@ class BlockBans:
         self._ngrams: dict[int, RepeatedNgrams] = {}
         self._words: dict[tuple, BadWords] = {}
 
-    @staticmethod
-    def groups(sampling: SamplingParams | RowSampling) -> tuple[dict, dict]:
-        """The block rows that ban n-grams, by n, and words, by word list (None: every row); found
-        once per RowSampling (the engine keeps one while its rows stay)."""
-        if isinstance(sampling, SamplingParams):
-            return ({sampling.no_repeat_ngram_size: None} if sampling.bans_repeated_ngrams else {},
-                    {sampling.bad_words_ids: None} if sampling.bans_words else {})
-        if sampling.ban_groups is None:
-            by_n: dict[int, list[int] | None] = {}
-            by_words: dict[tuple, list[int] | None] = {}
-            for b, params in enumerate(sampling.rows):
-                if params.bans_repeated_ngrams:
-                    by_n.setdefault(params.no_repeat_ngram_size, []).append(b)
-                if params.bans_words:
-                    by_words.setdefault(params.bad_words_ids, []).append(b)
-            every = len(sampling.rows)
-            sampling.ban_groups = tuple({key: None if len(which) == every else which for key, which in groups.items()}
-                                        for groups in (by_n, by_words))
-        return sampling.ban_groups
-
     def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
              groups: tuple[dict, dict]) -> torch.Tensor:
-        """RepeatedNgrams.ban_ and BadWords.ban_, each on its own rows (groups())."""
+        """RepeatedNgrams.ban_ and BadWords.ban_, each on its own rows (groups: verifier/sampling.py's
+        row_bans)."""
         by_n, by_words = groups
         for n, which in by_n.items():
             if n not in self._ngrams:

@@ -237,14 +237,15 @@ class RowSampling:
             self.groups.setdefault(warps[params], []).append(i)
         self.greedy = all(params.greedy for params in self.groups)
         self.lossy = any(params.lossy for params in warps)
-        # Per device: each group's row indices, which rows are greedy, the penalties. The engine
+        # Per device: each group's row indices, which rows are greedy, the penalties, the biases;
+        # and the rows of each ban. The engine
         # keeps one RowSampling while its rows stay, and a round warps with it several times (each
         # drafted depth, the verification): each is built once.
         self._indices: dict[torch.device, list[tuple[SamplingParams, torch.Tensor]]] = {}
         self._greedy: dict[torch.device, torch.Tensor] = {}
         self._penalties: dict[torch.device, list] = {}
         self._biases: dict[torch.device, RowBiases | None] = {}
-        self.ban_groups: tuple | None = None  # the rows of each ban (verifier/ngram_ban.py's BlockBans)
+        self._bans: tuple | None = None
 
     def greedy_rows(self, device: torch.device) -> torch.Tensor:
         """(rows,) bool: which rows are greedy."""
@@ -322,6 +323,26 @@ def row_biases(params: SamplingParams | RowSampling, device) -> RowBiases | None
             params._biases[device] = RowBiases(torch.tensor(rows, device=device), torch.tensor(ids, device=device),
                                                torch.tensor(values, device=device))
     return params._biases[device]
+
+
+def row_bans(params: SamplingParams | RowSampling) -> tuple[dict, dict]:
+    """The rows that ban n-grams, by n, and words, by word list (None: every row), for
+    verifier/ngram_ban.py's BlockBans."""
+    if isinstance(params, SamplingParams):
+        return ({params.no_repeat_ngram_size: None} if params.bans_repeated_ngrams else {},
+                {params.bad_words_ids: None} if params.bans_words else {})
+    if params._bans is None:
+        by_n: dict[int, list[int]] = {}
+        by_words: dict[tuple, list[int]] = {}
+        for b, row in enumerate(params.rows):
+            if row.bans_repeated_ngrams:
+                by_n.setdefault(row.no_repeat_ngram_size, []).append(b)
+            if row.bans_words:
+                by_words.setdefault(row.bad_words_ids, []).append(b)
+        every = len(params.rows)
+        params._bans = tuple({key: None if len(which) == every else which for key, which in groups.items()}
+                             for groups in (by_n, by_words))
+    return params._bans
 
 
 def check_row_sampling(rows: list[SamplingParams]) -> None:
