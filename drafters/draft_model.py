@@ -166,10 +166,11 @@ class DraftModelDrafter(Drafter):
         repeats = (self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
+        bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map)
         if self.options.top_k > 1 and self.shape_sampling().greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,
-                                 min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban)
+                                 min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban, bans=bans)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
         self.round_start = torch.tensor([len(c) for c in contexts])
@@ -180,15 +181,20 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         length = torch.full((B,), k, dtype=torch.long, device=self.lm.device)
         context_state = None if repeats is None else repeats.root_state
+        drafted = None if bans is None else [[] for _ in range(B)]  # each row's path, under bans
         for step in range(k):
             if context_state is not None:  # under penalties, as the target's logits will be
                 logits = repeats.penalise(logits, context_state)
             if eos_ban is not None:
                 logits = eos_ban.apply(logits, step + 1)
+            if drafted is not None:
+                logits = bans.mask(logits[..., : self.vocab_size], drafted)
             # Over the draft model's logits (all tokens, or draft_vocab's); index into them.
             p, index = draw_step(logits[..., : self.vocab_size], sampling, self.generator)
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             tok = self.token_ids(index)
+            if drafted is not None:
+                drafted = [path + [t] for path, t in zip(drafted, tok.tolist())]
             tokens.append(tok)
             probs.append(p)
             if self.options.min_confidence is not None:

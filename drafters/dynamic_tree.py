@@ -28,6 +28,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, DraftTree
 from .eos_ban import EosBan
+from .path_bans import PathBanRound
 from .repeats import DraftRepeats
 
 # grow(parent_states (B, K, ...) or None, tokens (B, K), depth, visible (B, K, S) or None)
@@ -59,22 +60,24 @@ def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state
                  depth: int, top_k: int, total_tokens: int, ready: list[bool],
                  token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
                  score_scale: float = 1.0, repeats: DraftRepeats | None = None,
-                 min_confidence: float = 0.0, eos_ban: EosBan | None = None) -> list[DraftTree]:
+                 min_confidence: float = 0.0, eos_ban: EosBan | None = None,
+                 bans: PathBanRound | None = None) -> list[DraftTree]:
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
     the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
     reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
     logits penalised for its own context under penalties (drafters/repeats.py). eos_ban: no EOS
-    node where min_new_tokens forbids it (drafters/eos_ban.py).
+    node where min_new_tokens forbids it (drafters/eos_ban.py). bans: no node that its own path
+    makes a repeated n-gram or bad word (drafters/path_bans.py).
     min_confidence: drop nodes whose path confidence is below it, and stop growing once no
     frontier node reaches it (every row keeps at least its best node)."""
     min_score = math.log(min_confidence) if min_confidence > 0 else -math.inf
     tokens, parents, scores = _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale,
-                                      repeats, total_tokens, min_score, eos_ban)
+                                      repeats, total_tokens, min_score, eos_ban, bans)
     return _keep_best(tokens, parents, scores, total_tokens, ready, min_score)
 
 
 def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_scale, repeats=None,
-            total_tokens=None, min_score=-math.inf, eos_ban=None):
+            total_tokens=None, min_score=-math.inf, eos_ban=None, bans=None):
     """Every drafted node, (B, n) each: tokens, parent node index (-1 = root), cumulative log-prob."""
     device = root_logits.device
     K = min(top_k, root_logits.shape[-1])
@@ -84,8 +87,12 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         root_logits = repeats.penalise(root_logits, repeats.root_state)
     if eos_ban is not None:
         root_logits = eos_ban.apply(root_logits, 1)
+    if bans is not None:
+        root_logits = bans.mask(root_logits, [[] for _ in range(B)])
     score, index = (root_logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K)
     token = token_ids(index)
+    # Under path bans: each frontier node's path below the root, as token ids.
+    paths = None if bans is None else [[[t] for t in row] for row in token.tolist()]
     # Under penalties: what each frontier node's context holds (B, K, n; drafters/repeats.py).
     frontier_held = None if repeats is None else repeats.plus(repeats.root_state[:, None].expand(B, K, -1), index)
     all_tokens, all_parents, all_scores = [token], [torch.full_like(token, -1)], [score]
@@ -102,6 +109,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
             logits = repeats.penalise(logits, frontier_held)
         if eos_ban is not None:
             logits = eos_ban.apply(logits, d + 1)
+        if paths is not None:
+            logits = bans.mask(logits, paths)
         child_score, child_logit_index = (logits.float() * score_scale).log_softmax(-1).topk(K, dim=-1)  # (B, K, K)
         child_token = token_ids(child_logit_index)
         child_score = child_score + score[..., None]
@@ -121,6 +130,9 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         if frontier_held is not None:
             frontier_held = repeats.plus(frontier_held[rows, parent_of_pick],
                                          child_logit_index.reshape(B, K * K).gather(1, pick))
+        if paths is not None:
+            paths = [[paths[b][p] + [t] for p, t in zip(parent_row, token_row)]
+                     for b, (parent_row, token_row) in enumerate(zip(parent_of_pick.tolist(), token.tolist()))]
         S = lm.num_slots
         grown = torch.zeros(B, K, S, dtype=torch.bool, device=device)
         if visible is not None:

@@ -89,4 +89,5 @@ class EagleDrafter(FeatureHeadDrafter):
         if not self.shape_sampling().greedy and o.sampled_rounds == "chain":
             return self.draft_chain(feature, logits, depth, ready)
         return dynamic_tree(self.lm, self.grow, logits, feature, depth, o.top_k, o.total_tokens, ready.tolist(),
-                            self.token_ids, self.score_scale, self.repeats, o.min_confidence, self.eos_ban)
+                            self.token_ids, self.score_scale, self.repeats, o.min_confidence, self.eos_ban,
+                            self.path_bans)

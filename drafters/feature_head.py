@@ -27,6 +27,7 @@ from .first_feed import distinct_rows
 from .dynamic_tree import grow_level
 from .eos_ban import EosBan
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
+from .path_bans import PathBanRound
 from .repeats import DraftContext, DraftRepeats
 
 
@@ -134,6 +135,7 @@ class FeatureHeadDrafter(Drafter):
         logits = self.draft_context.biased(self.draft_sampling(), logits, self.vocab_map)  # grow() biases the rest
         self.repeats = self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
         self.eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
+        self.path_bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees
@@ -154,15 +156,20 @@ class FeatureHeadDrafter(Drafter):
         tokens, probs = [], []
         visible = None
         context_state = None if self.repeats is None else self.repeats.root_state
+        drafted = None if self.path_bans is None else [[] for _ in range(B)]  # each row's path, under bans
         for d in range(1, depth + 1):
             if context_state is not None:  # under penalties, as the target's logits will be
                 logits = self.repeats.penalise(logits, context_state)
             if self.eos_ban is not None:
                 logits = self.eos_ban.apply(logits, d)
+            if drafted is not None:
+                logits = self.path_bans.mask(logits, drafted)
             # Over the head's logits (all, or a draft vocabulary).
             p, index = draw_step(logits, sampling, self.generator)
             context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
             token = self.token_ids(index)
+            if drafted is not None:
+                drafted = [path + [t] for path, t in zip(drafted, token.tolist())]
             tokens.append(token)
             probs.append(p)
             if d == depth:
@@ -191,6 +198,7 @@ class FeatureHeadDrafter(Drafter):
         self.draft_context = DraftContext(prompts, self.vocab_size, self.device)  # under penalties
         self.repeats: DraftRepeats | None = None  # set each round by propose()
         self.eos_ban: EosBan | None = None  # set each round by propose()
+        self.path_bans: PathBanRound | None = None  # set each round by propose()
         self.prompts = prompts
         # Per row, the target's features not yet fed to the head, as the chunks they came in:
         # joined once, when the head catches up (joining every round copied a whole plain stretch

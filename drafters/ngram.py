@@ -10,6 +10,7 @@ import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
 from .draft_bias import RowBans
+from .path_bans import PathBans
 from .registry import register
 
 
@@ -98,10 +99,13 @@ class NgramDrafter(Drafter):
         self.prompt_lengths = [len(p) for p in prompts]
         # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
         self.bans = RowBans()
+        # ...and each continuation ends before a token its own path bans (drafters/path_bans.py).
+        self.path_bans = PathBans()
 
     def keep_rows(self, indices):
         self.indexes = [self.indexes[i] for i in indices]
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
+        self.path_bans.select_rows(indices)
 
     can_add_rows = True
 
@@ -115,8 +119,9 @@ class NgramDrafter(Drafter):
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
         bans = self.bans.of(self.draft_sampling(), len(contexts))
-        for index, ctx, prompt_length, least, banned in zip(self.indexes, contexts, self.prompt_lengths, minimums,
-                                                            bans):
+        path_bans = self.path_bans.round(self.draft_sampling(), contexts)
+        for b, (index, ctx, prompt_length, least, banned) in enumerate(zip(self.indexes, contexts, self.prompt_lengths,
+                                                                           minimums, bans)):
             index.update(ctx)
             trie = _Trie([], [])
             # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor
@@ -124,7 +129,8 @@ class NgramDrafter(Drafter):
             # deterministic, so cutting it is exact).
             banned_depths = least - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
-                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, banned))
+                cont = _before_banned(cont, banned_depths, self.eos_token_ids, banned)
+                trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
             trees.append(trie.tree(self.device))
         return trees
 

@@ -29,6 +29,7 @@ from ..verifier.context_tokens import ContextTokens
 from ..verifier.sampling import RowSampling, penalize_counts, penalize_repeats, row_penalties
 from .draft_bias import BAN, DraftBias, RowDraftBias
 from .eos_ban import EosBan
+from .path_bans import PathBanRound, PathBans
 
 
 def draft_biases(sampling) -> tuple[tuple[int, float], ...]:
@@ -58,11 +59,14 @@ class DraftContext:
         self._biases: dict[int, DraftBias | RowDraftBias | None] = {}
         self.held = ContextTokens(vocab_size, device)
         self.generated = ContextTokens(vocab_size, device, counts=True)
+        self._path_bans = PathBans()
+        self._columns: dict[int, int] | None = None  # a draft vocabulary's token id -> logit index
 
     def select_rows(self, indices: list[int]) -> None:
         self.generated_from = [self.generated_from[i] for i in indices]
         self.held.select_rows(indices)
         self.generated.select_rows(indices)
+        self._path_bans.select_rows(indices)
 
     def add_rows(self, prompts: list[list[int]]) -> None:
         """Rows join after the others (the token tables rebuild once, seeing more rows)."""
@@ -91,6 +95,17 @@ class DraftContext:
             sampling = sampling.rows[0]
         biases = draft_biases(sampling)
         return DraftBias(biases, width, vocab_map, self.device) if biases else None
+
+    def path_bans(self, sampling, contexts: list[list[int]], vocab_map: torch.Tensor | None) -> PathBanRound | None:
+        """This round's bans that depend on the drafts above a token (no_repeat_ngram_size, bad
+        words of several tokens: drafters/path_bans.py); None when no row has one. vocab_map: the
+        draft vocabulary's row -> token id (fixed for a request), None for all tokens."""
+        bans = self._path_bans.round(sampling, contexts)
+        if bans is not None and vocab_map is not None:
+            if self._columns is None:
+                self._columns = {token: column for column, token in enumerate(vocab_map.tolist())}
+            bans.columns = self._columns
+        return bans
 
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,
                 vocab_map: torch.Tensor | None) -> EosBan | None:

@@ -20,6 +20,7 @@ from .datastore import Datastore, read_documents
 from .datastore_index import is_index, load_index
 from .draft_bias import RowBans
 from .ngram import _before_banned, _Trie
+from .path_bans import PathBans
 from .registry import register
 
 
@@ -80,9 +81,12 @@ class RetrievalDrafter(Drafter):
         self.prompt_lengths = [len(p) for p in prompts]
         # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
         self.bans = RowBans()
+        # ...and each continuation ends before a token its own path bans (drafters/path_bans.py).
+        self.path_bans = PathBans()
 
     def keep_rows(self, indices):
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
+        self.path_bans.select_rows(indices)
 
     can_add_rows = True
 
@@ -94,11 +98,13 @@ class RetrievalDrafter(Drafter):
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
         bans = self.bans.of(self.draft_sampling(), len(contexts))
-        for ctx, prompt_length, least, banned in zip(contexts, self.prompt_lengths, minimums, bans):
+        path_bans = self.path_bans.round(self.draft_sampling(), contexts)
+        for b, (ctx, prompt_length, least, banned) in enumerate(zip(contexts, self.prompt_lengths, minimums, bans)):
             trie = _Trie([], [])
             banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
-                trie.insert(_before_banned(cont, banned_depths, self.eos_token_ids, banned))
+                cont = _before_banned(cont, banned_depths, self.eos_token_ids, banned)
+                trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
             trees.append(trie.tree(self.device))
         return trees
 

@@ -139,21 +139,29 @@ def test_copying_drafters_end_each_rows_continuations_before_its_own_bans(name):
     rows = RowSampling([SamplingParams(0.0, logit_bias={7: -100.0, 8: -3.0}), SamplingParams(0.0)])
     assert RowBans().of(rows, 2) == [frozenset({7}), frozenset()]
     assert RowBans().of(SamplingParams(0.0, logit_bias={4: -100.0}), 3) == [frozenset({4})] * 3
+    banned, free = copying_drafts(name, rows)
+    assert 7 not in banned.tokens.tolist() and 7 in free.tokens.tolist()
+
+
+COPIED_PROMPT = [5, 6, 7, 8, 5, 6]  # after "5 6" the prompt continues "7 8"
+
+
+def copying_drafts(name: str, rows: RowSampling) -> list:
+    """The first trees `ngram` or `retrieval` (its datastore holding the prompt's text) drafts for
+    COPIED_PROMPT in each row of `rows`."""
     from draftsman.drafters.ngram import NgramDrafter
     from draftsman.drafters.retrieval import RetrievalDrafter
     from test_retrieval import store
 
-    prompt = [5, 6, 7, 8, 5, 6]  # after "5 6" the prompt continues "7 8"
     if name == "ngram":
         drafter = NgramDrafter(NgramDrafter.Options(k=3, min_ngram=1))
-    else:  # its datastore holds the prompt's text
+    else:
         drafter = object.__new__(RetrievalDrafter)
         drafter.options = RetrievalDrafter.Options(path="datastore", k=3, min_ngram=1, max_ngram=3)
-        drafter.datastore, drafter.device = store(prompt), "cpu"
-    drafter.begin([prompt, prompt], SamplingParams(0.0), torch.Generator())
+        drafter.datastore, drafter.device = store(COPIED_PROMPT), "cpu"
+    drafter.begin([COPIED_PROMPT] * len(rows.rows), SamplingParams(0.0), torch.Generator())
     drafter.row_sampling = rows
-    banned, free = drafter.propose([prompt, prompt])
-    assert 7 not in banned.tokens.tolist() and 7 in free.tokens.tolist()
+    return drafter.propose([COPIED_PROMPT] * len(rows.rows))
 
 
 def test_joining_rows_bring_their_own_bias(tiny_models, plain):

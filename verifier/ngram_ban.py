@@ -36,18 +36,46 @@ def _extend(index: dict, sequence: list[int], done: int, n: int) -> dict:
     return index
 
 
+class CommittedNgrams:
+    """One row's committed n-grams, {(n-1)-gram: next tokens}, extended as the row grows; asked
+    what a position below the row's newest token may not be (the verifier's tree nodes, and the
+    drafters' own drafts: drafters/path_bans.py)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.indexed = 0  # tokens of the row indexed so far
+        self.index: dict[tuple[int, ...], set[int]] = {}
+
+    def update(self, context: list[int]) -> "CommittedNgrams":
+        """Index the n-grams of `context` (the row's committed tokens, the root included) not yet in."""
+        _extend(self.index, context, self.indexed, self.n)
+        self.indexed = len(context)
+        return self
+
+    def head(self, context: list[int]) -> list[int]:
+        """The row's last n-1 tokens: as far back as a path's new n-grams reach."""
+        return context[max(0, len(context) - (self.n - 1)):]
+
+    def banned(self, head: list[int], path: list[int]) -> set[int]:
+        """The tokens that would complete a repeated n-gram after `path` (tokens below the root)
+        when the row ends with `head` (head()): the committed n-grams, and those ending on the path."""
+        # The end of this position's sequence: the row's last n-1 tokens, then its path. (A context
+        # shorter than that is whole, so positions in `tail` are the sequence's.)
+        n, tail = self.n, head + path
+        key = _key(tail, n)
+        banned = set(self.index.get(key, ()))
+        for end in range(len(head), len(tail)):  # the n-grams that end on the path
+            if end - n + 1 >= 0 and tuple(tail[end - n + 1:end]) == key:
+                banned.add(tail[end])
+        return banned
+
+
 class RepeatedNgrams:
     """One generation's committed n-grams, per original row, kept as the rows grow."""
 
     def __init__(self, n: int):
         self.n = n
-        self._rows: dict[int, tuple[int, dict]] = {}  # row -> (tokens indexed, its index)
-
-    def _index(self, row: int, context: list[int]) -> dict:
-        done, index = self._rows.get(row, (0, {}))
-        _extend(index, context, done, self.n)
-        self._rows[row] = (len(context), index)
-        return index
+        self._rows: dict[int, CommittedNgrams] = {}  # original row -> its n-grams
 
     def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
              which: list[int] | None = None) -> torch.Tensor:
@@ -55,20 +83,15 @@ class RepeatedNgrams:
         penalties), every token that would complete an n-gram already in its position's sequence,
         and return them. rows: each block row's original row (for its index); contexts: each row's
         committed tokens, the root included; which: the block rows to ban in (None: all)."""
-        logits, n = writable(logits), self.n
+        logits = writable(logits)
         at_b, at_j, at_v = [], [], []
         for b, row, context, nodes in _node_paths(block, rows, contexts, which):
-            index = self._index(row, context)
-            head = context[max(0, len(context) - (n - 1)):]  # as far back as a path's new n-grams reach
+            if row not in self._rows:
+                self._rows[row] = CommittedNgrams(self.n)
+            ngrams = self._rows[row].update(context)
+            head = ngrams.head(context)
             for j, path in nodes:
-                # The end of this position's sequence: the row's last n-1 tokens, then its path.
-                # (A context shorter than that is whole, so positions in `tail` are the sequence's.)
-                tail = head + path
-                key = _key(tail, n)
-                banned = set(index.get(key, ()))
-                for end in range(len(head), len(tail)):  # the n-grams that end on the path
-                    if end - n + 1 >= 0 and tuple(tail[end - n + 1:end]) == key:
-                        banned.add(tail[end])
+                banned = ngrams.banned(head, path)
                 at_b += [b] * len(banned)
                 at_j += [j] * len(banned)
                 at_v += banned
@@ -90,7 +113,12 @@ class BadWords:
 
     def banned_after(self, sequence: list[int]) -> set[int]:
         """The tokens banned after `sequence` (the plain form, for one sequence: the audit's)."""
-        return set(self.singles) | {w[-1] for w in self.longer if _ends_with(sequence, w[:-1])}
+        return set(self.singles) | self.completing(sequence)
+
+    def completing(self, sequence: list[int]) -> set[int]:
+        """The last tokens of the longer words whose rest `sequence` ends with (only its last
+        `reach` tokens matter)."""
+        return {w[-1] for w in self.longer if _ends_with(sequence, w[:-1])}
 
     def ban_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], contexts: list[list[int]],
              which: list[int] | None = None) -> torch.Tensor:
@@ -108,12 +136,10 @@ class BadWords:
         for b, _, context, nodes in _node_paths(block, rows, contexts, which):
             head = context[max(0, len(context) - self.reach):]
             for j, path in nodes:
-                tail = head + path
-                for word in self.longer:
-                    if _ends_with(tail, word[:-1]):
-                        at_b.append(b)
-                        at_j.append(j)
-                        at_v.append(word[-1])
+                banned = self.completing(head + path)
+                at_b += [b] * len(banned)
+                at_j += [j] * len(banned)
+                at_v += banned
         if at_b:
             logits[at_b, at_j, at_v] = float("-inf")
         return logits

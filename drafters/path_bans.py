@@ -1,0 +1,124 @@
+"""Drafting under the bans that depend on the tokens before a position: no_repeat_ngram_size (a
+token that would repeat an n-gram of the row) and bad words of several tokens (a word's last
+token where the rest of it ends the sequence). The engine sets such a token's logit to -inf at
+every tree node (verifier/ngram_ban.py), so a draft that proposes it can only be rejected. Each
+draft position's sequence is the row's committed tokens and the drafts above it, so a drafter
+asks per draft: model drafters mask the banned tokens in that draft's logits, and the copying
+drafters (`ngram`, `retrieval`) end a continuation before the first one.
+
+A copying drafter needs this most: under no_repeat_ngram_size a continuation copied after a match
+of n-1 tokens or more repeats an n-gram at its first token, so it proposed only rejected tokens.
+
+Drafts only. A sampled draft token's q is the distribution it was drawn from, masked or not, so
+the verifier stays exact either way; a deterministic draft needs no q. One-token bad words and
+logit_bias bans hold everywhere: model drafters take them in their bias (drafters/draft_bias.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..verifier.ngram_ban import BadWords, CommittedNgrams
+from ..verifier.sampling import RowSampling
+
+
+class PathBans:
+    """A request's rows' bans, kept across rounds (each row's committed n-grams are indexed as it
+    grows, not again per round); rows leave and join with the drafter's."""
+
+    def __init__(self):
+        self._ngrams: list[CommittedNgrams | None] = []  # per row, once its setting bans repeats
+        self._words: dict[tuple, BadWords] = {}  # per bad_words_ids setting
+
+    def select_rows(self, indices: list[int]) -> None:
+        self._ngrams = [self._ngrams[i] if i < len(self._ngrams) else None for i in indices]
+
+    def round(self, sampling, contexts: list[list[int]]) -> "PathBanRound | None":
+        """This round's bans per row, under `sampling` (the request's, or the rows' own:
+        draft_sampling()); None when no row bans repeats or words of several tokens."""
+        settings = sampling.rows if isinstance(sampling, RowSampling) else [sampling] * len(contexts)
+        if not any(_bans(params) for params in settings):
+            return None
+        self._ngrams += [None] * (len(contexts) - len(self._ngrams))  # rows that joined
+        rows = []
+        for b, (params, context) in enumerate(zip(settings, contexts)):
+            n = params.no_repeat_ngram_size if params.bans_repeated_ngrams else 0
+            ngrams = None
+            if n:
+                if self._ngrams[b] is None or self._ngrams[b].n != n:
+                    self._ngrams[b] = CommittedNgrams(n)
+                ngrams = self._ngrams[b].update(context)
+            words = None
+            if params.bans_words:
+                if params.bad_words_ids not in self._words:
+                    # EOS words kept: the engine ignores them, as Hugging Face does; drafts only
+                    self._words[params.bad_words_ids] = BadWords(params.bad_words_ids)
+                words = self._words[params.bad_words_ids]
+            rows.append(_RowBan(ngrams, words, context))
+        return PathBanRound(rows)
+
+
+def _bans(params) -> bool:
+    return params is not None and (params.bans_repeated_ngrams or params.bans_words)
+
+
+class _RowBan:
+    """One row's bans this round: its n-grams (or None) and bad words (or None), with the end of
+    its committed tokens that a draft's sequence starts from."""
+
+    def __init__(self, ngrams: CommittedNgrams | None, words: BadWords | None, context: list[int]):
+        self.ngrams, self.words = ngrams, words
+        self.ngram_head = ngrams.head(context) if ngrams is not None else []
+        self.word_head = context[max(0, len(context) - words.reach):] if words is not None else []
+
+    def banned(self, path: list[int], singles: bool) -> set[int]:
+        banned = self.ngrams.banned(self.ngram_head, path) if self.ngrams is not None else set()
+        if self.words is not None:
+            banned |= self.words.completing(self.word_head + path)
+            if singles:
+                banned.update(self.words.singles)
+        return banned
+
+
+class PathBanRound:
+    """One round's bans: what each row may not draft after a path of drafts."""
+
+    def __init__(self, rows: list[_RowBan]):
+        self.rows = rows
+        self.columns: dict[int, int] | None = None  # token id -> logit index, under a draft vocabulary
+
+    def banned(self, row: int, path: list[int], singles: bool = False) -> set[int]:
+        """The tokens row `row` may not draft after `path` (its drafts below the root, in order).
+        singles: with its one-token bad words too (model drafters have them in their bias)."""
+        return self.rows[row].banned(path, singles)
+
+    def cut(self, row: int, continuation: list[int]) -> list[int]:
+        """A copied continuation up to its first banned token (one-token bad words included)."""
+        for j, token in enumerate(continuation):
+            if token in self.rows[row].banned(continuation[:j], singles=True):
+                return continuation[:j]
+        return continuation
+
+    def mask(self, logits: torch.Tensor, paths: list, rows: list[int] | None = None) -> torch.Tensor:
+        """(B, width) or (B, K, width) logits of drafts, with -inf where banned: paths[b] (or
+        paths[b][k]) is the path the draft follows; rows: the row of each b, when not b. Token ids
+        become logit indices through `columns` (None: they are equal; ids at or past width are
+        left out). A new tensor: the caller's logits may be cached. A draft position that would
+        have nothing left keeps its logits (the target's own are then all -inf too)."""
+        width, columns = logits.shape[-1], self.columns
+        at: list[list[int]] = [[] for _ in range(logits.dim())]
+        for b, row_paths in enumerate(paths):
+            row = b if rows is None else rows[b]
+            for k, path in enumerate(row_paths if logits.dim() == 3 else [row_paths]):
+                for token in self.banned(row, path):
+                    column = token if columns is None else columns.get(token, width)
+                    if column < width:
+                        at[0].append(b)
+                        if logits.dim() == 3:
+                            at[1].append(k)
+                        at[-1].append(column)
+        if not at[0]:
+            return logits
+        out = logits.clone()
+        out[tuple(torch.tensor(i, device=logits.device) for i in at)] = -torch.inf
+        emptied = torch.isneginf(out).all(-1) & ~torch.isneginf(logits).all(-1)
+        return torch.where(emptied[..., None], logits, out)
