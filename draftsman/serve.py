@@ -18,6 +18,8 @@ decoding by changing their base URL.
   send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
+- `--tool-call-parser hermes`: a chat reply's <tool_call> blocks come back as OpenAI's
+  tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
   `POST /detokenize`.
 - `--api-key KEY` (or DRAFTSMAN_API_KEY): the /v1 routes need "Authorization: Bearer KEY".
@@ -49,6 +51,7 @@ from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
+from .tool_calls import CLOSE, OPEN, PARSERS, ToolCallStream, arguments_as_objects, parse_tool_calls
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -66,8 +69,8 @@ SAMPLING_FIELDS = {
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
-CHAT_FIELDS = ({"messages", "tools", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
-               | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
+CHAT_FIELDS = ({"messages", "tools", "tool_choice", "max_completion_tokens", "chat_template_kwargs", "logprobs",
+                "top_logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
 # cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
@@ -87,8 +90,9 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False,
-                 max_batch_rows: int = 16, api_key: str | None = None):
+                 max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
+        self.tool_call_parser = check_tool_call_parser(tool_call_parser, decoder)
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
@@ -159,17 +163,21 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
             body = dict(body)
             body["max_tokens"] = body.pop("max_completion_tokens")
-        self._answer(body, self._chat_ids(body), chat=True)
+        tool_calls = parses_tool_calls(body, self.server.tool_call_parser)
+        self._answer(body, self._chat_ids(body), chat=True, tool_calls=tool_calls)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
-        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids."""
-        messages = check_conversation(body.get("messages"), '"messages"')
+        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids;
+        earlier tool calls' arguments as objects, as chat templates take them."""
+        messages = arguments_as_objects(check_conversation(body.get("messages"), '"messages"'))
         return self.server.decoder.encode_chat(messages, tools=body.get("tools"),
                                                chat_template_kwargs=body.get("chat_template_kwargs"))
 
-    def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None) -> None:
+    def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
+                tool_calls: bool = False) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
-        (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it."""
+        (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
+        tool_calls: a chat reply's tool calls are parsed out of its text (draftsman/tool_calls.py)."""
         args = generate_args(body)
         include_usage = stream_usage(body)
         top = logprobs_asked(body, chat)
@@ -179,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            return self._stream(ids, args, head, kind, chat, include_usage)
+            return self._stream(ids, args, head, kind, chat, include_usage, tool_calls)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -201,9 +209,15 @@ class Handler(BaseHTTPRequestHandler):
                     scores = self._echo_scores(ids[p], prompt_values[p], prompt_tops[p] if top else None,
                                                len(echoed[p]), out, i)
                 text = echoed[p] + text
-            content = ({"message": {"role": "assistant", "content": text}, "logprobs": scores} if chat
-                       else {"text": text, "logprobs": scores})
-            choices.append({"index": i, **content, "finish_reason": FINISH.get(reason, reason)})
+            reason = FINISH.get(reason, reason)
+            message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["content"], calls = parse_tool_calls(text)
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = "tool_calls" if reason == "stop" else reason  # OpenAI's, when the reply ends in calls
+            content = {"message": message, "logprobs": scores} if chat else {"text": text, "logprobs": scores}
+            choices.append({"index": i, **content, "finish_reason": reason})
         prompt_tokens = sum(map(len, ids))
         completion_tokens = sum(map(len, out.token_ids))
         self._json(200, {**head, "object": kind, "choices": choices,
@@ -211,10 +225,12 @@ class Handler(BaseHTTPRequestHandler):
                                    "total_tokens": prompt_tokens + completion_tokens},
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
-    def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False) -> None:
+    def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
+                tool_calls: bool = False) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
-        as its row ends; the last one carries the `draftsman` statistics."""
+        as its row ends; the last one carries the `draftsman` statistics. tool_calls: each chat
+        reply's calls are sent as OpenAI's tool_calls deltas, each whole as its block closes."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
@@ -225,17 +241,36 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
+        parsers = [ToolCallStream() for _ in range(job.rows)] if tool_calls else None
+
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             scores = None
             if chunk is not None and chunk.logprobs is not None:
                 scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offsets[index])
                 if not chat:  # completions' text_offset runs on over the tokens just scored
                     offsets[index] += sum(map(len, scores["tokens"]))
+            if parsers is not None and not role:  # the text as content and tool_calls deltas
+                deltas = parsers[index].feed(delta or "")
+                if reason is not None:
+                    deltas += parsers[index].finish()
+                    reason = "tool_calls" if parsers[index].calls and reason == "stop" else reason
+                elif not deltas and scores is None:  # text held as a possible call: nothing to send yet
+                    return
+                for d in deltas[:-1]:
+                    emit(index, d, None, scores)
+                    scores = None  # a chunk's scores go with its first delta
+                return emit(index, deltas[-1] if deltas else {}, reason, scores)
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
-                choice = {"index": index, "delta": d, "logprobs": scores, "finish_reason": reason}
+                emit(index, d, reason, scores)
             else:
-                choice = {"index": index, "text": delta or "", "logprobs": scores, "finish_reason": reason}
+                emit(index, {"text": delta or ""}, reason, scores)
+
+        def emit(index: int, delta: dict, reason: str | None, scores) -> None:
+            if chat:
+                choice = {"index": index, "delta": delta, "logprobs": scores, "finish_reason": reason}
+            else:
+                choice = {"index": index, **delta, "logprobs": scores, "finish_reason": reason}
             event = {**head, "object": chunk_kind, "choices": [choice]}
             if reason is not None and job.stats is not None:  # the last: the batch's statistics, now known
                 event["draftsman"] = {**self._report(job.stats), "batch_rows": job.batch_rows}
@@ -471,6 +506,42 @@ def stream_usage(body: dict) -> bool:
     return options.get("include_usage", False)
 
 
+def check_tool_call_parser(parser: str | None, decoder: Decoder) -> str | None:
+    """--tool-call-parser: a known format, whose tags the target's text keeps."""
+    if parser is None:
+        return None
+    if parser not in PARSERS:
+        raise ValueError(f"--tool-call-parser {parser!r} is not known; the parsers are: {', '.join(PARSERS)}")
+    special = set(getattr(decoder.tokenizer, "all_special_tokens", ()))
+    if special & {OPEN, CLOSE}:
+        raise ValueError(f"the target's tokenizer marks {OPEN} / {CLOSE} as special tokens, which decoded text "
+                         f"drops, so --tool-call-parser {parser} would never see a call: this target does not write "
+                         "its calls in the hermes format")
+    return parser
+
+
+def parses_tool_calls(body: dict, parser: str | None) -> bool:
+    """Whether a chat request's reply is parsed for tool calls: it sends "tools", and its
+    "tool_choice" is "auto" (the default) on a server with a --tool-call-parser. "none" leaves
+    the reply as text. A call the request would force ("required", a named function) is refused:
+    it would need the output constrained, and draftsman returns the target's own output."""
+    choice, tools = body.get("tool_choice"), body.get("tools")
+    if choice is not None and not tools:
+        raise RequestError('"tool_choice" goes with "tools": send the tools, or leave tool_choice out')
+    if choice == "none" or not tools:
+        return False
+    if choice not in (None, "auto"):
+        raise RequestError(f'"tool_choice" {json.dumps(choice)} is not served: forcing a call would constrain the '
+                           'output, and draftsman returns the target\'s own output; send "auto" or "none"')
+    if parser is None:
+        if choice == "auto":
+            raise RequestError('"tool_choice": "auto" needs the server started with --tool-call-parser (e.g. hermes), '
+                               "the format the model writes its calls in; without it, leave tool_choice out and "
+                               "read the calls in the reply's text")
+        return False
+    return True
+
+
 def generate_args(body: dict) -> dict:
     """The Decoder.generate arguments of a request's sampling fields (absent ones: the config's)."""
     args = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
@@ -508,6 +579,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request that joins a running batch has its prompt prefilled at most TOKENS tokens per "
                         "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
                         f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
+    p.add_argument("--tool-call-parser", choices=PARSERS, metavar="FORMAT",
+                   help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
+                        "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
+                        f"{', '.join(PARSERS)}: <tool_call>{{json}}</tool_call>, as Hermes and Qwen write them)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -528,7 +603,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
     name = args.served_model_name or Path(cfg["target"]["path"]).name
     server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
-                    api_key=args.api_key)
+                    api_key=args.api_key, tool_call_parser=args.tool_call_parser)
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
     try:
         server.serve_forever()

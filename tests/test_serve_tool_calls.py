@@ -1,0 +1,221 @@
+"""Tool calls (`draftsman serve --tool-call-parser hermes`, draftsman/tool_calls.py): a chat reply's
+<tool_call>{json}</tool_call> blocks come back as OpenAI's tool_calls, whole or streamed; the
+request's tool_choice is checked; earlier calls' arguments reach the chat template as objects.
+The tiny target writes no calls of its own, so the answer's shaping is tested on replies the
+server's batcher is made to return, and the real path on the tiny target's own replies."""
+import json
+import random
+import shutil
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoTokenizer
+
+from draftsman import cli
+from draftsman.api import GenerationOutput, GenerationStats
+from draftsman.tool_calls import ToolCallStream, arguments_as_objects, parse_tool_calls
+from serving import call, events, ngram_decoder, running
+
+WEATHER = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}
+TIME = {"name": "get_time", "arguments": {}}
+REPLY = (f"Let me look.\n<tool_call>\n{json.dumps(WEATHER)}\n</tool_call>\n"
+         f"<tool_call>\n{json.dumps(TIME)}\n</tool_call>")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def calls_of(calls: list[dict]) -> list[tuple]:
+    """(name, arguments as an object) of each call: the ids are fresh."""
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_a_reply_is_split_into_content_and_calls():
+    content, calls = parse_tool_calls(REPLY)
+    assert content == "Let me look." and calls_of(calls) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
+    assert len({c["id"] for c in calls}) == 2
+    content, calls = parse_tool_calls(f"<tool_call>{json.dumps(TIME)}</tool_call>")
+    assert content is None and calls_of(calls) == [("get_time", {})]
+    string_arguments = {"name": "f", "arguments": '{"a": 1}'}  # kept as the model wrote it
+    assert parse_tool_calls(f"<tool_call>{json.dumps(string_arguments)}</tool_call>")[1][0]["function"]["arguments"] \
+        == '{"a": 1}'
+    for text in ("no calls here", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                 f"<tool_call>{json.dumps(TIME)}"):  # bad JSON, no name, unclosed: the text as written
+        assert parse_tool_calls(text) == (text, [])
+    content, calls = parse_tool_calls(f"a<tool_call>[1]</tool_call>b<tool_call>{json.dumps(TIME)}</tool_call>")
+    assert content == "a<tool_call>[1]</tool_call>b" and calls_of(calls) == [("get_time", {})]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_streamed_reply_gives_what_the_whole_reply_gives(seed):
+    """The reply cut into random pieces (single characters too, cuts inside the tags): the
+    content deltas join to the whole reply's content, the calls arrive whole, indexed in order."""
+    rng = random.Random(seed)
+    # A block that holds no call (its text is content), and an end that might have opened a block.
+    text = REPLY + "\n<tool_call>[1]</tool_call>\nDone <tool" + ("_x" if seed % 2 else "")
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, len(text) // 3)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    stream, deltas = ToolCallStream(), []
+    for piece in pieces:
+        deltas += stream.feed(piece)
+    deltas += stream.finish()
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    whole_content, whole_calls = parse_tool_calls(text)
+    assert content.strip() == whole_content and calls_of(calls) == calls_of(whole_calls)
+    assert [c["index"] for c in calls] == [0, 1] and stream.calls == 2
+    assert all(set(d) in ({"content"}, {"tool_calls"}) and (d.get("content") != "") for d in deltas)
+
+
+def test_text_that_only_looked_like_an_opening_is_sent():
+    stream = ToolCallStream()
+    assert stream.feed("a <tool") == [{"content": "a "}]
+    assert stream.feed("box") == [{"content": "<toolbox"}]
+    assert stream.feed(f"<tool_call>{json.dumps(TIME)}") == []  # inside an open block: held
+    assert stream.finish() == [{"content": f"<tool_call>{json.dumps(TIME)}"}]  # unclosed: content
+
+
+def test_earlier_calls_arguments_reach_the_template_as_objects():
+    messages = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+        {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json"}}]}, *USER]
+    out = arguments_as_objects(messages)
+    assert [c["function"]["arguments"] for c in out[0]["tool_calls"]] == [{"a": 1}, "not json"]
+    assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the request is not changed
+    assert out[1] is USER[0]
+
+
+TOOL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}"
+    "</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] %}{{ m['content'] }}{% endif %}{% for c in m.get('tool_calls') or [] %}<tool_call>\n"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tool_server(chat_target, tmp_path_factory):
+    """(server, base URL): the tiny chat target with a template that reads tools, served with
+    --tool-call-parser hermes."""
+    folder = tmp_path_factory.mktemp("tool-target")
+    shutil.copytree(chat_target[0], folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    with running(ngram_decoder(folder), tool_call_parser="hermes") as served:
+        yield served
+
+
+def replying(server, monkeypatch, text: str, reason: str = "eos"):
+    """The server's batcher returns `text` as each request's reply (one row), whole or streamed
+    in pieces of 5 characters."""
+    def generate(ids, args, gone=None):
+        return GenerationOutput([text], [[1] * 3], GenerationStats(finish_reasons=[reason])), 1
+
+    def stream(ids, args, gone=None):
+        job = SimpleNamespace(rows=1, stats=GenerationStats(finish_reasons=[reason]), batch_rows=1, cancel=lambda: None)
+        pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
+        chunks = [(0, SimpleNamespace(text=p, token_ids=[1], logprobs=None, top_logprobs=None, finish_reason=None))
+                  for p in pieces]
+        chunks[-1][1].finish_reason = reason
+        return job, iter(chunks)
+
+    monkeypatch.setattr(server.batcher, "generate", generate)
+    monkeypatch.setattr(server.batcher, "stream", stream)
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_a_reply_with_calls_is_answered_with_tool_calls(tool_server, monkeypatch, choice):
+    server, base = tool_server
+    replying(server, monkeypatch, REPLY)
+    body = {"messages": USER, "tools": TOOLS, **({"tool_choice": choice} if choice else {})}
+    status, got = call(base, "/v1/chat/completions", body)
+    assert status == 200, got
+    choice = got["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    assert calls_of(choice["message"]["tool_calls"]) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
+
+
+def test_a_streamed_reply_with_calls_sends_tool_calls_deltas(tool_server, monkeypatch):
+    server, base = tool_server
+    replying(server, monkeypatch, REPLY + " <tool")  # its end held as a possible opening, then sent
+    got = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in got]
+    assert deltas[0] == {"role": "assistant", "content": ""} and all(deltas[1:-1])  # no empty events
+    assert "".join(d.get("content", "") for d in deltas) == "Let me look.\n\n <tool"
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert [c["index"] for c in calls] == [0, 1]
+    assert calls_of(calls) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
+    assert [e["choices"][0]["finish_reason"] for e in got] == [None] * (len(got) - 1) + ["tool_calls"]
+    assert not any("<tool_call" in d.get("content", "") for d in deltas)
+
+
+@pytest.mark.parametrize("body, reason, parsed", [
+    ({"tools": TOOLS, "tool_choice": "none"}, "eos", False),  # the reply as text
+    ({}, "eos", False),  # no tools sent: nothing to call
+    ({"tools": TOOLS}, "length", True),  # cut off after its calls: still "length"
+])
+def test_replies_that_are_not_tool_calls_stay_text(tool_server, monkeypatch, body, reason, parsed):
+    server, base = tool_server
+    replying(server, monkeypatch, REPLY, reason)
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, **body})
+    choice = got["choices"][0]
+    assert status == 200 and ("tool_calls" in choice["message"]) == parsed
+    assert choice["message"]["content"] == ("Let me look." if parsed else REPLY)
+    assert choice["finish_reason"] == ("length" if reason == "length" else "stop")
+
+
+def test_the_tiny_targets_own_reply_with_tools(tool_server):
+    """The real path: the template renders the tools and an earlier call (its arguments sent as
+    a JSON string, rendered as an object); the tiny target writes no call, so its reply is text."""
+    _, base = tool_server
+    earlier = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    status, got = call(base, "/tokenize", {"messages": earlier, "tools": TOOLS})
+    assert status == 200
+    status, text = call(base, "/detokenize", {"tokens": got["tokens"]})
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text["prompt"]
+    assert '"name": "get_weather", "parameters"' in text["prompt"]
+    status, got = call(base, "/v1/chat/completions", {"messages": earlier, "tools": TOOLS, "tool_choice": "auto",
+                                                      "max_tokens": 8, "temperature": 0})
+    assert status == 200 and isinstance(got["choices"][0]["message"]["content"], str)
+    assert got["choices"][0]["finish_reason"] in ("stop", "length") and "tool_calls" not in got["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tools": TOOLS, "tool_choice": "required"}, 'forcing a call would constrain the output'),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "is not served"),
+    ({"tool_choice": "auto"}, '"tool_choice" goes with "tools"'),
+])
+def test_tool_choices_that_cannot_be_served_are_named(tool_server, body, message):
+    _, base = tool_server
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, **body})
+    assert status == 400 and message in got["error"]["message"]
+
+
+def test_auto_tool_choice_needs_a_parser(served):
+    _, base = served
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "auto"})
+    assert status == 400 and "needs the server started with --tool-call-parser" in got["error"]["message"]
+
+
+def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
+    from draftsman.serve import Server
+
+    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes"):
+        Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, tool_call_parser="xml")
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--drafter", "ngram", "--tool-call-parser", "xml"])
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_a_target_whose_text_drops_the_tags_is_refused():
+    """A tokenizer that marks <tool_call> special drops it from decoded text: no call would be seen."""
+    from draftsman.serve import check_tool_call_parser
+
+    decoder = SimpleNamespace(tokenizer=SimpleNamespace(all_special_tokens=["<|im_end|>", "<tool_call>"]))
+    with pytest.raises(ValueError, match="marks <tool_call> / </tool_call> as special tokens"):
+        check_tool_call_parser("hermes", decoder)
+    decoder.tokenizer.all_special_tokens = ["<|im_end|>"]
+    assert check_tool_call_parser("hermes", decoder) == "hermes"
