@@ -20,6 +20,8 @@ decoding by changing their base URL.
   a setting that silently did nothing would be a lie about the output.
 - `--tool-call-parser hermes`: a chat reply's <tool_call> blocks come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
+- `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
+  reasoning_content, whole or streamed (draftsman/reasoning.py).
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
   `POST /detokenize`.
 - `--api-key KEY` (or DRAFTSMAN_API_KEY): the /v1 routes need "Authorization: Bearer KEY".
@@ -51,6 +53,8 @@ from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
+from .reasoning import END, START, ReasoningStream, split_reasoning
+from .reasoning import PARSERS as REASONING_PARSERS
 from .tool_calls import CLOSE, OPEN, PARSERS, ToolCallStream, arguments_as_objects, parse_tool_calls
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -90,9 +94,12 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, decoder: Decoder, model_name: str, host: str, port: int, quiet: bool = False,
-                 max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None):
+                 max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None,
+                 reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
-        self.tool_call_parser = check_tool_call_parser(tool_call_parser, decoder)
+        self.tool_call_parser = check_parser("--tool-call-parser", tool_call_parser, PARSERS, (OPEN, CLOSE), decoder)
+        self.reasoning_parser = check_parser("--reasoning-parser", reasoning_parser, REASONING_PARSERS, (START, END),
+                                             decoder)
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
@@ -177,7 +184,8 @@ class Handler(BaseHTTPRequestHandler):
                 tool_calls: bool = False) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
         (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
-        tool_calls: a chat reply's tool calls are parsed out of its text (draftsman/tool_calls.py)."""
+        tool_calls: a chat reply's tool calls are parsed out of its text (draftsman/tool_calls.py);
+        a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py)."""
         args = generate_args(body)
         include_usage = stream_usage(body)
         top = logprobs_asked(body, chat)
@@ -210,20 +218,31 @@ class Handler(BaseHTTPRequestHandler):
                                                len(echoed[p]), out, i)
                 text = echoed[p] + text
             reason = FINISH.get(reason, reason)
-            message = {"role": "assistant", "content": text}
-            if tool_calls:
-                message["content"], calls = parse_tool_calls(text)
-                if calls:
-                    message["tool_calls"] = calls
-                    reason = "tool_calls" if reason == "stop" else reason  # OpenAI's, when the reply ends in calls
-            content = {"message": message, "logprobs": scores} if chat else {"text": text, "logprobs": scores}
-            choices.append({"index": i, **content, "finish_reason": reason})
+            if chat:
+                message, reason = self._message(text, reason, tool_calls)
+                choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": scores, "finish_reason": reason})
         prompt_tokens = sum(map(len, ids))
         completion_tokens = sum(map(len, out.token_ids))
         self._json(200, {**head, "object": kind, "choices": choices,
                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens},
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
+
+    def _message(self, text: str, reason: str, tool_calls: bool) -> tuple[dict, str]:
+        """A chat reply as OpenAI's message, with its finish reason: under --reasoning-parser the
+        thought apart, then the answer's tool calls when they are parsed ("tool_calls" ends a
+        reply that ended in calls)."""
+        message = {"role": "assistant", "content": text}
+        if self.server.reasoning_parser:
+            message["reasoning_content"], message["content"] = split_reasoning(text, self.server.reasoning_parser)
+        if tool_calls and message["content"] is not None:
+            message["content"], calls = parse_tool_calls(message["content"])
+            if calls:
+                message["tool_calls"] = calls
+                reason = "tool_calls" if reason == "stop" else reason
+        return message, reason
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
                 tool_calls: bool = False) -> None:
@@ -242,6 +261,18 @@ class Handler(BaseHTTPRequestHandler):
         completion_tokens = 0
 
         parsers = [ToolCallStream() for _ in range(job.rows)] if tool_calls else None
+        thoughts = ([ReasoningStream(self.server.reasoning_parser) for _ in range(job.rows)]
+                    if chat and self.server.reasoning_parser else None)
+
+        def shaped(index: int, text: str, final: bool) -> list[dict]:
+            """A chat piece as deltas: reasoning apart, then the answer's tool calls."""
+            deltas = _content_delta(text)
+            if thoughts is not None:
+                deltas = thoughts[index].feed(text) + (thoughts[index].finish() if final else [])
+            if parsers is not None:
+                deltas = [out for d in deltas for out in (parsers[index].feed(d["content"]) if "content" in d else [d])]
+                deltas += parsers[index].finish() if final else []
+            return deltas
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             scores = None
@@ -249,10 +280,9 @@ class Handler(BaseHTTPRequestHandler):
                 scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offsets[index])
                 if not chat:  # completions' text_offset runs on over the tokens just scored
                     offsets[index] += sum(map(len, scores["tokens"]))
-            if parsers is not None and not role:  # the text as content and tool_calls deltas
-                deltas = parsers[index].feed(delta or "")
-                if reason is not None:
-                    deltas += parsers[index].finish()
+            if (parsers is not None or thoughts is not None) and not role:  # reasoning, content, tool_calls
+                deltas = shaped(index, delta or "", reason is not None)
+                if reason is not None and parsers is not None:
                     reason = "tool_calls" if parsers[index].calls and reason == "stop" else reason
                 elif not deltas and scores is None:  # text held as a possible call: nothing to send yet
                     return
@@ -506,18 +536,22 @@ def stream_usage(body: dict) -> bool:
     return options.get("include_usage", False)
 
 
-def check_tool_call_parser(parser: str | None, decoder: Decoder) -> str | None:
-    """--tool-call-parser: a known format, whose tags the target's text keeps."""
+def check_parser(flag: str, parser: str | None, known: tuple[str, ...], tags: tuple[str, str],
+                 decoder: Decoder) -> str | None:
+    """--tool-call-parser / --reasoning-parser: a known format, whose tags the target's text keeps."""
     if parser is None:
         return None
-    if parser not in PARSERS:
-        raise ValueError(f"--tool-call-parser {parser!r} is not known; the parsers are: {', '.join(PARSERS)}")
+    if parser not in known:
+        raise ValueError(f"{flag} {parser!r} is not known; the parsers are: {', '.join(known)}")
     special = set(getattr(decoder.tokenizer, "all_special_tokens", ()))
-    if special & {OPEN, CLOSE}:
-        raise ValueError(f"the target's tokenizer marks {OPEN} / {CLOSE} as special tokens, which decoded text "
-                         f"drops, so --tool-call-parser {parser} would never see a call: this target does not write "
-                         "its calls in the hermes format")
+    if special & set(tags):
+        raise ValueError(f"the target's tokenizer marks {tags[0]} / {tags[1]} as special tokens, which decoded text "
+                         f"drops, so {flag} {parser} would never see them: this target does not write that format")
     return parser
+
+
+def _content_delta(text: str) -> list[dict]:
+    return [{"content": text}] if text else []
 
 
 def parses_tool_calls(body: dict, parser: str | None) -> bool:
@@ -579,6 +613,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request that joins a running batch has its prompt prefilled at most TOKENS tokens per "
                         "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
                         f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, metavar="FORMAT",
+                   help="chat replies' thinking (<think>...</think>) is returned apart as reasoning_content, as "
+                        f"vLLM returns it (vLLM's flag; formats: {', '.join(REASONING_PARSERS)})")
     p.add_argument("--tool-call-parser", choices=PARSERS, metavar="FORMAT",
                    help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
                         "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
@@ -603,7 +640,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
     name = args.served_model_name or Path(cfg["target"]["path"]).name
     server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
-                    api_key=args.api_key, tool_call_parser=args.tool_call_parser)
+                    api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+                    reasoning_parser=args.reasoning_parser)
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
     try:
         server.serve_forever()

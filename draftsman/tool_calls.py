@@ -77,7 +77,7 @@ class ToolCallStream:
                     deltas += _content(before)
                     self.inside = True
                     continue
-                keep = _partial_opening(self.held)  # the end of the text may be the start of OPEN
+                keep = tag_start_at_end(self.held, OPEN)  # the end of the text may be the start of OPEN
                 deltas += _content(self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep:]
                 return deltas
@@ -103,10 +103,11 @@ def _content(text: str) -> list[dict]:
     return [{"content": text}] if text else []
 
 
-def _partial_opening(text: str) -> int:
-    """How many characters at the end of `text` are the beginning of OPEN."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
+def tag_start_at_end(text: str, tag: str) -> int:
+    """How many characters at the end of `text` are the beginning of `tag` (held back in a
+    stream until the next piece says whether the tag comes)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
             return n
     return 0
 

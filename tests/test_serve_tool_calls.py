@@ -212,10 +212,11 @@ def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
 
 def test_a_target_whose_text_drops_the_tags_is_refused():
     """A tokenizer that marks <tool_call> special drops it from decoded text: no call would be seen."""
-    from draftsman.serve import check_tool_call_parser
+    from draftsman.serve import check_parser
 
     decoder = SimpleNamespace(tokenizer=SimpleNamespace(all_special_tokens=["<|im_end|>", "<tool_call>"]))
+    tags = ("<tool_call>", "</tool_call>")
     with pytest.raises(ValueError, match="marks <tool_call> / </tool_call> as special tokens"):
-        check_tool_call_parser("hermes", decoder)
+        check_parser("--tool-call-parser", "hermes", ("hermes",), tags, decoder)
     decoder.tokenizer.all_special_tokens = ["<|im_end|>"]
-    assert check_tool_call_parser("hermes", decoder) == "hermes"
+    assert check_parser("--tool-call-parser", "hermes", ("hermes",), tags, decoder) == "hermes"

@@ -1,0 +1,116 @@
+"""Reasoning apart from the answer (`draftsman serve --reasoning-parser qwen3|deepseek_r1`,
+draftsman/reasoning.py): whole replies and streamed ones split as vLLM's parsers split them,
+alone and with tool calls after the thought. The tiny target writes no thought of its own, so the
+answer's shaping is tested on replies the server's batcher is made to return (as
+test_serve_tool_calls.py does), and the real path on the tiny target's own replies."""
+import random
+
+import pytest
+
+from draftsman.reasoning import ReasoningStream, split_reasoning
+from serving import call, events, ngram_decoder, running
+from test_serve_tool_calls import TOOLS, USER, calls_of, replying, tool_server  # noqa: F401 (a fixture)
+
+CASES = {  # parser, reply -> (reasoning, answer)
+    ("qwen3", "<think>\nWeigh it.\n</think>\n\nParis."): ("\nWeigh it.\n", "\n\nParis."),
+    ("qwen3", "Paris."): (None, "Paris."),  # thinking off: no thought
+    ("qwen3", "<think>\n\n</think>\n\nParis."): ("\n\n", "\n\nParis."),
+    ("qwen3", "<think>cut off"): (None, "<think>cut off"),  # no closed thought: all answer
+    ("qwen3", "Sure. <think>x</think>Paris."): ("x", "Sure. Paris."),  # text before the thought is answer
+    ("deepseek_r1", "Weigh it.\n</think>\n\nParis."): ("Weigh it.\n", "\n\nParis."),  # <think> was in the prompt
+    ("deepseek_r1", "<think>Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
+    ("deepseek_r1", "still thinking"): ("still thinking", None),  # cut off while thinking
+    ("deepseek_r1", "</think>Paris."): (None, "Paris."),
+}
+
+
+@pytest.mark.parametrize("parser, text", list(CASES))
+def test_a_reply_is_split_into_reasoning_and_answer(parser, text):
+    assert split_reasoning(text, parser) == CASES[parser, text]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("parser, text", [case for case in CASES if case != ("qwen3", "<think>cut off")])
+def test_a_streamed_reply_gives_what_the_whole_reply_gives(parser, text, seed):
+    """The reply cut into random pieces (cuts inside the tags too) joins to the whole reply's
+    parts. (A qwen3 thought that never closes streams as reasoning: tested below.)"""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 8))))
+    stream, deltas = ReasoningStream(parser), []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        deltas += stream.feed(text[a:b])
+    deltas += stream.finish()
+    assert all(len(d) == 1 and next(iter(d.values())) for d in deltas)  # one non-empty part each
+    joined = tuple("".join(d.get(key, "") for d in deltas) or None for key in ("reasoning_content", "content"))
+    assert joined == CASES[parser, text]
+
+
+def test_an_unclosed_qwen3_thought_streams_as_reasoning():
+    stream = ReasoningStream("qwen3")
+    assert stream.feed("<thi") == [] and stream.feed("nk>cut") == [{"reasoning_content": "cut"}]
+    assert stream.feed(" off</th") == [{"reasoning_content": " off"}]
+    assert stream.finish() == [{"reasoning_content": "</th"}]
+
+
+THOUGHT = "<think>\nThe user wants the weather.\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tool_server):  # noqa: F811
+    """The tool-reading target (test_serve_tool_calls.py) served with both parsers."""
+    server, _ = tool_server
+    with running(ngram_decoder(server.decoder.config["target"]["path"]), tool_call_parser="hermes",
+                 reasoning_parser="qwen3") as served:
+        yield served
+
+
+def test_a_reply_with_a_thought_and_calls(thinking_server, monkeypatch):
+    from test_serve_tool_calls import REPLY
+
+    server, base = thinking_server
+    replying(server, monkeypatch, THOUGHT + REPLY)
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
+    message = got["choices"][0]["message"]
+    assert status == 200 and message["reasoning_content"] == "\nThe user wants the weather.\n"
+    assert message["content"] == "Let me look." and len(message["tool_calls"]) == 2
+    assert got["choices"][0]["finish_reason"] == "tool_calls"
+    streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in streamed]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "\nThe user wants the weather.\n"
+    assert "".join(d.get("content", "") for d in deltas).strip() == "Let me look."
+    assert len(calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d])) == 2
+    assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_reply_without_a_thought_is_all_answer(thinking_server, monkeypatch):
+    server, base = thinking_server
+    replying(server, monkeypatch, "Paris. <thi")  # its end might have opened a thought
+    status, got = call(base, "/v1/chat/completions", {"messages": USER})
+    assert status == 200 and got["choices"][0]["message"] == {"role": "assistant", "content": "Paris. <thi",
+                                                              "reasoning_content": None}
+    streamed = events(base, "/v1/chat/completions", {"messages": USER, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in streamed]
+    assert "".join(d.get("content", "") for d in deltas) == "Paris. <thi"
+    assert not any("reasoning_content" in d for d in deltas)
+
+
+def test_completions_are_not_split(thinking_server, monkeypatch):
+    """/v1/completions returns text as it is: a prompt's own format is the client's to read."""
+    server, base = thinking_server
+    replying(server, monkeypatch, THOUGHT + "Paris.")
+    status, got = call(base, "/v1/completions", {"prompt": "a"})
+    assert status == 200 and got["choices"][0]["text"] == THOUGHT + "Paris."
+
+
+def test_the_tiny_targets_own_reply(thinking_server):
+    _, base = thinking_server
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": 8, "temperature": 0})
+    message = got["choices"][0]["message"]
+    assert status == 200 and message["reasoning_content"] is None and isinstance(message["content"], str)
+
+
+def test_the_parser_is_checked_when_the_server_starts(chat_target):
+    from draftsman.serve import Server
+
+    with pytest.raises(ValueError, match="--reasoning-parser 'r1' is not known; the parsers are: qwen3, deepseek_r1"):
+        Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, reasoning_parser="r1")
