@@ -73,8 +73,8 @@ SAMPLING_FIELDS = {
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
-CHAT_FIELDS = ({"messages", "tools", "tool_choice", "max_completion_tokens", "chat_template_kwargs", "logprobs",
-                "top_logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
+CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
+                "chat_template_kwargs", "logprobs", "top_logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
 # cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
@@ -559,9 +559,12 @@ def parses_tool_calls(body: dict, parser: str | None) -> bool:
     "tool_choice" is "auto" (the default) on a server with a --tool-call-parser. "none" leaves
     the reply as text. A call the request would force ("required", a named function) is refused:
     it would need the output constrained, and draftsman returns the target's own output."""
-    choice, tools = body.get("tool_choice"), body.get("tools")
+    choice, tools, parallel = body.get("tool_choice"), body.get("tools"), body.get("parallel_tool_calls")
     if choice is not None and not tools:
         raise RequestError('"tool_choice" goes with "tools": send the tools, or leave tool_choice out')
+    if parallel is not None and parallel is not True:  # true lets the model call several: what it may do anyway
+        raise RequestError(f'"parallel_tool_calls" {json.dumps(parallel)} is not served: holding the model to one '
+                           "call would mean cutting its output or constraining it; send true or leave it out")
     if choice == "none" or not tools:
         return False
     if choice not in (None, "auto"):

@@ -128,7 +128,8 @@ def replying(server, monkeypatch, text: str, reason: str = "eos"):
 def test_a_reply_with_calls_is_answered_with_tool_calls(tool_server, monkeypatch, choice):
     server, base = tool_server
     replying(server, monkeypatch, REPLY)
-    body = {"messages": USER, "tools": TOOLS, **({"tool_choice": choice} if choice else {})}
+    asked = {"tool_choice": choice, "parallel_tool_calls": True} if choice else {}
+    body = {"messages": USER, "tools": TOOLS, **asked}
     status, got = call(base, "/v1/chat/completions", body)
     assert status == 200, got
     choice = got["choices"][0]
@@ -187,6 +188,8 @@ def test_the_tiny_targets_own_reply_with_tools(tool_server):
     ({"tools": TOOLS, "tool_choice": "required"}, 'forcing a call would constrain the output'),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "is not served"),
     ({"tool_choice": "auto"}, '"tool_choice" goes with "tools"'),
+    ({"tools": TOOLS, "parallel_tool_calls": False}, '"parallel_tool_calls" false is not served'),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, '"parallel_tool_calls" "yes" is not served'),
 ])
 def test_tool_choices_that_cannot_be_served_are_named(tool_server, body, message):
     _, base = tool_server
