@@ -51,10 +51,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
-from .serve_batch import Batcher, check_max_rows
-from .serve_metrics import ServeMetrics
 from .reasoning import END, START, ReasoningStream, split_reasoning
 from .reasoning import PARSERS as REASONING_PARSERS
+from .serve_batch import Batcher, check_max_rows
+from .serve_metrics import ServeMetrics
 from .tool_calls import CLOSE, OPEN, PARSERS, ToolCallStream, arguments_as_objects, parse_tool_calls
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -249,7 +249,8 @@ class Handler(BaseHTTPRequestHandler):
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
         as its row ends; the last one carries the `draftsman` statistics. tool_calls: each chat
-        reply's calls are sent as OpenAI's tool_calls deltas, each whole as its block closes."""
+        reply's calls are sent as OpenAI's tool_calls deltas, each whole as its block closes; under
+        --reasoning-parser a chat reply's thought as reasoning_content deltas."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)
@@ -284,7 +285,7 @@ class Handler(BaseHTTPRequestHandler):
                 deltas = shaped(index, delta or "", reason is not None)
                 if reason is not None and parsers is not None:
                     reason = "tool_calls" if parsers[index].calls and reason == "stop" else reason
-                elif not deltas and scores is None:  # text held as a possible call: nothing to send yet
+                elif not deltas and scores is None:  # text held as a possible tag: nothing to send yet
                     return
                 for d in deltas[:-1]:
                     emit(index, d, None, scores)
