@@ -18,7 +18,7 @@ decoding by changing their base URL.
   send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
-- `--tool-call-parser hermes`: a chat reply's <tool_call> blocks come back as OpenAI's
+- `--tool-call-parser hermes|llama3_json`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
   reasoning_content, whole or streamed (draftsman/reasoning.py).
@@ -55,7 +55,7 @@ from .reasoning import END, START, ReasoningStream, split_reasoning
 from .reasoning import PARSERS as REASONING_PARSERS
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
-from .tool_calls import CLOSE, OPEN, PARSERS, ToolCallStream, arguments_as_objects, parse_tool_calls
+from .tool_calls import PARSERS, TAGS, arguments_as_objects, parse_tool_calls, tool_call_stream
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -97,9 +97,9 @@ class Server(ThreadingHTTPServer):
                  max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
-        self.tool_call_parser = check_parser("--tool-call-parser", tool_call_parser, PARSERS, (OPEN, CLOSE), decoder)
-        self.reasoning_parser = check_parser("--reasoning-parser", reasoning_parser, REASONING_PARSERS, (START, END),
-                                             decoder)
+        self.tool_call_parser = check_parser("--tool-call-parser", tool_call_parser, TAGS, decoder)
+        self.reasoning_parser = check_parser("--reasoning-parser", reasoning_parser,
+                                             {name: (START, END) for name in REASONING_PARSERS}, decoder)
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
@@ -238,7 +238,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.reasoning_parser:
             message["reasoning_content"], message["content"] = split_reasoning(text, self.server.reasoning_parser)
         if tool_calls and message["content"] is not None:
-            message["content"], calls = parse_tool_calls(message["content"])
+            message["content"], calls = parse_tool_calls(message["content"], self.server.tool_call_parser)
             if calls:
                 message["tool_calls"] = calls
                 reason = "tool_calls" if reason == "stop" else reason
@@ -261,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        parsers = [ToolCallStream() for _ in range(job.rows)] if tool_calls else None
+        parsers = [tool_call_stream(self.server.tool_call_parser) for _ in range(job.rows)] if tool_calls else None
         thoughts = ([ReasoningStream(self.server.reasoning_parser) for _ in range(job.rows)]
                     if chat and self.server.reasoning_parser else None)
 
@@ -537,17 +537,17 @@ def stream_usage(body: dict) -> bool:
     return options.get("include_usage", False)
 
 
-def check_parser(flag: str, parser: str | None, known: tuple[str, ...], tags: tuple[str, str],
-                 decoder: Decoder) -> str | None:
-    """--tool-call-parser / --reasoning-parser: a known format, whose tags the target's text keeps."""
+def check_parser(flag: str, parser: str | None, tags_of: dict[str, tuple[str, ...]], decoder: Decoder) -> str | None:
+    """--tool-call-parser / --reasoning-parser: a known format (tags_of: each format's tags),
+    whose tags the target's text keeps."""
     if parser is None:
         return None
-    if parser not in known:
-        raise ValueError(f"{flag} {parser!r} is not known; the parsers are: {', '.join(known)}")
+    if parser not in tags_of:
+        raise ValueError(f"{flag} {parser!r} is not known; the parsers are: {', '.join(tags_of)}")
     special = set(getattr(decoder.tokenizer, "all_special_tokens", ()))
-    if special & set(tags):
-        raise ValueError(f"the target's tokenizer marks {tags[0]} / {tags[1]} as special tokens, which decoded text "
-                         f"drops, so {flag} {parser} would never see them: this target does not write that format")
+    if special & set(tags_of[parser]):
+        raise ValueError(f"the target's tokenizer marks {' / '.join(tags_of[parser])} as special tokens, which decoded "
+                         f"text drops, so {flag} {parser} would never see them: this target does not write that format")
     return parser
 
 
@@ -623,7 +623,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", choices=PARSERS, metavar="FORMAT",
                    help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
                         "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
-                        f"{', '.join(PARSERS)}: <tool_call>{{json}}</tool_call>, as Hermes and Qwen write them)")
+                        f"{', '.join(PARSERS)}: hermes's <tool_call>{{json}}</tool_call>, as Hermes and Qwen write "
+                        "them; llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,24 +1,32 @@
 """Tool calls in a chat reply, returned as OpenAI's API returns them (`message.tool_calls`, finish
-reason "tool_calls"), for `draftsman serve --tool-call-parser hermes` (vLLM's flag and parser name).
+reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|llama3_json` (vLLM's flag and
+parser names).
 
-The `hermes` format is the one Hermes 2 Pro, Qwen2.5 / Qwen3 and many tool-calling fine-tunes
-emit, as their chat templates ask: each call a JSON object in its own block,
+- `hermes`, the format Hermes 2 Pro, Qwen2.5 / Qwen3 and many tool-calling fine-tunes emit, as
+  their chat templates ask: each call a JSON object in its own block,
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+      <tool_call>
+      {"name": "get_weather", "arguments": {"city": "Paris"}}
+      </tool_call>
 
-Text outside the blocks is the reply's content. A block that is not such an object (bad JSON, no
-name) stays in the content as the model wrote it: nothing is dropped. Parsing reads the output
-only; it does not steer generation, so the output stays exactly the target's.
+  Text outside the blocks is the reply's content.
+- `llama3_json`, Llama 3.1 / 3.2's JSON tool calling: the whole reply is the calls, JSON objects
+  {"name": ..., "parameters": {...}} separated by ";" (the <|python_tag|> before them is a
+  special token, which decoded text drops). A streamed reply that starts with "{" is held to its
+  end, since only the end tells a call from text.
+
+A block or reply that is not such a call (bad JSON, no name) stays in the content as the model
+wrote it: nothing is dropped. Parsing reads the output only; it does not steer generation, so
+the output stays exactly the target's.
 """
 from __future__ import annotations
 
 import json
 import uuid
 
-PARSERS = ("hermes",)
+PARSERS = ("hermes", "llama3_json")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": ()}  # what each format needs decoded text to keep
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -39,8 +47,11 @@ def _call_of(block: str) -> dict | None:
     return tool_call(value["name"], value.get("arguments", {}))
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[dict]]:
     """A whole reply -> (its content, None when only calls; its calls in order)."""
+    if parser == "llama3_json":
+        calls = _json_calls(text)
+        return (None, calls) if calls else (text, [])
     content, calls, rest = [], [], text
     while OPEN in rest:
         before, after = rest.split(OPEN, 1)
@@ -58,9 +69,63 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     return joined or None, calls
 
 
+def _json_calls(text: str) -> list[dict]:
+    """llama3_json: the calls that make up the whole reply, or [] when it is not only calls."""
+    decoder, at, calls = json.JSONDecoder(), 0, []
+    text = text.strip()
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return []
+        arguments = value.get("parameters", value.get("arguments", {})) if isinstance(value, dict) else None
+        if not isinstance(value.get("name") if isinstance(value, dict) else None, str) or \
+                not isinstance(arguments, (dict, str)):
+            return []
+        calls.append(tool_call(value["name"], arguments))
+        at = len(text) - len(text[at:].lstrip().removeprefix(";").lstrip())
+    return calls
+
+
+def tool_call_stream(parser: str) -> "ToolCallStream | JsonCallStream":
+    """A streamed reply's parser for the format."""
+    return JsonCallStream() if parser == "llama3_json" else ToolCallStream()
+
+
+class JsonCallStream:
+    """llama3_json's stream: a reply that starts with "{" (after white space) is held to its end
+    and sent as its calls, or as content when it is not only calls; any other reply is content as
+    it comes."""
+
+    def __init__(self):
+        self.held = ""
+        self.mode = "undecided"  # then "calls" (held to the end) or "content"
+        self.calls = 0
+
+    def feed(self, piece: str) -> list[dict]:
+        if self.mode == "content":
+            return _content(piece)
+        self.held += piece
+        if self.mode == "undecided" and self.held.strip():
+            self.mode = "calls" if self.held.lstrip().startswith("{") else "content"
+            if self.mode == "content":
+                held, self.held = self.held, ""
+                return _content(held)
+        return []
+
+    def finish(self) -> list[dict]:
+        held, self.held = self.held, ""
+        calls = _json_calls(held) if self.mode == "calls" else []
+        if not calls:
+            return _content(held)
+        self.calls = len(calls)
+        return [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+
+
 class ToolCallStream:
-    """A streamed reply's pieces -> OpenAI chat deltas: content as it comes, except text that may
-    open a block (held until it does or cannot); each call whole, as its block closes."""
+    """hermes' stream: a streamed reply's pieces -> OpenAI chat deltas: content as it comes,
+    except text that may open a block (held until it does or cannot); each call whole, as its
+    block closes."""
 
     def __init__(self):
         self.held = ""  # text not yet sent: a possible block opening, or a block's body

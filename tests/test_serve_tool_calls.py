@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from draftsman import cli
 from draftsman.api import GenerationOutput, GenerationStats
-from draftsman.tool_calls import ToolCallStream, arguments_as_objects, parse_tool_calls
+from draftsman.tool_calls import TAGS, ToolCallStream, arguments_as_objects, parse_tool_calls, tool_call_stream
 from serving import call, events, ngram_decoder, running
 
 WEATHER = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}
@@ -206,7 +206,7 @@ def test_auto_tool_choice_needs_a_parser(served):
 def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
     from draftsman.serve import Server
 
-    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes"):
+    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes, llama3_json"):
         Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, tool_call_parser="xml")
     with pytest.raises(SystemExit):
         cli.main(["serve", "--drafter", "ngram", "--tool-call-parser", "xml"])
@@ -218,8 +218,74 @@ def test_a_target_whose_text_drops_the_tags_is_refused():
     from draftsman.serve import check_parser
 
     decoder = SimpleNamespace(tokenizer=SimpleNamespace(all_special_tokens=["<|im_end|>", "<tool_call>"]))
-    tags = ("<tool_call>", "</tool_call>")
     with pytest.raises(ValueError, match="marks <tool_call> / </tool_call> as special tokens"):
-        check_parser("--tool-call-parser", "hermes", ("hermes",), tags, decoder)
+        check_parser("--tool-call-parser", "hermes", TAGS, decoder)
+    assert check_parser("--tool-call-parser", "llama3_json", TAGS, decoder) == "llama3_json"  # no tags to keep
     decoder.tokenizer.all_special_tokens = ["<|im_end|>"]
-    assert check_parser("--tool-call-parser", "hermes", ("hermes",), tags, decoder) == "hermes"
+    assert check_parser("--tool-call-parser", "hermes", TAGS, decoder) == "hermes"
+
+
+LLAMA_REPLY = (f'{{"name": "get_weather", "parameters": {json.dumps(WEATHER["arguments"])}}}; '
+               '{"name": "get_time", "parameters": {}}')
+LLAMA_CASES = {  # llama3_json: a reply -> its calls, or None when it is content
+    LLAMA_REPLY: [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})],
+    '\n {"name": "get_time", "arguments": {"zone": "CET"}}\n': [("get_time", {"zone": "CET"})],  # "arguments" too
+    "The weather is fine.": None,
+    '{"name": "get_time", "parameters": {}} and then some text': None,  # not only calls
+    '{"temperature": 18}': None,  # JSON, but no call
+    '{"name": "get_time", "parameters": {': None,  # cut off
+}
+
+
+@pytest.mark.parametrize("text", list(LLAMA_CASES))
+def test_llama3_json_replies_are_calls_only_when_wholly_calls(text):
+    content, calls = parse_tool_calls(text, "llama3_json")
+    if LLAMA_CASES[text] is None:
+        assert (content, calls) == (text, [])
+    else:
+        assert content is None and calls_of(calls) == LLAMA_CASES[text]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("text", list(LLAMA_CASES))
+def test_a_streamed_llama3_json_reply_gives_what_the_whole_reply_gives(text, seed):
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 10))))
+    stream, deltas = tool_call_stream("llama3_json"), []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        deltas += stream.feed(text[a:b])
+    deltas += stream.finish()
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    content = "".join(d.get("content", "") for d in deltas)
+    if LLAMA_CASES[text] is None:
+        assert content == text and not calls
+    else:
+        assert content == "" and calls_of(calls) == LLAMA_CASES[text]
+        assert [c["index"] for c in calls] == list(range(len(calls)))
+
+
+def test_a_llama3_json_text_reply_streams_as_it_comes():
+    stream = tool_call_stream("llama3_json")
+    assert stream.feed("  ") == [] and stream.feed("The") == [{"content": "  The"}]
+    assert stream.feed(" weather") == [{"content": " weather"}] and stream.finish() == []
+
+
+@pytest.fixture(scope="module")
+def llama_server(tool_server):
+    """The tool-reading target served with --tool-call-parser llama3_json."""
+    with running(ngram_decoder(tool_server[0].decoder.config["target"]["path"]),
+                 tool_call_parser="llama3_json") as served:
+        yield served
+
+
+def test_a_llama3_json_reply_is_answered_with_tool_calls(llama_server, monkeypatch):
+    server, base = llama_server
+    replying(server, monkeypatch, LLAMA_REPLY)
+    status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
+    choice = got["choices"][0]
+    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert calls_of(choice["message"]["tool_calls"]) == LLAMA_CASES[LLAMA_REPLY]
+    streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in streamed]
+    assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == LLAMA_CASES[LLAMA_REPLY]
+    assert not any(d.get("content") for d in deltas) and streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
