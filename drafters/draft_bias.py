@@ -15,13 +15,11 @@ the context: it ends a continuation before a banned token and ignores other bias
 
 Rows of one batch may have biases of their own (verifier/sampling.py's ROW_FIELDS): a drafter
 then biases each row's logits by its own (RowDraftBias), and `ngram` and `retrieval` end each
-row's continuations before the tokens that row bans (RowBans).
+row's continuations before the tokens that row bans (banned_ids, in drafters/path_bans.py).
 """
 from __future__ import annotations
 
 import torch
-
-from ..verifier.sampling import RowSampling
 
 BAN = -100.0  # the API's floor (OpenAI's logit_bias range is [-100, 100])
 
@@ -84,19 +82,3 @@ def banned_ids(sampling) -> frozenset[int]:
     """The tokens a setting's logit_bias bans (-100)."""
     return frozenset(t for t, bias in sampling.logit_bias or () if bias <= BAN)
 
-
-class RowBans:
-    """The tokens each row bans, for drafters that copy tokens (`ngram`, `retrieval`): found again
-    only when the rows' settings change (the engine keeps one RowSampling while its rows stay)."""
-
-    def __init__(self):
-        self._for = None
-        self._bans: list[frozenset[int]] = []
-
-    def of(self, sampling, rows: int) -> list[frozenset[int]]:
-        """One frozenset per row: sampling is the request's, or the rows' own (draft_sampling())."""
-        if sampling is not self._for:
-            self._for = sampling
-            self._bans = ([banned_ids(p) for p in sampling.rows] if isinstance(sampling, RowSampling)
-                          else [banned_ids(sampling)])
-        return self._bans if isinstance(sampling, RowSampling) else self._bans * rows

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
-from .draft_bias import RowBans
 from .path_bans import PathBans
 from .registry import register
 
@@ -97,10 +96,9 @@ class NgramDrafter(Drafter):
         o = self.options
         self.indexes = [_NgramIndex(o.min_ngram, o.max_ngram) for _ in prompts]
         self.prompt_lengths = [len(p) for p in prompts]
-        # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
-        self.bans = RowBans()
-        # ...and each continuation ends before a token its own path bans (drafters/path_bans.py).
-        self.path_bans = PathBans()
+        # A continuation ends before a token its row bans there: a -100 logit_bias, a bad word, a
+        # repeated n-gram (drafters/path_bans.py).
+        self.path_bans = PathBans(everywhere=True)
 
     def keep_rows(self, indices):
         self.indexes = [self.indexes[i] for i in indices]
@@ -118,27 +116,25 @@ class NgramDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        bans = self.bans.of(self.draft_sampling(), len(contexts))
         path_bans = self.path_bans.round(self.draft_sampling(), contexts)
-        for b, (index, ctx, prompt_length, least, banned) in enumerate(zip(self.indexes, contexts, self.prompt_lengths,
-                                                                           minimums, bans)):
+        for b, (index, ctx, prompt_length, least) in enumerate(zip(self.indexes, contexts, self.prompt_lengths,
+                                                                   minimums)):
             index.update(ctx)
             trie = _Trie([], [])
-            # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor
-            # ever a token the row's logit_bias bans: a continuation ends before either (the tree is
-            # deterministic, so cutting it is exact).
+            # Under min_new_tokens the target cannot emit EOS as new token <= min_new_tokens, nor a
+            # token the row bans: a continuation ends before either (the tree is deterministic, so
+            # cutting it is exact).
             banned_depths = least - (len(ctx) - prompt_length)
             for cont in index.continuations(ctx, o.k, o.branches):
-                cont = _before_banned(cont, banned_depths, self.eos_token_ids, banned)
+                cont = _before_eos(cont, banned_depths, self.eos_token_ids)
                 trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
             trees.append(trie.tree(self.device))
         return trees
 
 
-def _before_banned(continuation: list[int], banned_depths: int, eos_token_ids, banned=frozenset()) -> list[int]:
-    """The continuation up to its first EOS at depth <= banned_depths (depth 1 = its first token)
-    or its first `banned` token at any depth."""
+def _before_eos(continuation: list[int], banned_depths: int, eos_token_ids) -> list[int]:
+    """The continuation up to its first EOS at depth <= banned_depths (depth 1 = its first token)."""
     for j, token in enumerate(continuation):
-        if token in banned or (j < banned_depths and token in eos_token_ids):
+        if j < banned_depths and token in eos_token_ids:
             return continuation[:j]
     return continuation

@@ -11,7 +11,8 @@ of n-1 tokens or more repeats an n-gram at its first token, so it proposed only 
 
 Drafts only. A sampled draft token's q is the distribution it was drawn from, masked or not, so
 the verifier stays exact either way; a deterministic draft needs no q. One-token bad words and
-logit_bias bans hold everywhere: model drafters take them in their bias (drafters/draft_bias.py).
+logit_bias bans hold everywhere: model drafters take them in their bias (drafters/draft_bias.py);
+the copying drafters, which have no logits to bias, ask for them here too (`everywhere`).
 """
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ import torch
 
 from ..verifier.ngram_ban import BadWords, CommittedNgrams
 from ..verifier.sampling import RowSampling
+from .draft_bias import banned_ids
 
 
 class PathBans:
     """A request's rows' bans, kept across rounds (each row's committed n-grams are indexed as it
-    grows, not again per round); rows leave and join with the drafter's."""
+    grows, not again per round); rows leave and join with the drafter's. everywhere: the tokens a
+    row bans at every position (a -100 logit_bias, one-token bad words) are banned too, for the
+    drafters that copy tokens (model drafters have them in their bias)."""
 
-    def __init__(self):
+    def __init__(self, everywhere: bool = False):
+        self.everywhere = everywhere
         self._ngrams: list[CommittedNgrams | None] = []  # per row, once its setting bans repeats
         self._words: dict[tuple, BadWords] = {}  # per bad_words_ids setting
 
@@ -34,9 +39,9 @@ class PathBans:
 
     def round(self, sampling, contexts: list[list[int]]) -> "PathBanRound | None":
         """This round's bans per row, under `sampling` (the request's, or the rows' own:
-        draft_sampling()); None when no row bans repeats or words of several tokens."""
+        draft_sampling()); None when no row bans anything asked for."""
         settings = sampling.rows if isinstance(sampling, RowSampling) else [sampling] * len(contexts)
-        if not any(_bans(params) for params in settings):
+        if not any(self._bans(params) for params in settings):
             return None
         self._ngrams += [None] * (len(contexts) - len(self._ngrams))  # rows that joined
         rows = []
@@ -53,30 +58,33 @@ class PathBans:
                     # EOS words kept: the engine ignores them, as Hugging Face does; drafts only
                     self._words[params.bad_words_ids] = BadWords(params.bad_words_ids)
                 words = self._words[params.bad_words_ids]
-            rows.append(_RowBan(ngrams, words, context))
+            always = frozenset()
+            if self.everywhere:
+                always = banned_ids(params) | frozenset(words.singles if words is not None else ())
+            rows.append(_RowBan(ngrams, words, always, context))
         return PathBanRound(rows)
 
-
-def _bans(params) -> bool:
-    return params is not None and (params.bans_repeated_ngrams or params.bans_words)
+    def _bans(self, params) -> bool:
+        return params is not None and (params.bans_repeated_ngrams or params.bans_words or
+                                       self.everywhere and bool(banned_ids(params)))
 
 
 class _RowBan:
-    """One row's bans this round: its n-grams (or None) and bad words (or None), with the end of
-    its committed tokens that a draft's sequence starts from."""
+    """One row's bans this round: its n-grams (or None), bad words (or None) and the tokens banned
+    at every position (`always`), with the end of its committed tokens that a draft's sequence
+    starts from."""
 
-    def __init__(self, ngrams: CommittedNgrams | None, words: BadWords | None, context: list[int]):
-        self.ngrams, self.words = ngrams, words
+    def __init__(self, ngrams: CommittedNgrams | None, words: BadWords | None, always: frozenset[int],
+                 context: list[int]):
+        self.ngrams, self.words, self.always = ngrams, words, always
         self.ngram_head = ngrams.head(context) if ngrams is not None else []
         self.word_head = context[max(0, len(context) - words.reach):] if words is not None else []
 
-    def banned(self, path: list[int], singles: bool) -> set[int]:
+    def banned(self, path: list[int]) -> set[int]:
         banned = self.ngrams.banned(self.ngram_head, path) if self.ngrams is not None else set()
         if self.words is not None:
             banned |= self.words.completing(self.word_head + path)
-            if singles:
-                banned.update(self.words.singles)
-        return banned
+        return banned | self.always
 
 
 class PathBanRound:
@@ -86,15 +94,14 @@ class PathBanRound:
         self.rows = rows
         self.columns: dict[int, int] | None = None  # token id -> logit index, under a draft vocabulary
 
-    def banned(self, row: int, path: list[int], singles: bool = False) -> set[int]:
-        """The tokens row `row` may not draft after `path` (its drafts below the root, in order).
-        singles: with its one-token bad words too (model drafters have them in their bias)."""
-        return self.rows[row].banned(path, singles)
+    def banned(self, row: int, path: list[int]) -> set[int]:
+        """The tokens row `row` may not draft after `path` (its drafts below the root, in order)."""
+        return self.rows[row].banned(path)
 
     def cut(self, row: int, continuation: list[int]) -> list[int]:
-        """A copied continuation up to its first banned token (one-token bad words included)."""
+        """A copied continuation up to its first banned token."""
         for j, token in enumerate(continuation):
-            if token in self.rows[row].banned(continuation[:j], singles=True):
+            if token in self.rows[row].banned(continuation[:j]):
                 return continuation[:j]
         return continuation
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from .base import Drafter
 from .datastore import Datastore, read_documents
 from .datastore_index import is_index, load_index
-from .draft_bias import RowBans
-from .ngram import _before_banned, _Trie
+from .ngram import _before_eos, _Trie
 from .path_bans import PathBans
 from .registry import register
 
@@ -79,10 +78,9 @@ class RetrievalDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.prompt_lengths = [len(p) for p in prompts]
-        # Tokens a row bans (logit_bias -100): a continuation ends before one (drafters/draft_bias.py).
-        self.bans = RowBans()
-        # ...and each continuation ends before a token its own path bans (drafters/path_bans.py).
-        self.path_bans = PathBans()
+        # A continuation ends before a token its row bans there: a -100 logit_bias, a bad word, a
+        # repeated n-gram (drafters/path_bans.py).
+        self.path_bans = PathBans(everywhere=True)
 
     def keep_rows(self, indices):
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
@@ -97,13 +95,12 @@ class RetrievalDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        bans = self.bans.of(self.draft_sampling(), len(contexts))
         path_bans = self.path_bans.round(self.draft_sampling(), contexts)
-        for b, (ctx, prompt_length, least, banned) in enumerate(zip(contexts, self.prompt_lengths, minimums, bans)):
+        for b, (ctx, prompt_length, least) in enumerate(zip(contexts, self.prompt_lengths, minimums)):
             trie = _Trie([], [])
             banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
-                cont = _before_banned(cont, banned_depths, self.eos_token_ids, banned)
+                cont = _before_eos(cont, banned_depths, self.eos_token_ids)
                 trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
             trees.append(trie.tree(self.device))
         return trees

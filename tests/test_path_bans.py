@@ -24,16 +24,20 @@ from tiny_models import load_for_reference
 
 VOCAB = 6  # few tokens: n-grams repeat often
 SETTINGS = [SamplingParams(0.0, no_repeat_ngram_size=2), SamplingParams(0.0, no_repeat_ngram_size=2),
-            SamplingParams(0.0), SamplingParams(0.0, bad_words_ids=[[4], [1, 2], [0, 3, 5]]),
+            SamplingParams(0.0, logit_bias={3: -100.0, 1: -2.0}),  # a milder bias bans nothing
+            SamplingParams(0.0, bad_words_ids=[[4], [1, 2], [0, 3, 5]]),
             SamplingParams(0.0, no_repeat_ngram_size=3, bad_words_ids=[[2, 2]])]
 
 
-def banned_alone(params: SamplingParams, sequence: list[int], singles: bool) -> set[int]:
-    """What the verifier bans after `sequence` under `params` (the audit's plain forms)."""
+def banned_alone(params: SamplingParams, sequence: list[int], everywhere: bool) -> set[int]:
+    """What the verifier bans after `sequence` under `params` (the audit's plain forms); without
+    `everywhere`, only what depends on the sequence (a -100 bias and one-token words left out)."""
     banned = repeated_ngram_tokens(sequence, params.no_repeat_ngram_size) if params.bans_repeated_ngrams else set()
     if params.bans_words:
         words = BadWords(params.bad_words_ids)
-        banned |= words.banned_after(sequence) if singles else words.completing(sequence)
+        banned |= words.banned_after(sequence) if everywhere else words.completing(sequence)
+    if everywhere:
+        banned |= {t for t, bias in params.logit_bias or () if bias <= -100}
     return banned
 
 
@@ -43,31 +47,35 @@ def test_each_rows_path_bans_are_what_the_verifier_bans_there():
     rng = random.Random(5)
     settings = list(SETTINGS)
     contexts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 6))] for _ in settings]
-    bans, checked = PathBans(), 0
+    bans, checked = {False: PathBans(), True: PathBans(everywhere=True)}, 0
     for round_ in range(8):
         if round_ == 3:  # the first row leaves (the next one bans 2-grams too), a row with both bans joins
             settings, contexts = settings[1:] + [SETTINGS[4]], contexts[1:] + [[1, 2]]
-            bans.select_rows([1, 2, 3, 4])
-        now = bans.round(RowSampling(settings), contexts)
+            for each in bans.values():
+                each.select_rows([1, 2, 3, 4])
+        now = {everywhere: each.round(RowSampling(settings), contexts) for everywhere, each in bans.items()}
         for b, (params, context) in enumerate(zip(settings, contexts)):
             for _ in range(6):
                 path = [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 4))]
-                for singles in (False, True):
-                    want = banned_alone(params, context + path, singles)
-                    assert now.banned(b, path, singles) == want, (round_, b, path)
+                for everywhere in (False, True):
+                    want = banned_alone(params, context + path, everywhere)
+                    assert now[everywhere].banned(b, path) == want, (round_, b, path)
                     checked += bool(want)
         for context in contexts:
             context += [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 3))]
     assert checked > 100
-    assert bans.round(SamplingParams(0.5), contexts) is None  # no row bans: nothing to do
+    assert bans[True].round(SamplingParams(0.5), contexts) is None  # no row bans: nothing to do
+    assert bans[False].round(SamplingParams(0.5, logit_bias={2: -100.0}), contexts) is None  # in the bias
 
 
 def test_copied_continuations_end_before_a_banned_token():
-    bans = PathBans().round(SamplingParams(0.0, no_repeat_ngram_size=2, bad_words_ids=[[9], [7, 8]]), [[1, 2, 3, 7]])
+    setting = SamplingParams(0.0, no_repeat_ngram_size=2, bad_words_ids=[[9], [7, 8]], logit_bias={0: -100.0})
+    bans = PathBans(everywhere=True).round(setting, [[1, 2, 3, 7]])
     assert bans.cut(0, [4, 5, 6]) == [4, 5, 6]
     assert bans.cut(0, [4, 1, 2]) == [4, 1]  # (1, 2) is in the context
     assert bans.cut(0, [8, 1]) == []  # the word (7, 8) ends at the root
     assert bans.cut(0, [4, 9]) == [4]  # a one-token word
+    assert bans.cut(0, [5, 0]) == [5]  # a -100 bias
     assert bans.cut(0, [4, 5, 4, 5]) == [4, 5, 4]  # (4, 5) is on the path
 
 
@@ -81,7 +89,7 @@ def test_copying_drafters_end_each_rows_continuations_before_its_own_path_bans(n
     for tree, params in zip(trees, rows.rows):
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         for j, token in enumerate(tokens):
-            assert token not in banned_alone(params, COPIED_PROMPT + path_above(tokens, parents, j), singles=True)
+            assert token not in banned_alone(params, COPIED_PROMPT + path_above(tokens, parents, j), everywhere=True)
     assert [7 in tree.tokens.tolist() for tree in trees] == [True] * 3
     assert [8 in tree.tokens.tolist() for tree in trees] == [False, False, True]
 
@@ -171,7 +179,7 @@ def test_no_draft_is_banned_by_its_own_path(tiny_models, fresh_heads, close_draf
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         for j, token in enumerate(tokens):
             path = path_above(tokens, parents, j)
-            assert token not in banned_alone(params, context + path, singles=True), (name, context, path, token)
+            assert token not in banned_alone(params, context + path, everywhere=True), (name, context, path, token)
             nodes += params.bans_repeated_ngrams or params.bans_words
     assert nodes >= 20, nodes  # banned rows drafted
 

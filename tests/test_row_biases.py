@@ -9,7 +9,8 @@ import torch
 
 import draftsman
 from draftsman import JoiningPrompt
-from draftsman.drafters.draft_bias import DraftBias, RowBans, RowDraftBias
+from draftsman.drafters.draft_bias import DraftBias, RowDraftBias
+from draftsman.drafters.path_bans import PathBans
 from draftsman.drafters.repeats import DraftContext
 from draftsman.verifier.sampling import RowSampling, SamplingParams, processed_probs, row_biases
 from row_settings import (DRAFTERS, NEW, assert_joining_rows_bring_their_own, assert_logprobs_are_each_rows_own,
@@ -134,11 +135,13 @@ def test_draft_biases_per_row_equal_each_row_alone():
 
 @pytest.mark.parametrize("name", ["ngram", "retrieval"])
 def test_copying_drafters_end_each_rows_continuations_before_its_own_bans(name):
-    """RowBans: each row's banned tokens (bias -100, not a milder one); `ngram` and `retrieval`
+    """PathBans(everywhere=True): each row's banned tokens (bias -100, not a milder one); `ngram` and `retrieval`
     drafts never hold a row's own banned token, and still draft it for the row that does not ban it."""
     rows = RowSampling([SamplingParams(0.0, logit_bias={7: -100.0, 8: -3.0}), SamplingParams(0.0)])
-    assert RowBans().of(rows, 2) == [frozenset({7}), frozenset()]
-    assert RowBans().of(SamplingParams(0.0, logit_bias={4: -100.0}), 3) == [frozenset({4})] * 3
+    own = PathBans(everywhere=True).round(rows, [[1], [1]])
+    assert [own.banned(b, []) for b in range(2)] == [{7}, set()]
+    shared = PathBans(everywhere=True).round(SamplingParams(0.0, logit_bias={4: -100.0}), [[1]] * 3)
+    assert [shared.banned(b, []) for b in range(3)] == [{4}] * 3
     banned, free = copying_drafts(name, rows)
     assert 7 not in banned.tokens.tolist() and 7 in free.tokens.tolist()
 
