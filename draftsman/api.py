@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
+from .replies import check_parsers, reply_messages
+from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
@@ -28,6 +30,9 @@ class GenerationOutput:
     # generate(top_logprobs=N): per row and token, the target's N most likely tokens at that
     # position as (token id, log-probability), most likely first; else None.
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    # chat() only: per row, the reply as OpenAI's assistant message ({"role": "assistant", "content"},
+    # with "reasoning_content" / "tool_calls" under chat's parsers), ready to append to the conversation.
+    messages: list[dict] | None = None
 
 
 @dataclass
@@ -172,24 +177,34 @@ class Decoder:
                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[list[int]]:
         """The prompt ids of one conversation ([{"role": ..., "content": ...}, ...]) or a list of
         them, rendered by the target tokenizer's chat template (draftsman/chat.py); tools: tool
-        definitions every conversation offers, for a tool-calling template."""
-        return [chat_ids(self.tokenizer, c, self.config["target"]["path"], continue_final_message, chat_template_kwargs,
-                         tools) for c in check_conversations(conversations)]
+        definitions every conversation offers, for a tool-calling template. Earlier tool calls'
+        arguments given as JSON strings (OpenAI's form, and chat(tool_call_parser=)'s messages)
+        reach the template as the objects templates expect."""
+        return [chat_ids(self.tokenizer, arguments_as_objects(c), self.config["target"]["path"], continue_final_message,
+                         chat_template_kwargs, tools) for c in check_conversations(conversations)]
 
     def chat(self, conversations, *, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None, **generate_args) -> GenerationOutput:
+             tools: list[dict] | None = None, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+             **generate_args) -> GenerationOutput:
         """generate() for chat messages: one conversation or a list of them, each rendered by the
         target tokenizer's chat template with the assistant's turn opened (vLLM's LLM.chat). Takes
         generate's keyword arguments. continue_final_message: the last message is the assistant's
         and the model continues it; chat_template_kwargs: extra template variables (vLLM's), e.g.
         {"enable_thinking": False}; tools: tool definitions (OpenAI's JSON schemas, vLLM's tools=) for a
-        tool-calling template; the reply's tool call is text, parsed by the caller.
-        To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0])."""
+        tool-calling template.
+        Each reply also comes back as OpenAI's assistant message (`messages`), parsed as `draftsman
+        serve` parses it: tool_call_parser ("hermes", "llama3_json") puts the calls the model wrote
+        in "tool_calls", reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
+        (draftsman/replies.py). The texts stay the model's own.
+        To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0]), through replies.ReplyStream."""
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
+        check_parsers(self.tokenizer, tool_call_parser, reasoning_parser)  # before any model runs
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
-        return self.generate(input_ids=ids, **generate_args)
+        out = self.generate(input_ids=ids, **generate_args)
+        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser)
+        return out
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,
                  max_new_tokens: int | list[int] | None = None, temperature: float | list | None = None,

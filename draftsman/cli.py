@@ -36,6 +36,9 @@ from .api import Decoder, GenerationStats
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
+from .reasoning import PARSERS as REASONING_PARSERS
+from .replies import PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, reply_messages
+from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 
 EXIT_USAGE = 2  # same status argparse uses for bad arguments
 
@@ -75,6 +78,7 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tools", metavar="FILE",
                    help="with --chat / --messages: a JSON file of tool definitions (a list of OpenAI-style "
                         "function schemas) for a tool-calling model's chat template")
+    add_reply_parser_args(p, "with --chat / --messages: ")
     p.add_argument("--drafter", metavar="NAME",
                    help="use this drafter; if it differs from the config's, the config's drafter options "
                         "are dropped (they belong to the other drafter) - add new ones with --set")
@@ -147,6 +151,9 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise UserError("--chat-template-kwarg goes with --chat or --messages: plain prompts use no template")
     if args.tools and not (args.chat or args.messages):
         raise UserError("--tools goes with --chat or --messages: plain prompts use no template")
+    for flag, given in (("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser)):
+        if given and not (args.chat or args.messages):
+            raise UserError(f"{flag} parses chat replies: it goes with --chat or --messages")
     template_kwargs = check_template_kwargs(dict(args.chat_template_kwargs))
     conversations = chat_conversations(args)
     tools = read_tools(args.tools)
@@ -161,11 +168,13 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
+    parsers = (args.tool_call_parser, args.reasoning_parser)
+    check_parsers(decoder.tokenizer, *parsers, names=PARSER_FLAGS)
     if conversations is not None:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
-        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None)
+        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
@@ -175,17 +184,35 @@ def _run_generate(args: argparse.Namespace) -> int:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:
             logprobs["top_logprobs"] = out.top_logprobs
-        print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs,
+        # A chat's replies also as OpenAI's assistant messages, parsed as Decoder.chat parses them.
+        messages = {"messages": reply_messages(out.texts, *parsers)} if conversations is not None else {}
+        print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs, **messages,
                           "stats": out.stats.as_dict(), "config": cfg}))
         return 0
     many = len(out.token_ids) > 1
     for i, (text, ids) in enumerate(zip(out.texts, out.token_ids)):
         if many:
             print(f"--- [{i}] ---")
+        if any(parsers):
+            printer = DeltaPrinter()
+            printer.write(message_deltas(reply_messages([text], *parsers)[0]))
+            printer.end()
+            continue
         # Without a tokenizer there is no text: show the ids rather than an empty line.
         print(text if decoder.tokenizer is not None else " ".join(map(str, ids)))
     _print_stats(cfg, out.stats)
     return 0
+
+
+def add_reply_parser_args(p: argparse.ArgumentParser, prefix: str = "", tool_calls: bool = True) -> None:
+    """--reasoning-parser and --tool-call-parser (vLLM's flags and format names; draftsman/replies.py)."""
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, metavar="FORMAT",
+                   help=f"{prefix}a reply's thinking (<think>...</think>) comes apart from the answer, as vLLM's "
+                        f"reasoning_content (formats: {', '.join(REASONING_PARSERS)})")
+    if tool_calls:
+        p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, metavar="FORMAT",
+                       help=f"{prefix}the tool calls a reply writes in this format come apart, as OpenAI's "
+                            f"tool_calls (formats: {', '.join(TOOL_CALL_PARSERS)})")
 
 
 def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -311,16 +338,26 @@ def read_tools(path: str | None) -> list[dict] | None:
         raise UserError(f"--tools '{path}': {e}") from None
 
 
-def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None) -> int:
-    """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it."""
+def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None,
+                parsers: tuple[str | None, str | None] = (None, None)) -> int:
+    """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it;
+    parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come."""
     stats = GenerationStats()
     prompt = None if input_ids is not None else args.prompt[0]
+    reply, printer = (ReplyStream(*parsers), DeltaPrinter()) if any(parsers) else (None, None)
     for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,
                                 **sampling_flags(args)):
-        print(piece, end="", flush=True)
-    print()
+        if reply is None:
+            print(piece, end="", flush=True)
+        else:
+            printer.write(reply.feed(piece))
+    if reply is None:
+        print()
+    else:
+        printer.write(reply.feed("", final=True))
+        printer.end()
     _print_stats(cfg, stats)
     return 0
 

@@ -3,7 +3,9 @@ EAGLE's demos do, with any drafter. Each reply streams as rounds accept tokens a
 its stats (tau, tokens/s), so a drafter's effect on a real conversation is visible turn by turn.
 
 One line is one user message. The conversation so far goes through the target's chat template
-every turn; the replies join it as assistant messages. Commands: /reset forgets the conversation
+every turn; the replies join it as assistant messages (under --reasoning-parser a reply's thought
+is printed apart, and joins as the message's reasoning_content, which thinking models' templates
+read or drop as they were trained to). Commands: /reset forgets the conversation
 (the system message stays), /exit or end of input quits.
 """
 from __future__ import annotations
@@ -13,15 +15,17 @@ import sys
 
 from .api import Decoder, GenerationStats
 from .chat import require_chat_template
+from .replies import PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, reply_message
 
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import add_run_config_args
+    from .cli import add_reply_parser_args, add_run_config_args
 
     add_run_config_args(p)
+    add_reply_parser_args(p, tool_calls=False)
     p.add_argument("--system", metavar="TEXT", help="a system message at the start of the conversation")
     p.add_argument("--max-new-tokens", type=int, help="longest reply; default: generation.max_new_tokens")
     p.add_argument("--temperature", type=float, help="0 = greedy; default: sampling.temperature")
@@ -39,14 +43,18 @@ def run(args: argparse.Namespace) -> int:
     decoder = Decoder(cfg)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     require_chat_template(decoder.tokenizer, cfg["target"]["path"])  # refused before any input is read
+    check_parsers(decoder.tokenizer, None, args.reasoning_parser, names=PARSER_FLAGS)
     print(f"chatting with {cfg['target']['path']} (drafter {cfg['drafter']['name']}); {COMMANDS}", file=sys.stderr)
-    converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats)
+    converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats,
+             reasoning_parser=args.reasoning_parser)
     return 0
 
 
 def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | None = None,
-             temperature: float | None = None, show_stats: bool = True) -> list[dict]:
-    """The loop, on any iterable of lines; returns the conversation as it stands at the end."""
+             temperature: float | None = None, show_stats: bool = True,
+             reasoning_parser: str | None = None) -> list[dict]:
+    """The loop, on any iterable of lines; returns the conversation as it stands at the end.
+    reasoning_parser: each reply's thought printed under "[reasoning]", its answer under "[answer]"."""
     messages = list(system)
     interactive = hasattr(lines, "isatty") and lines.isatty()
     while True:
@@ -67,17 +75,19 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
         asked = messages + [{"role": "user", "content": text}]
         stats = GenerationStats()
         reply = ""
+        parts, printer = ReplyStream(reasoning_parser=reasoning_parser), DeltaPrinter()
         try:
             ids = decoder.encode_chat(asked)[0]
             for piece in decoder.stream(input_ids=ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                         stats=stats):
-                print(piece, end="", flush=True)
+                printer.write(parts.feed(piece))
                 reply += piece
         except ValueError as e:  # e.g. the conversation outgrew the context: keep it as it was
             print(f"error: {e} (/reset starts over)", file=sys.stderr)
             continue
-        print()
-        messages = asked + [{"role": "assistant", "content": reply}]
+        printer.write(parts.feed("", final=True))
+        printer.end()
+        messages = asked + [reply_message(reply, "stop", reasoning_parser=reasoning_parser)[0]]
         if show_stats:
             lossy = " LOSSY" if stats.lossy else ""
             print(f"[tau {stats.tau:.2f}, {stats.tokens_per_second:.1f} tokens/s, {stats.new_tokens} tokens, "

@@ -51,11 +51,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
-from .reasoning import END, START, ReasoningStream, split_reasoning
 from .reasoning import PARSERS as REASONING_PARSERS
+from .replies import PARSER_FLAGS, ReplyStream, check_parsers, reply_message
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
-from .tool_calls import PARSERS, TAGS, arguments_as_objects, parse_tool_calls, tool_call_stream
+from .tool_calls import PARSERS
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -97,9 +97,8 @@ class Server(ThreadingHTTPServer):
                  max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
-        self.tool_call_parser = check_parser("--tool-call-parser", tool_call_parser, TAGS, decoder)
-        self.reasoning_parser = check_parser("--reasoning-parser", reasoning_parser,
-                                             {name: (START, END) for name in REASONING_PARSERS}, decoder)
+        check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
+        self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
@@ -174,9 +173,9 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(body, self._chat_ids(body), chat=True, tool_calls=tool_calls)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
-        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids;
-        earlier tool calls' arguments as objects, as chat templates take them."""
-        messages = arguments_as_objects(check_conversation(body.get("messages"), '"messages"'))
+        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
+        (earlier tool calls' arguments reach the template as objects: Decoder.encode_chat)."""
+        messages = check_conversation(body.get("messages"), '"messages"')
         return self.server.decoder.encode_chat(messages, tools=body.get("tools"),
                                                chat_template_kwargs=body.get("chat_template_kwargs"))
 
@@ -219,7 +218,8 @@ class Handler(BaseHTTPRequestHandler):
                 text = echoed[p] + text
             reason = FINISH.get(reason, reason)
             if chat:
-                message, reason = self._message(text, reason, tool_calls)
+                message, reason = reply_message(text, reason, self.server.tool_call_parser if tool_calls else None,
+                                                self.server.reasoning_parser)
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": scores, "finish_reason": reason})
@@ -229,20 +229,6 @@ class Handler(BaseHTTPRequestHandler):
                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens},
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
-
-    def _message(self, text: str, reason: str, tool_calls: bool) -> tuple[dict, str]:
-        """A chat reply as OpenAI's message, with its finish reason: under --reasoning-parser the
-        thought apart, then the answer's tool calls when they are parsed ("tool_calls" ends a
-        reply that ended in calls)."""
-        message = {"role": "assistant", "content": text}
-        if self.server.reasoning_parser:
-            message["reasoning_content"], message["content"] = split_reasoning(text, self.server.reasoning_parser)
-        if tool_calls and message["content"] is not None:
-            message["content"], calls = parse_tool_calls(message["content"], self.server.tool_call_parser)
-            if calls:
-                message["tool_calls"] = calls
-                reason = "tool_calls" if reason == "stop" else reason
-        return message, reason
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
                 tool_calls: bool = False) -> None:
@@ -261,19 +247,9 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        parsers = [tool_call_stream(self.server.tool_call_parser) for _ in range(job.rows)] if tool_calls else None
-        thoughts = ([ReasoningStream(self.server.reasoning_parser) for _ in range(job.rows)]
-                    if chat and self.server.reasoning_parser else None)
-
-        def shaped(index: int, text: str, final: bool) -> list[dict]:
-            """A chat piece as deltas: reasoning apart, then the answer's tool calls."""
-            deltas = _content_delta(text)
-            if thoughts is not None:
-                deltas = thoughts[index].feed(text) + (thoughts[index].finish() if final else [])
-            if parsers is not None:
-                deltas = [out for d in deltas for out in (parsers[index].feed(d["content"]) if "content" in d else [d])]
-                deltas += parsers[index].finish() if final else []
-            return deltas
+        tool_call_parser = self.server.tool_call_parser if tool_calls else None
+        replies = ([ReplyStream(tool_call_parser, self.server.reasoning_parser) for _ in range(job.rows)]
+                   if chat and (tool_call_parser or self.server.reasoning_parser) else None)
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             scores = None
@@ -281,10 +257,10 @@ class Handler(BaseHTTPRequestHandler):
                 scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offsets[index])
                 if not chat:  # completions' text_offset runs on over the tokens just scored
                     offsets[index] += sum(map(len, scores["tokens"]))
-            if (parsers is not None or thoughts is not None) and not role:  # reasoning, content, tool_calls
-                deltas = shaped(index, delta or "", reason is not None)
-                if reason is not None and parsers is not None:
-                    reason = "tool_calls" if parsers[index].calls and reason == "stop" else reason
+            if replies is not None and not role:  # reasoning, content, tool_calls
+                deltas = replies[index].feed(delta or "", final=reason is not None)
+                if reason is not None:
+                    reason = replies[index].finish_reason(reason)
                 elif not deltas and scores is None:  # text held as a possible tag: nothing to send yet
                     return
                 for d in deltas[:-1]:
@@ -535,24 +511,6 @@ def stream_usage(body: dict) -> bool:
     if not body.get("stream"):
         raise RequestError('"stream_options" goes with "stream": true')
     return options.get("include_usage", False)
-
-
-def check_parser(flag: str, parser: str | None, tags_of: dict[str, tuple[str, ...]], decoder: Decoder) -> str | None:
-    """--tool-call-parser / --reasoning-parser: a known format (tags_of: each format's tags),
-    whose tags the target's text keeps."""
-    if parser is None:
-        return None
-    if parser not in tags_of:
-        raise ValueError(f"{flag} {parser!r} is not known; the parsers are: {', '.join(tags_of)}")
-    special = set(getattr(decoder.tokenizer, "all_special_tokens", ()))
-    if special & set(tags_of[parser]):
-        raise ValueError(f"the target's tokenizer marks {' / '.join(tags_of[parser])} as special tokens, which decoded "
-                         f"text drops, so {flag} {parser} would never see them: this target does not write that format")
-    return parser
-
-
-def _content_delta(text: str) -> list[dict]:
-    return [{"content": text}] if text else []
 
 
 def parses_tool_calls(body: dict, parser: str | None) -> bool:

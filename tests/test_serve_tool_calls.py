@@ -215,14 +215,14 @@ def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
 
 def test_a_target_whose_text_drops_the_tags_is_refused():
     """A tokenizer that marks <tool_call> special drops it from decoded text: no call would be seen."""
-    from draftsman.serve import check_parser
+    from draftsman.replies import check_parser
 
-    decoder = SimpleNamespace(tokenizer=SimpleNamespace(all_special_tokens=["<|im_end|>", "<tool_call>"]))
+    tokenizer = SimpleNamespace(all_special_tokens=["<|im_end|>", "<tool_call>"])
     with pytest.raises(ValueError, match="marks <tool_call> / </tool_call> as special tokens"):
-        check_parser("--tool-call-parser", "hermes", TAGS, decoder)
-    assert check_parser("--tool-call-parser", "llama3_json", TAGS, decoder) == "llama3_json"  # no tags to keep
-    decoder.tokenizer.all_special_tokens = ["<|im_end|>"]
-    assert check_parser("--tool-call-parser", "hermes", TAGS, decoder) == "hermes"
+        check_parser("--tool-call-parser", "hermes", TAGS, tokenizer)
+    assert check_parser("--tool-call-parser", "llama3_json", TAGS, tokenizer) == "llama3_json"  # no tags to keep
+    tokenizer.all_special_tokens = ["<|im_end|>"]
+    assert check_parser("--tool-call-parser", "hermes", TAGS, tokenizer) == "hermes"
 
 
 LLAMA_REPLY = (f'{{"name": "get_weather", "parameters": {json.dumps(WEATHER["arguments"])}}}; '

@@ -1,0 +1,133 @@
+"""A chat reply's text as OpenAI's assistant message: the thought apart as `reasoning_content`
+(draftsman/reasoning.py), then the answer's tool calls as `tool_calls` (draftsman/tool_calls.py).
+One shaping for `draftsman serve`, `Decoder.chat(..., tool_call_parser=, reasoning_parser=)` and
+`draftsman generate --chat`, whole replies and streamed ones alike.
+
+It reads the output only: the reply is the target's own, and nothing of it is dropped.
+"""
+from __future__ import annotations
+
+import sys
+
+from .reasoning import END, START, ReasoningStream, split_reasoning
+from .reasoning import PARSERS as REASONING_PARSERS
+from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
+
+PARSER_FLAGS = ("--tool-call-parser", "--reasoning-parser")  # the command line's names for the two settings
+
+
+def check_parser(name: str, parser: str | None, tags_of: dict[str, tuple[str, ...]], tokenizer) -> str | None:
+    """A tool-call or reasoning parser: a known format (tags_of: each format's tags), whose tags
+    the target's decoded text keeps. name: how the caller spells the setting, for the message."""
+    if parser is None:
+        return None
+    if parser not in tags_of:
+        raise ValueError(f"{name} {parser!r} is not known; the parsers are: {', '.join(tags_of)}")
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    if special & set(tags_of[parser]):
+        raise ValueError(f"the target's tokenizer marks {' / '.join(tags_of[parser])} as special tokens, which decoded "
+                         f"text drops, so {name} {parser} would never see them: this target does not write that format")
+    return parser
+
+
+def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str | None,
+                  names: tuple[str, str] = ("tool_call_parser=", "reasoning_parser=")) -> None:
+    """Both parsers checked against the target's tokenizer (names: how the caller spells them)."""
+    if tokenizer is None and (tool_call_parser or reasoning_parser):
+        raise ValueError("the target folder has no tokenizer, so its replies have no text to parse: "
+                         f"leave out {names[0]} and {names[1]}")
+    check_parser(names[0].rstrip("="), tool_call_parser, TAGS, tokenizer)
+    check_parser(names[1].rstrip("="), reasoning_parser, {p: (START, END) for p in REASONING_PARSERS}, tokenizer)
+
+
+def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = None,
+                  reasoning_parser: str | None = None) -> tuple[dict, str]:
+    """A whole reply -> (OpenAI's assistant message, its finish reason). Under a reasoning parser
+    the thought is `reasoning_content` (None when there is none); under a tool-call parser the
+    answer's calls are `tool_calls` (left out when there are none), and a reply that ended
+    normally ("stop") in calls ends with "tool_calls"."""
+    message = {"role": "assistant", "content": text}
+    if reasoning_parser:
+        message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser)
+    if tool_call_parser and message["content"] is not None:
+        message["content"], calls = parse_tool_calls(message["content"], tool_call_parser)
+        if calls:
+            message["tool_calls"] = calls
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    return message, finish_reason
+
+
+def reply_messages(texts: list[str], tool_call_parser: str | None = None,
+                   reasoning_parser: str | None = None) -> list[dict]:
+    """Each reply's assistant message (reply_message's, without the finish reason)."""
+    return [reply_message(text, "stop", tool_call_parser, reasoning_parser)[0] for text in texts]
+
+
+class ReplyStream:
+    """A streamed reply's pieces -> OpenAI chat deltas ({"reasoning_content"}, {"content"},
+    {"tool_calls"}), parsed as reply_message parses the whole reply. Text that may be the start of
+    a tag is held until the next piece tells."""
+
+    def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+        self.thought = ReasoningStream(reasoning_parser) if reasoning_parser else None
+        self.calls = tool_call_stream(tool_call_parser) if tool_call_parser else None
+
+    def feed(self, piece: str, final: bool = False) -> list[dict]:
+        """The deltas this piece completes; final: the reply ends with it (everything held is sent)."""
+        deltas = [{"content": piece}] if piece else []
+        if self.thought is not None:
+            deltas = self.thought.feed(piece) + (self.thought.finish() if final else [])
+        if self.calls is not None:
+            deltas = [out for d in deltas for out in (self.calls.feed(d["content"]) if "content" in d else [d])]
+            deltas += self.calls.finish() if final else []
+        return deltas
+
+    def finish_reason(self, reason: str) -> str:
+        """The reply's finish reason once it ended: "tool_calls" when it ended normally in calls."""
+        return "tool_calls" if self.calls is not None and self.calls.calls and reason == "stop" else reason
+
+
+def message_deltas(message: dict) -> list[dict]:
+    """A whole message as the deltas a stream of it gives: thought, answer, then its calls."""
+    deltas = [{key: message[key]} for key in ("reasoning_content", "content") if message.get(key)]
+    return deltas + [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(message.get("tool_calls", []))]
+
+
+class DeltaPrinter:
+    """Deltas as terminal text: the thought under a "[reasoning]" line, the answer under an
+    "[answer]" line when something came before it, each call on a "[tool call] NAME ARGUMENTS" line.
+    White space that opens a part under its header is not printed (a display only: the reply's
+    text and message keep it)."""
+
+    def __init__(self, file=None):
+        self.file = file or sys.stdout
+        self.section = None  # the kind of text printed last
+        self.line_open = False  # whether the last text printed did not end its line
+
+    def write(self, deltas: list[dict]) -> None:
+        for delta in deltas:
+            for call in delta.get("tool_calls", []):
+                self._header(f"[tool call] {call['function']['name']} {call['function']['arguments']}")
+                self.section = "tool_calls"
+            for key in ("reasoning_content", "content"):
+                text = delta.get(key) or ""
+                if text and key != self.section and (key == "reasoning_content" or self.section is not None):
+                    text = text.lstrip()
+                    if not text:  # the new part has shown nothing yet: its header waits
+                        continue
+                    self._header("[reasoning]" if key == "reasoning_content" else "[answer]")
+                if text:
+                    print(text, end="", file=self.file, flush=True)
+                    self.section, self.line_open = key, not text.endswith("\n")
+
+    def end(self) -> None:
+        """Close the reply's last line."""
+        if self.line_open:
+            print(file=self.file, flush=True)
+        self.section, self.line_open = None, False
+
+    def _header(self, line: str) -> None:
+        if self.line_open:
+            print(file=self.file)
+        print(line, file=self.file, flush=True)
+        self.line_open = False
