@@ -193,7 +193,7 @@ class Decoder:
         {"enable_thinking": False}; tools: tool definitions (OpenAI's JSON schemas, vLLM's tools=) for a
         tool-calling template.
         Each reply also comes back as OpenAI's assistant message (`messages`), parsed as `draftsman
-        serve` parses it: tool_call_parser ("hermes", "llama3_json") puts the calls the model wrote
+        serve` parses it: tool_call_parser ("hermes", "llama3_json", "pythonic") puts the calls the model wrote
         in "tool_calls", reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
         (draftsman/replies.py). The texts stay the model's own.
         To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0]), through replies.ReplyStream."""

@@ -18,7 +18,7 @@ decoding by changing their base URL.
   send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
-- `--tool-call-parser hermes|llama3_json`: a chat reply's tool calls come back as OpenAI's
+- `--tool-call-parser hermes|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
   reasoning_content, whole or streamed (draftsman/reasoning.py).
@@ -582,7 +582,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
                         "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
                         f"{', '.join(PARSERS)}: hermes's <tool_call>{{json}}</tool_call>, as Hermes and Qwen write "
-                        "them; llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them)")
+                        "them; llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
+                        "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Tool calls in a chat reply, returned as OpenAI's API returns them (`message.tool_calls`, finish
-reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|llama3_json` (vLLM's flag and
-parser names).
+reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|llama3_json|pythonic` (vLLM's
+flag and parser names) and `Decoder.chat(tool_call_parser=...)`.
 
 - `hermes`, the format Hermes 2 Pro, Qwen2.5 / Qwen3 and many tool-calling fine-tunes emit, as
   their chat templates ask: each call a JSON object in its own block,
@@ -14,6 +14,13 @@ parser names).
   {"name": ..., "parameters": {...}} separated by ";" (the <|python_tag|> before them is a
   special token, which decoded text drops). A streamed reply that starts with "{" is held to its
   end, since only the end tells a call from text.
+- `pythonic`, Llama 3.2 / Llama 4's (and ToolACE's) Python-style calls: the whole reply is a list
+  of calls with keyword arguments written as Python literals,
+
+      [get_weather(city="Paris", unit="C"), get_time()]
+
+  (Llama 4's <|python_start|> / <|python_end|> around it are special tokens, dropped). A streamed
+  reply that starts with "[" is held to its end, as llama3_json's "{" is.
 
 A block or reply that is not such a call (bad JSON, no name) stays in the content as the model
 wrote it: nothing is dropped. Parsing reads the output only; it does not steer generation, so
@@ -21,12 +28,13 @@ the output stays exactly the target's.
 """
 from __future__ import annotations
 
+import ast
 import json
 import uuid
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "pythonic")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": ()}  # what each format needs decoded text to keep
+TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (), "pythonic": ()}  # what each format needs decoded text to keep
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -49,8 +57,8 @@ def _call_of(block: str) -> dict | None:
 
 def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[dict]]:
     """A whole reply -> (its content, None when only calls; its calls in order)."""
-    if parser == "llama3_json":
-        calls = _json_calls(text)
+    if parser in WHOLE_REPLY_CALLS:
+        calls = WHOLE_REPLY_CALLS[parser][1](text)
         return (None, calls) if calls else (text, [])
     content, calls, rest = [], [], text
     while OPEN in rest:
@@ -87,17 +95,44 @@ def _json_calls(text: str) -> list[dict]:
     return calls
 
 
-def tool_call_stream(parser: str) -> "ToolCallStream | JsonCallStream":
+def _pythonic_calls(text: str) -> list[dict]:
+    """pythonic: the calls that make up the whole reply, a Python list of calls with keyword
+    arguments written as literals; [] when the reply is anything else (as vLLM reads it)."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")  # stripped: Python refuses an indented first line
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    if not isinstance(tree.body, ast.List):
+        return []
+    calls = []
+    for node in tree.body.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args or \
+                any(keyword.arg is None for keyword in node.keywords):  # positional or **arguments: no names
+            return []
+        try:
+            arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords}
+            calls.append(tool_call(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or no JSON for it (a set)
+            return []
+    return calls
+
+
+# Formats whose calls are the whole reply: the character such a reply starts with, and its parse.
+WHOLE_REPLY_CALLS = {"llama3_json": ("{", _json_calls), "pythonic": ("[", _pythonic_calls)}
+
+
+def tool_call_stream(parser: str) -> "ToolCallStream | WholeReplyCallStream":
     """A streamed reply's parser for the format."""
-    return JsonCallStream() if parser == "llama3_json" else ToolCallStream()
+    return WholeReplyCallStream(parser) if parser in WHOLE_REPLY_CALLS else ToolCallStream()
 
 
-class JsonCallStream:
-    """llama3_json's stream: a reply that starts with "{" (after white space) is held to its end
-    and sent as its calls, or as content when it is not only calls; any other reply is content as
-    it comes."""
+class WholeReplyCallStream:
+    """llama3_json's and pythonic's stream: a reply that starts as calls do ("{", "[") after white
+    space is held to its end and sent as its calls, or as content when it is not only calls; any
+    other reply is content as it comes."""
 
-    def __init__(self):
+    def __init__(self, parser: str):
+        self.opener, self.parse = WHOLE_REPLY_CALLS[parser]
         self.held = ""
         self.mode = "undecided"  # then "calls" (held to the end) or "content"
         self.calls = 0
@@ -107,7 +142,7 @@ class JsonCallStream:
             return _content(piece)
         self.held += piece
         if self.mode == "undecided" and self.held.strip():
-            self.mode = "calls" if self.held.lstrip().startswith("{") else "content"
+            self.mode = "calls" if self.held.lstrip().startswith(self.opener) else "content"
             if self.mode == "content":
                 held, self.held = self.held, ""
                 return _content(held)
@@ -115,7 +150,7 @@ class JsonCallStream:
 
     def finish(self) -> list[dict]:
         held, self.held = self.held, ""
-        calls = _json_calls(held) if self.mode == "calls" else []
+        calls = self.parse(held) if self.mode == "calls" else []
         if not calls:
             return _content(held)
         self.calls = len(calls)

@@ -16,7 +16,7 @@ from draftsman import cli
 from draftsman.api import Decoder, GenerationOutput, GenerationStats
 from draftsman.interactive import converse
 from draftsman.replies import DeltaPrinter, ReplyStream, message_deltas, reply_message
-from test_serve_tool_calls import LLAMA_REPLY, REPLY, TOOL_TEMPLATE, TOOLS, USER, WEATHER, calls_of
+from test_serve_tool_calls import LLAMA_REPLY, PYTHONIC_REPLY, REPLY, TOOL_TEMPLATE, TOOLS, USER, WEATHER, calls_of
 
 THOUGHT = "<think>\nThe user wants the weather.\n</think>\n\n"
 NEW = 8
@@ -35,6 +35,7 @@ PARSED = [  # tool-call parser, reasoning parser, reply
     ("hermes", "deepseek_r1", THOUGHT.removeprefix("<think>") + REPLY), ("llama3_json", "qwen3", THOUGHT + LLAMA_REPLY),
     ("llama3_json", None, "Sunny today."), (None, None, THOUGHT + REPLY), ("hermes", "qwen3", "Paris, <tool"),
     ("hermes", "qwen3", "Paris, <thi"), (None, "deepseek_r1", "Weighing it </thi"),  # ends that might open a tag
+    ("pythonic", "qwen3", THOUGHT + PYTHONIC_REPLY), ("pythonic", None, "[1, 2] is a list."),
 ]
 
 
@@ -143,7 +144,8 @@ def test_a_parsed_message_goes_back_into_the_conversation(decoder, monkeypatch):
 
 
 @pytest.mark.parametrize("given, error", [
-    ({"tool_call_parser": "xml"}, "tool_call_parser 'xml' is not known; the parsers are: hermes, llama3_json"),
+    ({"tool_call_parser": "xml"}, "tool_call_parser 'xml' is not known; the parsers are: hermes, llama3_json, "
+                                  "pythonic"),
     ({"reasoning_parser": "o1"}, "reasoning_parser 'o1' is not known; the parsers are: qwen3, deepseek_r1"),
 ])
 def test_unknown_parsers_are_named_before_generating(decoder, monkeypatch, given, error):

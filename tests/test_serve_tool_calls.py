@@ -206,7 +206,7 @@ def test_auto_tool_choice_needs_a_parser(served):
 def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
     from draftsman.serve import Server
 
-    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes, llama3_json"):
+    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes, llama3_json, pythonic"):
         Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, tool_call_parser="xml")
     with pytest.raises(SystemExit):
         cli.main(["serve", "--drafter", "ngram", "--tool-call-parser", "xml"])
@@ -221,6 +221,7 @@ def test_a_target_whose_text_drops_the_tags_is_refused():
     with pytest.raises(ValueError, match="marks <tool_call> / </tool_call> as special tokens"):
         check_parser("--tool-call-parser", "hermes", TAGS, tokenizer)
     assert check_parser("--tool-call-parser", "llama3_json", TAGS, tokenizer) == "llama3_json"  # no tags to keep
+    assert check_parser("--tool-call-parser", "pythonic", TAGS, tokenizer) == "pythonic"
     tokenizer.all_special_tokens = ["<|im_end|>"]
     assert check_parser("--tool-call-parser", "hermes", TAGS, tokenizer) == "hermes"
 
@@ -289,3 +290,72 @@ def test_a_llama3_json_reply_is_answered_with_tool_calls(llama_server, monkeypat
     deltas = [e["choices"][0]["delta"] for e in streamed]
     assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == LLAMA_CASES[LLAMA_REPLY]
     assert not any(d.get("content") for d in deltas) and streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+PYTHONIC_REPLY = '[get_weather(city="Paris", unit="C"), get_time()]'
+PYTHONIC_CASES = {  # pythonic: a reply -> its calls, or None when it is content
+    PYTHONIC_REPLY: [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})],
+    ' \n  [find(tags=["a", "b"], limit=-2, exact=True, near=None, box=(1, 2.5), opts={"k": {"deep": [1]}})]\n':
+        [("find", {"tags": ["a", "b"], "limit": -2, "exact": True, "near": None, "box": [1, 2.5],
+                   "opts": {"k": {"deep": [1]}}})],  # Python literals, as JSON
+    "[get_time()] and then some text": None,  # not only calls
+    "The list is [1, 2].": None,
+    "[1, 2]": None,  # a list, but no calls
+    "[]": None,
+    "get_time(), get_date()": None,  # calls, but not in a list
+    '[get_weather("Paris")]': None,  # a positional argument has no name
+    "[get_weather(city=paris)]": None,  # not a literal
+    '[get_weather(**{"city": "Paris"})]': None,  # no argument names
+    "[get_weather(city={1, 2})]": None,  # a set: no JSON for it
+    "[tools.get_weather(city='Paris')]": None,  # not a plain name
+    '[get_weather(city="Par': None,  # cut off
+}
+
+
+@pytest.mark.parametrize("text", list(PYTHONIC_CASES))
+def test_pythonic_replies_are_calls_only_when_wholly_calls(text):
+    content, calls = parse_tool_calls(text, "pythonic")
+    if PYTHONIC_CASES[text] is None:
+        assert (content, calls) == (text, [])
+    else:
+        assert content is None and calls_of(calls) == PYTHONIC_CASES[text]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("text", list(PYTHONIC_CASES))
+def test_a_streamed_pythonic_reply_gives_what_the_whole_reply_gives(text, seed):
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 10))))
+    stream, deltas = tool_call_stream("pythonic"), []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        deltas += stream.feed(text[a:b])
+    deltas += stream.finish()
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    content = "".join(d.get("content", "") for d in deltas)
+    if PYTHONIC_CASES[text] is None:
+        assert content == text and not calls
+    else:
+        assert content == "" and calls_of(calls) == PYTHONIC_CASES[text]
+        assert [c["index"] for c in calls] == list(range(len(calls)))
+
+
+def test_a_pythonic_text_reply_streams_as_it_comes_and_a_list_is_held():
+    stream = tool_call_stream("pythonic")
+    assert stream.feed(" The") == [{"content": " The"}] and stream.feed(" list") == [{"content": " list"}]
+    stream = tool_call_stream("pythonic")
+    assert stream.feed("[get_time(") == [] and stream.feed(")]") == []  # may be calls: held to the end
+    assert calls_of([d["tool_calls"][0] for d in stream.finish()]) == [("get_time", {})]
+
+
+def test_a_pythonic_reply_is_answered_with_tool_calls(tool_server, monkeypatch):
+    with running(ngram_decoder(tool_server[0].decoder.config["target"]["path"]),
+                 tool_call_parser="pythonic") as (server, base):
+        replying(server, monkeypatch, PYTHONIC_REPLY)
+        status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
+        choice = got["choices"][0]
+        assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        assert calls_of(choice["message"]["tool_calls"]) == PYTHONIC_CASES[PYTHONIC_REPLY]
+        streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
+        deltas = [e["choices"][0]["delta"] for e in streamed]
+        assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == PYTHONIC_CASES[PYTHONIC_REPLY]
+        assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
