@@ -193,8 +193,9 @@ class Decoder:
         {"enable_thinking": False}; tools: tool definitions (OpenAI's JSON schemas, vLLM's tools=) for a
         tool-calling template.
         Each reply also comes back as OpenAI's assistant message (`messages`), parsed as `draftsman
-        serve` parses it: tool_call_parser ("hermes", "llama3_json", "pythonic") puts the calls the model wrote
-        in "tool_calls", reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
+        serve` parses it: tool_call_parser ("hermes", "qwen3_coder", "llama3_json", "pythonic") puts
+        the calls the model wrote in "tool_calls" (qwen3_coder types their values by `tools`),
+        reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
         (draftsman/replies.py). The texts stay the model's own.
         To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0]), through replies.ReplyStream."""
         if "prompts" in generate_args or "input_ids" in generate_args:
@@ -203,7 +204,7 @@ class Decoder:
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
         out = self.generate(input_ids=ids, **generate_args)
-        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser)
+        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools)
         return out
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,

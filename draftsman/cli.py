@@ -174,7 +174,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
-        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers)
+        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers, tools)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
@@ -185,7 +185,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         if args.top_logprobs:
             logprobs["top_logprobs"] = out.top_logprobs
         # A chat's replies also as OpenAI's assistant messages, parsed as Decoder.chat parses them.
-        messages = {"messages": reply_messages(out.texts, *parsers)} if conversations is not None else {}
+        messages = {"messages": reply_messages(out.texts, *parsers, tools)} if conversations is not None else {}
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs, **messages,
                           "stats": out.stats.as_dict(), "config": cfg}))
         return 0
@@ -195,7 +195,7 @@ def _run_generate(args: argparse.Namespace) -> int:
             print(f"--- [{i}] ---")
         if any(parsers):
             printer = DeltaPrinter()
-            printer.write(message_deltas(reply_messages([text], *parsers)[0]))
+            printer.write(message_deltas(reply_messages([text], *parsers, tools)[0]))
             printer.end()
             continue
         # Without a tokenizer there is no text: show the ids rather than an empty line.
@@ -339,12 +339,13 @@ def read_tools(path: str | None) -> list[dict] | None:
 
 
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None,
-                parsers: tuple[str | None, str | None] = (None, None)) -> int:
+                parsers: tuple[str | None, str | None] = (None, None), tools: list[dict] | None = None) -> int:
     """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it;
-    parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come."""
+    parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come
+    (tools: the tool definitions, whose types qwen3_coder's values are read by)."""
     stats = GenerationStats()
     prompt = None if input_ids is not None else args.prompt[0]
-    reply, printer = (ReplyStream(*parsers), DeltaPrinter()) if any(parsers) else (None, None)
+    reply, printer = (ReplyStream(*parsers, tools), DeltaPrinter()) if any(parsers) else (None, None)
     for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,

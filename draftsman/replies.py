@@ -41,26 +41,27 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
 
 
 def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = None,
-                  reasoning_parser: str | None = None) -> tuple[dict, str]:
+                  reasoning_parser: str | None = None, tools: list[dict] | None = None) -> tuple[dict, str]:
     """A whole reply -> (OpenAI's assistant message, its finish reason). Under a reasoning parser
     the thought is `reasoning_content` (None when there is none); under a tool-call parser the
     answer's calls are `tool_calls` (left out when there are none), and a reply that ended
-    normally ("stop") in calls ends with "tool_calls"."""
+    normally ("stop") in calls ends with "tool_calls". tools: the request's tool definitions
+    (qwen3_coder reads its values' types from them)."""
     message = {"role": "assistant", "content": text}
     if reasoning_parser:
         message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser)
     if tool_call_parser and message["content"] is not None:
-        message["content"], calls = parse_tool_calls(message["content"], tool_call_parser)
+        message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
         if calls:
             message["tool_calls"] = calls
             finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
     return message, finish_reason
 
 
-def reply_messages(texts: list[str], tool_call_parser: str | None = None,
-                   reasoning_parser: str | None = None) -> list[dict]:
+def reply_messages(texts: list[str], tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                   tools: list[dict] | None = None) -> list[dict]:
     """Each reply's assistant message (reply_message's, without the finish reason)."""
-    return [reply_message(text, "stop", tool_call_parser, reasoning_parser)[0] for text in texts]
+    return [reply_message(text, "stop", tool_call_parser, reasoning_parser, tools)[0] for text in texts]
 
 
 class ReplyStream:
@@ -68,9 +69,10 @@ class ReplyStream:
     {"tool_calls"}), parsed as reply_message parses the whole reply. Text that may be the start of
     a tag is held until the next piece tells."""
 
-    def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+    def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 tools: list[dict] | None = None):
         self.thought = ReasoningStream(reasoning_parser) if reasoning_parser else None
-        self.calls = tool_call_stream(tool_call_parser) if tool_call_parser else None
+        self.calls = tool_call_stream(tool_call_parser, tools) if tool_call_parser else None
 
     def feed(self, piece: str, final: bool = False) -> list[dict]:
         """The deltas this piece completes; final: the reply ends with it (everything held is sent)."""

@@ -18,7 +18,7 @@ decoding by changing their base URL.
   send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
-- `--tool-call-parser hermes|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
+- `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
   reasoning_content, whole or streamed (draftsman/reasoning.py).
@@ -169,8 +169,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
             body = dict(body)
             body["max_tokens"] = body.pop("max_completion_tokens")
-        tool_calls = parses_tool_calls(body, self.server.tool_call_parser)
-        self._answer(body, self._chat_ids(body), chat=True, tool_calls=tool_calls)
+        parsed_tools = body["tools"] if parses_tool_calls(body, self.server.tool_call_parser) else None
+        self._answer(body, self._chat_ids(body), chat=True, parsed_tools=parsed_tools)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
         """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
@@ -180,10 +180,11 @@ class Handler(BaseHTTPRequestHandler):
                                                chat_template_kwargs=body.get("chat_template_kwargs"))
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
-                tool_calls: bool = False) -> None:
+                parsed_tools: list[dict] | None = None) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
         (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
-        tool_calls: a chat reply's tool calls are parsed out of its text (draftsman/tool_calls.py);
+        parsed_tools: the request's tools when a chat reply's tool calls are parsed out of its text
+        (draftsman/tool_calls.py);
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py)."""
         args = generate_args(body)
         include_usage = stream_usage(body)
@@ -194,7 +195,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            return self._stream(ids, args, head, kind, chat, include_usage, tool_calls)
+            return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -218,8 +219,8 @@ class Handler(BaseHTTPRequestHandler):
                 text = echoed[p] + text
             reason = FINISH.get(reason, reason)
             if chat:
-                message, reason = reply_message(text, reason, self.server.tool_call_parser if tool_calls else None,
-                                                self.server.reasoning_parser)
+                message, reason = reply_message(text, reason, self.server.tool_call_parser if parsed_tools else None,
+                                                self.server.reasoning_parser, parsed_tools)
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": scores, "finish_reason": reason})
@@ -231,10 +232,10 @@ class Handler(BaseHTTPRequestHandler):
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
-                tool_calls: bool = False) -> None:
+                parsed_tools: list[dict] | None = None) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
-        as its row ends; the last one carries the `draftsman` statistics. tool_calls: each chat
+        as its row ends; the last one carries the `draftsman` statistics. parsed_tools: each chat
         reply's calls are sent as OpenAI's tool_calls deltas, each whole as its block closes; under
         --reasoning-parser a chat reply's thought as reasoning_content deltas."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
@@ -247,8 +248,8 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        tool_call_parser = self.server.tool_call_parser if tool_calls else None
-        replies = ([ReplyStream(tool_call_parser, self.server.reasoning_parser) for _ in range(job.rows)]
+        tool_call_parser = self.server.tool_call_parser if parsed_tools else None
+        replies = ([ReplyStream(tool_call_parser, self.server.reasoning_parser, parsed_tools) for _ in range(job.rows)]
                    if chat and (tool_call_parser or self.server.reasoning_parser) else None)
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
@@ -582,7 +583,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
                         "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
                         f"{', '.join(PARSERS)}: hermes's <tool_call>{{json}}</tool_call>, as Hermes and Qwen write "
-                        "them; llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
+                        "them; qwen3_coder's <tool_call><function=NAME><parameter=KEY>..., as Qwen3-Coder writes "
+                        "them, the values typed by the request's tool schema; llama3_json's {\"name\": ..., "
+                        "\"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
                         "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them)")
 
 

@@ -1,6 +1,6 @@
 """Tool calls in a chat reply, returned as OpenAI's API returns them (`message.tool_calls`, finish
-reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|llama3_json|pythonic` (vLLM's
-flag and parser names) and `Decoder.chat(tool_call_parser=...)`.
+reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`
+(vLLM's flag and parser names) and `Decoder.chat(tool_call_parser=...)`.
 
 - `hermes`, the format Hermes 2 Pro, Qwen2.5 / Qwen3 and many tool-calling fine-tunes emit, as
   their chat templates ask: each call a JSON object in its own block,
@@ -10,6 +10,9 @@ flag and parser names) and `Decoder.chat(tool_call_parser=...)`.
       </tool_call>
 
   Text outside the blocks is the reply's content.
+- `qwen3_coder`, Qwen3-Coder's calls: the same blocks, each call written as XML elements with
+  the values as raw text, read by the types the request's tool schema gives them
+  (draftsman/tool_call_xml.py).
 - `llama3_json`, Llama 3.1 / 3.2's JSON tool calling: the whole reply is the calls, JSON objects
   {"name": ..., "parameters": {...}} separated by ";" (the <|python_tag|> before them is a
   special token, which decoded text drops). A streamed reply that starts with "{" is held to its
@@ -32,9 +35,12 @@ import ast
 import json
 import uuid
 
-PARSERS = ("hermes", "llama3_json", "pythonic")
+from .tool_call_xml import xml_call_parts
+
+PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (), "pythonic": ()}  # what each format needs decoded text to keep
+# What each format needs decoded text to keep.
+TAGS = {"hermes": (OPEN, CLOSE), "qwen3_coder": (OPEN, CLOSE), "llama3_json": (), "pythonic": ()}
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -44,8 +50,8 @@ def tool_call(name: str, arguments) -> dict:
             "function": {"name": name, "arguments": arguments}}
 
 
-def _call_of(block: str) -> dict | None:
-    """The call a block's text holds, or None when it holds none."""
+def _json_call_of(block: str, tools: list[dict] | None = None) -> dict | None:
+    """hermes: the call a block's JSON holds, or None when it holds none."""
     try:
         value = json.loads(block)
     except json.JSONDecodeError:
@@ -55,8 +61,20 @@ def _call_of(block: str) -> dict | None:
     return tool_call(value["name"], value.get("arguments", {}))
 
 
-def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[dict]]:
-    """A whole reply -> (its content, None when only calls; its calls in order)."""
+def _xml_call_of(block: str, tools: list[dict] | None = None) -> dict | None:
+    """qwen3_coder: the call a block's elements hold, or None when it holds none."""
+    parts = xml_call_parts(block, tools)
+    return tool_call(*parts) if parts is not None else None
+
+
+# Formats whose calls are blocks in the tags: each block's parse (block text, the request's tools).
+BLOCK_CALLS = {"hermes": _json_call_of, "qwen3_coder": _xml_call_of}
+
+
+def parse_tool_calls(text: str, parser: str = "hermes",
+                     tools: list[dict] | None = None) -> tuple[str | None, list[dict]]:
+    """A whole reply -> (its content, None when only calls; its calls in order). tools: the
+    request's tool definitions (qwen3_coder reads its values' types from them)."""
     if parser in WHOLE_REPLY_CALLS:
         calls = WHOLE_REPLY_CALLS[parser][1](text)
         return (None, calls) if calls else (text, [])
@@ -66,7 +84,7 @@ def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, lis
         if CLOSE not in after:  # an unclosed block: the model stopped inside it
             break
         block, rest = after.split(CLOSE, 1)
-        call = _call_of(block)
+        call = BLOCK_CALLS[parser](block, tools)
         content.append(before if call is not None else before + OPEN + block + CLOSE)
         if call is not None:
             calls.append(call)
@@ -121,9 +139,9 @@ def _pythonic_calls(text: str) -> list[dict]:
 WHOLE_REPLY_CALLS = {"llama3_json": ("{", _json_calls), "pythonic": ("[", _pythonic_calls)}
 
 
-def tool_call_stream(parser: str) -> "ToolCallStream | WholeReplyCallStream":
-    """A streamed reply's parser for the format."""
-    return WholeReplyCallStream(parser) if parser in WHOLE_REPLY_CALLS else ToolCallStream()
+def tool_call_stream(parser: str, tools: list[dict] | None = None) -> "ToolCallStream | WholeReplyCallStream":
+    """A streamed reply's parser for the format (tools: as parse_tool_calls takes them)."""
+    return WholeReplyCallStream(parser) if parser in WHOLE_REPLY_CALLS else ToolCallStream(parser, tools)
 
 
 class WholeReplyCallStream:
@@ -158,11 +176,12 @@ class WholeReplyCallStream:
 
 
 class ToolCallStream:
-    """hermes' stream: a streamed reply's pieces -> OpenAI chat deltas: content as it comes,
-    except text that may open a block (held until it does or cannot); each call whole, as its
-    block closes."""
+    """hermes' and qwen3_coder's stream: a streamed reply's pieces -> OpenAI chat deltas: content
+    as it comes, except text that may open a block (held until it does or cannot); each call whole,
+    as its block closes."""
 
-    def __init__(self):
+    def __init__(self, parser: str = "hermes", tools: list[dict] | None = None):
+        self.call_of, self.tools = BLOCK_CALLS[parser], tools
         self.held = ""  # text not yet sent: a possible block opening, or a block's body
         self.inside = False
         self.calls = 0
@@ -185,7 +204,7 @@ class ToolCallStream:
                 return deltas
             block, self.held = self.held.split(CLOSE, 1)
             self.inside = False
-            call = _call_of(block)
+            call = self.call_of(block, self.tools)
             if call is None:
                 deltas += _content(OPEN + block + CLOSE)
             else:

@@ -144,8 +144,8 @@ def test_a_parsed_message_goes_back_into_the_conversation(decoder, monkeypatch):
 
 
 @pytest.mark.parametrize("given, error", [
-    ({"tool_call_parser": "xml"}, "tool_call_parser 'xml' is not known; the parsers are: hermes, llama3_json, "
-                                  "pythonic"),
+    ({"tool_call_parser": "xml"}, "tool_call_parser 'xml' is not known; the parsers are: hermes, qwen3_coder, "
+                                  "llama3_json, pythonic"),
     ({"reasoning_parser": "o1"}, "reasoning_parser 'o1' is not known; the parsers are: qwen3, deepseek_r1"),
 ])
 def test_unknown_parsers_are_named_before_generating(decoder, monkeypatch, given, error):
@@ -196,3 +196,23 @@ def test_terminal_chat_sets_the_thought_apart(decoder, monkeypatch, capsys):
                        "content": "\n\nParis."}
     converse(decoder, io.StringIO("Weather?\n"), [], show_stats=False)
     assert capsys.readouterr().out == THOUGHT + "Paris.\n"  # no parser: as before
+
+
+def test_chat_and_the_cli_read_qwen3_coder_values_by_their_tools(decoder, tool_target, tmp_path, monkeypatch, capsys):
+    from test_tool_call_xml import CALLS
+    from test_tool_call_xml import REPLY as XML_REPLY
+    from test_tool_call_xml import TOOLS as XML_TOOLS
+
+    returning(decoder, monkeypatch, [XML_REPLY])
+    assert calls_of(decoder.chat(USER, tools=XML_TOOLS, tool_call_parser="qwen3_coder").messages[0]["tool_calls"]) \
+        == CALLS
+    monkeypatch.setattr(Decoder, "generate", lambda self, *a, **k: GenerationOutput(
+        [XML_REPLY, XML_REPLY], [[1], [1]], GenerationStats(finish_reasons=["eos", "eos"])))
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(XML_TOOLS))
+    base = ["generate", "--set", f"target.path={tool_target}", "--chat", "a", "--chat", "b", "--tools", str(tools),
+            "--tool-call-parser", "qwen3_coder"]
+    assert cli.main([*base, "--json"]) == 0
+    assert [calls_of(m["tool_calls"]) for m in json.loads(capsys.readouterr().out)["messages"]] == [CALLS, CALLS]
+    assert cli.main(base) == 0  # two prompts: each message printed whole
+    assert capsys.readouterr().out.count('[tool call] search {"query": "007", "limit": 5,') == 2

@@ -206,7 +206,8 @@ def test_auto_tool_choice_needs_a_parser(served):
 def test_the_parser_is_checked_when_the_server_starts(chat_target, capsys):
     from draftsman.serve import Server
 
-    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes, llama3_json, pythonic"):
+    with pytest.raises(ValueError, match="'xml' is not known; the parsers are: hermes, qwen3_coder, llama3_json, "
+                                         "pythonic"):
         Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, tool_call_parser="xml")
     with pytest.raises(SystemExit):
         cli.main(["serve", "--drafter", "ngram", "--tool-call-parser", "xml"])
