@@ -237,62 +237,6 @@ LLAMA_CASES = {  # llama3_json: a reply -> its calls, or None when it is content
     '{"temperature": 18}': None,  # JSON, but no call
     '{"name": "get_time", "parameters": {': None,  # cut off
 }
-
-
-@pytest.mark.parametrize("text", list(LLAMA_CASES))
-def test_llama3_json_replies_are_calls_only_when_wholly_calls(text):
-    content, calls = parse_tool_calls(text, "llama3_json")
-    if LLAMA_CASES[text] is None:
-        assert (content, calls) == (text, [])
-    else:
-        assert content is None and calls_of(calls) == LLAMA_CASES[text]
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("text", list(LLAMA_CASES))
-def test_a_streamed_llama3_json_reply_gives_what_the_whole_reply_gives(text, seed):
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 10))))
-    stream, deltas = tool_call_stream("llama3_json"), []
-    for a, b in zip([0, *cuts], [*cuts, len(text)]):
-        deltas += stream.feed(text[a:b])
-    deltas += stream.finish()
-    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    content = "".join(d.get("content", "") for d in deltas)
-    if LLAMA_CASES[text] is None:
-        assert content == text and not calls
-    else:
-        assert content == "" and calls_of(calls) == LLAMA_CASES[text]
-        assert [c["index"] for c in calls] == list(range(len(calls)))
-
-
-def test_a_llama3_json_text_reply_streams_as_it_comes():
-    stream = tool_call_stream("llama3_json")
-    assert stream.feed("  ") == [] and stream.feed("The") == [{"content": "  The"}]
-    assert stream.feed(" weather") == [{"content": " weather"}] and stream.finish() == []
-
-
-@pytest.fixture(scope="module")
-def llama_server(tool_server):
-    """The tool-reading target served with --tool-call-parser llama3_json."""
-    with running(ngram_decoder(tool_server[0].decoder.config["target"]["path"]),
-                 tool_call_parser="llama3_json") as served:
-        yield served
-
-
-def test_a_llama3_json_reply_is_answered_with_tool_calls(llama_server, monkeypatch):
-    server, base = llama_server
-    replying(server, monkeypatch, LLAMA_REPLY)
-    status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
-    choice = got["choices"][0]
-    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
-    assert calls_of(choice["message"]["tool_calls"]) == LLAMA_CASES[LLAMA_REPLY]
-    streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
-    deltas = [e["choices"][0]["delta"] for e in streamed]
-    assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == LLAMA_CASES[LLAMA_REPLY]
-    assert not any(d.get("content") for d in deltas) and streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
-
-
 PYTHONIC_REPLY = '[get_weather(city="Paris", unit="C"), get_time()]'
 PYTHONIC_CASES = {  # pythonic: a reply -> its calls, or None when it is content
     PYTHONIC_REPLY: [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})],
@@ -311,36 +255,42 @@ PYTHONIC_CASES = {  # pythonic: a reply -> its calls, or None when it is content
     "[tools.get_weather(city='Paris')]": None,  # not a plain name
     '[get_weather(city="Par': None,  # cut off
 }
+# The formats whose calls are the whole reply: parser -> its cases.
+WHOLE_REPLY_CASES = {"llama3_json": LLAMA_CASES, "pythonic": PYTHONIC_CASES}
+WHOLE_REPLIES = [(parser, text) for parser, cases in WHOLE_REPLY_CASES.items() for text in cases]
 
 
-@pytest.mark.parametrize("text", list(PYTHONIC_CASES))
-def test_pythonic_replies_are_calls_only_when_wholly_calls(text):
-    content, calls = parse_tool_calls(text, "pythonic")
-    if PYTHONIC_CASES[text] is None:
+@pytest.mark.parametrize("parser, text", WHOLE_REPLIES)
+def test_whole_reply_calls_are_calls_only_when_the_reply_is_wholly_calls(parser, text):
+    content, calls = parse_tool_calls(text, parser)
+    if WHOLE_REPLY_CASES[parser][text] is None:
         assert (content, calls) == (text, [])
     else:
-        assert content is None and calls_of(calls) == PYTHONIC_CASES[text]
+        assert content is None and calls_of(calls) == WHOLE_REPLY_CASES[parser][text]
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("text", list(PYTHONIC_CASES))
-def test_a_streamed_pythonic_reply_gives_what_the_whole_reply_gives(text, seed):
+@pytest.mark.parametrize("parser, text", WHOLE_REPLIES)
+def test_a_streamed_whole_reply_format_gives_what_the_whole_reply_gives(parser, text, seed):
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 10))))
-    stream, deltas = tool_call_stream("pythonic"), []
+    stream, deltas = tool_call_stream(parser), []
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
         deltas += stream.feed(text[a:b])
     deltas += stream.finish()
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     content = "".join(d.get("content", "") for d in deltas)
-    if PYTHONIC_CASES[text] is None:
+    if WHOLE_REPLY_CASES[parser][text] is None:
         assert content == text and not calls
     else:
-        assert content == "" and calls_of(calls) == PYTHONIC_CASES[text]
+        assert content == "" and calls_of(calls) == WHOLE_REPLY_CASES[parser][text]
         assert [c["index"] for c in calls] == list(range(len(calls)))
 
 
-def test_a_pythonic_text_reply_streams_as_it_comes_and_a_list_is_held():
+def test_a_whole_reply_formats_text_streams_as_it_comes_and_a_possible_call_is_held():
+    stream = tool_call_stream("llama3_json")
+    assert stream.feed("  ") == [] and stream.feed("The") == [{"content": "  The"}]
+    assert stream.feed(" weather") == [{"content": " weather"}] and stream.finish() == []
     stream = tool_call_stream("pythonic")
     assert stream.feed(" The") == [{"content": " The"}] and stream.feed(" list") == [{"content": " list"}]
     stream = tool_call_stream("pythonic")
@@ -348,15 +298,17 @@ def test_a_pythonic_text_reply_streams_as_it_comes_and_a_list_is_held():
     assert calls_of([d["tool_calls"][0] for d in stream.finish()]) == [("get_time", {})]
 
 
-def test_a_pythonic_reply_is_answered_with_tool_calls(tool_server, monkeypatch):
+@pytest.mark.parametrize("parser, reply", [("llama3_json", LLAMA_REPLY), ("pythonic", PYTHONIC_REPLY)])
+def test_a_whole_reply_of_calls_is_answered_with_tool_calls(tool_server, monkeypatch, parser, reply):
     with running(ngram_decoder(tool_server[0].decoder.config["target"]["path"]),
-                 tool_call_parser="pythonic") as (server, base):
-        replying(server, monkeypatch, PYTHONIC_REPLY)
+                 tool_call_parser=parser) as (server, base):
+        replying(server, monkeypatch, reply)
         status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
         choice = got["choices"][0]
         assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
-        assert calls_of(choice["message"]["tool_calls"]) == PYTHONIC_CASES[PYTHONIC_REPLY]
+        assert calls_of(choice["message"]["tool_calls"]) == WHOLE_REPLY_CASES[parser][reply]
         streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
         deltas = [e["choices"][0]["delta"] for e in streamed]
-        assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == PYTHONIC_CASES[PYTHONIC_REPLY]
+        assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == WHOLE_REPLY_CASES[parser][reply]
+        assert not any(d.get("content") for d in deltas)
         assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
