@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
-from .replies import check_parsers, reply_messages
+from .replies import check_parsers, opened_thoughts, reply_messages
 from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
@@ -204,7 +204,8 @@ class Decoder:
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
         out = self.generate(input_ids=ids, **generate_args)
-        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools)
+        opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
+        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened)
         return out
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,

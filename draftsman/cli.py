@@ -37,7 +37,8 @@ from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 from .reasoning import PARSERS as REASONING_PARSERS
-from .replies import PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, reply_messages
+from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, opened_thoughts,
+                      reply_messages)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 
 EXIT_USAGE = 2  # same status argparse uses for bad arguments
@@ -174,18 +175,20 @@ def _run_generate(args: argparse.Namespace) -> int:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
-        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers, tools)
+        opened = opened_thoughts(decoder.tokenizer, input_ids or [], 1, args.reasoning_parser)[0]
+        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers, tools, opened)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
                            ignore_eos=args.ignore_eos,
                            logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
+    opened = opened_thoughts(decoder.tokenizer, input_ids or [], len(out.texts), args.reasoning_parser)
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:
             logprobs["top_logprobs"] = out.top_logprobs
         # A chat's replies also as OpenAI's assistant messages, parsed as Decoder.chat parses them.
-        messages = {"messages": reply_messages(out.texts, *parsers, tools)} if conversations is not None else {}
+        messages = {"messages": reply_messages(out.texts, *parsers, tools, opened)} if conversations is not None else {}
         print(json.dumps({"texts": out.texts, "token_ids": out.token_ids, **logprobs, **messages,
                           "stats": out.stats.as_dict(), "config": cfg}))
         return 0
@@ -195,7 +198,7 @@ def _run_generate(args: argparse.Namespace) -> int:
             print(f"--- [{i}] ---")
         if any(parsers):
             printer = DeltaPrinter()
-            printer.write(message_deltas(reply_messages([text], *parsers, tools)[0]))
+            printer.write(message_deltas(reply_messages([text], *parsers, tools, opened[i:i + 1])[0]))
             printer.end()
             continue
         # Without a tokenizer there is no text: show the ids rather than an empty line.
@@ -339,13 +342,15 @@ def read_tools(path: str | None) -> list[dict] | None:
 
 
 def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None,
-                parsers: tuple[str | None, str | None] = (None, None), tools: list[dict] | None = None) -> int:
+                parsers: tuple[str | None, str | None] = (None, None), tools: list[dict] | None = None,
+                opened: bool = False) -> int:
     """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it;
     parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come
-    (tools: the tool definitions, whose types qwen3_coder's values are read by)."""
+    (tools: the tool definitions, whose types qwen3_coder's values are read by; opened: the prompt
+    opened the thought)."""
     stats = GenerationStats()
     prompt = None if input_ids is not None else args.prompt[0]
-    reply, printer = (ReplyStream(*parsers, tools), DeltaPrinter()) if any(parsers) else (None, None)
+    reply, printer = (ReplyStream(*parsers, tools, opened), DeltaPrinter()) if any(parsers) else (None, None)
     for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,

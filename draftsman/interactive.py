@@ -15,7 +15,7 @@ import sys
 
 from .api import Decoder, GenerationStats
 from .chat import require_chat_template
-from .replies import PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, reply_message
+from .replies import PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, opened_thoughts, reply_message
 
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
@@ -75,9 +75,10 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
         asked = messages + [{"role": "user", "content": text}]
         stats = GenerationStats()
         reply = ""
-        parts, printer = ReplyStream(reasoning_parser=reasoning_parser), DeltaPrinter()
         try:
             ids = decoder.encode_chat(asked)[0]
+            opened = opened_thoughts(decoder.tokenizer, [ids], 1, reasoning_parser)[0]
+            parts, printer = ReplyStream(reasoning_parser=reasoning_parser, opened=opened), DeltaPrinter()
             for piece in decoder.stream(input_ids=ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                         stats=stats):
                 printer.write(parts.feed(piece))
@@ -87,7 +88,7 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
             continue
         printer.write(parts.feed("", final=True))
         printer.end()
-        messages = asked + [reply_message(reply, "stop", reasoning_parser=reasoning_parser)[0]]
+        messages = asked + [reply_message(reply, "stop", reasoning_parser=reasoning_parser, opened=opened)[0]]
         if show_stats:
             lossy = " LOSSY" if stats.lossy else ""
             print(f"[tau {stats.tau:.2f}, {stats.tokens_per_second:.1f} tokens/s, {stats.new_tokens} tokens, "

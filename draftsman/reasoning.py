@@ -8,6 +8,9 @@ Both models think between <think> and </think> before they answer:
 - `deepseek_r1`'s chat template opens <think> in the prompt, so a reply starts inside the
   thought (a <think> it writes anyway is dropped) and everything before </think> is reasoning;
   a reply cut off inside the thought is all reasoning.
+- Under either parser, a reply to a prompt that ends in <think> (`opened`: the template opened
+  the thought, as Qwen3-Thinking-2507's does) starts inside the thought, as deepseek_r1's does.
+  The prompt says so before the first token, so a stream needs to hold nothing to know it.
 
 The split reads the output only; the reply is the target's own. Long thoughts are where
 speculative decoding pays most: every token of them is drafted and verified as the answer's are.
@@ -20,11 +23,17 @@ PARSERS = ("qwen3", "deepseek_r1")
 START, END = "<think>", "</think>"
 
 
-def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
-    """A whole reply -> (its reasoning, its answer); None for an empty part."""
-    if parser == "qwen3" and (START not in text or END not in text.split(START, 1)[1]):
+def prompt_opens_thought(prompt_text: str) -> bool:
+    """Whether a prompt (its end is enough) leaves the reply inside an opened thought."""
+    return prompt_text.rstrip().endswith(START)
+
+
+def split_reasoning(text: str, parser: str, opened: bool = False) -> tuple[str | None, str | None]:
+    """A whole reply -> (its reasoning, its answer); None for an empty part. opened: the prompt
+    opened the thought (prompt_opens_thought), so the reply starts inside it."""
+    if parser == "qwen3" and not opened and (START not in text or END not in text.split(START, 1)[1]):
         return None, text or None  # no closed thought: all answer
-    if parser == "qwen3":
+    if parser == "qwen3" and not opened:
         before, after = text.split(START, 1)
         reasoning, answer = after.split(END, 1)
         return reasoning or None, (before + answer) or None
@@ -43,12 +52,11 @@ class ReasoningStream:
     as reasoning (vLLM's qwen3 stream does the same), so a reply that opens <think> and never
     closes it streams as reasoning where the whole reply reads as answer."""
 
-    def __init__(self, parser: str):
-        self.parser = parser
+    def __init__(self, parser: str, opened: bool = False):
+        self.inside_from_start = parser == "deepseek_r1" or opened  # else qwen3 starts before the thought
         self.held = ""
-        # deepseek_r1 starts inside the thought; qwen3 before it
-        self.state = "thinking" if parser == "deepseek_r1" else "before"
-        self.started = False  # whether any text came yet (a leading <think> is dropped for deepseek_r1)
+        self.state = "thinking" if self.inside_from_start else "before"
+        self.started = False  # whether any text came yet (a leading <think> is dropped when inside)
 
     def feed(self, piece: str) -> list[dict]:
         self.held += piece
@@ -59,7 +67,7 @@ class ReasoningStream:
                 self.held = ""
                 break
             tag = END if self.state == "thinking" else START
-            if self.parser == "deepseek_r1" and not self.started:
+            if self.inside_from_start and not self.started:
                 if START.startswith(self.held):  # a leading <think>, perhaps not yet whole
                     if self.held == START:
                         self.held, self.started = "", True

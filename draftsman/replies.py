@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .reasoning import END, START, ReasoningStream, split_reasoning
+from .reasoning import END, START, ReasoningStream, prompt_opens_thought, split_reasoning
 from .reasoning import PARSERS as REASONING_PARSERS
 from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
 
@@ -40,16 +40,29 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
     check_parser(names[1].rstrip("="), reasoning_parser, {p: (START, END) for p in REASONING_PARSERS}, tokenizer)
 
 
+def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_parser: str | None) -> list[bool]:
+    """Per reply row (prompt by prompt, the same number of rows each), whether its chat prompt
+    ends inside a thought the template opened (draftsman/reasoning.py); all False without a
+    reasoning parser."""
+    if not reasoning_parser or not prompts:
+        return [False] * rows
+    # The end of a prompt is enough: 16 tokens hold "<think>" and its line even spelled out.
+    opened = [prompt_opens_thought(tokenizer.decode(list(ids)[-16:])) for ids in prompts]
+    return [opened[row // (rows // len(prompts))] for row in range(rows)]
+
+
 def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = None,
-                  reasoning_parser: str | None = None, tools: list[dict] | None = None) -> tuple[dict, str]:
+                  reasoning_parser: str | None = None, tools: list[dict] | None = None,
+                  opened: bool = False) -> tuple[dict, str]:
     """A whole reply -> (OpenAI's assistant message, its finish reason). Under a reasoning parser
     the thought is `reasoning_content` (None when there is none); under a tool-call parser the
     answer's calls are `tool_calls` (left out when there are none), and a reply that ended
     normally ("stop") in calls ends with "tool_calls". tools: the request's tool definitions
-    (qwen3_coder reads its values' types from them)."""
+    (qwen3_coder reads its values' types from them); opened: the prompt opened the thought, so
+    the reply starts inside it (opened_thoughts)."""
     message = {"role": "assistant", "content": text}
     if reasoning_parser:
-        message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser)
+        message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser, opened)
     if tool_call_parser and message["content"] is not None:
         message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
         if calls:
@@ -59,9 +72,12 @@ def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = 
 
 
 def reply_messages(texts: list[str], tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                   tools: list[dict] | None = None) -> list[dict]:
-    """Each reply's assistant message (reply_message's, without the finish reason)."""
-    return [reply_message(text, "stop", tool_call_parser, reasoning_parser, tools)[0] for text in texts]
+                   tools: list[dict] | None = None, opened: list[bool] | None = None) -> list[dict]:
+    """Each reply's assistant message (reply_message's, without the finish reason); opened: per
+    reply, as opened_thoughts gives it."""
+    opened = opened or [False] * len(texts)
+    return [reply_message(text, "stop", tool_call_parser, reasoning_parser, tools, inside)[0]
+            for text, inside in zip(texts, opened)]
 
 
 class ReplyStream:
@@ -70,8 +86,8 @@ class ReplyStream:
     a tag is held until the next piece tells."""
 
     def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 tools: list[dict] | None = None):
-        self.thought = ReasoningStream(reasoning_parser) if reasoning_parser else None
+                 tools: list[dict] | None = None, opened: bool = False):
+        self.thought = ReasoningStream(reasoning_parser, opened) if reasoning_parser else None
         self.calls = tool_call_stream(tool_call_parser, tools) if tool_call_parser else None
 
     def feed(self, piece: str, final: bool = False) -> list[dict]:

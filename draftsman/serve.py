@@ -52,7 +52,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .reasoning import PARSERS as REASONING_PARSERS
-from .replies import PARSER_FLAGS, ReplyStream, check_parsers, reply_message
+from .replies import PARSER_FLAGS, ReplyStream, check_parsers, opened_thoughts, reply_message
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
@@ -209,6 +209,8 @@ class Handler(BaseHTTPRequestHandler):
             with self.server.generating:  # one model: no scoring while a batch generates
                 prompt_values, prompt_tops = self.server.decoder.prompt_logprobs(ids, top)
         choices = []
+        reasoning_parser = self.server.reasoning_parser if chat else None
+        opened = opened_thoughts(self.server.decoder.tokenizer, ids, len(out.texts), reasoning_parser)
         for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
             scores = self._logprobs(out, i, chat) if top is not None else None
             if echoed is not None:
@@ -220,7 +222,7 @@ class Handler(BaseHTTPRequestHandler):
             reason = FINISH.get(reason, reason)
             if chat:
                 message, reason = reply_message(text, reason, self.server.tool_call_parser if parsed_tools else None,
-                                                self.server.reasoning_parser, parsed_tools)
+                                                self.server.reasoning_parser, parsed_tools, opened[i])
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": scores, "finish_reason": reason})
@@ -249,8 +251,11 @@ class Handler(BaseHTTPRequestHandler):
         completion_tokens = 0
 
         tool_call_parser = self.server.tool_call_parser if parsed_tools else None
-        replies = ([ReplyStream(tool_call_parser, self.server.reasoning_parser, parsed_tools) for _ in range(job.rows)]
-                   if chat and (tool_call_parser or self.server.reasoning_parser) else None)
+        replies = None
+        if chat and (tool_call_parser or self.server.reasoning_parser):
+            opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser)
+            replies = [ReplyStream(tool_call_parser, self.server.reasoning_parser, parsed_tools, opened[row])
+                       for row in range(job.rows)]
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
             scores = None

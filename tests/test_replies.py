@@ -15,7 +15,7 @@ import draftsman
 from draftsman import cli
 from draftsman.api import Decoder, GenerationOutput, GenerationStats
 from draftsman.interactive import converse
-from draftsman.replies import DeltaPrinter, ReplyStream, message_deltas, reply_message
+from draftsman.replies import DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_message
 from test_serve_tool_calls import LLAMA_REPLY, PYTHONIC_REPLY, REPLY, TOOL_TEMPLATE, TOOLS, USER, WEATHER, calls_of
 
 THOUGHT = "<think>\nThe user wants the weather.\n</think>\n\n"
@@ -216,3 +216,68 @@ def test_chat_and_the_cli_read_qwen3_coder_values_by_their_tools(decoder, tool_t
     assert [calls_of(m["tool_calls"]) for m in json.loads(capsys.readouterr().out)["messages"]] == [CALLS, CALLS]
     assert cli.main(base) == 0  # two prompts: each message printed whole
     assert capsys.readouterr().out.count('[tool call] search {"query": "007", "limit": 5,') == 2
+
+
+# A thinking model's template that opens the thought in the prompt (as Qwen3-Thinking-2507's does):
+# its replies start inside the thought and write only </think>.
+THINKING_TEMPLATE = TOOL_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}",
+                                          "<|im_start|>assistant\n<think>\n{% endif %}")
+OPENED_REPLY = "The user wants the weather.\n</think>\n\nParis."
+
+
+@pytest.fixture(scope="module")
+def thinking_target(chat_target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("thinking-target")
+    shutil.copytree(chat_target[0], folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_opened_thoughts_follow_each_rows_prompt(decoder):
+    prompts = [decoder.tokenizer.encode("<|im_start|>assistant\n<think>\n"), decoder.tokenizer.encode("Hi")]
+    assert opened_thoughts(decoder.tokenizer, prompts, 4, "qwen3") == [True, True, False, False]  # n = 2
+    assert opened_thoughts(decoder.tokenizer, prompts, 4, None) == [False] * 4
+
+
+def test_a_reply_to_a_prompt_that_opened_the_thought_is_split_everywhere(thinking_target, monkeypatch, capsys):
+    """Decoder.chat, the CLI (whole and streamed) and the terminal chat read the reply as starting
+    inside the thought, because the prompt ends in <think>."""
+    dec = draftsman.load({"target": {"path": str(thinking_target)}, "drafter": {"name": "ngram", "k": 3}})
+    assert decoder_prompt_text(dec).endswith("<|im_start|>assistant\n<think>\n")
+    returning(dec, monkeypatch, [OPENED_REPLY])
+    assert whole(dec.chat(USER, reasoning_parser="qwen3").messages[0]) == ("The user wants the weather.\n",
+                                                                            "Paris.", [])
+    monkeypatch.setattr(Decoder, "generate", lambda self, *a, input_ids, **k: GenerationOutput(
+        [OPENED_REPLY] * len(input_ids), [[1]] * len(input_ids),
+        GenerationStats(finish_reasons=["eos"] * len(input_ids))))
+    base = ["generate", "--set", f"target.path={thinking_target}", "--chat", "Weather?", "--reasoning-parser", "qwen3"]
+    assert cli.main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["messages"][0]["reasoning_content"] == "The user wants the weather.\n"
+    assert cli.main([*base, "--chat", "Time?"]) == 0  # two prompts: each message printed whole
+    assert capsys.readouterr().out.count("[reasoning]\nThe user wants the weather.\n[answer]\nParis.\n") == 2
+    streaming(monkeypatch, OPENED_REPLY)
+    assert cli.main(base) == 0
+    assert capsys.readouterr().out.startswith("[reasoning]\nThe user wants the weather.\n[answer]\nParis.\n")
+    end = converse(dec, io.StringIO("Weather?\n"), [], reasoning_parser="qwen3", show_stats=False)
+    assert capsys.readouterr().out == "[reasoning]\nThe user wants the weather.\n[answer]\nParis.\n"
+    assert end[-1]["reasoning_content"] == "The user wants the weather.\n"
+
+
+def decoder_prompt_text(dec) -> str:
+    return dec.tokenizer.decode(dec.encode_chat(USER)[0])
+
+
+def test_serve_reads_a_reply_to_an_opened_thought(thinking_target, monkeypatch):
+    from serving import call, events, ngram_decoder, running
+    from test_serve_tool_calls import replying
+
+    with running(ngram_decoder(thinking_target), reasoning_parser="qwen3") as (server, base):
+        replying(server, monkeypatch, OPENED_REPLY)
+        status, got = call(base, "/v1/chat/completions", {"messages": USER})
+        assert status == 200 and whole(got["choices"][0]["message"]) == ("The user wants the weather.\n", "Paris.", [])
+        streamed = events(base, "/v1/chat/completions", {"messages": USER, "stream": True})
+        deltas = [e["choices"][0]["delta"] for e in streamed]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "The user wants the weather.\n"
+        assert "".join(d.get("content", "") for d in deltas) == "\n\nParis."

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from draftsman.reasoning import ReasoningStream, split_reasoning
+from draftsman.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
 from serving import call, events, ngram_decoder, running
 from test_serve_tool_calls import TOOLS, USER, calls_of, replying, tool_server  # noqa: F401 (a fixture)
 
@@ -22,6 +22,13 @@ CASES = {  # parser, reply -> (reasoning, answer)
     ("deepseek_r1", "still thinking"): ("still thinking", None),  # cut off while thinking
     ("deepseek_r1", "</think>Paris."): (None, "Paris."),
 }
+# The prompt opened the thought (a template that ends the prompt in <think>): either parser starts inside it.
+OPENED = {
+    ("qwen3", "Weigh it.\n</think>\n\nParis."): ("Weigh it.\n", "\n\nParis."),
+    ("qwen3", "still thinking"): ("still thinking", None),
+    ("qwen3", "<think>Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
+    ("deepseek_r1", "Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
+}
 
 
 @pytest.mark.parametrize("parser, text", list(CASES))
@@ -29,20 +36,35 @@ def test_a_reply_is_split_into_reasoning_and_answer(parser, text):
     assert split_reasoning(text, parser) == CASES[parser, text]
 
 
+@pytest.mark.parametrize("parser, text", list(OPENED))
+def test_a_reply_to_a_prompt_that_opened_the_thought_starts_inside_it(parser, text):
+    assert split_reasoning(text, parser, opened=True) == OPENED[parser, text]
+
+
+def test_a_prompt_opens_the_thought_when_it_ends_in_the_tag():
+    assert prompt_opens_thought("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking switched off
+    assert not prompt_opens_thought("<|im_start|>assistant\n") and not prompt_opens_thought("")
+
+
+# (A qwen3 thought that never closes streams as reasoning: tested below.)
+STREAMED = [(*case, False) for case in CASES if case != ("qwen3", "<think>cut off")] + [(*c, True) for c in OPENED]
+
+
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("parser, text", [case for case in CASES if case != ("qwen3", "<think>cut off")])
-def test_a_streamed_reply_gives_what_the_whole_reply_gives(parser, text, seed):
+@pytest.mark.parametrize("parser, text, opened", STREAMED)
+def test_a_streamed_reply_gives_what_the_whole_reply_gives(parser, text, opened, seed):
     """The reply cut into random pieces (cuts inside the tags too) joins to the whole reply's
     parts. (A qwen3 thought that never closes streams as reasoning: tested below.)"""
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(1, 8))))
-    stream, deltas = ReasoningStream(parser), []
+    stream, deltas = ReasoningStream(parser, opened), []
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
         deltas += stream.feed(text[a:b])
     deltas += stream.finish()
     assert all(len(d) == 1 and next(iter(d.values())) for d in deltas)  # one non-empty part each
     joined = tuple("".join(d.get(key, "") for d in deltas) or None for key in ("reasoning_content", "content"))
-    assert joined == CASES[parser, text]
+    assert joined == (OPENED if opened else CASES)[parser, text]
 
 
 def test_an_unclosed_qwen3_thought_streams_as_reasoning():
