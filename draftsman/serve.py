@@ -74,7 +74,8 @@ IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
 CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-                "chat_template_kwargs", "logprobs", "top_logprobs"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
+                "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"}
+               | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
 # cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
@@ -185,9 +186,11 @@ class Handler(BaseHTTPRequestHandler):
         (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
         parsed_tools: the request's tools when a chat reply's tool calls are parsed out of its text
         (draftsman/tool_calls.py);
-        a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py)."""
+        a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
+        and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
         include_usage = stream_usage(body)
+        shows_reasoning = include_reasoning(body)
         top = logprobs_asked(body, chat)
         if top is not None:
             args.update(logprobs=True, top_logprobs=top)
@@ -195,7 +198,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools)
+            return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -223,6 +226,8 @@ class Handler(BaseHTTPRequestHandler):
             if chat:
                 message, reason = reply_message(text, reason, self.server.tool_call_parser if parsed_tools else None,
                                                 self.server.reasoning_parser, parsed_tools, opened[i])
+                if not shows_reasoning and "reasoning_content" in message:
+                    message["reasoning_content"] = None
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": scores, "finish_reason": reason})
@@ -234,7 +239,7 @@ class Handler(BaseHTTPRequestHandler):
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
-                parsed_tools: list[dict] | None = None) -> None:
+                parsed_tools: list[dict] | None = None, shows_reasoning: bool = True) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
         as its row ends; the last one carries the `draftsman` statistics. parsed_tools: each chat
@@ -265,6 +270,8 @@ class Handler(BaseHTTPRequestHandler):
                     offsets[index] += sum(map(len, scores["tokens"]))
             if replies is not None and not role:  # reasoning, content, tool_calls
                 deltas = replies[index].feed(delta or "", final=reason is not None)
+                if not shows_reasoning:
+                    deltas = [d for d in deltas if "reasoning_content" not in d]
                 if reason is not None:
                     reason = replies[index].finish_reason(reason)
                 elif not deltas and scores is None:  # text held as a possible tag: nothing to send yet
@@ -506,6 +513,14 @@ def logprobs_asked(body: dict, chat: bool) -> int | None:
     return top
 
 
+def include_reasoning(body: dict) -> bool:
+    """vLLM's "include_reasoning" (default true): false leaves a chat reply's thought out."""
+    shown = body.get("include_reasoning", True)
+    if not isinstance(shown, bool):
+        raise RequestError(f'"include_reasoning" must be true or false, got {json.dumps(shown)}')
+    return shown
+
+
 def stream_usage(body: dict) -> bool:
     """OpenAI's stream_options: {"include_usage": bool} is the one option it has."""
     options = body.get("stream_options")
@@ -584,6 +599,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, metavar="FORMAT",
                    help="chat replies' thinking (<think>...</think>) is returned apart as reasoning_content, as "
                         f"vLLM returns it (vLLM's flag; formats: {', '.join(REASONING_PARSERS)})")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's flag, taken so its command lines run as they are: with --tool-call-parser, "
+                        "tool_choice \"auto\" is served with or without it")
     p.add_argument("--tool-call-parser", choices=PARSERS, metavar="FORMAT",
                    help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
                         "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
@@ -602,6 +620,9 @@ def run(args: argparse.Namespace) -> int:
     from .cli import build_config
 
     check_max_rows(args.max_batch_rows)  # before the model loads
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser FORMAT (the format the model writes "
+                         f"its calls in: {', '.join(PARSERS)})")
     if args.prefill_chunk < 0:
         raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: whole prompts), got {args.prefill_chunk}")
     cfg = build_config(args.config, args.drafter, args.overrides)

@@ -136,3 +136,23 @@ def test_the_parser_is_checked_when_the_server_starts(chat_target):
 
     with pytest.raises(ValueError, match="--reasoning-parser 'r1' is not known; the parsers are: qwen3, deepseek_r1"):
         Server(ngram_decoder(chat_target[0]), "tiny", "127.0.0.1", 0, reasoning_parser="r1")
+
+
+def test_include_reasoning_false_leaves_the_thought_out(thinking_server, monkeypatch):
+    """vLLM's "include_reasoning": false: the answer as with the parser, the thought dropped."""
+    from test_serve_tool_calls import REPLY
+
+    server, base = thinking_server
+    replying(server, monkeypatch, THOUGHT + REPLY)
+    body = {"messages": USER, "tools": TOOLS, "include_reasoning": False}
+    status, got = call(base, "/v1/chat/completions", body)
+    message = got["choices"][0]["message"]
+    assert status == 200 and message["reasoning_content"] is None and message["content"] == "Let me look."
+    assert len(message["tool_calls"]) == 2
+    deltas = [e["choices"][0]["delta"] for e in events(base, "/v1/chat/completions", {**body, "stream": True})]
+    assert not any("reasoning_content" in d for d in deltas)
+    assert "".join(d.get("content", "") for d in deltas).strip() == "Let me look."
+    status, got = call(base, "/v1/chat/completions", {**body, "include_reasoning": True})
+    assert got["choices"][0]["message"]["reasoning_content"] == "\nThe user wants the weather.\n"
+    status, got = call(base, "/v1/chat/completions", {**body, "include_reasoning": "no"})
+    assert status == 400 and '"include_reasoning" must be true or false' in got["error"]["message"]

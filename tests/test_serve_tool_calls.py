@@ -3,6 +3,7 @@
 request's tool_choice is checked; earlier calls' arguments reach the chat template as objects.
 The tiny target writes no calls of its own, so the answer's shaping is tested on replies the
 server's batcher is made to return, and the real path on the tiny target's own replies."""
+import argparse
 import json
 import random
 import shutil
@@ -312,3 +313,15 @@ def test_a_whole_reply_of_calls_is_answered_with_tool_calls(tool_server, monkeyp
         assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == WHOLE_REPLY_CASES[parser][reply]
         assert not any(d.get("content") for d in deltas)
         assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_vllms_enable_auto_tool_choice_flag_is_taken(capsys):
+    """vLLM command lines carry --enable-auto-tool-choice with the parser: taken as they are
+    (auto is served whenever a parser is named); alone it is refused before any model loads."""
+    from draftsman.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]).enable_auto_tool_choice
+    assert cli.main(["serve", "--set", "target.path=/no/such/model", "--enable-auto-tool-choice"]) == 2
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
