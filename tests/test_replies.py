@@ -84,15 +84,20 @@ def test_the_printer_sets_thought_answer_and_calls_apart():
     assert plain.getvalue() == "\n  Paris.\n"  # no parts: the text as it is, no header
 
 
+def with_template(chat_target, tmp_path_factory, name: str, template: str):
+    """A copy of the tiny chat target whose tokenizer carries `template`."""
+    folder = tmp_path_factory.mktemp(name)
+    shutil.copytree(chat_target[0], folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def tool_target(chat_target, tmp_path_factory):
     """The tiny chat target with a template that reads tools and earlier calls."""
-    folder = tmp_path_factory.mktemp("reply-target")
-    shutil.copytree(chat_target[0], folder, dirs_exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = TOOL_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return folder
+    return with_template(chat_target, tmp_path_factory, "reply-target", TOOL_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -227,12 +232,7 @@ OPENED_REPLY = "The user wants the weather.\n</think>\n\nParis."
 
 @pytest.fixture(scope="module")
 def thinking_target(chat_target, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("thinking-target")
-    shutil.copytree(chat_target[0], folder, dirs_exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = THINKING_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return folder
+    return with_template(chat_target, tmp_path_factory, "thinking-target", THINKING_TEMPLATE)
 
 
 def test_opened_thoughts_follow_each_rows_prompt(decoder):
