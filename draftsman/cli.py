@@ -152,7 +152,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise UserError("--chat-template-kwarg goes with --chat or --messages: plain prompts use no template")
     if args.tools and not (args.chat or args.messages):
         raise UserError("--tools goes with --chat or --messages: plain prompts use no template")
-    for flag, given in (("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser)):
+    for flag, given in zip(PARSER_FLAGS, (args.tool_call_parser, args.reasoning_parser)):
         if given and not (args.chat or args.messages):
             raise UserError(f"{flag} parses chat replies: it goes with --chat or --messages")
     template_kwargs = check_template_kwargs(dict(args.chat_template_kwargs))
@@ -215,7 +215,11 @@ def add_reply_parser_args(p: argparse.ArgumentParser, prefix: str = "", tool_cal
     if tool_calls:
         p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, metavar="FORMAT",
                        help=f"{prefix}the tool calls a reply writes in this format come apart, as OpenAI's "
-                            f"tool_calls (formats: {', '.join(TOOL_CALL_PARSERS)})")
+                            f"tool_calls (formats: {', '.join(TOOL_CALL_PARSERS)}: hermes's <tool_call>{{json}}"
+                            "</tool_call>, as Hermes and Qwen write them; qwen3_coder's <tool_call><function=NAME>"
+                            "<parameter=KEY>..., as Qwen3-Coder writes them, the values typed by the tool schema; "
+                            "llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
+                            "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them)")
 
 
 def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:

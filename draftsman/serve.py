@@ -51,7 +51,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
-from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import PARSER_FLAGS, ReplyStream, check_parsers, opened_thoughts, reply_message
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
@@ -578,7 +577,7 @@ def generate_args(body: dict) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import add_run_config_args
+    from .cli import add_reply_parser_args, add_run_config_args
 
     add_run_config_args(p)  # the config's sampling and generation values are every request's defaults
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -596,20 +595,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request that joins a running batch has its prompt prefilled at most TOKENS tokens per "
                         "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
                         f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
-    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, metavar="FORMAT",
-                   help="chat replies' thinking (<think>...</think>) is returned apart as reasoning_content, as "
-                        f"vLLM returns it (vLLM's flag; formats: {', '.join(REASONING_PARSERS)})")
+    add_reply_parser_args(p, 'chat replies (tool calls: of requests that send "tools"; vLLM\'s flags): ')
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's flag, taken so its command lines run as they are: with --tool-call-parser, "
                         "tool_choice \"auto\" is served with or without it")
-    p.add_argument("--tool-call-parser", choices=PARSERS, metavar="FORMAT",
-                   help="chat replies to requests that send \"tools\" are parsed for the calls the model writes "
-                        "in this format and returned as OpenAI's tool_calls (vLLM's flag; formats: "
-                        f"{', '.join(PARSERS)}: hermes's <tool_call>{{json}}</tool_call>, as Hermes and Qwen write "
-                        "them; qwen3_coder's <tool_call><function=NAME><parameter=KEY>..., as Qwen3-Coder writes "
-                        "them, the values typed by the request's tool schema; llama3_json's {\"name\": ..., "
-                        "\"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
-                        "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them)")
 
 
 def run(args: argparse.Namespace) -> int:
