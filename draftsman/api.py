@@ -13,6 +13,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
+from .verifier.grammar import GrammarCompiler
 from .verifier.joining import JoiningRow, as_named
 from .verifier.logprobs import MODES as LOGPROBS_MODES
 from .verifier.logprobs import TokenLogprobs, prompt_logprobs
@@ -131,7 +132,7 @@ def _scores(recorder: TokenLogprobs | None, row: int, start: int, count: int) ->
 # generate's sampling keywords, as _run_args takes them in one dict.
 _SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                       "frequency_penalty", "logit_bias", "lossy_typical_acceptance", "typical_p", "epsilon_cutoff",
-                      "eta_cutoff", "no_repeat_ngram_size", "bad_words_ids", "top_h")
+                      "eta_cutoff", "no_repeat_ngram_size", "bad_words_ids", "top_h", "structured_output")
 
 
 class Decoder:
@@ -153,6 +154,8 @@ class Decoder:
         self.drafter = build_drafter(config["drafter"], info)
         self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer),
                                         context_length(self.target.config))
+        if self.tokenizer is not None:  # built when a request first asks for structured_output
+            self.engine.grammars = GrammarCompiler(self.tokenizer, vocab, self.engine.eos_token_ids)
 
     def with_drafter(self, drafter: dict) -> "Decoder":
         """Another Decoder on the same loaded target and tokenizer, with a different drafter
@@ -165,6 +168,7 @@ class Decoder:
         other.drafter = build_drafter(other.config["drafter"], info)
         other.engine = SpeculativeEngine(self.target, other.drafter, self.engine.eos_token_ids,
                                          self.engine.max_context)
+        other.engine.grammars = self.engine.grammars  # one compiler per tokenizer
         return other
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
@@ -221,7 +225,8 @@ class Decoder:
                  epsilon_cutoff: float | list | None = None, eta_cutoff: float | list | None = None,
                  no_repeat_ngram_size: int | list | None = None,
                  bad_words_ids: list[list[int]] | list | None = None, top_h: float | list | None = None,
-                 ignore_eos: bool | list[bool] | None = None) -> GenerationOutput:
+                 ignore_eos: bool | list[bool] | None = None,
+                 structured_output: dict | list | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
@@ -244,10 +249,13 @@ class Decoder:
         longer distributed as the target's (out.stats.lossy says so; verifier/typical.py); False
         turns a config's setting off; ignore_eos: vLLM's, EOS ends no row (it is drawn as any
         token, so the distribution is the target's), rows run to their stops or max_new_tokens;
-        one flag, or one per prompt.
+        one flag, or one per prompt; structured_output: the output held to a grammar, as vLLM's
+        structured_outputs: {"json": SCHEMA}, {"json_object": True}, {"regex": "..."}, {"choice":
+        [...]} or {"grammar": LARK} (verifier/structured.py; exact: the target's distribution
+        restricted to what the grammar allows, as plain decoding under it), or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
         top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty),
-        logit_bias and the bans (no_repeat_ngram_size, bad_words_ids) take one value, or a list of
+        logit_bias, the bans (no_repeat_ngram_size, bad_words_ids) and structured_output take one value, or a list of
         one per prompt (None in it: the config's): the rows generate as
         one batch, each exact under its own settings (docs/verifier.md, "Batches")."""
         if (prompts is None) == (input_ids is None):
@@ -260,7 +268,7 @@ class Decoder:
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
-            top_h=top_h),
+            top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
         ids = _samples_of(ids, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
@@ -281,7 +289,8 @@ class Decoder:
                lossy_typical_acceptance: bool | dict | None = None, typical_p: float | None = None,
                epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None,
-               top_h: float | None = None, ignore_eos: bool | None = None):
+               top_h: float | None = None, ignore_eos: bool | None = None,
+               structured_output: dict | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -293,7 +302,8 @@ class Decoder:
                 stop_token_ids=stop_token_ids, logit_bias=logit_bias,
                 lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
                 epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size,
-                bad_words_ids=bad_words_ids, top_h=top_h, ignore_eos=ignore_eos):
+                bad_words_ids=bad_words_ids, top_h=top_h, ignore_eos=ignore_eos,
+                structured_output=structured_output):
             if chunk.text:
                 yield chunk.text
 
@@ -308,7 +318,7 @@ class Decoder:
                       top_logprobs: int = 0, typical_p: float | None = None, epsilon_cutoff: float | None = None,
                       eta_cutoff: float | None = None, no_repeat_ngram_size: int | None = None,
                       bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
-                      ignore_eos: bool | None = None):
+                      ignore_eos: bool | None = None, structured_output: dict | None = None):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -323,7 +333,7 @@ class Decoder:
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
             lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff,
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
-            top_h=top_h),
+            top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
         for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
             yield chunk

@@ -328,6 +328,10 @@ def run(args: argparse.Namespace) -> int:
                         f"got {temperature}")
     given = {**sampling_flags(args), "temperature": temperature}
     sampling = SamplingParams(**{key: s[key] if value is None else value for key, value in given.items()})
+    if sampling.structured_output is not None:  # its references sample the target alone
+        raise UserError("the audit checks drafting against the target's own distribution and does not take "
+                        "sampling.structured_output: drop it from the config (tests/test_structured_output.py "
+                        "checks structured output)")
 
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

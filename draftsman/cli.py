@@ -40,6 +40,7 @@ from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, opened_thoughts,
                       reply_messages)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
+from .verifier.structured import StructuredOutput
 
 EXIT_USAGE = 2  # same status argparse uses for bad arguments
 
@@ -97,6 +98,10 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float,
                    help="Hugging Face's, e.g. 1.2; default: sampling.repetition_penalty")
     add_ngram_ban_arg(p)
+    p.add_argument("--structured-output", type=parse_structured_output, metavar="JSON",
+                   help='the output held to a grammar, as JSON: {"json": SCHEMA}, {"json_object": true}, '
+                        '{"regex": "..."}, {"choice": [...]} or {"grammar": LARK} (vLLM\'s structured_outputs; '
+                        "exact: plain decoding under the grammar); default: sampling.structured_output")
     p.add_argument("--presence-penalty", type=float, help="vLLM / OpenAI's; default: sampling.presence_penalty")
     p.add_argument("--frequency-penalty", type=float, help="vLLM / OpenAI's; default: sampling.frequency_penalty")
     add_logit_bias_arg(p)
@@ -238,6 +243,16 @@ def add_ngram_ban_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:
                         "bad_words_ids); default: sampling.bad_words_ids")
 
 
+def parse_structured_output(text: str) -> dict:
+    """'{"regex": "[0-9]+"}' -> {'regex': '[0-9]+'}, checked as generate checks it."""
+    try:
+        value = json.loads(text)
+        StructuredOutput.parse(value)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"'{text[:80]}': {e}") from None
+    return value
+
+
 def parse_token_ids(text: str) -> list[int]:
     """'1,2' -> [1, 2]."""
     try:
@@ -295,8 +310,9 @@ def parse_logit_bias(text: str) -> tuple[int, float]:
 
 
 def sampling_flags(args: argparse.Namespace) -> dict:
-    """--temperature, --top-k, ...: one flag per key of the config's sampling section (None = unset)."""
-    flags = {key: getattr(args, key) for key in DEFAULTS["sampling"]}
+    """--temperature, --top-k, ...: one flag per key of the config's sampling section (None = unset;
+    a command without a key's flag, as the audit has no --structured-output, leaves it unset)."""
+    flags = {key: getattr(args, key, None) for key in DEFAULTS["sampling"]}
     flags["logit_bias"] = dict(flags["logit_bias"]) if flags["logit_bias"] else None  # [(id, bias)] -> {id: bias}
     return flags
 

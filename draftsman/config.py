@@ -5,7 +5,7 @@
     sampling: {temperature: 0.0, top_k: null, top_p: null, top_h: null, min_p: null, typical_p: null,
                epsilon_cutoff: null, eta_cutoff: null, repetition_penalty: null, no_repeat_ngram_size: null,
                bad_words_ids: null,
-               presence_penalty: null, frequency_penalty: null, logit_bias: null,
+               presence_penalty: null, frequency_penalty: null, logit_bias: null, structured_output: null,
                lossy_typical_acceptance: null}                  # LOSSY when set (verifier/typical.py)
     generation: {max_new_tokens: 64, min_new_tokens: 0, seed: 0, stop: null, stop_token_ids: null, ignore_eos: false}
 """
@@ -21,6 +21,7 @@ import yaml
 
 from .stop import check_stop_strings
 from .verifier.sampling import TypicalAcceptance
+from .verifier.structured import StructuredOutput
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "target": {
@@ -48,6 +49,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "presence_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this for each token generated before
         "frequency_penalty": None,  # vLLM / OpenAI's, in [-2, 2]: minus this x how often it was generated
         "logit_bias": None,  # OpenAI's: {token id: bias in [-100, 100]}, added to the target's logits first
+        # vLLM's structured_outputs: the output held to a grammar, one of {json: SCHEMA}, {json_object: true},
+        # {regex: "..."}, {choice: [...]}, {grammar: LARK} (verifier/structured.py; needs llguidance)
+        "structured_output": None,
         # LOSSY when set: Medusa's typical acceptance at T > 0 (true = its defaults, or {posterior_threshold,
         # posterior_alpha}); the output is then NOT the target's distribution (verifier/typical.py)
         "lossy_typical_acceptance": None,
@@ -118,6 +122,7 @@ def merge(raw: dict) -> dict:
         raise ValueError(f"generation.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
     try:
         TypicalAcceptance.parse(cfg["sampling"]["lossy_typical_acceptance"])
+        StructuredOutput.parse(cfg["sampling"]["structured_output"])
     except ValueError as e:
         raise ValueError(f"sampling.{e}") from None
     return cfg
@@ -131,7 +136,7 @@ _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sam
                      "sampling.repetition_penalty": float, "sampling.no_repeat_ngram_size": int,
                      "sampling.bad_words_ids": list,
                      "sampling.presence_penalty": float, "sampling.frequency_penalty": float,
-                     "sampling.logit_bias": dict,
+                     "sampling.logit_bias": dict, "sampling.structured_output": dict,
                      "generation.stop": list, "generation.stop_token_ids": list}
 
 

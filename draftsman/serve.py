@@ -18,6 +18,10 @@ decoding by changing their base URL.
   send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
   a setting that silently did nothing would be a lie about the output.
+- Structured output: OpenAI's `response_format` (json_schema, json_object), vLLM's
+  `structured_outputs` (json, regex, choice, grammar) and its older `guided_json`, `guided_regex`,
+  `guided_choice`, `guided_grammar`: the output is held to the grammar, exactly as plain decoding
+  under it (verifier/structured.py).
 - `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
@@ -55,6 +59,7 @@ from .replies import PARSER_FLAGS, ReplyStream, check_parsers, opened_thoughts, 
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
+from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
 SAMPLING_FIELDS = {
@@ -70,11 +75,15 @@ SAMPLING_FIELDS = {
 }
 # read elsewhere, or change nothing here (best_of: vLLM's; benchmark clients send best_of 1, which is n's sampling)
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
-COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS
+# The output held to a grammar (verifier/structured.py): OpenAI's response_format, vLLM's
+# structured_outputs and its older guided_* fields; at most one per request.
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
+COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS)
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
 CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
                 "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"}
-               | set(SAMPLING_FIELDS) | IGNORED_FIELDS)
+               | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS))
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
 # cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
@@ -567,6 +576,9 @@ def generate_args(body: dict) -> dict:
                            f'leave it out or send "best_of": {n!r}, as "n"')
     if isinstance(args.get("stop"), str):
         args["stop"] = [args["stop"]]
+    structured = structured_output(body)
+    if structured is not None:
+        args["structured_output"] = structured
     if "logit_bias" in args:  # JSON object keys are strings
         try:
             args["logit_bias"] = {int(k): float(v) for k, v in args["logit_bias"].items()}
@@ -574,6 +586,41 @@ def generate_args(body: dict) -> dict:
             raise RequestError(f'"logit_bias" must map token ids to biases, e.g. {{"50256": -100}}; '
                                f"got {args['logit_bias']!r}") from None
     return args
+
+
+def structured_output(body: dict) -> dict | None:
+    """Decoder.generate's structured_output from a request's STRUCTURED_FIELDS (None: free text).
+    OpenAI's response_format: {"type": "json_schema", "json_schema": {"schema": ...}}, {"type":
+    "json_object"} or {"type": "text"}; vLLM's structured_outputs: {"json" | "regex" | "choice" |
+    "grammar" | "json_object": ...}; vLLM's guided_json, guided_regex, guided_choice, guided_grammar."""
+    given = [field for field in STRUCTURED_FIELDS if body.get(field) is not None]
+    if len(given) > 1:
+        raise RequestError(f"{given} each constrain the output: send one of them")
+    if not given:
+        return None
+    field, value = given[0], body[given[0]]
+    if field == "response_format":
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            spec = {"json_object": True}
+        elif kind == "json_schema" and isinstance(value.get("json_schema"), dict) \
+                and value["json_schema"].get("schema") is not None:
+            spec = {"json": value["json_schema"]["schema"]}
+        else:
+            raise RequestError('"response_format" must be {"type": "text"}, {"type": "json_object"} or {"type": '
+                               '"json_schema", "json_schema": {"name": ..., "schema": {...}}}, got '
+                               f"{json.dumps(value)[:200]}")
+    elif field == "structured_outputs":
+        spec = value
+    else:
+        spec = {field[len("guided_"):]: value}
+    try:
+        StructuredOutput.parse(spec)
+    except ValueError as e:
+        raise RequestError(f'"{field}": {e}') from None
+    return spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

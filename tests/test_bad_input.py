@@ -87,7 +87,8 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
     ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['bad_words_ids', 'epsilon_cutoff', 'eta_cutoff', "
                                         r"'frequency_penalty', 'logit_bias', 'lossy_typical_acceptance', 'min_p', "
                                         r"'no_repeat_ngram_size', 'presence_penalty', 'repetition_penalty', "
-                                        r"'temperature', 'top_h', 'top_k', 'top_p', 'typical_p'\]"),
+                                        r"'structured_output', 'temperature', 'top_h', 'top_k', 'top_p', "
+                                        r"'typical_p'\]"),
     ({"generation": {"max_tokens": 9}}, r"\['generation.max_tokens'\].*\['ignore_eos', 'max_new_tokens', 'min_new_tokens', 'seed', 'stop', 'stop_token_ids'\]"),
     ({"sampling": 0.5}, "section 'sampling' must be a mapping"),
 ])

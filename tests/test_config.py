@@ -35,7 +35,7 @@ def test_config_files_load_with_defaults_filled_in(config_dir, suffix, dump):
                                "presence_penalty": None, "frequency_penalty": None, "logit_bias": None,
                                "lossy_typical_acceptance": None, "typical_p": None, "epsilon_cutoff": None,
                                "eta_cutoff": None, "no_repeat_ngram_size": None, "bad_words_ids": None,
-                               "top_h": None}
+                               "top_h": None, "structured_output": None}
     assert cfg["generation"] == {"max_new_tokens": 16, "min_new_tokens": 0, "seed": DEFAULTS["generation"]["seed"],
                                  "stop": None, "stop_token_ids": None, "ignore_eos": False}
     assert cfg["target"]["device"] == "auto"
@@ -87,7 +87,7 @@ def test_overrides_parse_values_as_yaml():
                                "presence_penalty": None, "frequency_penalty": None, "logit_bias": None,
                                "lossy_typical_acceptance": None, "typical_p": None, "epsilon_cutoff": None,
                                "eta_cutoff": None, "no_repeat_ngram_size": None, "bad_words_ids": None,
-                               "top_h": None}
+                               "top_h": None, "structured_output": None}
     assert cfg["target"]["path"] == "some/dir" and cfg["target"]["dtype"] == "bfloat16"
 
 

@@ -21,6 +21,7 @@ from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
+from .grammar import GrammarCompiler, RowGrammars
 from .ngram_ban import BlockBans
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
@@ -124,6 +125,10 @@ class SpeculativeEngine:
         # Tokens per row and round that a joining prompt's prefill takes (chunked prefill,
         # verifier/prefill.py); None: the whole prompt before the next round, as a batch's start does.
         self.join_prefill_chunk: int | None = None
+        # Compiles structured_output grammars for the target's tokenizer (verifier/grammar.py); set
+        # by whoever holds the tokenizer (draftsman.load); None: structured output is refused.
+        self.grammars: GrammarCompiler | None = None
+        self._row_grammars: RowGrammars | None = None  # per request: each row's matcher
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -224,6 +229,8 @@ class SpeculativeEngine:
         self._logprobs_mode = logprobs.mode if logprobs is not None else None
         limits = self._row_limits(max_new_tokens, len(prompts))
         self._minimums = self._row_minimums(min_new_tokens, limits)
+        self._check_structured(self._row_sampling, self._minimums, ignored)
+        self._row_grammars = None
         self._join_defaults = (min_new_tokens if isinstance(min_new_tokens, int) else 0,
                                None if isinstance(stop, (list, tuple)) else stop,
                                frozenset() if per_row(stop_token_ids) else self.check_stop_token_ids(stop_token_ids),
@@ -352,9 +359,13 @@ class SpeculativeEngine:
         limits, stop token ids, sampling settings and ignore_eos (what stream() checks before it starts)."""
         self.check_prompts(prompts)
         self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
-        self._row_stop_token_ids(stop_token_ids, self._row_ignore_eos(ignore_eos, len(prompts)))
+        ignored = self._row_ignore_eos(ignore_eos, len(prompts))
+        self._row_stop_token_ids(stop_token_ids, ignored)
         if sampling is not None:
-            self._check_token_ids(set(self._row_sampling_of(sampling, len(prompts))))
+            settings = self._row_sampling_of(sampling, len(prompts))
+            self._check_token_ids(set(settings))
+            limits = self._row_limits(max_new_tokens, len(prompts))
+            self._check_structured(settings, self._row_minimums(min_new_tokens, limits), ignored)
 
     @staticmethod
     def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
@@ -377,6 +388,23 @@ class SpeculativeEngine:
             if outside:
                 raise ValueError(f"{name} has token ids {outside[:5]} outside the target's vocabulary "
                                  f"[0, {self.vocab_size}): drop them")
+
+    def _check_structured(self, settings: list[SamplingParams], minimums: list[int], ignored: list[bool]) -> None:
+        """Each row's structured_output compiles, and the row lets its grammar decide where it
+        ends (no min_new_tokens, no ignore_eos: both hold EOS back where the grammar may need it)."""
+        specs = {params.structured_output for params in settings} - {None}
+        if not specs:
+            return
+        if self.grammars is None:
+            raise ValueError("structured_output needs the target's tokenizer and this target has none: "
+                             "add its tokenizer files to the target folder")
+        for row, (params, least, ignore) in enumerate(zip(settings, minimums, ignored)):
+            if params.structured_output is not None and (least or ignore):
+                name = f"min_new_tokens={least}" if least else "ignore_eos"
+                raise ValueError(f"structured_output ends a row where its grammar is complete, and {name} "
+                                 f"(row {row}) holds EOS back: drop one of them")
+        for spec in specs:
+            self.grammars.check(spec)
 
     def _sampling_of(self, rows: list[int]) -> SamplingParams | RowSampling:
         """The rows' sampling settings this round: the one they share, or each row's own. A request
@@ -466,6 +494,7 @@ class SpeculativeEngine:
         self.check_rows(prompts, new_limits, new_minimums)
         check_row_sampling([self._row_sampling[0], *new_sampling])  # they share the batch's typical acceptance
         self._check_token_ids(set(new_sampling))
+        self._check_structured(new_sampling, new_minimums, ignored)
         new_end_ids = [self._eos_of(ignore_row) | (stop_ids if row.stop_token_ids is BATCH
                                                    else self.check_stop_token_ids(row.stop_token_ids))
                        for row, ignore_row in zip(joined, ignored)]
@@ -574,7 +603,9 @@ class SpeculativeEngine:
         bias = row_biases(rows_sampling, logits.device)
         penalizes_counts = presence is not None or frequency is not None
         bans = row_bans(rows_sampling)
-        changes = any(bans) or holds_eos or bias is not None or repetition is not None or penalizes_counts
+        grammars = [self._row_sampling[r].structured_output for r in rows]
+        structured = any(spec is not None for spec in grammars)
+        changes = any(bans) or structured or holds_eos or bias is not None or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if bias is not None:  # before the penalties, as Hugging Face adds its sequence_bias
             logits = bias.add_(logits)
@@ -592,6 +623,10 @@ class SpeculativeEngine:
                                             self._generated_counts.update(outputs), presence, frequency)
         if any(bans):
             logits = self._bans.ban_(logits, block, rows, contexts, bans)
+        if structured:
+            self._row_grammars = self._row_grammars or RowGrammars(self.grammars)
+            logits = self._row_grammars.mask_(logits, block, rows, outputs, grammars,
+                                              [self._row_end_ids[r] for r in rows])
         if holds_eos:
             produced = torch.tensor([len(o) for o in outputs], device=logits.device)
             least = torch.tensor(minimums, device=logits.device)

@@ -21,7 +21,8 @@ penalties of vLLM and the OpenAI API follow it (`penalize_counts`): they count g
 only, so a node counts its ancestors but not the root, which is the prompt's last token or an
 already counted one. Hugging Face's no_repeat_ngram_size is context-dependent too: the engine
 bans, at each node, the tokens that would repeat an n-gram of its own sequence
-(verifier/ngram_ban.py).
+(verifier/ngram_ban.py). So does a grammar (structured_output): the engine masks, at each node,
+what the grammar does not allow after its own sequence (verifier/structured.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from .structured import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,13 @@ class SamplingParams:
     # Hugging Face's top-H (transformers 5): among the 100 likeliest tokens, keep the likeliest
     # while their cumulative entropy stays within top_h x the entropy of those 100; null = off
     top_h: float | None = None
+    # vLLM's structured_outputs: the output held to a grammar (verifier/structured.py), e.g.
+    # {"json": schema}, {"regex": "..."}, {"choice": [...]}; kept as a StructuredOutput
+    structured_output: "StructuredOutput | dict | None" = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        object.__setattr__(self, "structured_output", StructuredOutput.parse(self.structured_output))
         object.__setattr__(self, "lossy_typical_acceptance", TypicalAcceptance.parse(self.lossy_typical_acceptance))
         object.__setattr__(self, "bad_words_ids", _bad_words(self.bad_words_ids))
         if self.temperature < 0:
@@ -143,7 +150,7 @@ class SamplingParams:
         """A bias, a penalty or a ban changes the target's logits before the warpers (and so what
         greedy decoding emits; the warpers never do)."""
         return (bool(self.logit_bias) or self.penalizes_repeats or self.penalizes_counts
-                or self.bans_repeated_ngrams or self.bans_words)
+                or self.bans_repeated_ngrams or self.bans_words or self.structured_output is not None)
 
     @property
     def bans_words(self) -> bool:
@@ -213,7 +220,9 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # BlockBans). Typical acceptance is one for the whole batch.
 BIAS_FIELDS = ("logit_bias",)
 BAN_FIELDS = ("no_repeat_ngram_size", "bad_words_ids")
-ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS, *BAN_FIELDS)
+# A grammar too depends on a position's own sequence only (verifier/structured.py's RowGrammars).
+GRAMMAR_FIELDS = ("structured_output",)
+ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS, *BAN_FIELDS, *GRAMMAR_FIELDS)
 
 
 def warp_of(params: SamplingParams) -> SamplingParams:
