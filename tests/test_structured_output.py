@@ -374,3 +374,29 @@ def test_logprobs_under_a_grammar(tiny_models, tokenizer):
     assert raw.logprobs[0] == pytest.approx(own.tolist(), abs=1e-4)
     assert all(p >= r - 1e-6 for p, r in zip(processed.logprobs[0], raw.logprobs[0]))
     assert sum(p > r + 1e-3 for p, r in zip(processed.logprobs[0], raw.logprobs[0])) >= 3  # the mask renormalised
+
+
+def test_disable_any_whitespace_leaves_only_the_separators(tiny_models, tokenizer):
+    """JSON under disable_any_whitespace holds no whitespace but ", " and ": " (the schema has no
+    free strings); without it the tiny target fills JSON with whitespace."""
+    folder = tiny_models["llama"][0]
+    decoder = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    compact = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=GRAMMARS["json"])
+    loose = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output={"json": SCHEMA})
+    assert all(re.search(r"\s", text.replace(", ", "").replace(": ", "")) is None for text in compact.texts)
+    assert sum(re.search(r"\s", text.replace(", ", "").replace(": ", "")) is not None for text in loose.texts) >= 2
+
+
+def test_a_joining_row_is_refused_as_a_new_one(tiny_models, tokenizer):
+    """A row joining a running batch (or checked before it joins) with a grammar and a minimum is
+    refused as generate refuses it."""
+    folder = tiny_models["llama"][0]
+    decoder = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    with pytest.raises(ValueError, match=r"min_new_tokens=2 \(row 0\) holds EOS back"):
+        decoder.check_join([ids[0]], NEW, min_new_tokens=2, structured_output=GRAMMARS["regex"])
+    joining = [JoiningPrompt(ids[1], NEW, min_new_tokens=2, warpers={"structured_output": GRAMMARS["regex"]})]
+    with pytest.raises(ValueError, match=r"min_new_tokens=2 \(row 0\) holds EOS back"):
+        for _ in decoder.stream_batch(ids[:1], joining=lambda: [joining.pop()] if joining else [], max_new_tokens=NEW):
+            pass
