@@ -13,6 +13,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
+from .forced_calls import forced_calls
 from .verifier.grammar import GrammarCompiler
 from .verifier.joining import JoiningRow, as_named
 from .verifier.logprobs import MODES as LOGPROBS_MODES
@@ -189,7 +190,7 @@ class Decoder:
 
     def chat(self, conversations, *, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-             **generate_args) -> GenerationOutput:
+             tool_choice: str | dict | None = None, **generate_args) -> GenerationOutput:
         """generate() for chat messages: one conversation or a list of them, each rendered by the
         target tokenizer's chat template with the assistant's turn opened (vLLM's LLM.chat). Takes
         generate's keyword arguments. continue_final_message: the last message is the assistant's
@@ -201,10 +202,21 @@ class Decoder:
         the calls the model wrote in "tool_calls" (qwen3_coder types their values by `tools`),
         reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
         (draftsman/replies.py). The texts stay the model's own.
+        tool_choice (OpenAI's): "auto" (None) and "none" leave the output free; "required" or
+        {"type": "function", "function": {"name": NAME}} hold it by a grammar to calls of `tools`
+        (structured_output, draftsman/forced_calls.py), read back into "tool_calls" with no parser.
         To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0]), through replies.ReplyStream."""
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
         check_parsers(self.tokenizer, tool_call_parser, reasoning_parser)  # before any model runs
+        forced = forced_calls(tool_choice, tools)
+        if forced is not None:
+            if generate_args.get("structured_output") is not None:
+                raise ValueError("tool_choice holds the reply to tool calls and structured_output would constrain it "
+                                 "too: pass one of them")
+            generate_args["structured_output"], tool_call_parser = forced.structured_output, forced
+        elif tool_choice == "none":
+            tool_call_parser = None
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
         out = self.generate(input_ids=ids, **generate_args)

@@ -67,7 +67,8 @@ def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = 
         message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
         if calls:
             message["tool_calls"] = calls
-            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            keeps_stop = getattr(tool_call_parser, "keeps_stop", False)  # a named forced call (forced_calls.py)
+            finish_reason = "tool_calls" if finish_reason == "stop" and not keeps_stop else finish_reason
     return message, finish_reason
 
 
@@ -88,6 +89,7 @@ class ReplyStream:
     def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  tools: list[dict] | None = None, opened: bool = False):
         self.thought = ReasoningStream(reasoning_parser, opened) if reasoning_parser else None
+        self.parser = tool_call_parser
         self.calls = tool_call_stream(tool_call_parser, tools) if tool_call_parser else None
 
     def feed(self, piece: str, final: bool = False) -> list[dict]:
@@ -102,7 +104,8 @@ class ReplyStream:
 
     def finish_reason(self, reason: str) -> str:
         """The reply's finish reason once it ended: "tool_calls" when it ended normally in calls."""
-        return "tool_calls" if self.calls is not None and self.calls.calls and reason == "stop" else reason
+        called = self.calls is not None and self.calls.calls and not getattr(self.parser, "keeps_stop", False)
+        return "tool_calls" if called and reason == "stop" else reason
 
 
 def message_deltas(message: dict) -> list[dict]:

@@ -23,7 +23,8 @@ decoding by changing their base URL.
   `guided_choice`, `guided_grammar`: the output is held to the grammar, exactly as plain decoding
   under it (verifier/structured.py).
 - `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
-  tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none".
+  tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none", and
+  "required" or a named function, which hold the reply to calls by a grammar (draftsman/forced_calls.py).
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
   reasoning_content, whole or streamed (draftsman/reasoning.py).
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
@@ -55,6 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
+from .forced_calls import ForcedCalls, check_tool_choice
 from .replies import PARSER_FLAGS, ReplyStream, check_parsers, opened_thoughts, reply_message
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
@@ -178,8 +180,19 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
             body = dict(body)
             body["max_tokens"] = body.pop("max_completion_tokens")
-        parsed_tools = body["tools"] if parses_tool_calls(body, self.server.tool_call_parser) else None
-        self._answer(body, self._chat_ids(body), chat=True, parsed_tools=parsed_tools)
+        reading = tool_call_reading(body, self.server.tool_call_parser)
+        ids = self._chat_ids(body)  # checks the tools
+        if isinstance(reading, tuple):  # a forced call: the reply held to it by a grammar
+            try:
+                reading = ForcedCalls(body["tools"], reading[1])
+            except ValueError as e:
+                raise RequestError(str(e)) from None
+            given = [field for field in STRUCTURED_FIELDS if body.get(field) is not None]
+            if given:
+                raise RequestError(f'"tool_choice" {json.dumps(body["tool_choice"])} holds the reply to tool calls, '
+                                   f"and {given} would constrain it too: send one of them")
+            body = {**body, "structured_outputs": reading.structured_output}
+        self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
         """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
@@ -189,11 +202,12 @@ class Handler(BaseHTTPRequestHandler):
                                                chat_template_kwargs=body.get("chat_template_kwargs"))
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
-                parsed_tools: list[dict] | None = None) -> None:
+                parsed_tools: list[dict] | None = None, tool_parser=None) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
         (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
-        parsed_tools: the request's tools when a chat reply's tool calls are parsed out of its text
-        (draftsman/tool_calls.py);
+        parsed_tools: the request's tools when a chat reply's tool calls are parsed out of its text,
+        tool_parser how: the server's format (draftsman/tool_calls.py) or a forced call's
+        (draftsman/forced_calls.py);
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
@@ -206,7 +220,8 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
         if body.get("stream"):
-            return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning)
+            return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning,
+                                tool_parser)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -232,8 +247,8 @@ class Handler(BaseHTTPRequestHandler):
                 text = echoed[p] + text
             reason = FINISH.get(reason, reason)
             if chat:
-                message, reason = reply_message(text, reason, self.server.tool_call_parser if parsed_tools else None,
-                                                self.server.reasoning_parser, parsed_tools, opened[i])
+                message, reason = reply_message(text, reason, tool_parser, self.server.reasoning_parser, parsed_tools,
+                                                opened[i])
                 if not shows_reasoning and "reasoning_content" in message:
                     message["reasoning_content"] = None
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
@@ -247,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
-                parsed_tools: list[dict] | None = None, shows_reasoning: bool = True) -> None:
+                parsed_tools: list[dict] | None = None, shows_reasoning: bool = True, tool_parser=None) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
         as its row ends; the last one carries the `draftsman` statistics. parsed_tools: each chat
@@ -263,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        tool_call_parser = self.server.tool_call_parser if parsed_tools else None
+        tool_call_parser = tool_parser
         replies = None
         if chat and (tool_call_parser or self.server.reasoning_parser):
             opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser)
@@ -542,29 +557,32 @@ def stream_usage(body: dict) -> bool:
     return options.get("include_usage", False)
 
 
-def parses_tool_calls(body: dict, parser: str | None) -> bool:
-    """Whether a chat request's reply is parsed for tool calls: it sends "tools", and its
-    "tool_choice" is "auto" (the default) on a server with a --tool-call-parser. "none" leaves
-    the reply as text. A call the request would force ("required", a named function) is refused:
-    it would need the output constrained, and draftsman returns the target's own output."""
+def tool_call_reading(body: dict, parser: str | None) -> str | tuple | None:
+    """How a chat request's reply is read for tool calls: None (as text), the server's
+    --tool-call-parser format when it sends "tools" and "tool_choice" is "auto" (the default), or
+    ("forced", NAME or None) when "tool_choice" is a named function or "required" (the reply is
+    then held to calls by a grammar: draftsman/forced_calls.py). "none" leaves the reply as text."""
     choice, tools, parallel = body.get("tool_choice"), body.get("tools"), body.get("parallel_tool_calls")
     if choice is not None and not tools:
         raise RequestError('"tool_choice" goes with "tools": send the tools, or leave tool_choice out')
     if parallel is not None and parallel is not True:  # true lets the model call several: what it may do anyway
         raise RequestError(f'"parallel_tool_calls" {json.dumps(parallel)} is not served: holding the model to one '
                            "call would mean cutting its output or constraining it; send true or leave it out")
-    if choice == "none" or not tools:
-        return False
-    if choice not in (None, "auto"):
-        raise RequestError(f'"tool_choice" {json.dumps(choice)} is not served: forcing a call would constrain the '
-                           'output, and draftsman returns the target\'s own output; send "auto" or "none"')
+    try:
+        kind, name = check_tool_choice(choice)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if kind == "none" or not tools:
+        return None
+    if kind in ("required", "function"):
+        return "forced", name
     if parser is None:
         if choice == "auto":
             raise RequestError('"tool_choice": "auto" needs the server started with --tool-call-parser (e.g. hermes), '
                                "the format the model writes its calls in; without it, leave tool_choice out and "
                                "read the calls in the reply's text")
-        return False
-    return True
+        return None
+    return parser
 
 
 def generate_args(body: dict) -> dict:

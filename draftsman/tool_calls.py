@@ -75,8 +75,9 @@ def parse_tool_calls(text: str, parser: str = "hermes",
                      tools: list[dict] | None = None) -> tuple[str | None, list[dict]]:
     """A whole reply -> (its content, None when only calls; its calls in order). tools: the
     request's tool definitions (qwen3_coder reads its values' types from them)."""
-    if parser in WHOLE_REPLY_CALLS:
-        calls = WHOLE_REPLY_CALLS[parser][1](text)
+    whole = _whole_reply(parser)
+    if whole is not None:
+        calls = whole[1](text)
         return (None, calls) if calls else (text, [])
     content, calls, rest = [], [], text
     while OPEN in rest:
@@ -139,9 +140,18 @@ def _pythonic_calls(text: str) -> list[dict]:
 WHOLE_REPLY_CALLS = {"llama3_json": ("{", _json_calls), "pythonic": ("[", _pythonic_calls)}
 
 
-def tool_call_stream(parser: str, tools: list[dict] | None = None) -> "ToolCallStream | WholeReplyCallStream":
+def _whole_reply(parser) -> tuple | None:
+    """(opener, parse) of a format whose calls are the whole reply, else None: a name in
+    WHOLE_REPLY_CALLS, or an object that has them (draftsman/forced_calls.py's ForcedCalls)."""
+    if isinstance(parser, str):
+        return WHOLE_REPLY_CALLS.get(parser)
+    return parser.opener, parser.parse
+
+
+def tool_call_stream(parser, tools: list[dict] | None = None) -> "ToolCallStream | WholeReplyCallStream":
     """A streamed reply's parser for the format (tools: as parse_tool_calls takes them)."""
-    return WholeReplyCallStream(parser) if parser in WHOLE_REPLY_CALLS else ToolCallStream(parser, tools)
+    whole = _whole_reply(parser)
+    return WholeReplyCallStream(*whole) if whole is not None else ToolCallStream(parser, tools)
 
 
 class WholeReplyCallStream:
@@ -149,8 +159,8 @@ class WholeReplyCallStream:
     space is held to its end and sent as its calls, or as content when it is not only calls; any
     other reply is content as it comes."""
 
-    def __init__(self, parser: str):
-        self.opener, self.parse = WHOLE_REPLY_CALLS[parser]
+    def __init__(self, opener: str, parse):
+        self.opener, self.parse = opener, parse
         self.held = ""
         self.mode = "undecided"  # then "calls" (held to the end) or "content"
         self.calls = 0

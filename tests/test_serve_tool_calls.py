@@ -186,8 +186,10 @@ def test_the_tiny_targets_own_reply_with_tools(tool_server):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"tools": TOOLS, "tool_choice": "required"}, 'forcing a call would constrain the output'),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "is not served"),
+    ({"tools": TOOLS, "tool_choice": "requird"}, '"tool_choice" must be "auto", "none", "required" or'),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "get_weather"}}, '"tool_choice" must be'),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_wether"}}},
+     "names function 'get_wether', which \"tools\" does not define; defined: ['get_weather']"),
     ({"tool_choice": "auto"}, '"tool_choice" goes with "tools"'),
     ({"tools": TOOLS, "parallel_tool_calls": False}, '"parallel_tool_calls" false is not served'),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, '"parallel_tool_calls" "yes" is not served'),
