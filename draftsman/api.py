@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
-from .replies import check_parsers, opened_thoughts, reply_messages
+from .replies import check_parsers, grammar_after_thought, opened_thoughts, reply_messages
 from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
@@ -219,6 +219,9 @@ class Decoder:
             tool_call_parser = None
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
+        grammar = generate_args.get("structured_output")
+        if grammar is not None and not isinstance(grammar, list):  # the grammar holds the answer, after the thought
+            generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
         out = self.generate(input_ids=ids, **generate_args)
         opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
         out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened)

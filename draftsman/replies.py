@@ -7,11 +7,13 @@ It reads the output only: the reply is the target's own, and nothing of it is dr
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from .reasoning import END, START, ReasoningStream, prompt_opens_thought, split_reasoning
 from .reasoning import PARSERS as REASONING_PARSERS
 from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
+from .verifier.structured import StructuredOutput
 
 PARSER_FLAGS = ("--tool-call-parser", "--reasoning-parser")  # the command line's names for the two settings
 
@@ -38,6 +40,26 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
                          f"leave out {names[0]} and {names[1]}")
     check_parser(names[0].rstrip("="), tool_call_parser, TAGS, tokenizer)
     check_parser(names[1].rstrip("="), reasoning_parser, {p: (START, END) for p in REASONING_PARSERS}, tokenizer)
+
+
+def grammar_after_thought(tokenizer, prompts: list[list[int]], structured_output, reasoning_parser: str | None):
+    """Under a reasoning parser, a chat reply's grammar (structured_output, one for all prompts)
+    holds the answer only: it begins after the thought's "</think>", as vLLM begins it where its
+    reasoning parser sees the thought end, so the model still thinks first. A prompt that holds
+    "</think>" already (thinking switched off: the template closed an empty thought) is held from
+    the first token, as vLLM holds it. Returns one setting per prompt, one for a single prompt (the
+    one given, without a parser or a grammar). "</think>" must be one token, or where the model wrote it could not be
+    told from its tokens: such a tokenizer is refused."""
+    if reasoning_parser is None or structured_output is None:
+        return structured_output
+    marker = tuple(tokenizer.encode(END, add_special_tokens=False))
+    if len(marker) != 1:
+        raise ValueError(f"under a reasoning parser a grammar begins after {END}, which this tokenizer writes as "
+                         f"{len(marker)} tokens, so where the thought ends cannot be told from the tokens: leave "
+                         "out the reasoning parser or the structured output")
+    spec = StructuredOutput.parse(structured_output)
+    specs = [spec if marker[0] in ids else dataclasses.replace(spec, after=marker) for ids in prompts]
+    return specs[0] if len(specs) == 1 else specs
 
 
 def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_parser: str | None) -> list[bool]:

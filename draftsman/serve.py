@@ -57,7 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .forced_calls import ForcedCalls, check_tool_choice
-from .replies import PARSER_FLAGS, ReplyStream, check_parsers, opened_thoughts, reply_message
+from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, opened_thoughts,
+                      reply_message)
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
@@ -211,6 +212,12 @@ class Handler(BaseHTTPRequestHandler):
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
+        if chat and "structured_output" in args:  # the grammar holds the answer, after the thought
+            try:
+                args["structured_output"] = grammar_after_thought(
+                    self.server.decoder.tokenizer, ids, args["structured_output"], self.server.reasoning_parser)
+            except ValueError as e:
+                raise RequestError(str(e)) from None
         include_usage = stream_usage(body)
         shows_reasoning = include_reasoning(body)
         top = logprobs_asked(body, chat)

@@ -37,8 +37,9 @@ def test_one_sequence_bans_what_hugging_face_bans(n):
     assert banned_any > 20  # the check has something to compare
 
 
-def random_block(rng: random.Random, rows: int, nodes: int) -> TreeBlock:
-    """Roots and random trees (each node's parent earlier), ragged: padding after a row's nodes."""
+def random_block(rng: random.Random, rows: int, nodes: int, pool: list[int] | None = None) -> TreeBlock:
+    """Roots and random trees (each node's parent earlier), ragged: padding after a row's nodes;
+    tokens below VOCAB, or drawn from `pool`."""
     T = nodes + 1
     tokens = torch.zeros(rows, T, dtype=torch.long)
     parents = torch.full((rows, T), -1, dtype=torch.long)
@@ -47,7 +48,7 @@ def random_block(rng: random.Random, rows: int, nodes: int) -> TreeBlock:
         size = rng.randrange(nodes + 1)
         valid[b, : size + 1] = True
         for j in range(T):
-            tokens[b, j] = rng.randrange(VOCAB)
+            tokens[b, j] = rng.randrange(VOCAB) if pool is None else rng.choice(pool)
             if 1 <= j <= size:
                 parents[b, j] = rng.randrange(j)
     return TreeBlock(tokens, parents, valid)

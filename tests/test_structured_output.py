@@ -3,6 +3,7 @@ is exactly plain decoding under the grammar's mask, for every drafter, tree shap
 
 The reference here is independent of the engine's tree walk: a Hugging Face logits processor with
 its own llguidance matcher, fed one token at a time, and fresh matchers per tree node."""
+import dataclasses
 import json
 import random
 import re
@@ -19,8 +20,8 @@ from draftsman import JoiningPrompt
 from draftsman.verifier.grammar import GrammarCompiler, RowGrammars
 from draftsman.verifier.sampling import SamplingParams, processed_probs
 from draftsman.verifier.structured import StructuredOutput
-from draftsman.verifier.tree import TreeBlock
 from test_engine_sampling import ALPHA, fit_pvalue
+from test_ngram_ban import random_block
 from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixture)
 from tiny_models import load_for_reference, target_device
 
@@ -55,12 +56,14 @@ class GrammarReference(LogitsProcessor):
     def __init__(self, tokenizer, spec: StructuredOutput, prompt_length: int, vocab: int, eos: list[int]):
         lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=eos)
         self.matcher = llguidance.LLMatcher(lltok, spec.grammar())
-        self.start, self.seen, self.vocab = prompt_length, 0, vocab
+        self.spec, self.start, self.seen, self.vocab = spec, prompt_length, 0, vocab
 
     def __call__(self, input_ids, scores):
-        new = input_ids[0, self.start:].tolist()
-        assert self.matcher.consume_tokens(new[self.seen:])
-        self.seen = len(new)
+        held = grammar_part(input_ids[0, self.start:].tolist(), self.spec)
+        if held is None:  # waiting for the marker: free
+            return scores
+        assert self.matcher.consume_tokens(held[self.seen:])
+        self.seen = len(held)
         return scores.masked_fill(~allowed_after(self.matcher, self.vocab)[None], float("-inf"))
 
 
@@ -121,6 +124,26 @@ def test_greedy_output_is_plain_decoding_under_the_grammar(name, tiny_models, cl
         assert decoder.generate(input_ids=[prompt], max_new_tokens=NEW, structured_output=spec).token_ids[0] == tokens
 
 
+@pytest.mark.parametrize("name", ["none", "ngram", "draft_model_tree", "eagle3"])
+def test_a_grammar_that_waits_for_a_marker(name, tiny_models, close_draft, fresh_heads, tokenizer):  # noqa: F811
+    """A grammar that begins after a marker (the end of a thought, under a reasoning parser): each
+    row is free up to the marker's first occurrence, then held, exactly as the reference processor
+    that does the same; batch 4 and alone. The marker is two tokens of the row's free output."""
+    folder = tiny_models["llama"][0]
+    drafter = drafters(tiny_models, close_draft, fresh_heads)[name]
+    decoder = draftsman.load({"target": {"path": str(folder), "device": target_device(drafter)}, "drafter": drafter})
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    free = decoder.generate(input_ids=ids, max_new_tokens=NEW).token_ids
+    specs = [dataclasses.replace(StructuredOutput.parse(GRAMMARS["regex"]), after=tuple(row[3:5])) for row in free]
+    expected = reference_outputs(folder, tokenizer, ids, specs, decoder.engine.eos_token_ids)
+    out = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=specs)
+    assert out.token_ids == expected
+    assert all(row[:5] == own[:5] for row, own in zip(out.token_ids, free))  # free up to the marker
+    assert sum(row != own for row, own in zip(out.token_ids, free)) >= 3  # then held
+    for prompt, spec, tokens in zip(ids, specs, expected):
+        assert decoder.generate(input_ids=[prompt], max_new_tokens=NEW, structured_output=spec).token_ids[0] == tokens
+
+
 def test_the_target_drafting_for_itself_is_accepted_where_the_grammar_agrees(tiny_models, tokenizer):
     """The target as its own draft model drafts without the grammar: drafts the grammar forbids are
     rejected, the others accepted, and the output is still plain decoding under the grammar."""
@@ -137,42 +160,39 @@ def test_the_target_drafting_for_itself_is_accepted_where_the_grammar_agrees(tin
     assert out.stats.tau > 1.5  # drafts are accepted where the grammar lets them
 
 
-def random_paths_block(rng, pool: list[int], rows: int, nodes: int) -> TreeBlock:
-    T = nodes + 1
-    tokens = torch.zeros(rows, T, dtype=torch.long)
-    parents = torch.full((rows, T), -1, dtype=torch.long)
-    valid = torch.zeros(rows, T, dtype=torch.bool)
-    for b in range(rows):
-        size = rng.randrange(nodes + 1)
-        valid[b, : size + 1] = True
-        for j in range(T):
-            tokens[b, j] = rng.choice(pool)
-            if 1 <= j <= size:
-                parents[b, j] = rng.randrange(j)
-    return TreeBlock(tokens, parents, valid)
+def grammar_part(sequence: list[int], spec: StructuredOutput) -> list[int] | None:
+    """What a row's grammar holds of a sequence of new tokens: all of it, or (spec.after) what
+    follows the marker's first occurrence; None before it."""
+    m = len(spec.after)
+    if not m:
+        return sequence
+    starts = [i for i in range(len(sequence) - m + 1) if tuple(sequence[i:i + m]) == spec.after]
+    return sequence[starts[0] + m:] if starts else None
 
 
 def test_row_grammars_mask_each_node_as_a_fresh_matcher_would(tokenizer):
-    """Random trees over a few tokens, rows with their own grammars (or none) and end tokens,
-    several rounds of committed output: each valid node's logits are masked exactly as a fresh
-    matcher fed the row's output and the node's path masks them (the row's end tokens where the
-    grammar may end); a node whose path the grammar forbids, and a row without one, are untouched."""
+    """Random trees over a few tokens, rows with their own grammars (or none) and end tokens, one
+    whose grammar waits for a marker (a thought's end), several rounds of committed output: each
+    valid node's logits are masked exactly as a fresh matcher fed the row's output and the node's
+    path (what follows the marker, for that row) masks them, the row's end tokens where the grammar
+    may end; a node whose path the grammar forbids, one before the marker, and a row without a
+    grammar are untouched."""
     rng = random.Random(0)
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    stop = tokenizer.convert_tokens_to_ids("x")
-    pool = [tokenizer.convert_tokens_to_ids(c) for c in "abcx"] + [eos]
+    a, b_, c, x = (tokenizer.convert_tokens_to_ids(t) for t in "abcx")
+    pool = [a, b_, c, x, eos]
     specs = [StructuredOutput.parse({"regex": "[ab]{1,5}c?"}), None, StructuredOutput.parse({"regex": "(ab|c)+"}),
-             StructuredOutput.parse({"choice": ["abc", "ba", "cab"]})]
-    ends = [frozenset({eos}), frozenset({eos}), frozenset({eos, stop}), frozenset({eos})]
-    compiler = GrammarCompiler(tokenizer, vocab, {eos})
-    grammars = RowGrammars(compiler)
+             StructuredOutput.parse({"choice": ["abc", "ba", "cab"]}),
+             dataclasses.replace(StructuredOutput.parse({"regex": "[ab]{1,5}c?"}), after=(c, x))]
+    ends = [frozenset({eos}), frozenset({eos}), frozenset({eos, x}), frozenset({eos}), frozenset({eos})]
+    grammars = RowGrammars(GrammarCompiler(tokenizer, vocab, {eos}))
     lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=[eos])
     outputs = [[] for _ in specs]
-    masked = untouched = 0
-    for _ in range(12):
-        block = random_paths_block(rng, pool, len(specs), nodes=7)
+    masked = untouched = waiting = 0
+    for _ in range(16):
+        block = random_block(rng, len(specs), nodes=7, pool=pool)
         logits = torch.randn(len(specs), block.tokens.shape[1], vocab, generator=torch.Generator().manual_seed(2))
-        got = grammars.mask_(logits.clone(), block, [10, 11, 12, 13], outputs, specs, ends)
+        got = grammars.mask_(logits.clone(), block, [10, 11, 12, 13, 14], outputs, specs, ends)
         for b, spec in enumerate(specs):
             for j in range(block.tokens.shape[1]):
                 if not block.valid[b, j]:
@@ -181,13 +201,15 @@ def test_row_grammars_mask_each_node_as_a_fresh_matcher_would(tokenizer):
                 while at > 0:
                     path.insert(0, int(block.tokens[b, at]))
                     at = int(block.parents[b, at])
-                fresh = llguidance.LLMatcher(lltok, spec.grammar()) if spec is not None else None
+                held = grammar_part(outputs[b] + path, spec) if spec is not None else None
+                waiting += spec is not None and held is None
+                fresh = llguidance.LLMatcher(lltok, spec.grammar()) if held is not None else None
                 below_end = any(t in ends[b] for t in path)
-                if fresh is None or below_end or fresh.validate_tokens(outputs[b] + path) < len(outputs[b] + path):
+                if fresh is None or below_end or fresh.validate_tokens(held) < len(held):
                     assert torch.equal(got[b, j], logits[b, j]), (b, j)
                     untouched += 1
                     continue
-                fresh.consume_tokens(outputs[b] + path)
+                fresh.consume_tokens(held)
                 allowed = allowed_after(fresh, vocab)
                 if allowed[eos]:
                     allowed[list(ends[b])] = True
@@ -195,11 +217,16 @@ def test_row_grammars_mask_each_node_as_a_fresh_matcher_would(tokenizer):
                 masked += 1
         for b, spec in enumerate(specs):  # commit one allowed token a round, as the engine does
             if spec is not None:
+                held = grammar_part(outputs[b], spec)
+                if held is None:  # before the marker: any token but the end
+                    outputs[b].append(rng.choice([c, x] if rng.random() < 0.3 else pool[:4]))
+                    continue
                 fresh = llguidance.LLMatcher(lltok, spec.grammar())
-                fresh.consume_tokens(outputs[b])
+                fresh.consume_tokens(held)
                 choices = [t for t in pool if t != eos and allowed_after(fresh, vocab)[t]]
                 outputs[b] += [rng.choice(choices)] if choices else []
-    assert masked > 40 and untouched > 20, (masked, untouched)
+    assert masked > 40 and untouched > 20 and waiting > 5, (masked, untouched, waiting)
+    assert grammar_part(outputs[4], specs[4]) is not None  # the marked row's grammar began
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,7 @@ class RowGrammars:
         self.compiler = compiler
         self._matchers: dict[int, object] = {}  # original row -> its matcher
         self._consumed: dict[int, int] = {}  # original row -> output tokens the matcher has taken
+        self._starts: dict[int, int | None] = {}  # original row -> where its grammar begins in its output
 
     def mask_(self, logits: torch.Tensor, block: TreeBlock, rows: list[int], outputs: list[list[int]],
               specs: list[StructuredOutput | None], end_ids: list[frozenset[int]]) -> torch.Tensor:
@@ -83,10 +84,15 @@ class RowGrammars:
         nodes_at_most = sum(int(block.valid[b].sum()) for b in which)
         bitmask = allocate_token_bitmask(nodes_at_most, self.compiler.tokenizer().vocab_size)
         for b, row, output, nodes in _node_paths(block, rows, outputs, which):
-            matcher = self._advanced(row, specs[b], output)
+            marker = specs[b].after
+            matcher, started = self._advanced(row, specs[b], output)
+            tail = [] if started else output[max(0, len(output) - (len(marker) - 1)):]  # a marker may span both
             taken: list[int] = []  # path tokens the matcher holds beyond the committed output
-            for j, path in nodes:
-                if not end_ids[b].isdisjoint(path):  # below the row's end: never emitted
+            for j, full_path in nodes:
+                if not end_ids[b].isdisjoint(full_path):  # below the row's end: never emitted
+                    continue
+                path = full_path if started else _after(tail + full_path, marker)
+                if path is None:  # the grammar has not begun at this node: left free
                     continue
                 same = 0
                 while same < min(len(taken), len(path)) and taken[same] == path[same]:
@@ -118,12 +124,29 @@ class RowGrammars:
         return logits
 
     def _advanced(self, row: int, spec: StructuredOutput, output: list[int]):
-        """The row's matcher, fed the output tokens it has not taken yet."""
+        """(the row's matcher, fed the output tokens it has not taken yet; whether the grammar has
+        begun in the committed output: always, unless it waits for a marker not yet there)."""
         if row not in self._matchers:
             self._matchers[row], self._consumed[row] = self.compiler.matcher(spec), 0
-        matcher, done = self._matchers[row], self._consumed[row]
+            self._starts[row] = None if spec.after else 0
+        matcher, start = self._matchers[row], self._starts[row]
+        if start is None:
+            held = _after(output, spec.after)
+            if held is None:
+                return matcher, False
+            start = self._starts[row] = len(output) - len(held)
+        done = start + self._consumed[row]
         if done < len(output):
             if not matcher.consume_tokens(output[done:]):  # each was drawn under this grammar's mask
                 raise RuntimeError(f"row {row}'s output left its grammar: {matcher.get_error()}")
-            self._consumed[row] = len(output)
-        return matcher
+            self._consumed[row] = len(output) - start
+        return matcher, True
+
+
+def _after(sequence: list[int], marker: tuple[int, ...]) -> list[int] | None:
+    """The tokens after the first occurrence of `marker` in `sequence`, or None when it has none."""
+    m = len(marker)
+    for i in range(len(sequence) - m + 1):
+        if tuple(sequence[i:i + m]) == marker:
+            return sequence[i + m:]
+    return None

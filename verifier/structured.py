@@ -41,6 +41,10 @@ class StructuredOutput:
     kind: str  # "json", "regex", "choice" or "grammar" (json_object is the schema {"type": "object"})
     text: str  # JSON schema text, regex, JSON list of choices, Lark grammar
     compact: bool = False  # json only: disable_any_whitespace
+    # The grammar holds the output only after these tokens first appear in it (a thought's end,
+    # "</think>", under a reasoning parser, as vLLM does); () = from the first token. Set by the
+    # chat paths (draftsman/replies.py's grammar_after_thought), not by users.
+    after: tuple[int, ...] = ()
 
     @staticmethod
     def parse(value) -> "StructuredOutput | None":
@@ -98,4 +102,5 @@ class StructuredOutput:
 
     def describe(self) -> str:
         text = self.text if len(self.text) <= 80 else self.text[:77] + "..."
-        return f"{self.kind} {text}" + (" (disable_any_whitespace)" if self.compact else "")
+        return f"{self.kind} {text}" + (" (disable_any_whitespace)" if self.compact else "") + \
+            (f" after tokens {list(self.after)}" if self.after else "")
