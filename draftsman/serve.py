@@ -272,8 +272,9 @@ class Handler(BaseHTTPRequestHandler):
                 parsed_tools: list[dict] | None = None, shows_reasoning: bool = True, tool_parser=None) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
-        as its row ends; the last one carries the `draftsman` statistics. parsed_tools: each chat
-        reply's calls are sent as OpenAI's tool_calls deltas, each whole as its block closes; under
+        as its row ends; the last one carries the `draftsman` statistics. parsed_tools and tool_parser
+        (as _answer's): each chat reply's calls are sent as OpenAI's tool_calls deltas, each whole as
+        its block closes; under
         --reasoning-parser a chat reply's thought as reasoning_content deltas."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
@@ -285,11 +286,10 @@ class Handler(BaseHTTPRequestHandler):
         offsets = [0] * job.rows  # completions' text_offset counts from the start of each whole completion
         completion_tokens = 0
 
-        tool_call_parser = tool_parser
         replies = None
-        if chat and (tool_call_parser or self.server.reasoning_parser):
+        if chat and (tool_parser or self.server.reasoning_parser):
             opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser)
-            replies = [ReplyStream(tool_call_parser, self.server.reasoning_parser, parsed_tools, opened[row])
+            replies = [ReplyStream(tool_parser, self.server.reasoning_parser, parsed_tools, opened[row])
                        for row in range(job.rows)]
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
