@@ -13,7 +13,7 @@ from .drafters import TargetInfo, build_drafter
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
-from .forced_calls import forced_calls
+from .forced_calls import check_tool_choice, forced_calls
 from .verifier.grammar import GrammarCompiler
 from .verifier.joining import JoiningRow, as_named
 from .verifier.logprobs import MODES as LOGPROBS_MODES
@@ -209,13 +209,13 @@ class Decoder:
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
         check_parsers(self.tokenizer, tool_call_parser, reasoning_parser)  # before any model runs
-        forced = forced_calls(tool_choice, tools)
+        forced = forced_calls(tool_choice, tools)  # checks tool_choice, and the tools it forces a call of
         if forced is not None:
             if generate_args.get("structured_output") is not None:
                 raise ValueError("tool_choice holds the reply to tool calls and structured_output would constrain it "
                                  "too: pass one of them")
             generate_args["structured_output"], tool_call_parser = forced.structured_output, forced
-        elif tool_choice == "none":
+        elif check_tool_choice(tool_choice)[0] == "none":
             tool_call_parser = None
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)

@@ -48,7 +48,14 @@ def forced_calls(choice, tools: list[dict] | None) -> "ForcedCalls | None":
 
 def functions_of(tools: list[dict]) -> dict[str, dict]:
     """{name: parameters schema} of a request's tools (OpenAI's {"type": "function", "function": {...}})."""
-    return {tool["function"]["name"]: tool["function"].get("parameters") or NO_PARAMETERS for tool in tools}
+    functions = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError('a forced tool call needs each tool as {"type": "function", "function": {"name": ..., '
+                             f'"parameters": {{...}}}}}}, got {json.dumps(tool)[:200]}')
+        functions[function["name"]] = function.get("parameters") or NO_PARAMETERS
+    return functions
 
 
 class ForcedCalls:

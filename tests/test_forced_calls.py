@@ -118,6 +118,7 @@ def test_decoder_chat_takes_a_tool_choice(server):
     assert [c["function"]["name"] for c in named.messages[0]["tool_calls"]] == ["get_day"]
     for kwargs, message in [({"tool_choice": "always"}, '"tool_choice" must be "auto", "none", "required"'),
                             ({"tool_choice": "required", "tools": None}, 'goes with "tools"'),
+                            ({"tool_choice": "required", "tools": [{"type": "function"}]}, "needs each tool as"),
                             ({"tool_choice": "required", "structured_output": {"regex": "a"}}, "pass one of them")]:
         with pytest.raises(ValueError, match=message):
             decoder.chat(USER, **{"tools": TOOLS, "max_new_tokens": 4, **kwargs})
