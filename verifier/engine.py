@@ -26,6 +26,7 @@ from .ngram_ban import BlockBans
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
 from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_bans, row_biases,
+                       row_grammars,
                        row_penalties)
 from .tree import TreeBlock, is_chain, pack_drafts, verification_block
 
@@ -358,14 +359,13 @@ class SpeculativeEngine:
         """Raise ValueError, naming the problem, when these rows cannot join a batch with these
         limits, stop token ids, sampling settings and ignore_eos (what stream() checks before it starts)."""
         self.check_prompts(prompts)
-        self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
+        minimums = self._row_minimums(min_new_tokens, self._row_limits(max_new_tokens, len(prompts)))
         ignored = self._row_ignore_eos(ignore_eos, len(prompts))
         self._row_stop_token_ids(stop_token_ids, ignored)
         if sampling is not None:
             settings = self._row_sampling_of(sampling, len(prompts))
             self._check_token_ids(set(settings))
-            limits = self._row_limits(max_new_tokens, len(prompts))
-            self._check_structured(settings, self._row_minimums(min_new_tokens, limits), ignored)
+            self._check_structured(settings, minimums, ignored)
 
     @staticmethod
     def _row_sampling_of(sampling, rows: int) -> list[SamplingParams]:
@@ -603,9 +603,8 @@ class SpeculativeEngine:
         bias = row_biases(rows_sampling, logits.device)
         penalizes_counts = presence is not None or frequency is not None
         bans = row_bans(rows_sampling)
-        grammars = [self._row_sampling[r].structured_output for r in rows]
-        structured = any(spec is not None for spec in grammars)
-        changes = any(bans) or structured or holds_eos or bias is not None or repetition is not None or penalizes_counts
+        grammars = row_grammars(rows_sampling, len(rows))
+        changes = any(bans) or grammars is not None or holds_eos or bias is not None or repetition is not None or penalizes_counts
         raw = (logits.clone() if changes else logits) if self._logprobs_mode == "raw" else None
         if bias is not None:  # before the penalties, as Hugging Face adds its sequence_bias
             logits = bias.add_(logits)
@@ -623,7 +622,7 @@ class SpeculativeEngine:
                                             self._generated_counts.update(outputs), presence, frequency)
         if any(bans):
             logits = self._bans.ban_(logits, block, rows, contexts, bans)
-        if structured:
+        if grammars is not None:
             self._row_grammars = self._row_grammars or RowGrammars(self.grammars)
             logits = self._row_grammars.mask_(logits, block, rows, outputs, grammars,
                                               [self._row_end_ids[r] for r in rows])

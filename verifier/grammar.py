@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .block_penalties import writable
-from .ngram_ban import _node_paths
+from .ngram_ban import node_paths
 from .structured import StructuredOutput
 from .tree import TreeBlock
 
@@ -80,10 +80,10 @@ class RowGrammars:
             return logits
         from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
         width = logits.shape[-1]
-        masked: list[tuple[int, int, frozenset[int]]] = []  # (block row, position, end tokens): bitmask row i
+        masked: list[tuple[int, int]] = []  # (block row, position) of bitmask row i
         nodes_at_most = sum(int(block.valid[b].sum()) for b in which)
         bitmask = allocate_token_bitmask(nodes_at_most, self.compiler.tokenizer().vocab_size)
-        for b, row, output, nodes in _node_paths(block, rows, outputs, which):
+        for b, row, output, nodes in node_paths(block, rows, outputs, which):
             marker = specs[b].after
             matcher, started = self._advanced(row, specs[b], output)
             tail = [] if started else output[max(0, len(output) - (len(marker) - 1)):]  # a marker may span both
@@ -105,7 +105,7 @@ class RowGrammars:
                 taken += path[same:same + fits]
                 if len(taken) == len(path):  # else a token on the path is forbidden: never reached
                     fill_next_token_bitmask(matcher, bitmask, len(masked))
-                    masked.append((b, j, end_ids[b]))
+                    masked.append((b, j))
             matcher.rollback(len(taken))
         if not masked:
             return logits
@@ -113,13 +113,13 @@ class RowGrammars:
         allowed = ((bitmask[: len(masked), :, None] >> bits) & 1).bool().flatten(1)[:, :width]
         eos = self.compiler.eos_token_ids
         may_end = allowed[:, eos].any(-1) if eos else torch.zeros(len(masked), dtype=torch.bool)
-        for i, (_, _, ends) in enumerate(masked):  # a row's stop tokens end it where its grammar may end
-            ids = [t for t in ends if t < width]
-            if ids:
-                allowed[i, ids] |= may_end[i]
+        at_b = torch.tensor([b for b, _ in masked])
+        ends = torch.zeros(len(specs), width, dtype=torch.bool)  # each block row's end tokens
+        for b in which:
+            ends[b, [t for t in end_ids[b] if t < width]] = True
+        allowed |= ends[at_b] & may_end[:, None]  # a row's stop tokens end it where its grammar may end
         logits = writable(logits)
-        at_b = torch.tensor([b for b, _, _ in masked], device=logits.device)
-        at_j = torch.tensor([j for _, j, _ in masked], device=logits.device)
+        at_b, at_j = at_b.to(logits.device), torch.tensor([j for _, j in masked], device=logits.device)
         logits[at_b, at_j] = logits[at_b, at_j].masked_fill(~allowed.to(logits.device), float("-inf"))
         return logits
 

@@ -85,7 +85,7 @@ class RepeatedNgrams:
         committed tokens, the root included; which: the block rows to ban in (None: all)."""
         logits = writable(logits)
         at_b, at_j, at_v = [], [], []
-        for b, row, context, nodes in _node_paths(block, rows, contexts, which):
+        for b, row, context, nodes in node_paths(block, rows, contexts, which):
             if row not in self._rows:
                 self._rows[row] = CommittedNgrams(self.n)
             ngrams = self._rows[row].update(context)
@@ -133,7 +133,7 @@ class BadWords:
         if not self.longer:
             return logits
         at_b, at_j, at_v = [], [], []
-        for b, _, context, nodes in _node_paths(block, rows, contexts, which):
+        for b, _, context, nodes in node_paths(block, rows, contexts, which):
             head = context[max(0, len(context) - self.reach):]
             for j, path in nodes:
                 banned = self.completing(head + path)
@@ -149,7 +149,7 @@ def _ends_with(sequence: list[int], prefix: tuple[int, ...]) -> bool:
     return len(sequence) >= len(prefix) and tuple(sequence[len(sequence) - len(prefix):]) == prefix
 
 
-def _node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]], which: list[int] | None = None):
+def node_paths(block: TreeBlock, rows: list[int], contexts: list[list[int]], which: list[int] | None = None):
     """Per block row (of `which`; None: all): (b, its original row, its context, [(position, path)]
     for its valid positions), a path being the position's tokens after the root (the root is in
     the context)."""

@@ -334,6 +334,14 @@ def row_biases(params: SamplingParams | RowSampling, device) -> RowBiases | None
     return params._biases[device]
 
 
+def row_grammars(params: SamplingParams | RowSampling, rows: int) -> list | None:
+    """Each row's structured_output, or None when no row has one (the usual case: one check)."""
+    if isinstance(params, SamplingParams):
+        return None if params.structured_output is None else [params.structured_output] * rows
+    grammars = [row.structured_output for row in params.rows]
+    return grammars if any(spec is not None for spec in grammars) else None
+
+
 def row_bans(params: SamplingParams | RowSampling) -> tuple[dict, dict]:
     """The rows that ban n-grams, by n, and words, by word list (None: every row), for
     verifier/ngram_ban.py's BlockBans."""
