@@ -89,9 +89,14 @@ def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = 
         message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
         if calls:
             message["tool_calls"] = calls
-            keeps_stop = getattr(tool_call_parser, "keeps_stop", False)  # a named forced call (forced_calls.py)
-            finish_reason = "tool_calls" if finish_reason == "stop" and not keeps_stop else finish_reason
+            finish_reason = _finish_in_calls(tool_call_parser, finish_reason)
     return message, finish_reason
+
+
+def _finish_in_calls(parser, reason: str) -> str:
+    """A reply that ended normally ("stop") in calls ends with "tool_calls", unless its parser keeps
+    "stop" (a named forced call, as OpenAI answers one: draftsman/forced_calls.py)."""
+    return "tool_calls" if reason == "stop" and not getattr(parser, "keeps_stop", False) else reason
 
 
 def reply_messages(texts: list[str], tool_call_parser: str | None = None, reasoning_parser: str | None = None,
@@ -126,8 +131,7 @@ class ReplyStream:
 
     def finish_reason(self, reason: str) -> str:
         """The reply's finish reason once it ended: "tool_calls" when it ended normally in calls."""
-        called = self.calls is not None and self.calls.calls and not getattr(self.parser, "keeps_stop", False)
-        return "tool_calls" if called and reason == "stop" else reason
+        return _finish_in_calls(self.parser, reason) if self.calls is not None and self.calls.calls else reason
 
 
 def message_deltas(message: dict) -> list[dict]:

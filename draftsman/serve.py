@@ -56,7 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
-from .forced_calls import ForcedCalls, check_tool_choice
+from .forced_calls import check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, opened_thoughts,
                       reply_message)
 from .serve_batch import Batcher, check_max_rows
@@ -183,16 +183,17 @@ class Handler(BaseHTTPRequestHandler):
             body["max_tokens"] = body.pop("max_completion_tokens")
         reading = tool_call_reading(body, self.server.tool_call_parser)
         ids = self._chat_ids(body)  # checks the tools
-        if isinstance(reading, tuple):  # a forced call: the reply held to it by a grammar
-            try:
-                reading = ForcedCalls(body["tools"], reading[1])
-            except ValueError as e:
-                raise RequestError(str(e)) from None
+        try:
+            forced = forced_calls(body.get("tool_choice"), body.get("tools"))
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        if forced is not None:  # the reply held to the calls by a grammar
+            reading = forced
             given = [field for field in STRUCTURED_FIELDS if body.get(field) is not None]
             if given:
                 raise RequestError(f'"tool_choice" {json.dumps(body["tool_choice"])} holds the reply to tool calls, '
                                    f"and {given} would constrain it too: send one of them")
-            body = {**body, "structured_outputs": reading.structured_output}
+            body = {**body, "structured_outputs": forced.structured_output}
         self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
@@ -564,11 +565,10 @@ def stream_usage(body: dict) -> bool:
     return options.get("include_usage", False)
 
 
-def tool_call_reading(body: dict, parser: str | None) -> str | tuple | None:
-    """How a chat request's reply is read for tool calls: None (as text), the server's
-    --tool-call-parser format when it sends "tools" and "tool_choice" is "auto" (the default), or
-    ("forced", NAME or None) when "tool_choice" is a named function or "required" (the reply is
-    then held to calls by a grammar: draftsman/forced_calls.py). "none" leaves the reply as text."""
+def tool_call_reading(body: dict, parser: str | None) -> str | None:
+    """The server's --tool-call-parser format when a chat request sends "tools" and "tool_choice"
+    is "auto" (the default), else None: "none" leaves the reply as text, and a forced call
+    ("required", a named function) is read by forced_calls (draftsman/forced_calls.py)."""
     choice, tools, parallel = body.get("tool_choice"), body.get("tools"), body.get("parallel_tool_calls")
     if choice is not None and not tools:
         raise RequestError('"tool_choice" goes with "tools": send the tools, or leave tool_choice out')
@@ -576,13 +576,11 @@ def tool_call_reading(body: dict, parser: str | None) -> str | tuple | None:
         raise RequestError(f'"parallel_tool_calls" {json.dumps(parallel)} is not served: holding the model to one '
                            "call would mean cutting its output or constraining it; send true or leave it out")
     try:
-        kind, name = check_tool_choice(choice)
+        kind, _ = check_tool_choice(choice)
     except ValueError as e:
         raise RequestError(str(e)) from None
-    if kind == "none" or not tools:
+    if kind != "auto" or not tools:
         return None
-    if kind in ("required", "function"):
-        return "forced", name
     if parser is None:
         if choice == "auto":
             raise RequestError('"tool_choice": "auto" needs the server started with --tool-call-parser (e.g. hermes), '
