@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import torch
 
 if TYPE_CHECKING:  # imported for annotations only; drafters never import the engine at runtime
+    from ..verifier.grammar import DraftGrammar
     from ..verifier.sampling import RowSampling, SamplingParams
 
 DETERMINISTIC, IID, WITHOUT_REPLACEMENT = 0, 1, 2
@@ -166,6 +167,11 @@ class Drafter:
     # `sampling` is exact too (the verifier tests any draft against each row's own p); it only
     # accepts less.
     row_sampling: "SamplingParams | RowSampling | None" = None
+    # Set by the engine before each `propose`: under structured output, what each coming row's
+    # grammar allows after a path of drafts (verifier/grammar.py's DraftGrammar), else None.
+    # Drafters that take path bans draft within it (drafters/path_bans.py); drafts only, so
+    # ignoring it is exact too (a forbidden draft is rejected).
+    grammar: "DraftGrammar | None" = None
 
     def draft_sampling(self) -> "SamplingParams | RowSampling":
         """The settings this round's drafts are drawn under: the rows' own, else the request's."""
@@ -183,6 +189,7 @@ class Drafter:
         """What the engine sets before each propose, passed on to a drafter this one holds."""
         inner.min_new_tokens, inner.eos_token_ids = self.min_new_tokens, self.eos_token_ids
         inner.row_sampling = self.row_sampling
+        inner.grammar = self.grammar
 
     def min_new_tokens_per_row(self, rows: int) -> list[int]:
         """min_new_tokens as one number per row of the coming propose()."""
@@ -193,6 +200,7 @@ class Drafter:
         self.sampling = sampling
         self.generator = generator
         self.row_sampling = None  # until the engine's first round says otherwise
+        self.grammar = None  # likewise
 
     def observe_prefill(self, target_hidden: list[dict[int, torch.Tensor]]) -> None:
         """Called once after `begin` if `needs.hidden_state_layers` is set: per row, for each

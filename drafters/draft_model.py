@@ -166,7 +166,7 @@ class DraftModelDrafter(Drafter):
         repeats = (self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
-        bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map)
+        bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map, self.grammar)
         if self.options.top_k > 1 and self.shape_sampling().greedy:
             trees = dynamic_tree(self.lm, self._grow, logits, None, k, self.options.top_k,
                                  self.options.total_tokens, [True] * B, self.token_ids, repeats=repeats,

@@ -156,15 +156,18 @@ def _none_can_be_kept(frontier_score, all_scores, count, total_tokens, min_score
 
 
 def _keep_best(tokens, parents, scores, total_tokens, ready, min_score=-math.inf) -> list[DraftTree]:
-    """Keep per row the best total_tokens nodes scoring at least min_score (at least the best
-    node); renumber them in creation order (parents first)."""
+    """Keep per row the best total_tokens nodes scoring at least min_score and above -inf (at
+    least the best node); renumber them in creation order (parents first). A -inf node is a
+    token the drafter's masked logits rule out (a ban, the grammar), that top-k picked for want
+    of more: it could only be rejected."""
     B, n = tokens.shape
     device = tokens.device
     N = min(total_tokens, n)
     # Stable sort: on equal scores the earlier-created node (a parent before its child) wins.
     best = torch.sort(-scores, dim=1, stable=True)
     order = best.indices[:, :N]
-    sizes = (-best.values[:, :N] >= min_score).sum(1).clamp(min=1)  # (B,) nodes kept per row
+    kept_scores = -best.values[:, :N]
+    sizes = ((kept_scores >= min_score) & (kept_scores > -math.inf)).sum(1).clamp(min=1)  # (B,) nodes kept per row
     ranked = torch.arange(N, device=device)
     dropped = ranked >= sizes[:, None]
     # Creation order (topological, siblings best first), dropped nodes last.

@@ -135,7 +135,7 @@ class FeatureHeadDrafter(Drafter):
         logits = self.draft_context.biased(self.draft_sampling(), logits, self.vocab_map)  # grow() biases the rest
         self.repeats = self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
         self.eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
-        self.path_bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map)
+        self.path_bans = self.draft_context.path_bans(self.draft_sampling(), contexts, self.vocab_map, self.grammar)
         trees = self.draft(feature, logits, depth, ready)
         self.forget_grown()
         return trees

@@ -5,10 +5,15 @@ hands back after each round (no extra target pass). Head i ranks candidates for 
 the root; the tree is a set of paths of candidate ranks, e.g. (0,), (1,), (0, 0), ... built by
 `tree_from_accuracies` from the heads' measured accuracy per rank under a node budget. Every node
 is deterministic, so the shared verifier keeps the output exact at any temperature.
+
+Under bans that depend on the path or a grammar (drafters/path_bans.py), the tree is read top-down
+instead: a node's rank is taken among what the row may draft after the node's own path, so a
+forbidden candidate does not take a rank a draft the verifier can accept would have.
 """
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +21,7 @@ import torch
 from ..heads.medusa import MedusaHeads
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
+from .path_bans import PathBanRound
 from .registry import register
 from .repeats import DraftContext
 
@@ -103,6 +109,35 @@ class MedusaDrafter(Drafter):
     def extra_parameters(self) -> int:
         return self._parameters
 
+    def _ranked_after_paths(self, logits: torch.Tensor, ready: list[int], bans: PathBanRound) -> list[DraftTree]:
+        """Under path bans or a grammar (drafters/path_bans.py), each ready row's tree read top-down:
+        a node's token is its head's candidate of the node's rank among what the row may draft
+        after the node's path. A node with nothing left at its rank is dropped with the nodes below
+        it. logits: (n, heads, width), one row per `ready` row."""
+        n = len(ready)
+        parents, heads, ranks = self.parents.tolist(), self.head_of_node.tolist(), self.rank_of_node.tolist()
+        ranked: dict[tuple[int, int], tuple[list, list]] = {}  # (parent node, head) -> candidates' logits, ids
+        paths: list[list[list[int] | None]] = []  # per node, per row: its path (None: dropped)
+        for j, parent in enumerate(parents):
+            if (parent, heads[j]) not in ranked:
+                above = [[] if parent < 0 else paths[parent][i] or [] for i in range(n)]
+                values, index = bans.mask(logits[:, heads[j]], above, rows=ready).topk(self.ranks, dim=-1)
+                if self.vocab_map is not None:
+                    index = self.vocab_map[index]
+                ranked[(parent, heads[j])] = (values.tolist(), index.tolist())
+            values, index = ranked[(parent, heads[j])]
+            paths.append([None if (parent >= 0 and paths[parent][i] is None) or values[i][ranks[j]] == -math.inf
+                          else (paths[parent][i] if parent >= 0 else []) + [index[i][ranks[j]]] for i in range(n)])
+        trees = []
+        for i in range(n):
+            kept = [j for j in range(len(parents)) if paths[j][i] is not None]
+            new_index = {j: k for k, j in enumerate(kept)}
+            trees.append(DraftTree(torch.tensor([paths[j][i][-1] for j in kept], dtype=torch.long, device=self.device),
+                                   torch.tensor([new_index.get(parents[j], -1) for j in kept], dtype=torch.long,
+                                                device=self.device),
+                                   torch.full((len(kept),), DETERMINISTIC, dtype=torch.long, device=self.device)))
+        return trees
+
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
@@ -145,6 +180,11 @@ class MedusaDrafter(Drafter):
         eos_ban = self.draft_context.eos_ban(self, contexts, logits.shape[-1], self.vocab_map)
         if eos_ban is not None:  # head h drafts depth h + 1
             logits = eos_ban.rows(index).apply(logits, torch.arange(1, logits.shape[1] + 1, device=self.device))
+        bans = self.draft_context.path_bans(sampling, contexts, self.vocab_map, self.grammar)
+        if bans is not None:
+            for b, tree in zip(ready, self._ranked_after_paths(logits, ready, bans)):
+                trees[b] = tree
+            return trees
         candidates = logits.transpose(0, 1).topk(self.ranks, dim=-1).indices  # (heads, n, ranks)
         if self.vocab_map is not None:
             candidates = self.vocab_map[candidates]

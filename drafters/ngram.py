@@ -116,7 +116,7 @@ class NgramDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        path_bans = self.path_bans.round(self.draft_sampling(), contexts)
+        path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
         for b, (index, ctx, prompt_length, least) in enumerate(zip(self.indexes, contexts, self.prompt_lengths,
                                                                    minimums)):
             index.update(ctx)

@@ -9,6 +9,11 @@ drafters (`ngram`, `retrieval`) end a continuation before the first one.
 A copying drafter needs this most: under no_repeat_ngram_size a continuation copied after a match
 of n-1 tokens or more repeats an n-gram at its first token, so it proposed only rejected tokens.
 
+Structured output is the same kind of rule: a row's grammar allows a token after the row's output
+and the drafts above it (verifier/grammar.py), and the engine hands each round's grammars to the
+drafter (Drafter.grammar). Model drafters draft only what the grammar allows, and a copied
+continuation ends before the first token it does not.
+
 Drafts only. A sampled draft token's q is the distribution it was drawn from, masked or not, so
 the verifier stays exact either way; a deterministic draft needs no q. One-token bad words and
 logit_bias bans hold everywhere: model drafters take them in their bias (drafters/draft_bias.py);
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..verifier.grammar import DraftGrammar
 from ..verifier.ngram_ban import BadWords, CommittedNgrams
 from ..verifier.sampling import RowSampling
 from .draft_bias import banned_ids
@@ -37,11 +43,12 @@ class PathBans:
     def select_rows(self, indices: list[int]) -> None:
         self._ngrams = [self._ngrams[i] if i < len(self._ngrams) else None for i in indices]
 
-    def round(self, sampling, contexts: list[list[int]]) -> "PathBanRound | None":
+    def round(self, sampling, contexts: list[list[int]], grammar: DraftGrammar | None = None) -> "PathBanRound | None":
         """This round's bans per row, under `sampling` (the request's, or the rows' own:
-        draft_sampling()); None when no row bans anything asked for."""
+        draft_sampling()), with the rows' grammars (the drafter's `grammar`: None when no row has
+        one); None when no row bans anything asked for and there is no grammar."""
         settings = sampling.rows if isinstance(sampling, RowSampling) else [sampling] * len(contexts)
-        if not any(self._bans(params) for params in settings):
+        if not any(self._bans(params) for params in settings) and grammar is None:
             return None
         self._ngrams += [None] * (len(contexts) - len(self._ngrams))  # rows that joined
         rows = []
@@ -62,7 +69,7 @@ class PathBans:
             if self.everywhere:
                 always = banned_ids(params) | frozenset(words.singles if words is not None else ())
             rows.append(_RowBan(ngrams, words, always, context))
-        return PathBanRound(rows)
+        return PathBanRound(rows, grammar)
 
     def _bans(self, params) -> bool:
         return params is not None and (params.bans_repeated_ngrams or params.bans_words or
@@ -90,42 +97,72 @@ class _RowBan:
 class PathBanRound:
     """One round's bans: what each row may not draft after a path of drafts."""
 
-    def __init__(self, rows: list[_RowBan]):
+    def __init__(self, rows: list[_RowBan], grammar: "DraftGrammar | None" = None):
         self.rows = rows
-        self.columns: dict[int, int] | None = None  # token id -> logit index, under a draft vocabulary
+        self.grammar = grammar  # what each row's structured_output allows (verifier/grammar.py), or None
+        # Under a draft vocabulary: token id -> logit index, and logit index -> token id (a tensor)
+        self.columns: dict[int, int] | None = None
+        self.vocab_map: torch.Tensor | None = None
 
     def banned(self, row: int, path: list[int]) -> set[int]:
         """The tokens row `row` may not draft after `path` (its drafts below the root, in order)."""
         return self.rows[row].banned(path)
 
     def cut(self, row: int, continuation: list[int]) -> list[int]:
-        """A copied continuation up to its first banned token."""
+        """A copied continuation up to its first banned token, or the first its grammar does not allow."""
         for j, token in enumerate(continuation):
             if token in self.rows[row].banned(continuation[:j]):
-                return continuation[:j]
-        return continuation
+                continuation = continuation[:j]
+                break
+        return continuation if self.grammar is None else continuation[:self.grammar.fits(row, continuation)]
 
     def mask(self, logits: torch.Tensor, paths: list, rows: list[int] | None = None) -> torch.Tensor:
-        """(B, width) or (B, K, width) logits of drafts, with -inf where banned: paths[b] (or
-        paths[b][k]) is the path the draft follows; rows: the row of each b, when not b. Token ids
-        become logit indices through `columns` (None: they are equal; ids at or past width are
-        left out). A new tensor: the caller's logits may be cached. A draft position that would
-        have nothing left keeps its logits (the target's own are then all -inf too)."""
+        """(B, width) or (B, K, width) logits of drafts, with -inf where banned or where the row's
+        grammar does not allow the token: paths[b] (or paths[b][k]) is the path the draft follows;
+        rows: the row of each b, when not b. Token ids become logit indices through `columns` (None:
+        they are equal; ids at or past width are left out). A new tensor: the caller's logits may
+        be cached. A draft position that would have nothing left keeps its logits (the target's
+        own are then all -inf too, or the draft vocabulary lacks what the grammar allows)."""
         width, columns = logits.shape[-1], self.columns
+        drafts = [(b, k, b if rows is None else rows[b], path) for b, row_paths in enumerate(paths)
+                  for k, path in enumerate(row_paths if logits.dim() == 3 else [row_paths])]
         at: list[list[int]] = [[] for _ in range(logits.dim())]
-        for b, row_paths in enumerate(paths):
-            row = b if rows is None else rows[b]
-            for k, path in enumerate(row_paths if logits.dim() == 3 else [row_paths]):
-                for token in self.banned(row, path):
-                    column = token if columns is None else columns.get(token, width)
-                    if column < width:
-                        at[0].append(b)
-                        if logits.dim() == 3:
-                            at[1].append(k)
-                        at[-1].append(column)
-        if not at[0]:
+        for b, k, row, path in drafts:
+            for token in self.banned(row, path):
+                column = token if columns is None else columns.get(token, width)
+                if column < width:
+                    at[0].append(b)
+                    if logits.dim() == 3:
+                        at[1].append(k)
+                    at[-1].append(column)
+        out = logits
+        if at[0]:
+            out = logits.clone()
+            out[tuple(torch.tensor(i, device=logits.device) for i in at)] = -torch.inf
+        if self.grammar is not None:
+            out = self._held_to_grammar(out, out is logits, drafts)
+        if out is logits:
             return logits
-        out = logits.clone()
-        out[tuple(torch.tensor(i, device=logits.device) for i in at)] = -torch.inf
         emptied = torch.isneginf(out).all(-1) & ~torch.isneginf(logits).all(-1)
         return torch.where(emptied[..., None], logits, out)
+
+    def _held_to_grammar(self, logits: torch.Tensor, shared: bool, drafts: list) -> torch.Tensor:
+        """The logits with -inf where each draft's row grammar does not allow the token (a copy
+        when `shared`: the caller's own)."""
+        vocab_map = self.vocab_map
+        id_width = logits.shape[-1] if vocab_map is None else int(vocab_map.max()) + 1
+        keys, allowed = self.grammar.allowed([((b, k), row, path) for b, k, row, path in drafts], id_width)
+        if not keys:
+            return logits
+        if vocab_map is not None:  # token ids -> the draft vocabulary's columns
+            allowed = allowed[:, vocab_map.to(allowed.device)]
+        if shared:
+            logits = logits.clone()
+        at_b = torch.tensor([b for b, _ in keys], device=logits.device)
+        forbidden = ~allowed.to(logits.device)
+        if logits.dim() == 3:
+            at_k = torch.tensor([k for _, k in keys], device=logits.device)
+            logits[at_b, at_k] = logits[at_b, at_k].masked_fill(forbidden, -torch.inf)
+        else:
+            logits[at_b] = logits[at_b].masked_fill(forbidden, -torch.inf)
+        return logits

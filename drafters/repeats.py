@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..verifier.context_tokens import ContextTokens
+from ..verifier.grammar import DraftGrammar
 from ..verifier.sampling import RowSampling, penalize_counts, penalize_repeats, row_penalties
 from .draft_bias import BAN, DraftBias, RowDraftBias
 from .eos_ban import EosBan
@@ -96,15 +97,17 @@ class DraftContext:
         biases = draft_biases(sampling)
         return DraftBias(biases, width, vocab_map, self.device) if biases else None
 
-    def path_bans(self, sampling, contexts: list[list[int]], vocab_map: torch.Tensor | None) -> PathBanRound | None:
+    def path_bans(self, sampling, contexts: list[list[int]], vocab_map: torch.Tensor | None,
+                  grammar: DraftGrammar | None = None) -> PathBanRound | None:
         """This round's bans that depend on the drafts above a token (no_repeat_ngram_size, bad
-        words of several tokens: drafters/path_bans.py); None when no row has one. vocab_map: the
-        draft vocabulary's row -> token id (fixed for a request), None for all tokens."""
-        bans = self._path_bans.round(sampling, contexts)
+        words of several tokens, the rows' grammars: drafters/path_bans.py); None when no row has
+        one. vocab_map: the draft vocabulary's row -> token id (fixed for a request), None for all
+        tokens. grammar: the drafter's (Drafter.grammar)."""
+        bans = self._path_bans.round(sampling, contexts, grammar)
         if bans is not None and vocab_map is not None:
             if self._columns is None:
                 self._columns = {token: column for column, token in enumerate(vocab_map.tolist())}
-            bans.columns = self._columns
+            bans.columns, bans.vocab_map = self._columns, vocab_map
         return bans
 
     def eos_ban(self, drafter, contexts: list[list[int]], width: int,

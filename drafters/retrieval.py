@@ -95,7 +95,7 @@ class RetrievalDrafter(Drafter):
         o = self.options
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
-        path_bans = self.path_bans.round(self.draft_sampling(), contexts)
+        path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
         for b, (ctx, prompt_length, least) in enumerate(zip(contexts, self.prompt_lengths, minimums)):
             trie = _Trie([], [])
             banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)

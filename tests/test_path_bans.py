@@ -151,7 +151,8 @@ def reordered_draft(close_draft, tmp_path_factory):  # noqa: F811
     return folder
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_tree", "draft_model_vocab", "eagle3", "mtp"])
+@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_tree", "draft_model_vocab", "eagle3", "mtp",
+                                  "medusa"])
 def test_no_draft_is_banned_by_its_own_path(tiny_models, fresh_heads, close_draft, reordered_draft,  # noqa: F811
                                             name):
     """Every node every drafter proposes, under each row's own ban: its token is not one the

@@ -21,7 +21,7 @@ from .logprobs import TokenLogprobs
 from .rejection import GeneratorCoin, verify_greedy, verify_greedy_chains, verify_plain, verify_sampled
 from .typical import verify_typical
 from .block_penalties import penalize_block_counts_, penalize_block_repeats_
-from .grammar import GrammarCompiler, RowGrammars
+from .grammar import DraftGrammar, GrammarCompiler, RowGrammars
 from .ngram_ban import BlockBans
 from .joining import BATCH, JoiningRow, PendingJoin
 from .prefill import Prefill
@@ -130,6 +130,9 @@ class SpeculativeEngine:
         # by whoever holds the tokenizer (draftsman.load); None: structured output is refused.
         self.grammars: GrammarCompiler | None = None
         self._row_grammars: RowGrammars | None = None  # per request: each row's matcher
+        # Drafters draft within each row's grammar (Drafter.grammar); False leaves drafts free, to
+        # measure what that buys (scripts/structured_output_experiment.py). Exact either way.
+        self.draft_within_grammar = True
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -281,6 +284,7 @@ class SpeculativeEngine:
                 round_sampling = self._sampling_of(active)
                 # Rows with settings of their own: drafters that draw may draw each row under them.
                 self.drafter.row_sampling = None if round_sampling == self.drafter.sampling else round_sampling
+                self.drafter.grammar = self._draft_grammar(active, round_sampling, outputs)
                 synchronize(self.device)
                 t0 = time.perf_counter()
                 trees = self.drafter.propose([contexts[r] for r in active])
@@ -638,6 +642,16 @@ class SpeculativeEngine:
             eos = torch.tensor(ends, device=logits.device)
             logits[..., eos] = logits[..., eos].masked_fill(too_early, float("-inf"))
         return logits, hidden, logits if self._logprobs_mode == "processed" else raw
+
+    def _draft_grammar(self, active: list[int], round_sampling, outputs: list[list[int]]) -> DraftGrammar | None:
+        """What the active rows' grammars allow their drafts this round (Drafter.grammar); None
+        when no row has one, or when drafts are left free (draft_within_grammar False)."""
+        specs = row_grammars(round_sampling, len(active))
+        if specs is None or not self.draft_within_grammar:
+            return None
+        self._row_grammars = self._row_grammars or RowGrammars(self.grammars)
+        return self._row_grammars.drafts(active, [outputs[r] for r in active], specs,
+                                         [self._row_end_ids[r] for r in active])
 
     def _clip(self, tokens: list[int], produced: int, context_len: int, max_new_tokens: int, end_ids: frozenset[int]):
         """Cut a round's tokens at EOS or one of the row's stop tokens (kept), max_new_tokens and

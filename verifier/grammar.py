@@ -59,7 +59,8 @@ class GrammarCompiler:
 
 class RowGrammars:
     """Each row's matcher in one generation, made when the row first needs it and advanced by
-    the tokens the row commits, and the masks of a verification block's nodes."""
+    the tokens the row commits; the masks of a verification block's nodes, and of a round's
+    drafts (drafts())."""
 
     def __init__(self, compiler: GrammarCompiler):
         self.compiler = compiler
@@ -78,50 +79,69 @@ class RowGrammars:
         which = [b for b, spec in enumerate(specs) if spec is not None]
         if not which:
             return logits
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-        width = logits.shape[-1]
-        masked: list[tuple[int, int]] = []  # (block row, position) of bitmask row i
-        nodes_at_most = sum(int(block.valid[b].sum()) for b in which)
-        bitmask = allocate_token_bitmask(nodes_at_most, self.compiler.tokenizer().vocab_size)
+        asks = []  # (block row, position) of each node, its row's walk, its path
         for b, row, output, nodes in node_paths(block, rows, outputs, which):
-            marker = specs[b].after
-            matcher, started = self._advanced(row, specs[b], output)
-            tail = [] if started else output[max(0, len(output) - (len(marker) - 1)):]  # a marker may span both
-            taken: list[int] = []  # path tokens the matcher holds beyond the committed output
-            for j, full_path in nodes:
-                if not end_ids[b].isdisjoint(full_path):  # below the row's end: never emitted
-                    continue
-                path = full_path if started else _after(tail + full_path, marker)
-                if path is None:  # the grammar has not begun at this node: left free
-                    continue
-                same = 0
-                while same < min(len(taken), len(path)) and taken[same] == path[same]:
-                    same += 1
-                if len(taken) > same:
-                    matcher.rollback(len(taken) - same)
-                    del taken[same:]
-                fits = matcher.validate_tokens(path[same:])  # tokens the grammar takes, state unchanged
-                matcher.consume_tokens(path[same:same + fits])
-                taken += path[same:same + fits]
-                if len(taken) == len(path):  # else a token on the path is forbidden: never reached
-                    fill_next_token_bitmask(matcher, bitmask, len(masked))
-                    masked.append((b, j))
-            matcher.rollback(len(taken))
+            walk = self._walk(row, specs[b], output, end_ids[b])
+            asks += [((b, j), walk, path) for j, path in nodes]
+        masked, allowed = self._allowed(asks, logits.shape[-1])
         if not masked:
             return logits
-        bits = torch.arange(32, dtype=torch.int32)
-        allowed = ((bitmask[: len(masked), :, None] >> bits) & 1).bool().flatten(1)[:, :width]
-        eos = self.compiler.eos_token_ids
-        may_end = allowed[:, eos].any(-1) if eos else torch.zeros(len(masked), dtype=torch.bool)
-        at_b = torch.tensor([b for b, _ in masked])
-        ends = torch.zeros(len(specs), width, dtype=torch.bool)  # each block row's end tokens
-        for b in which:
-            ends[b, [t for t in end_ids[b] if t < width]] = True
-        allowed |= ends[at_b] & may_end[:, None]  # a row's stop tokens end it where its grammar may end
         logits = writable(logits)
-        at_b, at_j = at_b.to(logits.device), torch.tensor([j for _, j in masked], device=logits.device)
+        at_b = torch.tensor([b for b, _ in masked], device=logits.device)
+        at_j = torch.tensor([j for _, j in masked], device=logits.device)
         logits[at_b, at_j] = logits[at_b, at_j].masked_fill(~allowed.to(logits.device), float("-inf"))
         return logits
+
+    def drafts(self, rows: list[int], outputs: list[list[int]], specs: list[StructuredOutput | None],
+               end_ids: list[frozenset[int]]) -> "DraftGrammar":
+        """What each row's grammar lets this round's drafts be (arguments as in mask_, one per
+        row of the coming propose)."""
+        walks = [None if spec is None else self._walk(row, spec, output, ends)
+                 for row, output, spec, ends in zip(rows, outputs, specs, end_ids)]
+        return DraftGrammar(self, walks)
+
+    def _walk(self, row: int, spec: StructuredOutput, output: list[int], end_ids: frozenset[int]) -> "_RowWalk":
+        matcher, started = self._advanced(row, spec, output)
+        marker = spec.after
+        tail = () if started else tuple(output[max(0, len(output) - (len(marker) - 1)):])  # a marker may span both
+        return _RowWalk(matcher, started, tail, marker, end_ids)
+
+    def _allowed(self, asks: list, width: int) -> tuple[list, torch.Tensor]:
+        """(the keys of the asks the grammar holds, bool (n, width): what each allows). asks:
+        (key, walk, path) with each walk's asks together, best in tree order (each path shares
+        the most with the one before); an ask whose node the grammar does not hold (not begun,
+        forbidden path, below an end token) is left out."""
+        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+        bitmask = allocate_token_bitmask(max(1, len(asks)), self.compiler.tokenizer().vocab_size)
+        masked, walks = [], []  # walks: the walk of each masked ask
+        last = None
+        for key, walk, path in asks:
+            if walk is not last and last is not None:
+                last.leave()
+            last = walk
+            if walk.reach(path):
+                fill_next_token_bitmask(walk.matcher, bitmask, len(masked))
+                masked.append(key)
+                walks.append(walk)
+        if last is not None:
+            last.leave()
+        if not masked:
+            return masked, torch.zeros(0, width, dtype=torch.bool)
+        bits = torch.arange(32, dtype=torch.int32)
+        allowed = ((bitmask[: len(masked), :, None] >> bits) & 1).bool().flatten(1)[:, :width]
+        if allowed.shape[1] < width:  # logits wider than the tokenizer: the rest is no token
+            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+        eos = self.compiler.eos_token_ids
+        may_end = allowed[:, eos].any(-1) if eos else torch.zeros(len(masked), dtype=torch.bool)
+        own = {}  # each walk's end tokens, as a row of `ends`
+        for walk in walks:
+            own.setdefault(id(walk), (len(own), walk.end_ids))
+        ends = torch.zeros(len(own), width, dtype=torch.bool)
+        for i, end_ids in own.values():
+            ends[i, [t for t in end_ids if t < width]] = True
+        at = torch.tensor([own[id(walk)][0] for walk in walks])
+        allowed |= ends[at] & may_end[:, None]  # a row's stop tokens end it where its grammar may end
+        return masked, allowed
 
     def _advanced(self, row: int, spec: StructuredOutput, output: list[int]):
         """(the row's matcher, fed the output tokens it has not taken yet; whether the grammar has
@@ -141,6 +161,82 @@ class RowGrammars:
                 raise RuntimeError(f"row {row}'s output left its grammar: {matcher.get_error()}")
             self._consumed[row] = len(output) - start
         return matcher, True
+
+
+class _RowWalk:
+    """One row's matcher taken along paths below its committed output: each path's tokens beyond
+    what it shares with the path before are consumed, the rest rolled back; leave() returns the
+    matcher to the committed output."""
+
+    def __init__(self, matcher, started: bool, tail: tuple[int, ...], marker: tuple[int, ...],
+                 end_ids: frozenset[int]):
+        self.matcher, self.started, self.tail, self.marker, self.end_ids = matcher, started, tail, marker, end_ids
+        self.taken: list[int] = []  # path tokens the matcher holds beyond the committed output
+
+    def held(self, path: list[int]) -> list[int] | None:
+        """The part of `path` the grammar holds: all of it once the grammar has begun, else what
+        follows the marker; None where it has not begun."""
+        return path if self.started else _after(list(self.tail) + path, self.marker)
+
+    def reach(self, path: list[int]) -> bool:
+        """Move the matcher to the node after `path`; False (matcher anywhere) where the grammar
+        does not hold that node: not begun, a forbidden token on the path, or below an end."""
+        if not self.end_ids.isdisjoint(path):  # below the row's end: never emitted
+            return False
+        path = self.held(path)
+        if path is None:
+            return False
+        taken, matcher = self.taken, self.matcher
+        same = 0
+        while same < min(len(taken), len(path)) and taken[same] == path[same]:
+            same += 1
+        if len(taken) > same:
+            matcher.rollback(len(taken) - same)
+            del taken[same:]
+        fits = matcher.validate_tokens(path[same:])  # tokens the grammar takes, state unchanged
+        matcher.consume_tokens(path[same:same + fits])
+        taken += path[same:same + fits]
+        return len(taken) == len(path)
+
+    def leave(self) -> None:
+        self.matcher.rollback(len(self.taken))
+        self.taken = []
+
+
+class DraftGrammar:
+    """A round's grammars as its drafters see them (the engine sets one on the drafter before each
+    propose, under structured output): what each row's grammar allows after a path of drafts,
+    so a drafter drafts only tokens the verifier can accept (drafters/path_bans.py). Drafts
+    only: a sampled draft's q is the distribution it was drawn from, masked or not, so the
+    verifier stays exact either way."""
+
+    def __init__(self, grammars: RowGrammars, walks: list[_RowWalk | None]):
+        self._grammars, self.walks = grammars, walks
+
+    def allowed(self, asks: list[tuple[object, int, list[int]]], width: int) -> tuple[list, torch.Tensor]:
+        """(the keys of the asks a grammar holds, bool (n, width) over token ids: what each
+        allows). asks: (key, row, path of drafts below the root), each row's together."""
+        return self._grammars._allowed([(key, self.walks[row], path) for key, row, path in asks
+                                        if self.walks[row] is not None], width)
+
+    def fits(self, row: int, continuation: list[int]) -> int:
+        """How many leading tokens of a copied continuation the row's grammar lets it draft, up
+        to its first end token (what follows one is never emitted)."""
+        walk = self.walks[row]
+        if walk is None:
+            return len(continuation)
+        n = next((j + 1 for j, token in enumerate(continuation) if token in walk.end_ids), len(continuation))
+        held = walk.held(continuation[:n])
+        if held is None:  # the grammar has not begun
+            return n
+        free = n - len(held)  # tokens before the marker
+        fits = walk.matcher.validate_tokens(held)
+        if fits < len(held) and held[fits] in walk.end_ids:  # a stop token, where the grammar may end
+            walk.matcher.consume_tokens(held[:fits])
+            ends_here = walk.matcher.is_accepting()
+            walk.matcher.rollback(fits)
+            fits += ends_here
+        return free + fits
 
 
 def _after(sequence: list[int], marker: tuple[int, ...]) -> list[int] | None:
