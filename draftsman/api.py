@@ -190,7 +190,8 @@ class Decoder:
 
     def chat(self, conversations, *, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-             tool_choice: str | dict | None = None, **generate_args) -> GenerationOutput:
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True,
+             **generate_args) -> GenerationOutput:
         """generate() for chat messages: one conversation or a list of them, each rendered by the
         target tokenizer's chat template with the assistant's turn opened (vLLM's LLM.chat). Takes
         generate's keyword arguments. continue_final_message: the last message is the assistant's
@@ -205,11 +206,15 @@ class Decoder:
         tool_choice (OpenAI's): "auto" (None) and "none" leave the output free; "required" or
         {"type": "function", "function": {"name": NAME}} hold it by a grammar to calls of `tools`
         (structured_output, draftsman/forced_calls.py), read back into "tool_calls" with no parser.
+        parallel_tool_calls (OpenAI's) False keeps each reply's first call only, as vLLM does, and
+        holds "required" to one call.
         To stream a reply: stream(input_ids=decoder.encode_chat(conv)[0]), through replies.ReplyStream."""
         if "prompts" in generate_args or "input_ids" in generate_args:
             raise ValueError("chat() takes its prompts as messages: drop prompts= / input_ids=, or use generate()")
         check_parsers(self.tokenizer, tool_call_parser, reasoning_parser)  # before any model runs
-        forced = forced_calls(tool_choice, tools)  # checks tool_choice, and the tools it forces a call of
+        if not isinstance(parallel_tool_calls, bool):
+            raise ValueError(f"parallel_tool_calls must be True or False, got {parallel_tool_calls!r}")
+        forced = forced_calls(tool_choice, tools, parallel_tool_calls)  # checks tool_choice and the tools it forces
         if forced is not None:
             if generate_args.get("structured_output") is not None:
                 raise ValueError("tool_choice holds the reply to tool calls and structured_output would constrain it "
@@ -224,7 +229,8 @@ class Decoder:
             generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
         out = self.generate(input_ids=ids, **generate_args)
         opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
-        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened)
+        out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened,
+                                      one_call=not parallel_tool_calls)
         return out
 
     def generate(self, prompts: list[str] | str | None = None, *, input_ids: list[list[int]] | None = None,

@@ -9,7 +9,7 @@ The JSON is compact (no whitespace but ", " and ": ", vLLM's disable_any_whitesp
   OpenAI and vLLM answer a named call;
 - "required": the reply is a JSON list of at least one {"name": ..., "parameters": {...}}, each
   name one of the request's tools and its parameters what that tool's schema accepts; finish
-  reason "tool_calls".
+  reason "tool_calls". Under parallel_tool_calls false, a list of exactly one.
 
 The output is exactly the target's under that grammar (plain decoding with the grammar's mask),
 not its unconstrained output: the grammar is what the request asked for.
@@ -36,14 +36,15 @@ def check_tool_choice(choice) -> tuple[str, str | None]:
     return "function", function["name"]
 
 
-def forced_calls(choice, tools: list[dict] | None) -> "ForcedCalls | None":
-    """The calls a tool_choice forces ("required", a named function), or None ("auto", "none")."""
+def forced_calls(choice, tools: list[dict] | None, parallel: bool = True) -> "ForcedCalls | None":
+    """The calls a tool_choice forces ("required", a named function), or None ("auto", "none").
+    parallel: OpenAI's parallel_tool_calls; False holds "required" to one call."""
     kind, name = check_tool_choice(choice)
     if kind in ("auto", "none"):
         return None
     if not tools:
         raise ValueError(f'"tool_choice" {json.dumps(choice)} goes with "tools": send the tools it chooses among')
-    return ForcedCalls(tools, name)
+    return ForcedCalls(tools, name, parallel)
 
 
 def functions_of(tools: list[dict]) -> dict[str, dict]:
@@ -62,7 +63,7 @@ class ForcedCalls:
     """A request's forced calls: the grammar its reply is held to (`structured_output`) and how the
     reply reads back as calls (`opener` and `parse`, as tool_calls.py's whole-reply formats)."""
 
-    def __init__(self, tools: list[dict], name: str | None = None):
+    def __init__(self, tools: list[dict], name: str | None = None, parallel: bool = True):
         functions = functions_of(tools)
         if name is not None and name not in functions:
             raise ValueError(f'tool_choice names function {name!r}, which "tools" does not define; defined: '
@@ -77,6 +78,8 @@ class ForcedCalls:
                 {"type": "object", "properties": {"name": {"const": tool}, "parameters": _without_defs(parameters)},
                  "required": ["name", "parameters"], "additionalProperties": False}
                 for tool, parameters in functions.items()]}}
+            if not parallel:  # vLLM's reading of parallel_tool_calls false under "required"
+                schema["maxItems"] = 1
             definitions = _hoisted_defs(functions)
             if definitions:  # "#/$defs/..." references resolve from the root, as they did in each tool
                 schema["$defs"] = definitions

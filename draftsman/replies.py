@@ -75,20 +75,21 @@ def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_pa
 
 def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = None,
                   reasoning_parser: str | None = None, tools: list[dict] | None = None,
-                  opened: bool = False) -> tuple[dict, str]:
+                  opened: bool = False, one_call: bool = False) -> tuple[dict, str]:
     """A whole reply -> (OpenAI's assistant message, its finish reason). Under a reasoning parser
     the thought is `reasoning_content` (None when there is none); under a tool-call parser the
     answer's calls are `tool_calls` (left out when there are none), and a reply that ended
     normally ("stop") in calls ends with "tool_calls". tools: the request's tool definitions
     (qwen3_coder reads its values' types from them); opened: the prompt opened the thought, so
-    the reply starts inside it (opened_thoughts)."""
+    the reply starts inside it (opened_thoughts); one_call: only the first call is kept (OpenAI's
+    parallel_tool_calls false, as vLLM keeps it: the calls after it are dropped)."""
     message = {"role": "assistant", "content": text}
     if reasoning_parser:
         message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser, opened)
     if tool_call_parser and message["content"] is not None:
         message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
         if calls:
-            message["tool_calls"] = calls
+            message["tool_calls"] = calls[:1] if one_call else calls
             finish_reason = _finish_in_calls(tool_call_parser, finish_reason)
     return message, finish_reason
 
@@ -100,11 +101,12 @@ def _finish_in_calls(parser, reason: str) -> str:
 
 
 def reply_messages(texts: list[str], tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                   tools: list[dict] | None = None, opened: list[bool] | None = None) -> list[dict]:
+                   tools: list[dict] | None = None, opened: list[bool] | None = None,
+                   one_call: bool = False) -> list[dict]:
     """Each reply's assistant message (reply_message's, without the finish reason); opened: per
     reply, as opened_thoughts gives it."""
     opened = opened or [False] * len(texts)
-    return [reply_message(text, "stop", tool_call_parser, reasoning_parser, tools, inside)[0]
+    return [reply_message(text, "stop", tool_call_parser, reasoning_parser, tools, inside, one_call)[0]
             for text, inside in zip(texts, opened)]
 
 
@@ -114,9 +116,9 @@ class ReplyStream:
     a tag is held until the next piece tells."""
 
     def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 tools: list[dict] | None = None, opened: bool = False):
+                 tools: list[dict] | None = None, opened: bool = False, one_call: bool = False):
         self.thought = ReasoningStream(reasoning_parser, opened) if reasoning_parser else None
-        self.parser = tool_call_parser
+        self.parser, self.one_call = tool_call_parser, one_call
         self.calls = tool_call_stream(tool_call_parser, tools) if tool_call_parser else None
 
     def feed(self, piece: str, final: bool = False) -> list[dict]:
@@ -127,6 +129,8 @@ class ReplyStream:
         if self.calls is not None:
             deltas = [out for d in deltas for out in (self.calls.feed(d["content"]) if "content" in d else [d])]
             deltas += self.calls.finish() if final else []
+            if self.one_call:  # the first call's deltas only (reply_message's one_call)
+                deltas = [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]
         return deltas
 
     def finish_reason(self, reason: str) -> str:

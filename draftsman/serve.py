@@ -24,7 +24,8 @@ decoding by changing their base URL.
   under it (verifier/structured.py).
 - `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none", and
-  "required" or a named function, which hold the reply to calls by a grammar (draftsman/forced_calls.py).
+  "required" or a named function, which hold the reply to calls by a grammar (draftsman/forced_calls.py);
+  parallel_tool_calls false keeps a reply's first call only, as vLLM does ("required": one call).
 - `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
   reasoning_content, whole or streamed (draftsman/reasoning.py).
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
@@ -184,7 +185,8 @@ class Handler(BaseHTTPRequestHandler):
         reading = tool_call_reading(body, self.server.tool_call_parser)
         ids = self._chat_ids(body)  # checks the tools
         try:
-            forced = forced_calls(body.get("tool_choice"), body.get("tools"))
+            forced = forced_calls(body.get("tool_choice"), body.get("tools"),
+                                  parallel=body.get("parallel_tool_calls") is not False)
         except ValueError as e:
             raise RequestError(str(e)) from None
         if forced is not None:  # the reply held to the calls by a grammar
@@ -194,7 +196,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(f'"tool_choice" {json.dumps(body["tool_choice"])} holds the reply to tool calls, '
                                    f"and {given} would constrain it too: send one of them")
             body = {**body, "structured_outputs": forced.structured_output}
-        self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading)
+        self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading,
+                     one_call=body.get("parallel_tool_calls") is False)
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
         """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
@@ -204,12 +207,12 @@ class Handler(BaseHTTPRequestHandler):
                                                chat_template_kwargs=body.get("chat_template_kwargs"))
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
-                parsed_tools: list[dict] | None = None, tool_parser=None) -> None:
+                parsed_tools: list[dict] | None = None, tool_parser=None, one_call: bool = False) -> None:
         """echoed: with completions' "echo", each prompt's text, written before its completion
         (and its tokens' scores before the completion's); "max_tokens": 0 then only scores it.
         parsed_tools: the request's tools when a chat reply's tool calls are parsed out of its text,
         tool_parser how: the server's format (draftsman/tool_calls.py) or a forced call's
-        (draftsman/forced_calls.py);
+        (draftsman/forced_calls.py); one_call: only a reply's first call is sent (parallel_tool_calls false);
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
@@ -229,7 +232,7 @@ class Handler(BaseHTTPRequestHandler):
                 "model": self.server.model_name}
         if body.get("stream"):
             return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning,
-                                tool_parser)
+                                tool_parser, one_call)
         n = args.get("num_return_sequences", 1)
         if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
             self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
@@ -256,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
             reason = FINISH.get(reason, reason)
             if chat:
                 message, reason = reply_message(text, reason, tool_parser, self.server.reasoning_parser, parsed_tools,
-                                                opened[i])
+                                                opened[i], one_call)
                 if not shows_reasoning and "reasoning_content" in message:
                     message["reasoning_content"] = None
                 choices.append({"index": i, "message": message, "logprobs": scores, "finish_reason": reason})
@@ -270,11 +273,12 @@ class Handler(BaseHTTPRequestHandler):
                          "draftsman": {**self._report(out.stats), "batch_rows": batch_rows}})
 
     def _stream(self, ids, args: dict, head: dict, kind: str, chat: bool, include_usage: bool = False,
-                parsed_tools: list[dict] | None = None, shows_reasoning: bool = True, tool_parser=None) -> None:
+                parsed_tools: list[dict] | None = None, shows_reasoning: bool = True, tool_parser=None,
+                one_call: bool = False) -> None:
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
-        as its row ends; the last one carries the `draftsman` statistics. parsed_tools and tool_parser
-        (as _answer's): each chat reply's calls are sent as OpenAI's tool_calls deltas, each whole as
+        as its row ends; the last one carries the `draftsman` statistics. parsed_tools, tool_parser
+        and one_call (as _answer's): each chat reply's calls are sent as OpenAI's tool_calls deltas, each whole as
         its block closes; under
         --reasoning-parser a chat reply's thought as reasoning_content deltas."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
@@ -290,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         replies = None
         if chat and (tool_parser or self.server.reasoning_parser):
             opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser)
-            replies = [ReplyStream(tool_parser, self.server.reasoning_parser, parsed_tools, opened[row])
+            replies = [ReplyStream(tool_parser, self.server.reasoning_parser, parsed_tools, opened[row], one_call)
                        for row in range(job.rows)]
 
         def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
@@ -572,9 +576,8 @@ def tool_call_reading(body: dict, parser: str | None) -> str | None:
     choice, tools, parallel = body.get("tool_choice"), body.get("tools"), body.get("parallel_tool_calls")
     if choice is not None and not tools:
         raise RequestError('"tool_choice" goes with "tools": send the tools, or leave tool_choice out')
-    if parallel is not None and parallel is not True:  # true lets the model call several: what it may do anyway
-        raise RequestError(f'"parallel_tool_calls" {json.dumps(parallel)} is not served: holding the model to one '
-                           "call would mean cutting its output or constraining it; send true or leave it out")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError(f'"parallel_tool_calls" must be true or false, got {json.dumps(parallel)}')
     try:
         kind, _ = check_tool_choice(choice)
     except ValueError as e:

@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from draftsman.api import GenerationOutput, GenerationStats
 from draftsman.forced_calls import ForcedCalls
+from draftsman.verifier.structured import StructuredOutput
 from serving import call, events, ngram_decoder, running
 from test_serve_tool_calls import REPLY, TOOL_TEMPLATE
 
@@ -132,3 +133,44 @@ def test_tool_choice_none_leaves_the_reply_as_text(server, monkeypatch):
     assert len(decoder.chat(USER, tools=TOOLS, tool_call_parser="hermes").messages[0]["tool_calls"]) == 2
     message = decoder.chat(USER, tools=TOOLS, tool_call_parser="hermes", tool_choice="none").messages[0]
     assert "tool_calls" not in message and message["content"] == REPLY
+
+
+def test_parallel_tool_calls_false_keeps_one_call(server, monkeypatch):
+    """parallel_tool_calls false: under "required" the grammar holds the reply to a list of exactly
+    one call (a list of two does not parse under it), served and through Decoder.chat, equal to
+    the target's output under that grammar; under "auto" a reply's first call is kept."""
+    decoder, base = server
+    one = ForcedCalls(TOOLS, parallel=False)
+    several = ForcedCalls(TOOLS)
+    assert one.structured_output["json"]["maxItems"] == 1 and "maxItems" not in several.structured_output["json"]
+    two = '[{"name": "get_day", "parameters": {"day": "mon"}}, {"name": "get_day", "parameters": {"day": "tue"}}]'
+    ids = decoder.tokenizer(two, add_special_tokens=False)["input_ids"]
+
+    def parses(forced):
+        return decoder.engine.grammars.matcher(StructuredOutput.parse(forced.structured_output)).validate_tokens(ids)
+    assert parses(one) < len(ids) and parses(several) == len(ids)
+    comma = decoder.tokenizer(",", add_special_tokens=False)["input_ids"]
+    bias = {comma[0]: 8.0}  # after a call, a comma (a second call) is likelier than "]" where allowed
+    assert len(comma) == 1
+    free = decoder.chat(USER, tools=TOOLS, max_new_tokens=2 * LONG, structured_output=several.structured_output,
+                        logit_bias=bias)
+    assert free.texts[0].count('{"name": ') >= 2  # without the limit the target writes several calls
+    want = decoder.chat(USER, tools=TOOLS, max_new_tokens=2 * LONG, structured_output=one.structured_output,
+                        logit_bias=bias)
+    calls = one.parse(want.texts[0])
+    assert len(calls) == 1
+    out = decoder.chat(USER, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                       max_new_tokens=2 * LONG, logit_bias=bias)
+    assert out.token_ids == want.token_ids
+    assert [c["function"] for c in out.messages[0]["tool_calls"]] == [c["function"] for c in calls]
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+            "max_tokens": 2 * LONG, "logit_bias": {str(comma[0]): 8.0}}
+    status, got = call(base, "/v1/chat/completions", body)
+    assert status == 200 and [c["function"] for c in got["choices"][0]["message"]["tool_calls"]] == [
+        c["function"] for c in calls]
+    with pytest.raises(ValueError, match="parallel_tool_calls must be True or False"):
+        decoder.chat(USER, tools=TOOLS, parallel_tool_calls="no")
+    monkeypatch.setattr(decoder, "generate", lambda **_: GenerationOutput([REPLY], [[1]], GenerationStats(
+        finish_reasons=["eos"])))
+    message = decoder.chat(USER, tools=TOOLS, tool_call_parser="hermes", parallel_tool_calls=False).messages[0]
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
