@@ -122,9 +122,35 @@ def test_a_sampling_section_reaches_every_cell(quick_run, tiny_models, capsys, m
     assert cli.main(["compare", "--config", str(quick_run / "sampling.yaml"), "--quick", "--no-progress"]) == 0
     assert "- sampling in every cell (besides its temperature): repetition_penalty 1.3, top_p 0.9" in capsys.readouterr().out
     res = json.loads((quick_run / "out-sampling" / "results.json").read_text())
-    assert res["peers"] == [] and any("penalties change greedy output" in n for n in res["notes"])
+    assert res["peers"] == [] and any("change greedy output" in n for n in res["notes"])
     assert all(c["mismatches"] == 0 for c in res["cells"])
     assert seen and all(s["repetition_penalty"] == 1.3 and s["top_p"] == 0.9 for s in seen)
+
+
+def test_drafters_compare_under_a_grammar(quick_run, capsys, monkeypatch):
+    """sampling.structured_output: every contender runs under the grammar (its outputs are what
+    the grammar describes, and at T=0 plain decoding's under it), the HF peers, which would run
+    without it, are skipped with a note."""
+    from draftsman.api import Decoder
+
+    texts = []
+    generate = Decoder.generate
+
+    def recording(self, *a, **k):
+        out = generate(self, *a, **k)
+        texts.extend(out.texts)
+        return out
+
+    monkeypatch.setattr(Decoder, "generate", recording)
+    config = yaml.safe_load((quick_run / "bench.yaml").read_text())
+    config.update({"sampling": {"structured_output": {"regex": "[a-c ]{1,12}"}}, "temperatures": [0],
+                   "batch_sizes": [1], "out": str(quick_run / "out-grammar")})
+    (quick_run / "grammar.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["compare", "--config", str(quick_run / "grammar.yaml"), "--quick", "--no-progress"]) == 0
+    res = json.loads((quick_run / "out-grammar" / "results.json").read_text())
+    assert res["peers"] == [] and any("structured output change greedy output" in n for n in res["notes"])
+    assert all(c["mismatches"] == 0 for c in res["cells"]) and len(res["cells"]) >= 2
+    assert texts and all(re.fullmatch("[a-c ]{0,12}", text) for text in texts), texts[:3]
 
 
 def test_min_new_tokens_fixes_every_contenders_length(tiny_models, tmp_path, capsys):

@@ -51,8 +51,8 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     if cfg["peers"] and 0 not in cfg["temperatures"]:
         notes.append("peers skipped: they run greedy and temperature 0 is not among the temperatures")
     elif cfg["peers"] and not with_peers:
-        notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties "
-                     "change greedy output")
+        notes.append("peers skipped: they run plain greedy decoding, and the sampling section's penalties, bias, "
+                     "bans or structured output change greedy output")
     if any(t > 0 for t in cfg["temperatures"]):
         if is_lossy(cfg["sampling"] or {}):
             notes.append("LOSSY: sampling.lossy_typical_acceptance is on, so at T > 0 drafts are accepted by "
