@@ -7,12 +7,12 @@ same grammar (drafts only change speed; the output is the same either way).
 
     python scripts/grammar_drafts_experiment.py
 """
-import json
 import statistics
-import time
+from functools import partial
 
 import draftsman
 from draftsman.bench.config import INT8_EAGLE3_TREE
+from structured_output_experiment import continuation_prompts, interleaved_runs  # beside this script
 
 DRAFTERS = {
     "none": {"name": "none"},
@@ -34,27 +34,16 @@ REPEATS, NEW = 1, 64
 
 
 def main() -> None:
-    records = [json.loads(line) for line in open("draftsman/bench/data/prompts.jsonl")][1:]
-    prompts = [r["text"] for r in records if r.get("category") == "continuation"][:6]
     base = draftsman.load({"target": {"path": "zoo/python-target"}})
-    decoders = {name: base.with_drafter(cfg) for name, cfg in DRAFTERS.items()}
     modes = {"none": [True], **{name: [True, False] for name in DRAFTERS if name != "none"}}
-    runs: dict = {}
-    for _ in range(REPEATS):
-        for prompt in prompts:
-            ids = base.encode([prompt])
-            for grammar, spec in GRAMMARS.items():
-                for name, decoder in decoders.items():
-                    for within in modes[name]:
-                        decoder.engine.draft_within_grammar = within
-                        start = time.perf_counter()
-                        out = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=spec)
-                        key = (grammar, name, within)
-                        run = runs.setdefault(key, {"tokens": 0, "seconds": 0.0, "tau": [], "outputs": []})
-                        run["seconds"] += time.perf_counter() - start
-                        run["tokens"] += len(out.token_ids[0])
-                        run["tau"].append(out.stats.tau)
-                        run["outputs"].append(out.token_ids[0])
+    contenders = []
+    for name, cfg in DRAFTERS.items():
+        decoder = base.with_drafter(cfg)
+        for within in modes[name]:  # each call sets its own mode: the two share the decoder
+            mode = partial(setattr, decoder.engine, "draft_within_grammar", within)
+            contenders.append(((name, within), decoder, mode))
+    runs = {(grammar, *label): run for (grammar, label), run in
+            interleaved_runs(base, continuation_prompts(), GRAMMARS, contenders, REPEATS, NEW).items()}
     speed = {key: run["tokens"] / run["seconds"] for key, run in runs.items()}
     print("| grammar | drafter | drafts | tokens/s | vs plain, same grammar | tau | output = plain |")
     print("|---|---|---|---|---|---|---|")

@@ -27,24 +27,38 @@ GRAMMARS = {
 REPEATS, NEW = 2, 96
 
 
-def main() -> None:
+def continuation_prompts(n: int = 6) -> list[str]:
+    """The first n held-out continuation prompts of the bundled set."""
     records = [json.loads(line) for line in open("draftsman/bench/data/prompts.jsonl")][1:]
-    prompts = [r["text"] for r in records if r.get("category") == "continuation"][:6]
-    base = draftsman.load({"target": {"path": "zoo/python-target"}})
-    decoders = {name: base.with_drafter(cfg) for name, cfg in DRAFTERS.items()}
+    return [r["text"] for r in records if r.get("category") == "continuation"][:n]
+
+
+def interleaved_runs(base, prompts: list[str], grammars: dict, contenders: list, repeats: int, new: int) -> dict:
+    """{(grammar, label): {tokens, seconds, tau, outputs}}: every contender under every grammar,
+    interleaved prompt by prompt, `repeats` passes. contenders: (label, decoder, before), before()
+    called before each of the contender's calls (None: nothing)."""
     runs: dict = {}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for prompt in prompts:
             ids = base.encode([prompt])
-            for grammar, spec in GRAMMARS.items():
-                for name, decoder in decoders.items():
+            for grammar, spec in grammars.items():
+                for label, decoder, before in contenders:
+                    if before is not None:
+                        before()
                     start = time.perf_counter()
-                    out = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=spec)
-                    run = runs.setdefault((grammar, name), {"tokens": 0, "seconds": 0.0, "tau": [], "outputs": []})
+                    out = decoder.generate(input_ids=ids, max_new_tokens=new, structured_output=spec)
+                    run = runs.setdefault((grammar, label), {"tokens": 0, "seconds": 0.0, "tau": [], "outputs": []})
                     run["seconds"] += time.perf_counter() - start
                     run["tokens"] += len(out.token_ids[0])
                     run["tau"].append(out.stats.tau)
                     run["outputs"].append(out.token_ids[0])
+    return runs
+
+
+def main() -> None:
+    base = draftsman.load({"target": {"path": "zoo/python-target"}})
+    contenders = [(name, base.with_drafter(cfg), None) for name, cfg in DRAFTERS.items()]
+    runs = interleaved_runs(base, continuation_prompts(), GRAMMARS, contenders, REPEATS, NEW)
     speed = {key: run["tokens"] / run["seconds"] for key, run in runs.items()}
     print("| grammar | drafter | tokens/s | vs plain, same grammar | vs no grammar | tau | output = plain |")
     print("|---|---|---|---|---|---|---|")
