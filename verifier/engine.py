@@ -131,7 +131,7 @@ class SpeculativeEngine:
         self.grammars: GrammarCompiler | None = None
         self._row_grammars: RowGrammars | None = None  # per request: each row's matcher
         # Drafters draft within each row's grammar (Drafter.grammar); False leaves drafts free, to
-        # measure what that buys (scripts/structured_output_experiment.py). Exact either way.
+        # measure what that buys (scripts/grammar_drafts_experiment.py). Exact either way.
         self.draft_within_grammar = True
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
