@@ -125,6 +125,8 @@ class NgramDrafter(Drafter):
             # token the row bans: a continuation ends before either (the tree is deterministic, so
             # cutting it is exact).
             banned_depths = least - (len(ctx) - prompt_length)
+            if self.grammar is not None:  # what the grammar forces next, first (drafters/path_bans.py)
+                trie.insert(self.grammar.forced(b)[:o.k])
             for cont in index.continuations(ctx, o.k, o.branches):
                 cont = _before_eos(cont, banned_depths, self.eos_token_ids)
                 trie.insert(cont if path_bans is None else path_bans.cut(b, cont))

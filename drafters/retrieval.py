@@ -99,6 +99,8 @@ class RetrievalDrafter(Drafter):
         for b, (ctx, prompt_length, least) in enumerate(zip(contexts, self.prompt_lengths, minimums)):
             trie = _Trie([], [])
             banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (ngram's rule)
+            if self.grammar is not None:  # what the grammar forces next, first (as ngram)
+                trie.insert(self.grammar.forced(b)[:o.k])
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
                 cont = _before_eos(cont, banned_depths, self.eos_token_ids)
                 trie.insert(cont if path_bans is None else path_bans.cut(b, cont))

@@ -198,7 +198,7 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
     pool = [a, b_, c, x, eos]
     regex = StructuredOutput.parse({"regex": "[ab]{1,5}c?"})
     specs = [regex, None, StructuredOutput.parse({"regex": "(ab|c)+"}),
-             dataclasses.replace(regex, after=(c, x))]
+             dataclasses.replace(StructuredOutput.parse({"regex": "ab[ab]{0,3}c?"}), after=(c, x))]  # forces "ab"
     ends = [frozenset({eos}), frozenset({eos}), frozenset({eos, x}), frozenset({eos})]
     outputs = [[a], [x, x], [a, b_], [c]]  # the last waits for its marker (c x): c may be its first half
     grammars = RowGrammars(GrammarCompiler(tokenizer, vocab, {eos}))
@@ -218,7 +218,7 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
             allowed[list(ends[row])] = True
         return allowed
 
-    checked = {"held": 0, "free": 0, "cut": 0}
+    checked = {"held": 0, "free": 0, "cut": 0, "forced": 0}
     for round_ in range(6):
         draft = grammars.drafts([0, 1, 2, 3], outputs, specs, ends)
         asks = [((row, i), row, [rng.choice(pool) for _ in range(rng.randrange(4))])
@@ -233,6 +233,10 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
                 assert torch.equal(allowed[keys.index(key)], want), (row, path)
                 checked["held"] += 1
         for row in range(4):
+            held = None if specs[row] is None else grammar_part(outputs[row], specs[row])
+            fresh = llguidance.LLMatcher(lltok, specs[row].grammar(), log_level=0) if held is not None else None
+            assert draft.forced(row) == (fresh.compute_ff_tokens() if fresh and fresh.consume_tokens(held) else [])
+            checked["forced"] += bool(draft.forced(row))
             for _ in range(6):
                 continuation = [rng.choice(pool) for _ in range(6)]
                 cut = next((j for j in range(len(continuation)) if (want := expected(row, continuation[:j])) is not None
@@ -248,5 +252,41 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
                 want = expected(row, [])
                 choices = [t for t in pool if t not in ends[row] and (want is None or want[t])]
                 outputs[row] += [rng.choice(choices)] if choices else []
-    assert checked["held"] > 40 and checked["free"] > 40 and checked["cut"] > 20, checked
+    assert checked["held"] > 40 and checked["free"] > 40 and checked["cut"] > 20 and checked["forced"] > 0, checked
     assert grammar_part(outputs[3], specs[3]) is not None  # the marked row's grammar began
+
+
+def test_copying_drafters_draft_what_the_grammar_forces(tiny_models, tokenizer, monkeypatch):
+    """Under a JSON schema with fixed keys, `ngram` drafts the tokens the grammar forces next
+    (llguidance's fast-forward tokens) as a branch of its tree: each round's tree holds them, the
+    output is unchanged, and more drafts are accepted than without them."""
+    from draftsman.verifier.grammar import DraftGrammar
+
+    folder = tiny_models["llama"][0]
+    decoder = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 4, "min_ngram": 1}})
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    spec = GRAMMARS["json"]
+    ends = sorted(decoder.engine.eos_token_ids)
+    lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab(decoder), eos_token=ends)
+    grammar = StructuredOutput.parse(spec).grammar()
+    seen = record_with_q(decoder)
+    out = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=spec)
+    del decoder.engine.drafter.propose
+    rounds_forced = 0
+    for context, (tokens, parents, _) in seen.items():
+        b = next(i for i, p in enumerate(ids) if list(context[:len(p)]) == p)
+        matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        matcher.consume_tokens(list(context[len(ids[b]):]))
+        forced = matcher.compute_ff_tokens()[:4]
+        if forced:
+            rounds_forced += 1
+            chain = [j for j, parent in enumerate(parents) if parent == -1 and tokens[j] == forced[0]]
+            assert chain, (context, forced, tokens)
+            for token in forced[1:]:  # the branch goes on with the forced tokens
+                chain = [j for j, parent in enumerate(parents) if parent == chain[0] and tokens[j] == token]
+                assert chain, (context, forced, tokens)
+    assert rounds_forced >= 4, rounds_forced
+    monkeypatch.setattr(DraftGrammar, "forced", lambda self, row: [])
+    without = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=spec)
+    assert out.token_ids == without.token_ids
+    assert out.stats.tau > without.stats.tau, (out.stats.tau, without.stats.tau)

@@ -219,6 +219,16 @@ class DraftGrammar:
         return self._grammars._allowed([(key, self.walks[row], path) for key, row, path in asks
                                         if self.walks[row] is not None], width)
 
+    def forced(self, row: int) -> list[int]:
+        """The tokens the row's grammar forces next, as llguidance spells them (its fast-forward
+        tokens: a JSON schema's fixed keys, for instance); [] with no grammar, before it begins,
+        or where it leaves a choice. The target may spell the same text otherwise, so a draft of
+        them is likely, not certain, to be accepted."""
+        walk = self.walks[row]
+        if walk is None or not walk.started:
+            return []
+        return list(walk.matcher.compute_ff_tokens())
+
     def fits(self, row: int, continuation: list[int]) -> int:
         """How many leading tokens of a copied continuation the row's grammar lets it draft, up
         to its first end token (what follows one is never emitted)."""
