@@ -12,7 +12,8 @@ of n-1 tokens or more repeats an n-gram at its first token, so it proposed only 
 Structured output is the same kind of rule: a row's grammar allows a token after the row's output
 and the drafts above it (verifier/grammar.py), and the engine hands each round's grammars to the
 drafter (Drafter.grammar). Model drafters draft only what the grammar allows, and a copied
-continuation ends before the first token it does not.
+continuation ends before the first token it does not (the copying drafters also draft what the
+grammar forces next: DraftGrammar.forced).
 
 Drafts only. A sampled draft token's q is the distribution it was drawn from, masked or not, so
 the verifier stays exact either way; a deterministic draft needs no q. One-token bad words and
