@@ -150,8 +150,8 @@ class PathBanRound:
     def _held_to_grammar(self, logits: torch.Tensor, shared: bool, drafts: list) -> torch.Tensor:
         """The logits with -inf where each draft's row grammar does not allow the token (a copy
         when `shared`: the caller's own)."""
-        vocab_map = self.vocab_map
-        id_width = logits.shape[-1] if vocab_map is None else int(vocab_map.max()) + 1
+        vocab_map = self.vocab_map  # its ids are the target's: no need to read its largest (a device sync)
+        id_width = logits.shape[-1] if vocab_map is None else self.grammar.vocab_size
         keys, allowed = self.grammar.allowed([((b, k), row, path) for b, k, row, path in drafts], id_width)
         if not keys:
             return logits

@@ -278,9 +278,9 @@ class Handler(BaseHTTPRequestHandler):
         """Server-sent events as rounds commit tokens: one choice per prompt and sample (index =
         prompt x n + sample, as the answer's choices), each ending with its finish_reason as soon
         as its row ends; the last one carries the `draftsman` statistics. parsed_tools, tool_parser
-        and one_call (as _answer's): each chat reply's calls are sent as OpenAI's tool_calls deltas, each whole as
-        its block closes; under
-        --reasoning-parser a chat reply's thought as reasoning_content deltas."""
+        and one_call (as _answer's): each chat reply's calls are sent as OpenAI's tool_calls deltas,
+        each whole as its block closes; under --reasoning-parser a chat reply's thought as
+        reasoning_content deltas."""
         job, chunks = self.server.batcher.stream(ids, args, gone=self._client_gone)  # with the others waiting
         first = next(chunks, None)  # the input's errors surface here, before any header is sent
         self.send_response(200)

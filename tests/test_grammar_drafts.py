@@ -166,6 +166,7 @@ def test_a_draft_vocabulary_without_an_allowed_token_keeps_its_logits():
     from draftsman.drafters.path_bans import PathBanRound, _RowBan
 
     class Grammar:  # allows token 5 on row 0, token 1 on row 1 (not in the draft vocabulary)
+        vocab_size = 8
         def allowed(self, asks, width):
             allowed = torch.zeros(len(asks), width, dtype=torch.bool)
             for i, (_, row, _) in enumerate(asks):

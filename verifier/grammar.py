@@ -212,6 +212,7 @@ class DraftGrammar:
 
     def __init__(self, grammars: RowGrammars, walks: list[_RowWalk | None]):
         self._grammars, self.walks = grammars, walks
+        self.vocab_size = grammars.compiler.vocab_size  # the target's token ids: [0, vocab_size)
 
     def allowed(self, asks: list[tuple[object, int, list[int]]], width: int) -> tuple[list, torch.Tensor]:
         """(the keys of the asks a grammar holds, bool (n, width) over token ids: what each

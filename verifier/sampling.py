@@ -22,7 +22,7 @@ only, so a node counts its ancestors but not the root, which is the prompt's las
 already counted one. Hugging Face's no_repeat_ngram_size is context-dependent too: the engine
 bans, at each node, the tokens that would repeat an n-gram of its own sequence
 (verifier/ngram_ban.py). So does a grammar (structured_output): the engine masks, at each node,
-what the grammar does not allow after its own sequence (verifier/structured.py).
+what the grammar does not allow after its own sequence (verifier/grammar.py).
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # BlockBans). Typical acceptance is one for the whole batch.
 BIAS_FIELDS = ("logit_bias",)
 BAN_FIELDS = ("no_repeat_ngram_size", "bad_words_ids")
-# A grammar too depends on a position's own sequence only (verifier/structured.py's RowGrammars).
+# A grammar too depends on a position's own sequence only (verifier/grammar.py's RowGrammars).
 GRAMMAR_FIELDS = ("structured_output",)
 ROW_FIELDS = (*WARPER_FIELDS, *PENALTY_FIELDS, *BIAS_FIELDS, *BAN_FIELDS, *GRAMMAR_FIELDS)
 

@@ -7,9 +7,9 @@ At every tree node the target's logits get -inf for each token the grammar does 
 that node's own sequence (the row's output so far, then the node's path in the block), before the
 warpers, as the bans are (verifier/ngram_ban.py). The output is then distributed exactly as plain
 decoding under the same mask: the target's distribution restricted to what the grammar allows and
-renormalised, token by token. Drafts are not held to the grammar: a draft it forbids has
-probability 0 under the target, so the verifier rejects it (a cost in acceptance, never in
-exactness).
+renormalised, token by token. Drafters draft within the grammar too (drafters/path_bans.py,
+verifier/grammar.py's DraftGrammar); drafts only, so exactness does not rest on it: a draft the
+grammar forbids has probability 0 under the target, and the verifier rejects it.
 
 A row ends where the grammar lets it: the row's end tokens (EOS, its stop_token_ids) are allowed
 exactly where the grammar may end, and once it is complete nothing else is. So min_new_tokens and
