@@ -297,7 +297,8 @@ class Handler(BaseHTTPRequestHandler):
             replies = [ReplyStream(tool_parser, self.server.reasoning_parser, parsed_tools, opened[row], one_call)
                        for row in range(job.rows)]
 
-        def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None) -> None:
+        def send(index: int, delta: str | None, reason: str | None = None, role: bool = False, chunk=None,
+                 last_event: bool = False) -> None:
             scores = None
             if chunk is not None and chunk.logprobs is not None:
                 scores = self._scores(chunk.token_ids, chunk.logprobs, chunk.top_logprobs, chat, offsets[index])
@@ -314,20 +315,22 @@ class Handler(BaseHTTPRequestHandler):
                 for d in deltas[:-1]:
                     emit(index, d, None, scores)
                     scores = None  # a chunk's scores go with its first delta
-                return emit(index, deltas[-1] if deltas else {}, reason, scores)
+                return emit(index, deltas[-1] if deltas else {}, reason, scores, last_event)
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
-                emit(index, d, reason, scores)
+                emit(index, d, reason, scores, last_event)
             else:
-                emit(index, {"text": delta or ""}, reason, scores)
+                emit(index, {"text": delta or ""}, reason, scores, last_event)
 
-        def emit(index: int, delta: dict, reason: str | None, scores) -> None:
+        def emit(index: int, delta: dict, reason: str | None, scores, last_event: bool = False) -> None:
             if chat:
                 choice = {"index": index, "delta": delta, "logprobs": scores, "finish_reason": reason}
             else:
                 choice = {"index": index, **delta, "logprobs": scores, "finish_reason": reason}
             event = {**head, "object": chunk_kind, "choices": [choice]}
-            if reason is not None and job.stats is not None:  # the last: the batch's statistics, now known
+            # Only the very last event: the batch's statistics are known once every row has ended, and
+            # the generating thread may set them while earlier rows' ends are still being sent.
+            if last_event and job.stats is not None:
                 event["draftsman"] = {**self._report(job.stats), "batch_rows": job.batch_rows}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             self.wfile.flush()
@@ -358,7 +361,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(error)}\n\n".encode() + b"data: [DONE]\n\n")
             self.wfile.flush()
             return
-        send(last[0], None, last[1])
+        send(last[0], None, last[1], last_event=True)
         if include_usage:  # OpenAI's last chunk: no choices, the usage of the whole request
             prompt_tokens = sum(map(len, ids))
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

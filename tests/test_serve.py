@@ -2,9 +2,11 @@
 the same settings (greedy, seeded sampling, batches, token-id prompts); streams join to the same
 text; OpenAI's field names map to ours; bad requests get a 400 that names the fix."""
 
+import time
+
 import pytest
 
-from draftsman import cli
+from draftsman import cli, serve_batch
 
 from serving import NEW, call, events
 
@@ -75,6 +77,34 @@ def test_chat_equals_decoder_chat_and_streams_join_to_the_same_text(served):
         "prompt_tokens": prompt_tokens, "completion_tokens": len(want.token_ids[0]),
         "total_tokens": prompt_tokens + len(want.token_ids[0])}
     assert all("usage" not in c for c in chunks[:-1])
+
+
+def test_only_the_last_event_carries_the_statistics_however_late_the_reader(served, monkeypatch):
+    """The batch's statistics are set by the generating thread once every row has ended; a reader
+    still sending earlier rows' ends then must not attach them there (CI caught this by chance).
+    Here the reader takes each row's end only after all rows have ended, every time."""
+    decoder, base = served
+    original = serve_batch.Batcher._next
+
+    def late_reader(self, job, gone):
+        kind, item = original(self, job, gone)
+        if kind == "chunk" and item[1].finish_reason is not None:
+            deadline = time.monotonic() + 30
+            while job.stats is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert job.stats is not None
+        return kind, item
+
+    monkeypatch.setattr(serve_batch.Batcher, "_next", late_reader)
+    body = {"prompt": ["def parse(text):\n", "x = ["], "max_tokens": NEW, "temperature": 1.0, "n": 2, "seed": 4,
+            "stream": True}
+    chunks = events(base, "/v1/completions", body)
+    ends = [c for c in chunks if c["choices"][0]["finish_reason"] is not None]
+    assert len(ends) == 4 and chunks[-1] is ends[-1]
+    assert [("draftsman" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    chat = events(base, "/v1/chat/completions", {"messages": USER, "max_tokens": NEW, "temperature": 1.0, "n": 2,
+                                                 "seed": 5, "stream": True})
+    assert [("draftsman" in c) for c in chat] == [False] * (len(chat) - 1) + [True]
 
 
 def test_several_prompts_and_samples_stream_as_indexed_choices(served):
