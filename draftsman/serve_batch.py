@@ -129,8 +129,10 @@ class _Job:
             rows, first = self._abort
             rows.update(range(first, first + self.rows))
 
-    def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats) -> None:
-        """Chunk of its row `row` (counted within this job); answers once its last row has ended."""
+    def deliver(self, row: int, chunk: StreamChunk, stats: GenerationStats, before_answer=None) -> None:
+        """Chunk of its row `row` (counted within this job); answers once its last row has ended,
+        after calling before_answer() (the metrics: a client that reads them on its answer sees
+        its own request counted)."""
         chunk = self._own_scores(chunk)
         self.sent = True
         if chunk.token_ids:
@@ -146,6 +148,8 @@ class _Job:
             return
         self._reasons[row] = chunk.finish_reason
         if all(reason is not None for reason in self._reasons):  # ended: it need not wait for the batch
+            if before_answer is not None:
+                before_answer()
             stats = _snapshot(stats, self._reasons)
             self._answered = True
             if self.on_answer is not None:
@@ -327,11 +331,12 @@ class Batcher:
         meanwhile join it."""
         while True:
             with self.lock:
-                with self._waiting_lock:
-                    if not self.waiting:
+                with self._waiting_lock:  # checked and taken at once: a client that leaves may drop()
+                    batch = self._take()  # the only waiting job between a check and a take
+                    if not batch:
                         self._runner = False
                         return
-                self._run(self._take())
+                self._run(batch)
 
     @staticmethod
     def _enter(job: _Job, owner: list, prompts: list, aborted: set, started: float) -> None:
@@ -386,16 +391,18 @@ class Batcher:
         return joining
 
     def _take(self) -> list[_Job]:
-        """The first waiting job, and the later ones with its settings, while the rows fit."""
-        with self._waiting_lock:
-            first = self.waiting[0]
-            batch, rows = [first], first.rows
-            if first.key is not None:
-                for job in self.waiting[1:]:
-                    if job.key == first.key and rows + job.rows <= self.max_rows:
-                        batch.append(job)
-                        rows += job.rows
-            self.waiting = [job for job in self.waiting if job not in batch]
+        """The first waiting job, and the later ones with its settings, while the rows fit ([]:
+        none waits). The caller holds _waiting_lock."""
+        if not self.waiting:
+            return []
+        first = self.waiting[0]
+        batch, rows = [first], first.rows
+        if first.key is not None:
+            for job in self.waiting[1:]:
+                if job.key == first.key and rows + job.rows <= self.max_rows:
+                    batch.append(job)
+                    rows += job.rows
+        self.waiting = [job for job in self.waiting if job not in batch]
         return batch
 
     def _run(self, batch: list[_Job]) -> None:
@@ -447,13 +454,17 @@ class Batcher:
                                  for job, value in zip(jobs, values) for _ in range(job.rows)]
         # The engine's rows, job by job as `owner` has them: each prompt n times (its own n), in a row.
         progress = _Progress(self.record) if self.record is not None else None
+
+        def answering() -> None:  # before each request's answer: a client that then reads the metrics
+            self.running -= 1  # sees its request counted, and no longer running
+            if progress is not None:
+                progress.record(prompts, stats)
+
         try:
             rows = [job.ids[row // job.n] for job, row in owner]
             for row, chunk in self.decoder.stream_batch(rows, stats=stats, aborted=aborted, **settings):
                 job, job_row = owner[row]
-                job.deliver(job_row, chunk, stats)
-                if progress is not None and job._answered:  # the metrics move as requests end
-                    progress.record(prompts, stats)
+                job.deliver(job_row, chunk, stats, before_answer=answering)
         except Exception as e:  # the jobs that joined are answered here; the batch's own by _run
             for job in joined:
                 job.fail(e)

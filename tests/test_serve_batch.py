@@ -3,10 +3,13 @@ settings run as one batch of at most --max-batch-rows rows, in arrival order; a 
 runs alone; one bad input in a batch fails only its own request. Every answer equals what the
 request gets on its own."""
 import threading
+import time
 
 import pytest
 
 from draftsman import cli
+from draftsman.serve_batch import Batcher
+from draftsman.serve_metrics import ServeMetrics
 
 from serving import NEW, events, ngram_decoder, queue_while_busy, running
 
@@ -174,7 +177,6 @@ def test_a_stream_that_ends_early_does_not_wait_for_its_batch():
     import threading as t
 
     from draftsman.api import StreamChunk
-    from draftsman.serve_batch import Batcher
 
     release = t.Event()
 
@@ -348,3 +350,24 @@ def test_requests_with_other_n_share_a_batch(chat_target):
         batcher.generate(ids, {"max_new_tokens": 8, "num_return_sequences": 2})
     alone = decoder.generate(SERVE_PROMPTS[:1], max_new_tokens=60, min_new_tokens=60)
     assert [t for c in got for t in c.token_ids] == alone.token_ids[0]
+
+
+def test_a_request_is_counted_in_the_metrics_before_it_is_answered(chat_target):
+    """A client that reads /metrics as soon as it has its answer sees its own request, counted
+    and no longer running: the generating thread records before it answers. Here recording is
+    slow, so were the order the other way round the counters would still be empty (and the
+    request running) when generate returns."""
+    decoder = ngram_decoder(chat_target[0])
+    metrics = ServeMetrics("tiny", "ngram")
+
+    def slow_record(*args, **kwargs):
+        time.sleep(0.3)
+        metrics.record(*args, **kwargs)
+
+    batcher = Batcher(decoder, threading.Lock(), record=slow_record)
+    out, _ = batcher.generate(decoder.encode(["def parse(text):\n"]), {"max_new_tokens": NEW})
+    sample = lambda name, **labels: metrics.registry.get_sample_value(f"draftsman:{name}", labels)  # noqa: E731
+    assert batcher.running == 0 and sample("batches_total") == 1
+    assert sample("generation_tokens_total") == len(out.token_ids[0]) > 0
+    reason = {"eos": "stop", "length": "length"}[out.stats.finish_reasons[0]]
+    assert sample("request_success_total", finished_reason=reason) == 1

@@ -150,3 +150,39 @@ def test_a_stream_cancelled_before_its_batch_runs_takes_one_round(decoder):
     theirs = [chunk for _, chunk in other_chunks]  # ran in the same batch, to its end
     assert other.batch_rows == 2 and other.stats.finish_reasons == ["length"]
     assert [t for c in theirs for t in c.token_ids] == decoder.generate(PROMPTS[1:], **args).token_ids[0]
+
+
+class _DropsOnFirstRelease:
+    """The batcher's queue lock, which drops `job` (as its leaving client's handler would) right
+    after the runner thread first lets go of it: the interleaving in which a runner that checked
+    the queue and then took from it found it empty, died, and left every later request waiting."""
+
+    def __init__(self, batcher, job_box: list):
+        self.lock, self.batcher, self.job_box = threading.Lock(), batcher, job_box
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        if self.job_box and threading.current_thread() is not threading.main_thread():
+            self.batcher.drop(self.job_box.pop())
+
+
+def test_a_client_leaving_as_the_runner_takes_its_job_loses_nothing(decoder):
+    lock = threading.Lock()
+    batcher = Batcher(decoder, lock)
+    job_box = []
+    batcher._waiting_lock = _DropsOnFirstRelease(batcher, job_box)
+    args = {"max_new_tokens": LONG, "min_new_tokens": LONG}
+    with lock:  # the runner waits for the lock; the job is queued
+        job, chunks = batcher.stream(decoder.encode(PROMPTS[:1]), args)
+        job_box.append(job)
+    mine, read = [], threading.Event()  # read in a thread: a job that never runs never ends
+    threading.Thread(target=lambda: (mine.extend(chunk for _, chunk in chunks), read.set()), daemon=True).start()
+    assert read.wait(60), "a job taken by the runner never ran"
+    assert not job_box and job.stats.finish_reasons == ["abort"] and mine  # cancelled after its first round
+    answered = threading.Event()
+    threading.Thread(target=lambda: (batcher.generate(decoder.encode(PROMPTS[1:]), {"max_new_tokens": 4}),
+                                     answered.set()), daemon=True).start()
+    assert answered.wait(60), "the runner died: a later request was never served"
