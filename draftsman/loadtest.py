@@ -263,8 +263,12 @@ def _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_k
             slots.release()
 
     t0, threads = time.perf_counter(), []
+    arrival = t0
     for i, gap in enumerate(arrival_gaps(requests, rate, seed)):
-        time.sleep(gap)
+        # Sleep to each arrival's own time, not for its gap: oversleeps and thread starts would
+        # add up and offer the server less than the rate asked.
+        arrival += gap
+        time.sleep(max(0.0, arrival - time.perf_counter()))
         slots.acquire()  # at most `concurrency` in flight: a late start waits here
         threads.append(threading.Thread(target=one, args=(i,)))
         threads[-1].start()

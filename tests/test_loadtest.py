@@ -169,6 +169,7 @@ def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, pr
 def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prompt_file):
     import threading
     import time
+    import types
 
     import draftsman.loadtest as L
     gaps = L.arrival_gaps(6, rate=20.0, seed=3)
@@ -189,6 +190,15 @@ def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prom
     want = [sum(gaps[1:i + 1]) for i in range(6)]
     assert all(abs(o - w) < 0.15 for o, w in zip(offsets, want)), (offsets, want)
     assert wall < sum(gaps) + 0.3 + 0.3  # overlapped, not one after another (6 x 0.3 s)
+    # A sleep that oversleeps by 60 ms each time (a loaded machine): the starts keep to their
+    # times, each at most one oversleep late, rather than drifting by one more each request.
+    starts.clear()
+    monkeypatch.setattr(L, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
+                                                         sleep=lambda s: time.sleep(s + 0.06)))
+    L.run_load("http://x", [("a", {})], {}, requests=6, concurrency=6, rate=20.0, seed=3)
+    late = [s - starts[0] - w for s, w in zip(sorted(starts), want)]
+    assert all(-0.01 < d < 0.06 + 0.1 for d in late), late
+    monkeypatch.setattr(L, "time", time)
     # in flight at most `concurrency`: with 1, each start waits for the answer before it
     starts.clear()
     L.run_load("http://x", [("a", {})], {}, requests=3, concurrency=1, rate=1000.0)
