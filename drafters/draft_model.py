@@ -84,7 +84,8 @@ class DraftModelDrafter(Drafter):
                                  model.get_output_embeddings().weight.shape[0])
         if problem:
             raise ValueError(f"draft model '{options.path}' cannot draft for target '{target.path}': {problem}. "
-                             "A draft model must use the target's tokenizer (same vocabulary and special tokens).")
+                             "A draft model must use the target's tokenizer (same vocabulary and special tokens); "
+                             "one with a tokenizer of its own drafts through text as drafter `cross_tokenizer`.")
         self.vocab_size = target.vocab_size
         self._parameters = sum(p.numel() for p in model.parameters())  # as loaded: the whole head, tied or not
         # LM heads by round kind: (output layer, row -> token id or None). Under draft_vocab the

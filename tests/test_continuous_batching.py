@@ -10,7 +10,7 @@ from draftsman.verifier.cached_model import CachedLM
 from draftsman.verifier.sampling import SamplingParams
 from draftsman.verifier.tree import TreeBlock
 
-from tiny_models import load_for_reference, perturbed_copy
+from tiny_models import load_for_reference, permuted_vocab_copy, perturbed_copy
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11], [12, 13, 12, 13, 12, 13, 12, 13, 12], [7], [40, 41, 42, 43, 44, 45]]
 LIMITS = [14, 9, 12, 10, 8]
@@ -29,7 +29,13 @@ def medium_draft(tiny_models, tmp_path_factory):
     return perturbed_copy(tiny_models["llama"][0], tmp_path_factory.mktemp("medium-draft"), noise=0.3)
 
 
-def drafters(tiny_models, close_draft, fresh_heads):
+@pytest.fixture(scope="module")
+def shuffled_close_draft(close_draft, tmp_path_factory):
+    """The close draft under a tokenizer with other ids: only text links it to the target."""
+    return permuted_vocab_copy(close_draft, tmp_path_factory.mktemp("shuffled-close-draft"))
+
+
+def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
     return {
         "none": {"name": "none"},
         "ngram": {"name": "ngram", "k": 3, "min_ngram": 1},
@@ -42,6 +48,7 @@ def drafters(tiny_models, close_draft, fresh_heads):
         "cascade": {"name": "cascade", "drafters": [{"name": "ngram", "k": 3},
                                                    {"name": "draft_model", "path": str(close_draft), "k": 3}]},
         "draft_model_adaptive": {"name": "draft_model", "path": str(close_draft), "k": 4, "adaptive": True},
+        "cross_tokenizer": {"name": "cross_tokenizer", "path": str(shuffled_draft), "k": 4},
     }
 
 
@@ -95,11 +102,12 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
 
 
 @pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle", "eagle3",
-                                  "mtp", "cascade", "draft_model_adaptive"])
+                                  "mtp", "cascade", "draft_model_adaptive", "cross_tokenizer"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
-def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, name, chunk):
+def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
+                                                       name, chunk):
     """Also with joining prompts prefilled 2 tokens a round (the running rows go on meanwhile)."""
-    drafter = drafters(tiny_models, close_draft, fresh_heads)[name]
+    drafter = drafters(tiny_models, close_draft, fresh_heads, shuffled_close_draft)[name]
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": drafter})
     decoder.engine.join_prefill_chunk = chunk
     assert decoder.can_join

@@ -128,3 +128,34 @@ def perturbed_copy(source: Path, folder: Path, noise: float, seed: int = 0) -> P
         if f.name.startswith(("tokenizer", "special_tokens")):
             (folder / f.name).write_bytes(f.read_bytes())
     return folder
+
+
+def permuted_vocab_copy(source: Path, folder: Path, seed: int = 0) -> Path:
+    """The model in `source` under a tokenizer whose ordinary tokens have other ids (special
+    tokens keep theirs), its embedding and LM head rows moved with them: the same model, the same
+    text, another vocabulary. Saved to `folder`."""
+    import json
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = json.loads((Path(source) / "tokenizer.json").read_text())
+    special = {t["id"] for t in spec.get("added_tokens", [])}
+    vocab = spec["model"]["vocab"]
+    ordinary = sorted(i for i in vocab.values() if i not in special)
+    shuffled = torch.tensor(ordinary)[torch.randperm(len(ordinary), generator=torch.Generator().manual_seed(seed))]
+    new_id = dict(zip(ordinary, shuffled.tolist()))
+    spec["model"]["vocab"] = {token: new_id.get(i, i) for token, i in vocab.items()}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(source) / name).is_file():
+            shutil.copy(Path(source) / name, folder / name)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    old_of_new = torch.arange(model.get_input_embeddings().weight.shape[0])
+    for old, new in new_id.items():
+        old_of_new[new] = old
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight[old_of_new])
+        if not model.config.tie_word_embeddings:
+            model.get_output_embeddings().weight.copy_(model.get_output_embeddings().weight[old_of_new])
+    model.save_pretrained(folder)
+    return folder

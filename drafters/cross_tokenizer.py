@@ -1,0 +1,174 @@
+"""`cross_tokenizer`: a small causal LM whose tokenizer differs from the target's drafts through
+text, as Hugging Face's universal assisted generation does. Each round, per row:
+
+1. the target's tokens so far are decoded to text and encoded with the draft model's tokenizer;
+   the draft model's KV cache keeps the longest prefix it already holds of those ids;
+2. the draft model drafts `k` tokens greedily, which are decoded to text;
+3. that text is encoded with the target's tokenizer after the row's last few tokens, and the
+   target's tokens that follow them become a deterministic chain.
+
+The chain is deterministic (a point mass, whatever the temperature), so the shared verifier keeps
+the target's distribution exactly at any temperature; the text bridge only decides how many
+drafts are accepted. Where a boundary re-tokenizes differently (a word split across the last
+target token and the draft text), the drafted text is encoded alone, which the target may reject.
+Use `draft_model` when the tokenizers are the same: it needs no text round trip and can sample its
+drafts from q."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models import check_model_folder, context_length, load_causal_lm, load_tokenizer
+from ..verifier.cached_model import CachedLM
+from ..verifier.tree import TreeBlock
+from .base import DETERMINISTIC, Drafter, DraftTree
+from .registry import register
+
+TAIL = 4  # target tokens re-encoded with the drafted text, so a word they begin is continued as one
+
+
+@register
+class CrossTokenizerDrafter(Drafter):
+    name = "cross_tokenizer"
+
+    @dataclass
+    class Options:
+        path: str | None = None  # local Hugging Face folder of the draft model, with its own tokenizer
+        k: int = 4  # tokens the draft model drafts per round (its own tokens)
+        dtype: str | None = None  # default: the target's dtype
+
+        def __post_init__(self):
+            if not self.path:
+                raise ValueError("cross_tokenizer: set drafter.path to the draft model's local folder")
+            if self.k < 1:
+                raise ValueError(f"cross_tokenizer: k must be >= 1, got {self.k}")
+
+    def __init__(self, options: "CrossTokenizerDrafter.Options", target):
+        self.options, self.k = options, options.k
+        if target.tokenizer is None:
+            raise ValueError(f"cross_tokenizer drafts through text, but the target '{target.path}' has no "
+                             "tokenizer files: add them to its folder")
+        check_model_folder(options.path, "drafter.path")  # named as missing, not as a folder without a tokenizer
+        tokenizer = load_tokenizer(options.path)
+        if tokenizer is None:
+            raise ValueError(f"cross_tokenizer drafts through text, but the draft model '{options.path}' has no "
+                             "tokenizer files (tokenizer.json or tokenizer_config.json): add its own tokenizer")
+        dtype = options.dtype or str(target.dtype).replace("torch.", "")
+        model = load_causal_lm(options.path, dtype, target.device, what="drafter.path")
+        self.target_tokenizer, self.tokenizer = target.tokenizer, tokenizer
+        self.vocab_size = target.vocab_size
+        self.draft_eos = {t for t in (tokenizer.eos_token_id, model.config.eos_token_id) if isinstance(t, int)}
+        self._parameters = sum(p.numel() for p in model.parameters())
+        self.lm = CachedLM(model, direct=True)
+        self.context = context_length(model.config)
+        self.held: list[list[int]] = []  # each row's draft-model ids in its cache
+        self.bridged = self.fallbacks = 0  # rounds whose drafted text joined the row's tail / was encoded alone
+
+    def max_depth(self) -> int:
+        return 2 * self.k  # target tokens of k draft tokens' text: at most this many are proposed
+
+    def extra_parameters(self) -> int:
+        return self._parameters
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self.lm.reset(len(prompts))
+        self.held = [[] for _ in prompts]
+        self.bridged = self.fallbacks = 0
+
+    def keep_rows(self, indices):
+        self.lm.select_rows(indices)
+        self.held = [self.held[i] for i in indices]
+
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        self.lm.add_rows(len(prompts))
+        self.held += [[] for _ in prompts]
+
+    def report(self) -> dict:
+        return {"bridged_rounds": self.bridged, "text_alone_rounds": self.fallbacks}
+
+    def propose(self, contexts):
+        k = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
+        device = self.lm.device
+        if k <= 0:
+            return [DraftTree.empty(device) for _ in contexts]
+        wants = [self._draft_ids(context, k) for context in contexts]
+        # 1. Keep each row's cached prefix of its ids (one id at least is fed, for its logits).
+        kept = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
+        self.lm.rollback(torch.tensor(kept))
+        unseen = [want[n:] for want, n in zip(wants, kept)]
+        last = torch.tensor([len(u) - 1 for u in unseen], device=device)
+        logits, _ = self.lm.forward(TreeBlock.chains(unseen, device), logits_at=last)
+        self.lm.accept([list(range(len(u))) for u in unseen])
+        # 2. k greedy draft tokens per row.
+        drafted = []
+        for step in range(k):
+            token = logits.argmax(-1)
+            drafted.append(token)
+            if step < k - 1:
+                logits, _ = self.lm.forward(TreeBlock.column(token))
+                logits = logits[:, 0]
+                self.lm.accept([[0]] * len(contexts))
+        drafted_ids = torch.stack(drafted, 1).tolist()
+        self.held = [want + ids[:-1] for want, ids in zip(wants, drafted_ids)]  # the last was never fed
+        # 3. Their text in the target's tokens.
+        trees = []
+        for b, (context, want, ids) in enumerate(zip(contexts, wants, drafted_ids)):
+            cut = next((j for j, t in enumerate(ids) if t in self.draft_eos), len(ids))
+            tokens = self._target_tokens(context, self._text_after(want, ids[:cut]))[: self.max_depth()]
+            tokens = tokens[: next((j for j, t in enumerate(tokens) if t >= self.vocab_size), len(tokens))]
+            if self.grammar is not None:  # drafts only: what the grammar forbids would be rejected
+                tokens = tokens[: self.grammar.fits(b, tokens)]
+            trees.append(DraftTree.chain(tokens, DETERMINISTIC, device=device))
+        return trees
+
+    def _draft_ids(self, context: list[int], k: int) -> list[int]:
+        """The row's text so far in the draft model's ids, the latest that fit beside k drafts."""
+        text = self.target_tokenizer.decode(context, skip_special_tokens=True)
+        # (verbose=False: a text longer than the draft model's context is cut below, not warned about)
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"] or [self._any_start()]
+        return ids[-(self.context - k):]
+
+    def _any_start(self) -> int:
+        """An id to start from when the text is empty (a prompt of special tokens only)."""
+        tok = self.tokenizer
+        for t in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id):
+            if isinstance(t, int):
+                return t
+        return 0
+
+    def _text_after(self, held: list[int], drafted: list[int]) -> str:
+        """The text the drafted ids add after the held ones (decoded with a few held ids before
+        them: a tokenizer may write a token's leading space only after another token)."""
+        if not drafted:
+            return ""
+        window = held[-TAIL:]
+        before = self.tokenizer.decode(window, skip_special_tokens=True)
+        whole = self.tokenizer.decode(window + drafted, skip_special_tokens=True)
+        if whole.startswith(before):
+            return whole[len(before):]
+        return self.tokenizer.decode(drafted, skip_special_tokens=True)
+
+    def _target_tokens(self, context: list[int], text: str) -> list[int]:
+        """The target's tokens for `text` after the row's tokens: the row's last few tokens and
+        the text encoded together, when that keeps those tokens as they are; else the text alone."""
+        if not text:
+            return []
+        tail = context[-TAIL:]
+        encode = lambda s: self.target_tokenizer(s, add_special_tokens=False, verbose=False)["input_ids"]  # noqa: E731
+        joined = encode(self.target_tokenizer.decode(tail, skip_special_tokens=False) + text)
+        if joined[: len(tail)] == tail:
+            self.bridged += 1
+            return joined[len(tail):]
+        self.fallbacks += 1
+        return encode(text)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
