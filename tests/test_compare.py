@@ -478,3 +478,45 @@ def test_the_sweep_reports_an_interval_for_each_median_of_pairs():
     cell = {"tokens_per_s": 311.4, "speedup": 0.897, "speedup_low": 0.85, "speedup_high": 0.97}
     assert _sweep_cell(cell) == "311.4 (0.90x; 0.85-0.97)"
     assert _sweep_cell({**cell, "speedup_low": None, "speedup_high": None}) == "311.4 (0.90x)"
+
+
+def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path, monkeypatch, capsys):
+    """transformers' universal assisted generation raised on some prompts of the bundled pair
+    (a reshape of 0 elements): a peer's failure is its result, noted, not the end of the run."""
+    from draftsman.bench import peers as peers_module
+
+    target = tiny_models["llama"][0]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump({
+        "target": {"path": str(target)}, "drafters": [{"name": "none"}], "prompts": "prompts.jsonl",
+        "temperatures": [0], "batch_sizes": [1], "out": str(tmp_path / "out")}))
+
+    class Failing:  # the model as the lookup peer sees it: generate raises on continuation prompts
+        def __init__(self, model, prompts):
+            self.model, self.prompts = model, prompts
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+        def generate(self, ids, **kwargs):
+            if ids[0].tolist() in self.prompts:
+                raise RuntimeError("cannot reshape tensor of 0 elements")
+            return self.model.generate(ids, **kwargs)
+
+    build = peers_module.build_peers
+
+    def with_a_failing_peer(decoder, drafters, min_new_tokens=0):
+        peers, notes = build(decoder, drafters, min_new_tokens)
+        lookup = next(p for p in peers if p.label == "hf_prompt_lookup")
+        lookup.model = Failing(lookup.model, decoder.encode([p["text"] for p in PROMPTS
+                                                             if p["category"] == "continuation"]))
+        return peers, notes
+
+    monkeypatch.setattr("draftsman.bench.compare.build_peers", with_a_failing_peer)
+    assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 0
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = {(p["peer"], p["category"]) for p in res["peers"]}
+    assert rows == {("hf_generate", "copy"), ("hf_prompt_lookup", "copy"), ("hf_generate", "continuation")}
+    assert any(n.startswith("hf_prompt_lookup failed: RuntimeError: cannot reshape tensor of 0 elements "
+                            "(on a continuation prompt)") for n in res["notes"]), res["notes"]
+    assert "hf_prompt_lookup failed" in capsys.readouterr().out

@@ -17,7 +17,7 @@ from ..api import Decoder
 from ..config import load_config
 from .config import changes_greedy_output, drafter_label, drafter_options, is_lossy
 from .memory import PeakMemory
-from .peers import build_peers
+from .peers import PeerFailed, build_peers
 from .prompts_set import Prompt, answer_earlier_turns, by_category, read_prompts
 from .runner import Ours, Tally, batch_sweep, first_divergence, median_interval, time_interleaved
 
@@ -75,9 +75,16 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
         together = {o.label: Tally() for o in ours}  # every category at once, as Spec-Bench's "overall"
         for category, ids in encoded.items():
             bar.set_description(f"T={temperature:g} {category}")
-            contenders = ours + (peers if temperature == 0 else [])
-            tallies = time_interleaved(contenders, ids, max_new_tokens=cfg["max_new_tokens"], temperature=temperature,
-                                       repeats=cfg["repeats"], seed=cfg["seed"], tick=bar.update, memory=meter)
+            while True:  # a peer that fails is dropped and the category timed again without it
+                contenders = ours + (peers if temperature == 0 else [])
+                try:
+                    tallies = time_interleaved(contenders, ids, max_new_tokens=cfg["max_new_tokens"],
+                                               temperature=temperature, repeats=cfg["repeats"], seed=cfg["seed"],
+                                               tick=bar.update, memory=meter)
+                    break
+                except PeerFailed as e:
+                    peers.remove(e.peer)
+                    notes.append(f"{e} (on a {category} prompt): dropped from then on; its rows before are kept")
             plain = tallies[baseline]
             for o in ours:
                 cells.append(_cell(o, tallies[o.label], plain, category, temperature, groups[category], ids,
@@ -188,7 +195,8 @@ def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts
               static_bytes: int) -> dict:
     t = tallies[p.label]
     div = _divergences(target, prompts, ids, plain.outputs, t.outputs)
-    counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram"}[p.label]
+    counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram",
+                        "hf_universal_assisted": "cross_tokenizer"}[p.label]
     # Every drafter of ours with the same name (say draft_model fixed and adaptive): the first is
     # `counterpart` (kept for scripts that read it), all of them are in `counterparts`.
     mine_all = [o.label for o in ours if o.name == counterpart_name]

@@ -3,6 +3,8 @@
     hf_generate          model.generate(...)                                  plain decoding
     hf_assisted          model.generate(..., assistant_model=<draft model>)    their draft-model speculation
     hf_prompt_lookup     model.generate(..., prompt_lookup_num_tokens=k)       their n-gram lookup
+    hf_universal_assisted  model.generate(..., assistant_model=<draft model>, tokenizer=...,
+                         assistant_tokenizer=...)                             theirs with another tokenizer
 
 Each runs with transformers' own defaults for everything not set here (assisted: up to
 `num_assistant_tokens` drafts per round, cut short when the assistant's confidence falls below
@@ -15,8 +17,17 @@ import time
 import torch
 from transformers.utils import logging as hf_logging
 
-from ..models import load_causal_lm
+from ..models import load_causal_lm, load_tokenizer
 from .runner import Run
+
+
+class PeerFailed(RuntimeError):
+    """A peer's own generate raised: the comparison drops that peer and goes on (a bug in a peer
+    is the peer's result, not a reason to lose the run)."""
+
+    def __init__(self, peer: "HFPeer", error: BaseException):
+        super().__init__(f"{peer.label} failed: {type(error).__name__}: {error}")
+        self.peer = peer
 
 
 class HFPeer:
@@ -35,7 +46,8 @@ class HFPeer:
     @property
     def settings(self) -> dict:
         """The generate kwargs, printable (the assistant model shown by its path)."""
-        return {k: (getattr(v, "name_or_path", type(v).__name__) if k == "assistant_model" else v)
+        shown_by_path = ("assistant_model", "tokenizer", "assistant_tokenizer")
+        return {k: (getattr(v, "name_or_path", type(v).__name__) if k in shown_by_path else v)
                 for k, v in self.extra.items()}
 
     @torch.no_grad()
@@ -50,9 +62,12 @@ class HFPeer:
         hf_logging.set_verbosity_error()
         try:
             t0 = time.perf_counter()
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
-                                      min_new_tokens=min(self.min_new_tokens, max_new_tokens), **self.extra)
+            try:
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                          max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
+                                          min_new_tokens=min(self.min_new_tokens, max_new_tokens), **self.extra)
+            except (RuntimeError, ValueError, IndexError, TypeError) as e:
+                raise PeerFailed(self, e) from e
             new = out[0, ids.shape[1]:].tolist()  # .tolist() waits for the device: the time is complete
             seconds = time.perf_counter() - t0
         finally:
@@ -63,7 +78,8 @@ class HFPeer:
 def build_peers(decoder, drafters: list[dict], min_new_tokens: int = 0) -> tuple[list[HFPeer], list[str]]:
     """The peers for this target, and notes on any that cannot run. The assistant is the first
     `draft_model` drafter's model; the lookup length is the first `ngram` drafter's k (its
-    default if unset or if there is none). Every peer runs with `min_new_tokens`, as ours do."""
+    default if unset or if there is none); a `cross_tokenizer` drafter lends its model and
+    tokenizer to universal assisted generation. Every peer runs with `min_new_tokens`, as ours do."""
     from ..drafters.ngram import NgramDrafter
 
     model = decoder.target
@@ -82,6 +98,14 @@ def build_peers(decoder, drafters: list[dict], min_new_tokens: int = 0) -> tuple
         peers.append(HFPeer("hf_assisted", model, {"assistant_model": assistant}, params, pad, min_new_tokens))
     else:
         notes.append("hf_assisted skipped: no draft_model drafter in the config to lend its model")
+    cross = next((d for d in drafters if d["name"] == "cross_tokenizer"), None)
+    if cross is not None and decoder.tokenizer is not None:
+        dtype = cross.get("dtype") or str(model.dtype).replace("torch.", "")
+        assistant = load_causal_lm(cross["path"], dtype, decoder.device, what="assistant model")
+        extra = {"assistant_model": assistant, "tokenizer": decoder.tokenizer,
+                 "assistant_tokenizer": load_tokenizer(cross["path"])}
+        peers.append(HFPeer("hf_universal_assisted", model, extra, sum(p.numel() for p in assistant.parameters()),
+                            pad, min_new_tokens))
     default_k = NgramDrafter.Options.k
     k = next((int(d.get("k", default_k)) for d in drafters if d["name"] == "ngram"), default_k)
     peers.append(HFPeer("hf_prompt_lookup", model, {"prompt_lookup_num_tokens": k}, pad_token_id=pad,
