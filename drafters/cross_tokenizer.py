@@ -7,12 +7,18 @@ text, as Hugging Face's universal assisted generation does. Each round, per row:
 3. that text is encoded with the target's tokenizer after the row's last few tokens, and the
    target's tokens that follow them become a deterministic chain.
 
-The chain is deterministic (a point mass, whatever the temperature), so the shared verifier keeps
-the target's distribution exactly at any temperature; the text bridge only decides how many
-drafts are accepted. Where a boundary re-tokenizes differently (a word split across the last
-target token and the draft text), the drafted text is encoded alone, which the target may reject.
-Use `draft_model` when the tokenizers are the same: it needs no text round trip and can sample its
-drafts from q."""
+That chain is deterministic, so the verifier keeps the target's distribution whatever it holds;
+the text bridge only decides how many drafts are accepted. Where a boundary re-tokenizes
+differently (a word split across the last target token and the draft text), the drafted text is
+encoded alone, which the target may reject.
+
+Sampled rounds (T > 0) draw each draft token instead, from the draft model's distribution over
+the tokens both vocabularies spell the same (as transformers' universal speculative decoding
+does): each such token is one target token, and the distribution it was drawn from, placed in
+the target's vocabulary, is its q, so rejection sampling stays exact. A greedy chain there is
+accepted only as often as the target samples the draft model's argmax.
+
+Use `draft_model` when the tokenizers are the same: it needs no text round trip."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +29,8 @@ from ..models import check_model_folder, context_length, load_causal_lm, load_to
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, Drafter, DraftTree
+from .chain_draws import chain_trees, draw_step
+from .draft_vocab import full_vocab
 from .registry import register
 
 TAIL = 4  # target tokens re-encoded with the drafted text, so a word they begin is continued as one
@@ -62,8 +70,25 @@ class CrossTokenizerDrafter(Drafter):
         self._parameters = sum(p.numel() for p in model.parameters())
         self.lm = CachedLM(model, direct=True)
         self.context = context_length(model.config)
+        self._share_vocabularies(target.tokenizer, tokenizer, model.get_output_embeddings().weight.shape[0])
         self.held: list[list[int]] = []  # each row's draft-model ids in its cache
         self.bridged = self.fallbacks = 0  # rounds whose drafted text joined the row's tail / was encoded alone
+
+    def _share_vocabularies(self, target_tokenizer, tokenizer, draft_width: int) -> None:
+        """The tokens both vocabularies hold, spelled the same: the ones sampled rounds draw from
+        (as transformers' universal speculative decoding does). shared_draft / shared_target:
+        their ids in each; None when there are none."""
+        target_ids = target_tokenizer.get_vocab()
+        pairs = sorted((i, target_ids[token]) for token, i in tokenizer.get_vocab().items()
+                       if token in target_ids and target_ids[token] < self.vocab_size and i < draft_width)
+        self.shared_draft = self.shared_target = None
+        self._target_of_draft = None
+        if pairs:
+            device = self.lm.device
+            self.shared_draft = torch.tensor([d for d, _ in pairs], device=device)
+            self.shared_target = torch.tensor([t for _, t in pairs], device=device)
+            self._target_of_draft = torch.full((draft_width,), -1, dtype=torch.long, device=device)
+            self._target_of_draft[self.shared_draft] = self.shared_target
 
     def max_depth(self) -> int:
         return 2 * self.k  # target tokens of k draft tokens' text: at most this many are proposed
@@ -88,7 +113,8 @@ class CrossTokenizerDrafter(Drafter):
         self.held += [[] for _ in prompts]
 
     def report(self) -> dict:
-        return {"bridged_rounds": self.bridged, "text_alone_rounds": self.fallbacks}
+        return {"bridged_rounds": self.bridged, "text_alone_rounds": self.fallbacks,
+                "shared_tokens": 0 if self.shared_draft is None else len(self.shared_draft)}
 
     def propose(self, contexts):
         k = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
@@ -103,10 +129,19 @@ class CrossTokenizerDrafter(Drafter):
         last = torch.tensor([len(u) - 1 for u in unseen], device=device)
         logits, _ = self.lm.forward(TreeBlock.chains(unseen, device), logits_at=last)
         self.lm.accept([list(range(len(u))) for u in unseen])
-        # 2. k greedy draft tokens per row.
-        drafted = []
+        # 2. k draft tokens per row: greedy, or in sampled rounds drawn among the shared tokens.
+        sampled = not self.shape_sampling().greedy
+        if sampled and self.shared_draft is None:  # no token of one vocabulary is in the other
+            self.held = wants
+            return [DraftTree.empty(device) for _ in contexts]
+        drafted, probs = [], []
         for step in range(k):
-            token = logits.argmax(-1)
+            if sampled:
+                p, index = draw_step(logits[:, self.shared_draft], self.draft_sampling(), self.generator)
+                probs.append(p)
+                token = self.shared_draft[index]
+            else:
+                token = logits.argmax(-1)
             drafted.append(token)
             if step < k - 1:
                 logits, _ = self.lm.forward(TreeBlock.column(token))
@@ -114,23 +149,36 @@ class CrossTokenizerDrafter(Drafter):
                 self.lm.accept([[0]] * len(contexts))
         drafted_ids = torch.stack(drafted, 1).tolist()
         self.held = [want + ids[:-1] for want, ids in zip(wants, drafted_ids)]  # the last was never fed
+        if sampled:
+            return self._sampled_chains(torch.stack(drafted, 1), probs)
         # 3. Their text in the target's tokens.
         trees = []
         for b, (context, want, ids) in enumerate(zip(contexts, wants, drafted_ids)):
             cut = next((j for j, t in enumerate(ids) if t in self.draft_eos), len(ids))
-            tokens = self._target_tokens(context, self._text_after(want, ids[:cut]))[: self.max_depth()]
+            depth = self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
+            tokens = self._target_tokens(context, self._text_after(want, ids[:cut]))[:depth]
             tokens = tokens[: next((j for j, t in enumerate(tokens) if t >= self.vocab_size), len(tokens))]
             if self.grammar is not None:  # drafts only: what the grammar forbids would be rejected
                 tokens = tokens[: self.grammar.fits(b, tokens)]
             trees.append(DraftTree.chain(tokens, DETERMINISTIC, device=device))
         return trees
 
+    def _sampled_chains(self, drafted: torch.Tensor, probs: list[torch.Tensor]) -> list[DraftTree]:
+        """Sampled rounds' chains: each draft token is a shared token, so it is one target token,
+        and the distribution it was drawn from, put in the target's vocabulary, is its q."""
+        target_tokens = self._target_of_draft[drafted]  # (B, k)
+        # An IID chain may not run past the row's own end (a sampled EOS ends it).
+        lengths = [next((j + 1 for j, t in enumerate(row) if t in self.draft_eos), len(row))
+                   for row in drafted.tolist()]
+        q_of = lambda: full_vocab(torch.stack(probs, 1), self.shared_target, self.vocab_size)  # noqa: E731
+        return chain_trees(target_tokens, lengths, self.draft_sampling(), q_of)
+
     def _draft_ids(self, context: list[int], k: int) -> list[int]:
         """The row's text so far in the draft model's ids, the latest that fit beside k drafts."""
         text = self.target_tokenizer.decode(context, skip_special_tokens=True)
         # (verbose=False: a text longer than the draft model's context is cut below, not warned about)
         ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"] or [self._any_start()]
-        return ids[-(self.context - k):]
+        return ids[-max(1, self.context - k):]
 
     def _any_start(self) -> int:
         """An id to start from when the text is empty (a prompt of special tokens only)."""
