@@ -147,15 +147,16 @@ class CrossTokenizerDrafter(Drafter):
                 logits, _ = self.lm.forward(TreeBlock.column(token))
                 logits = logits[:, 0]
                 self.lm.accept([[0]] * len(contexts))
-        drafted_ids = torch.stack(drafted, 1).tolist()
+        drafted = torch.stack(drafted, 1)  # (B, k)
+        drafted_ids = drafted.tolist()
         self.held = [want + ids[:-1] for want, ids in zip(wants, drafted_ids)]  # the last was never fed
         if sampled:
-            return self._sampled_chains(torch.stack(drafted, 1), probs)
+            return self._sampled_chains(drafted, probs)
         # 3. Their text in the target's tokens.
         trees = []
+        depth = self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
         for b, (context, want, ids) in enumerate(zip(contexts, wants, drafted_ids)):
             cut = next((j for j, t in enumerate(ids) if t in self.draft_eos), len(ids))
-            depth = self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
             tokens = self._target_tokens(context, self._text_after(want, ids[:cut]))[:depth]
             tokens = tokens[: next((j for j, t in enumerate(tokens) if t >= self.vocab_size), len(tokens))]
             if self.grammar is not None:  # drafts only: what the grammar forbids would be rejected
