@@ -463,16 +463,15 @@ class Decoder:
                     joining=None):
         """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
         held back while a stop string may yet complete. A row's last chunk (its held-back tail and
-        finish_reason) comes as soon as the row ends, not when the whole batch does."""
+        finish_reason) comes in the round the row ends, before the next is drafted, not when the
+        whole batch does."""
         stats = stats if stats is not None else GenerationStats()  # its finish_reasons tell a row has ended
         texts = [IncrementalText(self.decode) for _ in ids]  # decodes a window per round, not the whole row
         shown = [""] * len(ids)
         row_stops = _row_values(args["stop"], len(ids))
-        open_rows = set(range(len(ids)))
 
         def join():
             rows = joining()
-            open_rows.update(range(len(texts), len(texts) + len(rows)))
             texts.extend(IncrementalText(self.decode) for _ in rows)
             shown.extend("" for _ in rows)
             row_stops.extend(row.stop for row in rows)
@@ -483,13 +482,13 @@ class Decoder:
             stops = row_stops[row]
             final = stops.cut(final) if stops else final
             tail = final[len(shown[row]):] if final.startswith(shown[row]) else ""  # held back, now final
-            open_rows.discard(row)
             return row, StreamChunk(tail, [], *_scores(recorder, row, 0, 0), finish_reason=stats.finish_reasons[row])
 
         for row, new in self.engine.stream(ids, stats=stats, logprobs=recorder, aborted=aborted,
                                            joining=join if joining is not None else None, **args):
-            for ended in sorted(r for r in open_rows if stats.finish_reasons[r]):  # since the last chunk
-                yield last(ended)
+            if not new:  # it ended in this round with no new token
+                yield last(row)
+                continue
             text = texts[row]
             scores = _scores(recorder, row, len(text.tokens), len(new))
             piece, stops = "", row_stops[row]
@@ -501,8 +500,8 @@ class Decoder:
                 if len(visible) > len(shown[row]):
                     piece, shown[row] = visible[len(shown[row]):], visible
             yield row, StreamChunk(piece, list(new), *scores)
-        for row in sorted(open_rows):
-            yield last(row)
+            if stats.finish_reasons[row]:  # it ended in this round: its last chunk now, before the next round
+                yield last(row)
 
     def prompt_logprobs(self, input_ids: list[list[int]], top_logprobs: int = 0) -> tuple[list, list | None]:
         """The target's log-probability of each prompt token given the ones before it, None for

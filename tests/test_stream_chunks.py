@@ -107,3 +107,30 @@ def test_stream_batch_rows_join_to_generates_rows(decoder, settings):
         assert ends[0] < max(i for i, (r, c) in enumerate(chunks) if r != 0 and c.token_ids)
     with pytest.raises(TypeError, match=r"unknown settings \['temprature'\]"):
         next(decoder.stream_batch(ids, temprature=0.5))
+
+
+@pytest.mark.parametrize("ending", ["length", "stop", "abort"])
+def test_a_rows_last_chunk_comes_in_the_round_it_ends(decoder, monkeypatch, ending):
+    """A row's last chunk comes before the next round is drafted, with `stats` counting the round
+    it ended in: serve answers a request as its rows end, not a round later (when a long row
+    beside it may hold the batch a while)."""
+    ids = decoder.encode([PROMPT, "import os\nimport"])
+    free = decoder.generate(input_ids=ids[:1], max_new_tokens=NEW).texts[0]
+    settings = {"max_new_tokens": [5 if ending == "length" else NEW, NEW]}
+    if ending == "stop":
+        at = next(i for i in range(4, len(free)) if "\ufffd" not in free[i:i + 2])
+        settings["stop"] = [[free[at:at + 2]], None]
+    drafts = []
+    propose = decoder.engine.drafter.propose
+    monkeypatch.setattr(decoder.engine.drafter, "propose", lambda contexts: drafts.append(len(contexts))
+                        or propose(contexts))
+    stats, aborted = draftsman.GenerationStats(), set()
+    for row, chunk in decoder.stream_batch(ids, stats=stats, aborted=aborted, **settings):
+        if ending == "abort" and row == 0:
+            aborted.add(0)  # it ends after the round it is in
+        if row == 0 and chunk.finish_reason:
+            assert chunk.finish_reason == ending
+            assert len(drafts) == stats.rounds  # no round drafted since the one it ended in...
+            assert drafts[-1] == 2  # ...which drafted for it too
+            assert stats.row_rounds == 2 * stats.rounds and len(stats.accepted_per_round[0]) == stats.rounds
+    assert stats.finish_reasons == [ending, "length"] and drafts[-1] == 1  # row 1 went on alone

@@ -185,7 +185,9 @@ class SpeculativeEngine:
                stop_token_ids: Iterable[int] | list[Iterable[int]] = (),
                aborted: Container[int] = (), joining: Joining | None = None,
                ignore_eos: bool | list[bool] = False) -> Iterator[tuple[int, list[int]]]:
-        """Yields (row, tokens) as each round commits them; fills `stats` as it goes. max_new_tokens:
+        """Yields (row, tokens) as each round commits them, after the round is counted in `stats`;
+        a row that ended in the round has its finish reason in `stats` when it is yielded, and is
+        yielded even with no new token (tokens []). max_new_tokens:
         one limit for every row, or one per row (requests with different limits in one batch). stop(tokens so
         far, new tokens) -> how many new tokens to keep when the row must stop there, else None
         (draftsman/stop.py: text stop strings). min_new_tokens: EOS cannot end a row before it has
@@ -329,8 +331,6 @@ class SpeculativeEngine:
                     stats.accepted_per_round[r].append(num_accepted[i])
                     stats._count_depths(trees[i], num_accepted[i])
                     stats.new_tokens += len(emitted)
-                    if emitted:
-                        yield r, emitted
                     emitted_rows.append(emitted)
                     if reason:
                         stats.finish_reasons[r] = reason
@@ -342,6 +342,7 @@ class SpeculativeEngine:
                 self.drafter.observe(feedback)
                 stats.rounds += 1
                 stats.row_rounds += len(active)
+                committed = list(zip(active, emitted_rows))  # (active narrows below)
                 if len(still) < len(active):
                     self.target.select_rows(still)
                     self.drafter.keep_rows(still)
@@ -353,6 +354,11 @@ class SpeculativeEngine:
                 stats.verify_seconds += t2 - t1
                 synchronize(self.device)
                 stats.total_seconds = time.perf_counter() - t_start
+                # Yielded once the round is counted: a consumer that answers a request on its rows'
+                # ends (serve) answers it now, with stats that count its last round, not a round later.
+                for r, emitted in committed:
+                    if emitted or stats.finish_reasons[r]:
+                        yield r, emitted
         finally:  # once, when the loop ends or a stream's consumer stops early: not a per-round cost
             stats.drafter_report = self.drafter.report()
 
