@@ -22,6 +22,8 @@ depths. prometheus_client writes the exposition format, as vLLM's server does.
 """
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .api import GenerationStats
@@ -39,6 +41,9 @@ class ServeMetrics:
 
     def __init__(self, model_name: str, drafter: str):
         self.registry = r = CollectorRegistry()
+        # A scrape sees each record whole: without it, batches could count a generation whose
+        # tokens and passes are not yet counted, and the ratios above read wrong for one scrape.
+        self._lock = threading.Lock()
 
         def counter(name: str, doc: str, labels=()) -> Counter:
             return Counter(PREFIX + name, doc, labels, registry=r)
@@ -92,6 +97,10 @@ class ServeMetrics:
         all its samples) and its statistics; or, new_generation=False, what a generation that
         requests join has done since it was last recorded (serve_batch records such a
         generation as its requests end, so the counters move while it runs)."""
+        with self._lock:
+            self._record(ids, stats, new_generation)
+
+    def _record(self, ids: list[list[int]], stats: GenerationStats, new_generation: bool) -> None:
         if new_generation:
             self.batches.inc()
         self.batch_rows.inc(len(stats.finish_reasons))
@@ -113,6 +122,10 @@ class ServeMetrics:
 
     def record_request(self, times: RequestTimes) -> None:
         """One answered request's latencies and sizes."""
+        with self._lock:
+            self._record_request(times)
+
+    def _record_request(self, times: RequestTimes) -> None:
         self.e2e.observe(times.finished - times.arrived)
         self.queue_time.observe(times.started - times.arrived)
         self.inference_time.observe(times.finished - times.started)
@@ -124,4 +137,5 @@ class ServeMetrics:
         self.request_generation_tokens.observe(times.generation_tokens)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        with self._lock:
+            return generate_latest(self.registry)

@@ -123,6 +123,40 @@ def test_record_counts_rounds_with_a_draft_not_every_round():
     assert got[("draftsman:batch_rows_total", ())] == 2 and got[("draftsman:batches_total", ())] == 1
 
 
+def test_a_scrape_sees_a_record_whole_or_not_at_all():
+    """A scrape while a generation is being recorded waits for the record to end: the counters it
+    reads agree (here the record pauses after counting the batch, before its target passes)."""
+    import threading
+
+    from draftsman.api import GenerationStats
+    from draftsman.serve_metrics import ServeMetrics
+
+    metrics = ServeMetrics("m", "ngram")
+    paused, resume = threading.Event(), threading.Event()
+    count_passes = metrics.target_passes.inc
+
+    def slow_inc(amount=1):
+        paused.set()
+        resume.wait(10)
+        count_passes(amount)
+    metrics.target_passes.inc = slow_inc
+    stats = GenerationStats(rounds=3, row_rounds=3, new_tokens=5, accepted_per_round=[[1, 1, 0]],
+                            finish_reasons=["length"])
+    recording = threading.Thread(target=metrics.record, args=([[1, 2]], stats))
+    recording.start()
+    assert paused.wait(10)
+    scraped = []
+    scraping = threading.Thread(target=lambda: scraped.append(metrics.exposition().decode()))
+    scraping.start()
+    scraping.join(0.3)
+    resume.set()  # (a scrape that did not wait has its text already)
+    recording.join(10)
+    scraping.join(10)
+    got = {s.name: s.value for family in text_string_to_metric_families(scraped[0]) for s in family.samples}
+    assert got["draftsman:batches_total"] == 1
+    assert got["draftsman:target_passes_total"] == 3 and got["draftsman:generation_tokens_total"] == 5
+
+
 def test_waiting_and_running_gauges(fresh_server, monkeypatch):
     import threading
     import time
