@@ -390,12 +390,37 @@ def slowed(decoder):
     return decoder
 
 
-def start_long_stream(batcher, decoder, min_new_tokens=60):
-    """A 60-token stream, read until its first chunk (it runs): (job, chunk iterator, chunks)."""
+def start_long_stream(batcher, decoder, min_new_tokens=60, joins=1):
+    """A 60-token stream, read until its first chunk (it runs): (job, chunk iterator, chunks).
+    Its row waits for the test's requests to be queued (hold_until_joined)."""
     job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60,
                                                                      "min_new_tokens": min_new_tokens})
     first = [next(chunks)[1]]
+    hold_until_joined(batcher, decoder, job, joins)
     return job, chunks, first
+
+
+def hold_until_joined(batcher, decoder, job, joins=1, queued=1):
+    """Until `joins` requests have joined `job`'s batch, a round that runs its row alone with fewer
+    than `queued` requests queued waits for them (30 s at most): the test's next requests then find
+    the row running however slow the test's thread, where the 20 ms rounds alone left it about a
+    second."""
+    import time
+
+    propose = decoder.engine.drafter.propose
+    seen = {"rows": 1, "joins": 0}
+
+    def held(contexts):
+        if len(contexts) > seen["rows"]:
+            seen["joins"] += 1
+        seen["rows"] = len(contexts)
+        deadline = time.monotonic() + 30
+        while (job.stats is None and len(contexts) == 1 and seen["joins"] < joins
+               and len(batcher.waiting) < queued and time.monotonic() < deadline):
+            time.sleep(0.002)
+        return propose(contexts)
+
+    decoder.engine.drafter.propose = held
 
 
 def test_a_request_joins_the_running_batch_and_is_answered_before_it_ends(chat_target):
@@ -456,6 +481,7 @@ def test_requests_that_cannot_join_wait_for_the_batch_to_end(slow_server_decoder
     with pytest.raises(ValueError, match=r"prompt 0 has \d+ tokens but the target's context"):
         batcher.generate([too_long], {"max_new_tokens": 60, "min_new_tokens": 60})
     assert long_job.stats is None  # the running batch went on
+    hold_until_joined(batcher, decoder, long_job, queued=3)  # none of the three can join: they wait
     answers = {}
 
     def ask(name, ids, args):
@@ -611,6 +637,7 @@ def test_a_request_that_leaves_a_setting_out_joins_with_the_configs_not_the_batc
     job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
                                                                      **running})
     got = [next(chunks)[1]]
+    hold_until_joined(batcher, decoder, job)
     plain, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), {"max_new_tokens": 12})
     assert rows == 2 and job.stats is None  # it ran beside the long row
     got += [chunk for _, chunk in chunks]
@@ -637,6 +664,7 @@ def test_typical_acceptance_requests_with_other_sampling_settings_run_apart(chat
     job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
                                                                      "temperature": 0.8, **typical})
     got = [next(chunks)[1]]
+    hold_until_joined(batcher, decoder, job)  # the other one is queued while this row runs
     other, rows = batcher.generate(decoder.encode(SERVE_PROMPTS[1:2]), {"max_new_tokens": 8, "temperature": 0.5,
                                                                         **typical})
     assert rows == 1 and len(other.token_ids[0]) <= 8  # in a batch of its own

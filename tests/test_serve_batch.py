@@ -295,7 +295,7 @@ def test_requests_that_differ_in_logprobs_share_a_batch(chat_target):
     for the next one."""
     from draftsman.serve_batch import Batcher
 
-    from test_continuous_batching import SERVE_PROMPTS, slowed
+    from test_continuous_batching import SERVE_PROMPTS, hold_until_joined, slowed
     from serving import ngram_decoder
 
     decoder = slowed(ngram_decoder(chat_target[0]))
@@ -303,6 +303,7 @@ def test_requests_that_differ_in_logprobs_share_a_batch(chat_target):
     long_job, chunks = batcher.stream(decoder.encode(SERVE_PROMPTS[:1]), {"max_new_tokens": 60, "min_new_tokens": 60,
                                                                          "logprobs": True, "top_logprobs": 3})
     got = [next(chunks)[1]]
+    hold_until_joined(batcher, decoder, long_job, joins=2)  # the plain request's and the fewer one's
     ids = decoder.encode(SERVE_PROMPTS[1:2])
     plain, plain_rows = batcher.generate(ids, {"max_new_tokens": 8})
     fewer, fewer_rows = batcher.generate(ids, {"max_new_tokens": 8, "logprobs": True, "top_logprobs": 1})
