@@ -6,7 +6,7 @@ from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
 from .replies import check_parsers, grammar_after_thought, opened_thoughts, reply_messages
-from .tool_calls import arguments_as_objects
+from .tool_calls import KEPT_IN_TEXT, arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
@@ -150,6 +150,7 @@ class Decoder:
         if t.get("attn_implementation"):
             self.target.set_attn_implementation(t["attn_implementation"])
         self.tokenizer = load_tokenizer(t["path"])
+        self.kept_in_text: dict[int, str] = {}  # special tokens decoded text keeps (keep_in_text)
         vocab = self.target.get_output_embeddings().weight.shape[0]
         info = TargetInfo(self.target, str(t["path"]), self.tokenizer, vocab, self.device, self.target.dtype)
         self.drafter = build_drafter(config["drafter"], info)
@@ -164,6 +165,7 @@ class Decoder:
         other = object.__new__(Decoder)
         other.config = {**self.config, "drafter": dict(drafter)}
         other.device, other.target, other.tokenizer = self.device, self.target, self.tokenizer
+        other.kept_in_text = dict(self.kept_in_text)
         info = TargetInfo(self.target, str(self.config["target"]["path"]), self.tokenizer,
                           self.engine.vocab_size, self.device, self.target.dtype)
         other.drafter = build_drafter(other.config["drafter"], info)
@@ -199,7 +201,7 @@ class Decoder:
         {"enable_thinking": False}; tools: tool definitions (OpenAI's JSON schemas, vLLM's tools=) for a
         tool-calling template.
         Each reply also comes back as OpenAI's assistant message (`messages`), parsed as `draftsman
-        serve` parses it: tool_call_parser ("hermes", "qwen3_coder", "llama3_json", "pythonic") puts
+        serve` parses it: tool_call_parser ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral") puts
         the calls the model wrote in "tool_calls" (qwen3_coder types their values by `tools`),
         reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
         (draftsman/replies.py). The texts stay the model's own.
@@ -227,7 +229,12 @@ class Decoder:
         grammar = generate_args.get("structured_output")
         if grammar is not None and not isinstance(grammar, list):  # the grammar holds the answer, after the thought
             generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
-        out = self.generate(input_ids=ids, **generate_args)
+        before = self.kept_in_text
+        self.keep_in_text(KEPT_IN_TEXT.get(tool_call_parser, ()) if isinstance(tool_call_parser, str) else ())
+        try:  # (the parser's markers kept in these replies' text only)
+            out = self.generate(input_ids=ids, **generate_args)
+        finally:
+            self.kept_in_text = before
         opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
         out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened,
                                       one_call=not parallel_tool_calls)
@@ -514,7 +521,37 @@ class Decoder:
         return prompt_logprobs(self.target, ids, top_logprobs)
 
     def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
+        if not self.tokenizer:
+            return ""
+        kept = self.kept_in_text
+        if kept and any(t in kept for t in tokens):
+            return self._decode_keeping(tokens, kept)
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _decode_keeping(self, tokens: list[int], kept: dict[int, str]) -> str:
+        """The text with the kept special tokens written out and the other special tokens dropped."""
+        pieces, run = [], []
+        for token in tokens:
+            if token in kept:
+                pieces += [self.tokenizer.decode(run, skip_special_tokens=True), kept[token]]
+                run = []
+            else:
+                run.append(token)
+        return "".join(pieces) + self.tokenizer.decode(run, skip_special_tokens=True)
+
+    def keep_in_text(self, markers) -> dict[int, str]:
+        """Decoded text keeps these special tokens (a tool-call format's markers, e.g. Mistral's
+        [TOOL_CALLS]; draftsman/tool_calls.py KEPT_IN_TEXT), where it drops the others; markers
+        that are no token of the target's tokenizer, or no special one, change nothing. Replaces
+        what an earlier call kept; returns {token id: text} kept."""
+        kept = {}
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        for marker in markers:
+            token = vocab.get(marker)
+            if token is not None and self.tokenizer.decode([token], skip_special_tokens=True) == "":
+                kept[token] = marker
+        self.kept_in_text = kept
+        return kept
 
     def decode_token(self, token: int) -> str:
         """One token's own text, special tokens included (how an API names a scored token)."""

@@ -39,6 +39,7 @@ from .drafters import registry
 from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, opened_thoughts,
                       reply_messages)
+from .tool_calls import KEPT_IN_TEXT
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 from .verifier.structured import StructuredOutput
 
@@ -176,6 +177,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     decoder = Decoder(cfg)
     parsers = (args.tool_call_parser, args.reasoning_parser)
     check_parsers(decoder.tokenizer, *parsers, names=PARSER_FLAGS)
+    decoder.keep_in_text(KEPT_IN_TEXT.get(args.tool_call_parser, ()))
     if conversations is not None:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
@@ -224,7 +226,8 @@ def add_reply_parser_args(p: argparse.ArgumentParser, prefix: str = "", tool_cal
                             "</tool_call>, as Hermes and Qwen write them; qwen3_coder's <tool_call><function=NAME>"
                             "<parameter=KEY>..., as Qwen3-Coder writes them, the values typed by the tool schema; "
                             "llama3_json's {\"name\": ..., \"parameters\": ...}, as Llama 3.1 / 3.2 write them; "
-                            "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them)")
+                            "pythonic's [name(key=value), ...], as Llama 3.2 / 4 write them; mistral's "
+                            "[TOOL_CALLS] calls, as Mistral's models write them, the marker kept in the text)")
 
 
 def add_logit_bias_arg(p: argparse.ArgumentParser, prefix: str = "") -> None:

@@ -22,7 +22,7 @@ decoding by changing their base URL.
   `structured_outputs` (json, regex, choice, grammar) and its older `guided_json`, `guided_regex`,
   `guided_choice`, `guided_grammar`: the output is held to the grammar, exactly as plain decoding
   under it (verifier/structured.py).
-- `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`: a chat reply's tool calls come back as OpenAI's
+- `--tool-call-parser hermes|qwen3_coder|llama3_json|pythonic|mistral`: a chat reply's tool calls come back as OpenAI's
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none", and
   "required" or a named function, which hold the reply to calls by a grammar (draftsman/forced_calls.py);
   parallel_tool_calls false keeps a reply's first call only, as vLLM does ("required": one call).
@@ -62,7 +62,7 @@ from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_th
                       reply_message)
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
-from .tool_calls import PARSERS
+from .tool_calls import KEPT_IN_TEXT, PARSERS
 from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -111,6 +111,7 @@ class Server(ThreadingHTTPServer):
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
         check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
+        decoder.keep_in_text(KEPT_IN_TEXT.get(tool_call_parser, ()))  # the server's texts keep its markers
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])

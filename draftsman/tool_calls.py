@@ -1,6 +1,7 @@
 """Tool calls in a chat reply, returned as OpenAI's API returns them (`message.tool_calls`, finish
 reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|qwen3_coder|llama3_json|pythonic`
-(vLLM's flag and parser names) and `Decoder.chat(tool_call_parser=...)`.
+(vLLM's flag and parser names; also `mistral`, draftsman/tool_call_mistral.py) and
+`Decoder.chat(tool_call_parser=...)`.
 
 - `hermes`, the format Hermes 2 Pro, Qwen2.5 / Qwen3 and many tool-calling fine-tunes emit, as
   their chat templates ask: each call a JSON object in its own block,
@@ -35,12 +36,16 @@ import ast
 import json
 import uuid
 
+from .tool_call_mistral import MARKERS as MISTRAL_MARKERS
+from .tool_call_mistral import MistralCallStream, mistral_calls
 from .tool_call_xml import xml_call_parts
 
-PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic")
+PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-# What each format needs decoded text to keep.
-TAGS = {"hermes": (OPEN, CLOSE), "qwen3_coder": (OPEN, CLOSE), "llama3_json": (), "pythonic": ()}
+# What each format needs decoded text to keep, where the tokenizer must not drop it as special.
+TAGS = {"hermes": (OPEN, CLOSE), "qwen3_coder": (OPEN, CLOSE), "llama3_json": (), "pythonic": (), "mistral": ()}
+# Special tokens a format needs in decoded text: the decoder keeps them there (Decoder.keep_in_text).
+KEPT_IN_TEXT = {"mistral": MISTRAL_MARKERS}
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -75,6 +80,9 @@ def parse_tool_calls(text: str, parser: str = "hermes",
                      tools: list[dict] | None = None) -> tuple[str | None, list[dict]]:
     """A whole reply -> (its content, None when only calls; its calls in order). tools: the
     request's tool definitions (qwen3_coder reads its values' types from them)."""
+    if parser == "mistral":
+        parsed = mistral_calls(text)
+        return parsed if parsed is not None else (text, [])
     whole = _whole_reply(parser)
     if whole is not None:
         calls = whole[1](text)
@@ -148,8 +156,10 @@ def _whole_reply(parser) -> tuple | None:
     return parser.opener, parser.parse
 
 
-def tool_call_stream(parser, tools: list[dict] | None = None) -> "ToolCallStream | WholeReplyCallStream":
+def tool_call_stream(parser, tools: list[dict] | None = None):
     """A streamed reply's parser for the format (tools: as parse_tool_calls takes them)."""
+    if parser == "mistral":
+        return MistralCallStream()
     whole = _whole_reply(parser)
     return WholeReplyCallStream(*whole) if whole is not None else ToolCallStream(parser, tools)
 
