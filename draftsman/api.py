@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
-from .replies import check_parsers, grammar_after_thought, opened_thoughts, reply_messages
-from .tool_calls import KEPT_IN_TEXT, arguments_as_objects
+from .replies import check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages
+from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
 from .drafters import TargetInfo, build_drafter
@@ -203,7 +203,7 @@ class Decoder:
         Each reply also comes back as OpenAI's assistant message (`messages`), parsed as `draftsman
         serve` parses it: tool_call_parser ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral") puts
         the calls the model wrote in "tool_calls" (qwen3_coder types their values by `tools`),
-        reasoning_parser ("qwen3", "deepseek_r1") its thought in "reasoning_content"
+        reasoning_parser ("qwen3", "deepseek_r1", "mistral") its thought in "reasoning_content"
         (draftsman/replies.py). The texts stay the model's own.
         tool_choice (OpenAI's): "auto" (None) and "none" leave the output free; "required" or
         {"type": "function", "function": {"name": NAME}} hold it by a grammar to calls of `tools`
@@ -230,8 +230,8 @@ class Decoder:
         if grammar is not None and not isinstance(grammar, list):  # the grammar holds the answer, after the thought
             generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
         before = self.kept_in_text
-        self.keep_in_text(KEPT_IN_TEXT.get(tool_call_parser, ()) if isinstance(tool_call_parser, str) else ())
-        try:  # (the parser's markers kept in these replies' text only)
+        self.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))
+        try:  # (the parsers' markers kept in these replies' text only)
             out = self.generate(input_ids=ids, **generate_args)
         finally:
             self.kept_in_text = before

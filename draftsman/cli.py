@@ -37,9 +37,8 @@ from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 from .reasoning import PARSERS as REASONING_PARSERS
-from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, message_deltas, opened_thoughts,
-                      reply_messages)
-from .tool_calls import KEPT_IN_TEXT
+from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, kept_in_text, message_deltas,
+                      opened_thoughts, reply_messages)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 from .verifier.structured import StructuredOutput
 
@@ -177,7 +176,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     decoder = Decoder(cfg)
     parsers = (args.tool_call_parser, args.reasoning_parser)
     check_parsers(decoder.tokenizer, *parsers, names=PARSER_FLAGS)
-    decoder.keep_in_text(KEPT_IN_TEXT.get(args.tool_call_parser, ()))
+    decoder.keep_in_text(kept_in_text(*parsers))
     if conversations is not None:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
@@ -217,7 +216,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 def add_reply_parser_args(p: argparse.ArgumentParser, prefix: str = "", tool_calls: bool = True) -> None:
     """--reasoning-parser and --tool-call-parser (vLLM's flags and format names; draftsman/replies.py)."""
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, metavar="FORMAT",
-                   help=f"{prefix}a reply's thinking (<think>...</think>) comes apart from the answer, as vLLM's "
+                   help=f"{prefix}a reply's thinking (<think>...</think>, Magistral's [THINK]...[/THINK]) comes "
+                        "apart from the answer, as vLLM's "
                         f"reasoning_content (formats: {', '.join(REASONING_PARSERS)})")
     if tool_calls:
         p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, metavar="FORMAT",

@@ -1,8 +1,8 @@
 """A reasoning model's thinking, returned apart from its answer as vLLM returns it
 (`message.reasoning_content`, streamed as `delta.reasoning_content`), for
-`draftsman serve --reasoning-parser qwen3|deepseek_r1` (vLLM's flag and parser names).
+`draftsman serve --reasoning-parser qwen3|deepseek_r1|mistral` (vLLM's flag and parser names).
 
-Both models think between <think> and </think> before they answer:
+Qwen3 and DeepSeek-R1 think between <think> and </think> before they answer:
 - `qwen3` writes both tags itself. A reply without a closed thought (thinking switched off, or
   cut off inside it) is all answer, as vLLM's qwen3 parser reads it.
 - `deepseek_r1`'s chat template opens <think> in the prompt, so a reply starts inside the
@@ -11,6 +11,10 @@ Both models think between <think> and </think> before they answer:
 - Under either parser, a reply to a prompt that ends in <think> (`opened`: the template opened
   the thought, as Qwen3-Thinking-2507's does) starts inside the thought, as deepseek_r1's does.
   The prompt says so before the first token, so a stream needs to hold nothing to know it.
+- `mistral`: Magistral's [THINK] ... [/THINK], read as qwen3's, except that a thought opened
+  and not closed is reasoning (cut off while thinking): the tags are special tokens, which no
+  answer writes by chance. Decoded text drops special tokens, so under this parser it keeps
+  these two (KEPT_IN_TEXT, Decoder.keep_in_text).
 
 The split reads the output only; the reply is the target's own. Long thoughts are where
 speculative decoding pays most: every token of them is drafted and verified as the answer's are.
@@ -19,28 +23,34 @@ from __future__ import annotations
 
 from .tool_calls import tag_start_at_end
 
-PARSERS = ("qwen3", "deepseek_r1")
+PARSERS = ("qwen3", "deepseek_r1", "mistral")
 START, END = "<think>", "</think>"
+TAGS = {"qwen3": (START, END), "deepseek_r1": (START, END), "mistral": ("[THINK]", "[/THINK]")}
+# Formats whose tags are special tokens, which decoded text keeps under them (Decoder.keep_in_text).
+KEPT_IN_TEXT = {"mistral": TAGS["mistral"]}
 
 
-def prompt_opens_thought(prompt_text: str) -> bool:
+def prompt_opens_thought(prompt_text: str, parser: str = "qwen3") -> bool:
     """Whether a prompt (its end is enough) leaves the reply inside an opened thought."""
-    return prompt_text.rstrip().endswith(START)
+    return prompt_text.rstrip().endswith(TAGS[parser][0])
 
 
 def split_reasoning(text: str, parser: str, opened: bool = False) -> tuple[str | None, str | None]:
     """A whole reply -> (its reasoning, its answer); None for an empty part. opened: the prompt
     opened the thought (prompt_opens_thought), so the reply starts inside it."""
-    if parser == "qwen3" and not opened and (START not in text or END not in text.split(START, 1)[1]):
-        return None, text or None  # no closed thought: all answer
-    if parser == "qwen3" and not opened:
-        before, after = text.split(START, 1)
-        reasoning, answer = after.split(END, 1)
+    start, end = TAGS[parser]
+    if parser != "deepseek_r1" and not opened:  # the reply writes the opening tag itself
+        if start not in text:
+            return None, text or None  # no thought: all answer
+        before, after = text.split(start, 1)
+        if end not in after:  # qwen3: no closed thought, all answer; mistral: cut off while thinking
+            return (None, text or None) if parser == "qwen3" else (after or None, before or None)
+        reasoning, answer = after.split(end, 1)
         return reasoning or None, (before + answer) or None
-    body = text.split(START, 1)[1] if text.startswith(START) else text
-    if END not in body:
+    body = text.split(start, 1)[1] if text.startswith(start) else text
+    if end not in body:
         return body or None, None  # cut off while thinking
-    reasoning, answer = body.split(END, 1)
+    reasoning, answer = body.split(end, 1)
     return reasoning or None, answer or None
 
 
@@ -53,6 +63,7 @@ class ReasoningStream:
     closes it streams as reasoning where the whole reply reads as answer."""
 
     def __init__(self, parser: str, opened: bool = False):
+        self.start, self.end = TAGS[parser]
         self.inside_from_start = parser == "deepseek_r1" or opened  # else qwen3 starts before the thought
         self.held = ""
         self.state = "thinking" if self.inside_from_start else "before"
@@ -66,14 +77,15 @@ class ReasoningStream:
                 deltas += _delta("content", self.held)
                 self.held = ""
                 break
-            tag = END if self.state == "thinking" else START
+            start = self.start
+            tag = self.end if self.state == "thinking" else start
             if self.inside_from_start and not self.started:
-                if START.startswith(self.held):  # a leading <think>, perhaps not yet whole
-                    if self.held == START:
+                if start.startswith(self.held):  # a leading <think>, perhaps not yet whole
+                    if self.held == start:
                         self.held, self.started = "", True
                     break
-                if self.held.startswith(START):
-                    self.held = self.held[len(START):]
+                if self.held.startswith(start):
+                    self.held = self.held[len(start):]
                 self.started = True
             if tag in self.held:
                 before, self.held = self.held.split(tag, 1)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from .reasoning import END, START, ReasoningStream, prompt_opens_thought, split_reasoning
-from .reasoning import PARSERS as REASONING_PARSERS
+from .reasoning import KEPT_IN_TEXT as REASONING_KEPT
+from .reasoning import TAGS as REASONING_TAGS
+from .reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
+from .tool_calls import KEPT_IN_TEXT as TOOL_CALL_KEPT
 from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
 from .verifier.structured import StructuredOutput
 
@@ -39,7 +41,15 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
         raise ValueError("the target folder has no tokenizer, so its replies have no text to parse: "
                          f"leave out {names[0]} and {names[1]}")
     check_parser(names[0].rstrip("="), tool_call_parser, TAGS, tokenizer)
-    check_parser(names[1].rstrip("="), reasoning_parser, {p: (START, END) for p in REASONING_PARSERS}, tokenizer)
+    check_parser(names[1].rstrip("="), reasoning_parser,
+                 {p: () if p in REASONING_KEPT else tags for p, tags in REASONING_TAGS.items()}, tokenizer)
+
+
+def kept_in_text(tool_call_parser, reasoning_parser) -> tuple[str, ...]:
+    """The special tokens the parsers need decoded text to keep (Decoder.keep_in_text): their
+    formats' markers where the tokenizer has them as special tokens (Mistral's)."""
+    tool = TOOL_CALL_KEPT.get(tool_call_parser, ()) if isinstance(tool_call_parser, str) else ()
+    return tool + REASONING_KEPT.get(reasoning_parser, ())
 
 
 def grammar_after_thought(tokenizer, prompts: list[list[int]], structured_output, reasoning_parser: str | None):
@@ -52,9 +62,10 @@ def grammar_after_thought(tokenizer, prompts: list[list[int]], structured_output
     told from its tokens: such a tokenizer is refused."""
     if reasoning_parser is None or structured_output is None:
         return structured_output
-    marker = tuple(tokenizer.encode(END, add_special_tokens=False))
+    end = REASONING_TAGS[reasoning_parser][1]
+    marker = tuple(tokenizer.encode(end, add_special_tokens=False))
     if len(marker) != 1:
-        raise ValueError(f"under a reasoning parser a grammar begins after {END}, which this tokenizer writes as "
+        raise ValueError(f"under a reasoning parser a grammar begins after {end}, which this tokenizer writes as "
                          f"{len(marker)} tokens, so where the thought ends cannot be told from the tokens: leave "
                          "out the reasoning parser or the structured output")
     spec = StructuredOutput.parse(structured_output)
@@ -69,7 +80,7 @@ def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_pa
     if not reasoning_parser or not prompts:
         return [False] * rows
     # The end of a prompt is enough: 16 tokens hold "<think>" and its line even spelled out.
-    opened = [prompt_opens_thought(tokenizer.decode(list(ids)[-16:])) for ids in prompts]
+    opened = [prompt_opens_thought(tokenizer.decode(list(ids)[-16:]), reasoning_parser) for ids in prompts]
     return [opened[row // (rows // len(prompts))] for row in range(rows)]
 
 

@@ -26,8 +26,8 @@ decoding by changing their base URL.
   tool_calls, whole or streamed (draftsman/tool_calls.py); tool_choice "auto" or "none", and
   "required" or a named function, which hold the reply to calls by a grammar (draftsman/forced_calls.py);
   parallel_tool_calls false keeps a reply's first call only, as vLLM does ("required": one call).
-- `--reasoning-parser qwen3|deepseek_r1`: a chat reply's <think> thought comes back apart as
-  reasoning_content, whole or streamed (draftsman/reasoning.py).
+- `--reasoning-parser qwen3|deepseek_r1|mistral`: a chat reply's <think> (Magistral's [THINK]) thought comes back
+  apart as reasoning_content, whole or streamed (draftsman/reasoning.py).
 - vLLM's `POST /tokenize` (a prompt or a chat, encoded as the endpoints encode them) and
   `POST /detokenize`.
 - `--api-key KEY` (or DRAFTSMAN_API_KEY): the /v1 routes need "Authorization: Bearer KEY".
@@ -58,11 +58,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .forced_calls import check_tool_choice, forced_calls
-from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, opened_thoughts,
-                      reply_message)
+from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text,
+                      opened_thoughts, reply_message)
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
-from .tool_calls import KEPT_IN_TEXT, PARSERS
+from .tool_calls import PARSERS
 from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -111,7 +111,7 @@ class Server(ThreadingHTTPServer):
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
         check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
-        decoder.keep_in_text(KEPT_IN_TEXT.get(tool_call_parser, ()))  # the server's texts keep its markers
+        decoder.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))  # the server's texts keep their markers
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])

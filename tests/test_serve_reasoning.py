@@ -1,4 +1,4 @@
-"""Reasoning apart from the answer (`draftsman serve --reasoning-parser qwen3|deepseek_r1`,
+"""Reasoning apart from the answer (`draftsman serve --reasoning-parser qwen3|deepseek_r1|mistral`,
 draftsman/reasoning.py): whole replies and streamed ones split as vLLM's parsers split them,
 alone and with tool calls after the thought. The tiny target writes no thought of its own, so the
 answer's shaping is tested on replies the server's batcher is made to return (as
@@ -21,6 +21,11 @@ CASES = {  # parser, reply -> (reasoning, answer)
     ("deepseek_r1", "<think>Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
     ("deepseek_r1", "still thinking"): ("still thinking", None),  # cut off while thinking
     ("deepseek_r1", "</think>Paris."): (None, "Paris."),
+    ("mistral", "[THINK]Weigh it.[/THINK]Paris."): ("Weigh it.", "Paris."),  # Magistral's special tokens, kept
+    ("mistral", "Paris."): (None, "Paris."),
+    ("mistral", "[THINK]cut off"): ("cut off", None),  # unlike qwen3: a special tag opens a thought for sure
+    ("mistral", "Sure. [THINK]x[/THINK]Paris."): ("x", "Sure. Paris."),
+    ("mistral", "<think>x</think>Paris."): (None, "<think>x</think>Paris."),  # Qwen's tags are text to it
 }
 # The prompt opened the thought (a template that ends the prompt in <think>): either parser starts inside it.
 OPENED = {
@@ -28,6 +33,7 @@ OPENED = {
     ("qwen3", "still thinking"): ("still thinking", None),
     ("qwen3", "<think>Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
     ("deepseek_r1", "Weigh it.</think>Paris."): ("Weigh it.", "Paris."),
+    ("mistral", "Weigh it.[/THINK]Paris."): ("Weigh it.", "Paris."),
 }
 
 
@@ -45,6 +51,8 @@ def test_a_prompt_opens_the_thought_when_it_ends_in_the_tag():
     assert prompt_opens_thought("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking switched off
     assert not prompt_opens_thought("<|im_start|>assistant\n") and not prompt_opens_thought("")
+    assert prompt_opens_thought("[INST]Why?[/INST][THINK]", "mistral")
+    assert not prompt_opens_thought("[INST]Why?[/INST][THINK]") and not prompt_opens_thought("<think>", "mistral")
 
 
 # (A qwen3 thought that never closes streams as reasoning: tested below.)

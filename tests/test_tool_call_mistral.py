@@ -79,11 +79,12 @@ def test_content_is_sent_before_the_marker_comes():
 
 @pytest.fixture(scope="module")
 def mistral_target(tmp_path_factory):
-    """A tiny chat target whose tokenizer has [TOOL_CALLS] and [ARGS] as special tokens (as
-    Mistral's tokenizers have them), and "[CALL_ID]" as plain text."""
+    """A tiny chat target whose tokenizer has [TOOL_CALLS], [ARGS], [THINK] and [/THINK] as special
+    tokens (as Mistral's tokenizers have them), and no [CALL_ID]."""
     folder = tmp_path_factory.mktemp("mistral-target")
     tok = build_chat_tokenizer(folder)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "[TOOL_CALLS]", "[ARGS]"]})
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "[TOOL_CALLS]", "[ARGS]",
+                                                          "[THINK]", "[/THINK]"]})
     build_model_folder(folder, "qwen2", seed=3, tokenizer=tok)
     return folder, AutoTokenizer.from_pretrained(folder)
 
@@ -151,3 +152,51 @@ def test_the_server_answers_a_mistral_reply_with_its_content_and_calls(chat_targ
         assert "".join(d.get("content") or "" for d in deltas) == want_content
         assert named([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == want_calls
         assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_magistrals_thought_tags_are_kept_under_the_mistral_reasoning_parser(mistral_target):
+    """--reasoning-parser mistral keeps [THINK] and [/THINK] in decoded text (with the tool-call
+    parser's markers when both are mistral); a reply forced to open a thought is reasoning, not
+    the empty text it decodes to without the parser; a grammar begins after [/THINK]."""
+    from draftsman.replies import grammar_after_thought, kept_in_text, opened_thoughts
+
+    folder, tok = mistral_target
+    decoder = draftsman.load({"target": {"path": str(folder)}})
+    think, end = tok.convert_tokens_to_ids(["[THINK]", "[/THINK]"])
+    assert set(decoder.keep_in_text(kept_in_text("mistral", "mistral")).values()) == \
+        {"[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"}
+    assert set(decoder.keep_in_text(kept_in_text(None, "mistral")).values()) == {"[THINK]", "[/THINK]"}
+    decoder.keep_in_text(())
+    conversation = [{"role": "user", "content": "Why?"}]
+    settings = {"max_new_tokens": 3, "logit_bias": {think: 100.0}}
+    out = decoder.chat(conversation, reasoning_parser="mistral", **settings)
+    assert out.texts == ["[THINK]" * 3] and out.messages[0]["reasoning_content"] == "[THINK]" * 2
+    assert out.messages[0]["content"] is None
+    assert decoder.chat(conversation, **settings).texts == [""]
+    prompt = decoder.encode_chat(conversation)[0]
+    assert opened_thoughts(tok, [prompt + [think]], 1, "mistral") == [True]  # a template that opens the thought
+    assert opened_thoughts(tok, [prompt], 1, "mistral") == [False]
+    spec = grammar_after_thought(tok, [[1, 2]], {"regex": "[a-z]+"}, "mistral")
+    assert spec.after == (end,)  # held from the token after the thought
+
+
+@pytest.mark.parametrize("command, flag", [("chat", "--reasoning-parser"), ("generate", "--tool-call-parser")])
+def test_the_commands_keep_the_parsers_markers(mistral_target, monkeypatch, command, flag):
+    """`draftsman chat --reasoning-parser mistral` and `generate --chat ... --tool-call-parser
+    mistral` decode with the format's markers kept (seen by the decoder they run)."""
+    import draftsman.cli as cli_module
+    import draftsman.interactive as interactive
+    from draftsman import cli
+
+    folder, tok = mistral_target
+    seen = []
+
+    def record(decoder, *args, **kwargs):
+        seen.append(set(decoder.kept_in_text.values()))
+        raise SystemExit(0)
+    monkeypatch.setattr(interactive, "converse", record)
+    monkeypatch.setattr(cli_module, "_stream_one", record)
+    args = [command, "--set", f"target.path={folder}", flag, "mistral"]
+    with pytest.raises(SystemExit):
+        cli.main(args + (["--chat", "Why?", "--max-new-tokens", "2"] if command == "generate" else []))
+    assert seen == [{"[THINK]", "[/THINK]"} if command == "chat" else {"[TOOL_CALLS]", "[ARGS]"}]
