@@ -151,7 +151,7 @@ class CrossTokenizerDrafter(Drafter):
         drafted_ids = drafted.tolist()
         self.held = [want + ids[:-1] for want, ids in zip(wants, drafted_ids)]  # the last was never fed
         if sampled:
-            return self._sampled_chains(drafted, probs)
+            return self._sampled_chains(drafted, drafted_ids, probs)
         # 3. Their text in the target's tokens.
         trees = []
         depth = self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
@@ -164,13 +164,14 @@ class CrossTokenizerDrafter(Drafter):
             trees.append(DraftTree.chain(tokens, DETERMINISTIC, device=device))
         return trees
 
-    def _sampled_chains(self, drafted: torch.Tensor, probs: list[torch.Tensor]) -> list[DraftTree]:
+    def _sampled_chains(self, drafted: torch.Tensor, drafted_ids: list[list[int]],
+                        probs: list[torch.Tensor]) -> list[DraftTree]:
         """Sampled rounds' chains: each draft token is a shared token, so it is one target token,
         and the distribution it was drawn from, put in the target's vocabulary, is its q."""
         target_tokens = self._target_of_draft[drafted]  # (B, k)
         # An IID chain may not run past the row's own end (a sampled EOS ends it).
         lengths = [next((j + 1 for j, t in enumerate(row) if t in self.draft_eos), len(row))
-                   for row in drafted.tolist()]
+                   for row in drafted_ids]
         q_of = lambda: full_vocab(torch.stack(probs, 1), self.shared_target, self.vocab_size)  # noqa: E731
         return chain_trees(target_tokens, lengths, self.draft_sampling(), q_of)
 

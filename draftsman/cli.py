@@ -37,8 +37,8 @@ from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_
 from .config import DEFAULTS, apply_overrides, load_config
 from .drafters import registry
 from .reasoning import PARSERS as REASONING_PARSERS
-from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, kept_in_text, message_deltas,
-                      opened_thoughts, reply_messages)
+from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
+                      use_parsers)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 from .verifier.structured import StructuredOutput
 
@@ -175,8 +175,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
     parsers = (args.tool_call_parser, args.reasoning_parser)
-    check_parsers(decoder.tokenizer, *parsers, names=PARSER_FLAGS)
-    decoder.keep_in_text(kept_in_text(*parsers))
+    use_parsers(decoder, *parsers)
     if conversations is not None:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)

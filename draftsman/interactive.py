@@ -15,8 +15,7 @@ import sys
 
 from .api import Decoder, GenerationStats
 from .chat import require_chat_template
-from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, check_parsers, kept_in_text, opened_thoughts,
-                      reply_message)
+from .replies import DeltaPrinter, ReplyStream, opened_thoughts, reply_message, use_parsers
 
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
@@ -44,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     decoder = Decoder(cfg)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     require_chat_template(decoder.tokenizer, cfg["target"]["path"])  # refused before any input is read
-    check_parsers(decoder.tokenizer, None, args.reasoning_parser, names=PARSER_FLAGS)
-    decoder.keep_in_text(kept_in_text(None, args.reasoning_parser))
+    use_parsers(decoder, None, args.reasoning_parser)
     print(f"chatting with {cfg['target']['path']} (drafter {cfg['drafter']['name']}); {COMMANDS}", file=sys.stderr)
     converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats,
              reasoning_parser=args.reasoning_parser)

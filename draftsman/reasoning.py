@@ -64,7 +64,7 @@ class ReasoningStream:
 
     def __init__(self, parser: str, opened: bool = False):
         self.start, self.end = TAGS[parser]
-        self.inside_from_start = parser == "deepseek_r1" or opened  # else qwen3 starts before the thought
+        self.inside_from_start = parser == "deepseek_r1" or opened  # else the reply starts before the thought
         self.held = ""
         self.state = "thinking" if self.inside_from_start else "before"
         self.started = False  # whether any text came yet (a leading <think> is dropped when inside)
@@ -77,15 +77,14 @@ class ReasoningStream:
                 deltas += _delta("content", self.held)
                 self.held = ""
                 break
-            start = self.start
-            tag = self.end if self.state == "thinking" else start
+            tag = self.end if self.state == "thinking" else self.start
             if self.inside_from_start and not self.started:
-                if start.startswith(self.held):  # a leading <think>, perhaps not yet whole
-                    if self.held == start:
+                if self.start.startswith(self.held):  # a leading <think>, perhaps not yet whole
+                    if self.held == self.start:
                         self.held, self.started = "", True
                     break
-                if self.held.startswith(start):
-                    self.held = self.held[len(start):]
+                if self.held.startswith(self.start):
+                    self.held = self.held[len(self.start):]
                 self.started = True
             if tag in self.held:
                 before, self.held = self.held.split(tag, 1)

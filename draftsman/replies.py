@@ -45,6 +45,14 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
                  {p: () if p in REASONING_KEPT else tags for p, tags in REASONING_TAGS.items()}, tokenizer)
 
 
+def use_parsers(decoder, tool_call_parser: str | None, reasoning_parser: str | None,
+                names: tuple[str, str] = PARSER_FLAGS) -> None:
+    """A command's parsers: checked against the decoder's tokenizer, and their markers kept in
+    its decoded text from now on (serve, generate --chat, chat)."""
+    check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, names)
+    decoder.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))
+
+
 def kept_in_text(tool_call_parser, reasoning_parser) -> tuple[str, ...]:
     """The special tokens the parsers need decoded text to keep (Decoder.keep_in_text): their
     formats' markers where the tokenizer has them as special tokens (Mistral's)."""

@@ -58,8 +58,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .forced_calls import check_tool_choice, forced_calls
-from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text,
-                      opened_thoughts, reply_message)
+from .replies import ReplyStream, grammar_after_thought, opened_thoughts, reply_message, use_parsers
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
@@ -110,8 +109,7 @@ class Server(ThreadingHTTPServer):
                  max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
-        check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
-        decoder.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))  # the server's texts keep their markers
+        use_parsers(decoder, tool_call_parser, reasoning_parser)
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])

@@ -98,43 +98,37 @@ class ServeMetrics:
         requests join has done since it was last recorded (serve_batch records such a
         generation as its requests end, so the counters move while it runs)."""
         with self._lock:
-            self._record(ids, stats, new_generation)
-
-    def _record(self, ids: list[list[int]], stats: GenerationStats, new_generation: bool) -> None:
-        if new_generation:
-            self.batches.inc()
-        self.batch_rows.inc(len(stats.finish_reasons))
-        self.target_passes.inc(stats.rounds)
-        self.target_pass_rows.inc(stats.row_rounds)
-        self.prompt_tokens.inc(sum(map(len, ids)))
-        self.generation_tokens.inc(stats.new_tokens)
-        for reason in stats.finish_reasons:
-            self.request_success.labels(finished_reason=reason).inc()
-        self.drafts.inc(stats.proposed_at_depth[0] if stats.proposed_at_depth else 0)
-        self.draft_tokens.inc(stats.proposed_tokens)
-        self.accepted.inc(sum(map(sum, stats.accepted_per_round)))
-        for depth, (proposed, accepted) in enumerate(zip(stats.proposed_at_depth, stats.accepted_at_depth)):
-            self.drafts_per_pos.labels(position=str(depth)).inc(proposed)
-            self.accepted_per_pos.labels(position=str(depth)).inc(accepted)
-        for phase, seconds in (("draft", stats.draft_seconds), ("verify", stats.verify_seconds),
-                               ("total", stats.total_seconds)):
-            self.seconds.labels(phase=phase).inc(seconds)
+            if new_generation:
+                self.batches.inc()
+            self.batch_rows.inc(len(stats.finish_reasons))
+            self.target_passes.inc(stats.rounds)
+            self.target_pass_rows.inc(stats.row_rounds)
+            self.prompt_tokens.inc(sum(map(len, ids)))
+            self.generation_tokens.inc(stats.new_tokens)
+            for reason in stats.finish_reasons:
+                self.request_success.labels(finished_reason=reason).inc()
+            self.drafts.inc(stats.proposed_at_depth[0] if stats.proposed_at_depth else 0)
+            self.draft_tokens.inc(stats.proposed_tokens)
+            self.accepted.inc(sum(map(sum, stats.accepted_per_round)))
+            for depth, (proposed, accepted) in enumerate(zip(stats.proposed_at_depth, stats.accepted_at_depth)):
+                self.drafts_per_pos.labels(position=str(depth)).inc(proposed)
+                self.accepted_per_pos.labels(position=str(depth)).inc(accepted)
+            for phase, seconds in (("draft", stats.draft_seconds), ("verify", stats.verify_seconds),
+                                   ("total", stats.total_seconds)):
+                self.seconds.labels(phase=phase).inc(seconds)
 
     def record_request(self, times: RequestTimes) -> None:
         """One answered request's latencies and sizes."""
         with self._lock:
-            self._record_request(times)
-
-    def _record_request(self, times: RequestTimes) -> None:
-        self.e2e.observe(times.finished - times.arrived)
-        self.queue_time.observe(times.started - times.arrived)
-        self.inference_time.observe(times.finished - times.started)
-        if times.first_token is not None:
-            self.ttft.observe(times.first_token - times.arrived)
-            if times.generation_tokens > 1:
-                self.tpot.observe((times.last_token - times.first_token) / (times.generation_tokens - 1))
-        self.request_prompt_tokens.observe(times.prompt_tokens)
-        self.request_generation_tokens.observe(times.generation_tokens)
+            self.e2e.observe(times.finished - times.arrived)
+            self.queue_time.observe(times.started - times.arrived)
+            self.inference_time.observe(times.finished - times.started)
+            if times.first_token is not None:
+                self.ttft.observe(times.first_token - times.arrived)
+                if times.generation_tokens > 1:
+                    self.tpot.observe((times.last_token - times.first_token) / (times.generation_tokens - 1))
+            self.request_prompt_tokens.observe(times.prompt_tokens)
+            self.request_generation_tokens.observe(times.generation_tokens)
 
     def exposition(self) -> bytes:
         with self._lock:

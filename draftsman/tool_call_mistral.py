@@ -8,7 +8,8 @@
 after it are read past). [TOOL_CALLS], [ARGS] and [CALL_ID] are special tokens, which decoded
 text drops, so under this parser the target's decoded text keeps them (Decoder.keep_in_text,
 MARKERS). Mistral's chat templates refuse a call id that is not 9 letters and digits, so the
-calls get such ids, as vLLM gives them.
+calls get such ids (mistral_call_id), as vLLM gives them. This module reads the calls' parts;
+draftsman/tool_calls.py shapes them as OpenAI's and streams them.
 """
 from __future__ import annotations
 
@@ -22,16 +23,15 @@ MARKERS = (CALLS, ARGS, CALL_ID)
 NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
-def mistral_call(name: str, arguments) -> dict:
-    """One call in OpenAI's shape, with the 9-character id Mistral's templates take back."""
-    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    call_id = "".join(random.choices(string.ascii_letters + string.digits, k=9))
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+def mistral_call_id() -> str:
+    """A call id Mistral's templates take back: 9 letters and digits."""
+    return "".join(random.choices(string.ascii_letters + string.digits, k=9))
 
 
-def mistral_calls(text: str) -> tuple[str | None, list[dict]] | None:
-    """(the content before [TOOL_CALLS], None when empty; the calls after it), or None when the
-    reply holds no [TOOL_CALLS] or what follows it is not calls (it is then all content)."""
+def mistral_call_parts(text: str) -> tuple[str | None, list[tuple[str, object]]] | None:
+    """(the content before [TOOL_CALLS], None when empty; each call's (name, arguments) after
+    it), or None when the reply holds no [TOOL_CALLS] or what follows it is not calls (it is
+    then all content)."""
     if CALLS not in text:
         return None
     content, rest = text.split(CALLS, 1)
@@ -44,7 +44,7 @@ def mistral_calls(text: str) -> tuple[str | None, list[dict]] | None:
     return content.strip() or None, calls
 
 
-def _json_list_calls(part: str) -> list[dict]:
+def _json_list_calls(part: str) -> list[tuple[str, object]]:
     """Before v11: a JSON list of {"name", "arguments"}."""
     try:
         value = json.loads(part)
@@ -57,11 +57,11 @@ def _json_list_calls(part: str) -> list[dict]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or \
                 not isinstance(item.get("arguments", {}), (dict, str)):
             return []
-        calls.append(mistral_call(item["name"], item.get("arguments", {})))
+        calls.append((item["name"], item.get("arguments", {})))
     return calls
 
 
-def _named_call(part: str) -> list[dict]:
+def _named_call(part: str) -> list[tuple[str, object]]:
     """v11 on: NAME[ARGS]{json}, NAME[CALL_ID]ID[ARGS]{json}, or NAME{json}."""
     if ARGS in part:
         name, arguments = part.split(ARGS, 1)
@@ -77,40 +77,4 @@ def _named_call(part: str) -> list[dict]:
         return []
     if not NAME.fullmatch(name) or not isinstance(value, dict) or arguments.strip()[end:].strip():
         return []
-    return [mistral_call(name, value)]
-
-
-class MistralCallStream:
-    """A streamed reply: content as it comes until [TOOL_CALLS] (text that may be its start held
-    until the next piece tells); from there the reply is held to its end and sent as its calls,
-    or as content when it is not calls."""
-
-    def __init__(self):
-        self.held = ""
-        self.in_calls = False
-        self.calls = 0
-
-    def feed(self, piece: str) -> list[dict]:
-        from .tool_calls import _content, tag_start_at_end
-
-        self.held += piece
-        if self.in_calls:
-            return []
-        if CALLS in self.held:
-            before, after = self.held.split(CALLS, 1)
-            self.held, self.in_calls = CALLS + after, True
-            return _content(before)
-        keep = tag_start_at_end(self.held, CALLS)
-        sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
-        return _content(sent)
-
-    def finish(self) -> list[dict]:
-        from .tool_calls import _content
-
-        held, self.held = self.held, ""
-        parsed = mistral_calls(held) if self.in_calls else None
-        if parsed is None:
-            return _content(held)
-        content, calls = parsed  # (content is empty here: what came before was sent)
-        self.calls = len(calls)
-        return [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+    return [(name, value)]

@@ -36,8 +36,9 @@ import ast
 import json
 import uuid
 
+from .tool_call_mistral import CALLS as MISTRAL_CALLS
 from .tool_call_mistral import MARKERS as MISTRAL_MARKERS
-from .tool_call_mistral import MistralCallStream, mistral_calls
+from .tool_call_mistral import mistral_call_id, mistral_call_parts
 from .tool_call_xml import xml_call_parts
 
 PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral")
@@ -48,11 +49,20 @@ TAGS = {"hermes": (OPEN, CLOSE), "qwen3_coder": (OPEN, CLOSE), "llama3_json": ()
 KEPT_IN_TEXT = {"mistral": MISTRAL_MARKERS}
 
 
-def tool_call(name: str, arguments) -> dict:
-    """One call in OpenAI's shape: arguments as a JSON string, a fresh id."""
+def tool_call(name: str, arguments, call_id: str | None = None) -> dict:
+    """One call in OpenAI's shape: arguments as a JSON string, a fresh id (or call_id)."""
     arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}
+
+
+def _mistral_calls(text: str) -> tuple[str | None, list[dict]] | None:
+    """mistral: (content, calls) of a reply that holds them, else None (draftsman/tool_call_mistral.py)."""
+    parsed = mistral_call_parts(text)
+    if parsed is None:
+        return None
+    content, parts = parsed
+    return content, [tool_call(name, arguments, mistral_call_id()) for name, arguments in parts]
 
 
 def _json_call_of(block: str, tools: list[dict] | None = None) -> dict | None:
@@ -81,7 +91,7 @@ def parse_tool_calls(text: str, parser: str = "hermes",
     """A whole reply -> (its content, None when only calls; its calls in order). tools: the
     request's tool definitions (qwen3_coder reads its values' types from them)."""
     if parser == "mistral":
-        parsed = mistral_calls(text)
+        parsed = _mistral_calls(text)
         return parsed if parsed is not None else (text, [])
     whole = _whole_reply(parser)
     if whole is not None:
@@ -236,6 +246,38 @@ class ToolCallStream:
         held, self.held = (OPEN if self.inside else "") + self.held, ""
         self.inside = False
         return _content(held)
+
+
+class MistralCallStream:
+    """mistral's stream: content as it comes until [TOOL_CALLS] (text that may be its start held
+    until the next piece tells); from there the reply is held to its end and sent as its calls,
+    or as content when it is not calls."""
+
+    def __init__(self):
+        self.held = ""
+        self.in_calls = False
+        self.calls = 0
+
+    def feed(self, piece: str) -> list[dict]:
+        self.held += piece
+        if self.in_calls:
+            return []
+        if MISTRAL_CALLS in self.held:
+            before, after = self.held.split(MISTRAL_CALLS, 1)
+            self.held, self.in_calls = MISTRAL_CALLS + after, True
+            return _content(before)
+        keep = tag_start_at_end(self.held, MISTRAL_CALLS)
+        sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
+        return _content(sent)
+
+    def finish(self) -> list[dict]:
+        held, self.held = self.held, ""
+        parsed = _mistral_calls(held) if self.in_calls else None
+        if parsed is None:
+            return _content(held)
+        _, calls = parsed  # (no content: what came before the marker was sent)
+        self.calls = len(calls)
+        return [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
 
 
 def _content(text: str) -> list[dict]:
