@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations
@@ -62,6 +63,7 @@ class JoiningPrompt(NamedTuple):
     # None: the config's value (left out: the batch's one value)
     warpers: dict | None = None
     ignore_eos: bool | None = None
+    keep_in_text: list[str] | None = None  # special tokens its text keeps (generate's keep_in_text); [] : none
 
     @classmethod
     def of(cls, given) -> "JoiningPrompt":
@@ -229,12 +231,10 @@ class Decoder:
         grammar = generate_args.get("structured_output")
         if grammar is not None and not isinstance(grammar, list):  # the grammar holds the answer, after the thought
             generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
-        before = self.kept_in_text
-        self.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))
-        try:  # (the parsers' markers kept in these replies' text only)
-            out = self.generate(input_ids=ids, **generate_args)
-        finally:
-            self.kept_in_text = before
+        markers = kept_in_text(tool_call_parser, reasoning_parser)
+        if markers:  # kept in these replies' text only (per call: the decoder's own setting is left as it is)
+            generate_args["keep_in_text"] = self._with_markers(generate_args.get("keep_in_text"), markers)
+        out = self.generate(input_ids=ids, **generate_args)
         opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
         out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened,
                                       one_call=not parallel_tool_calls)
@@ -254,7 +254,8 @@ class Decoder:
                  no_repeat_ngram_size: int | list | None = None,
                  bad_words_ids: list[list[int]] | list | None = None, top_h: float | list | None = None,
                  ignore_eos: bool | list[bool] | None = None,
-                 structured_output: dict | list | None = None) -> GenerationOutput:
+                 structured_output: dict | list | None = None,
+                 keep_in_text: list[str] | list[list[str]] | None = None) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
@@ -280,7 +281,10 @@ class Decoder:
         one flag, or one per prompt; structured_output: the output held to a grammar, as vLLM's
         structured_outputs: {"json": SCHEMA}, {"json_object": True}, {"regex": "..."}, {"choice":
         [...]} or {"grammar": LARK} (verifier/structured.py; exact: the target's distribution
-        restricted to what the grammar allows, as plain decoding under it), or one per prompt.
+        restricted to what the grammar allows, as plain decoding under it), or one per prompt;
+        keep_in_text: special tokens the texts keep where decoded text drops the others (a format's
+        markers, e.g. ["[TOOL_CALLS]"]; as keep_in_text() sets for all calls, which None takes; []:
+        none), one list for all prompts or one per prompt; stop strings then search that text.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
         top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty),
         logit_bias, the bans (no_repeat_ngram_size, bad_words_ids) and structured_output take one value, or a list of
@@ -298,11 +302,14 @@ class Decoder:
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
             top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
+        prompt_count = len(ids)
         ids = _samples_of(ids, num_return_sequences, args)
+        decodes = self._row_decodes(keep_in_text, prompt_count, num_return_sequences)
+        self._stops_read(decodes, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = _row_values(args["stop"], len(tokens))
-        texts = [stop.cut(self.decode(t)) if stop else self.decode(t) for stop, t in zip(stops, tokens)]
+        texts = [stop.cut(decode(t)) if stop else decode(t) for stop, decode, t in zip(stops, decodes, tokens)]
         if recorder is None:
             return GenerationOutput(texts, tokens, stats)
         return GenerationOutput(texts, tokens, stats, recorder.values, recorder.top_tokens)
@@ -318,7 +325,7 @@ class Decoder:
                epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None,
                top_h: float | None = None, ignore_eos: bool | None = None,
-               structured_output: dict | None = None):
+               structured_output: dict | None = None, keep_in_text: list[str] | None = None):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -331,7 +338,7 @@ class Decoder:
                 lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
                 epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size,
                 bad_words_ids=bad_words_ids, top_h=top_h, ignore_eos=ignore_eos,
-                structured_output=structured_output):
+                structured_output=structured_output, keep_in_text=keep_in_text):
             if chunk.text:
                 yield chunk.text
 
@@ -346,7 +353,8 @@ class Decoder:
                       top_logprobs: int = 0, typical_p: float | None = None, epsilon_cutoff: float | None = None,
                       eta_cutoff: float | None = None, no_repeat_ngram_size: int | None = None,
                       bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
-                      ignore_eos: bool | None = None, structured_output: dict | None = None):
+                      ignore_eos: bool | None = None, structured_output: dict | None = None,
+                      keep_in_text: list[str] | None = None):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -363,7 +371,10 @@ class Decoder:
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
             top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
-        for _, chunk in self._row_chunks(ids, args, self._logprobs_recorder(1, logprobs, top_logprobs), stats):
+        decodes = self._row_decodes(keep_in_text, 1, 1)
+        self._stops_read(decodes, args)
+        for _, chunk in self._row_chunks(ids, args, decodes, self._logprobs_recorder(1, logprobs, top_logprobs),
+                                         stats):
             yield chunk
 
     def stream_batch(self, input_ids: list[list[int]], *, stats: GenerationStats | None = None,
@@ -372,7 +383,7 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens and min_new_tokens, one number or one per
-        prompt; stop and stop_token_ids, one list or one per prompt; temperature, ..., logprobs,
+        prompt; stop, stop_token_ids and keep_in_text, one list or one per prompt; temperature, ..., logprobs,
         top_logprobs), and num_return_sequences (rows then go prompt
         by prompt, n samples each, as generate's). A row's last chunk, with its finish_reason,
         comes as soon as that row ends.
@@ -381,7 +392,7 @@ class Decoder:
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
         that join the running batch now, as JoiningPrompt(input_ids, max_new_tokens, min_new_tokens,
-        stop, stop_token_ids, warpers, ignore_eos) or tuples in that order, [] for none (a value
+        stop, stop_token_ids, warpers, ignore_eos, keep_in_text) or tuples in that order, [] for none (a value
         left out or None: the batch's one value, else the config's; stop strings as a list;
         warpers a dict of ROW_FIELDS, e.g. {"temperature": 0.7,
         "presence_penalty": 0.5}: a key left out takes the batch's one value, else the config's;
@@ -395,7 +406,8 @@ class Decoder:
         ids = [list(map(int, row)) for row in input_ids]
         logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
         n = settings.pop("num_return_sequences", 1)
-        known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", "ignore_eos", *_SAMPLING_SETTINGS}
+        known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", "ignore_eos", "keep_in_text",
+                 *_SAMPLING_SETTINGS}
         unknown = sorted(set(settings) - known)
         if unknown:
             raise TypeError(f"stream_batch() got unknown settings {unknown}; valid: {sorted(known)}")
@@ -411,24 +423,32 @@ class Decoder:
         default_ignore = ignore if isinstance(ignore, bool) else g["ignore_eos"]
         # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
         batch_sampling = {k: None if _per_prompt(k, v) else v for k, v in sampling.items()}
+        keep = settings.get("keep_in_text")
+        batch_keep = None if per_row(keep) else keep
+        prompt_count = len(ids)
         ids = _samples_of(ids, n, args)
+        decodes = self._row_decodes(keep, prompt_count, n)  # the joining rows' are added as they join
+        self._stops_read(decodes, args)
         joined_rows = None
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
                 rows = []
                 for given in joining():
                     own = JoiningPrompt.of(given)
+                    decode = self._row_decodes(batch_keep if own.keep_in_text is None else own.keep_in_text, 1, 1)[0]
+                    stop = default_stop if own.stop is None else self._stop_check(own.stop)
                     row = JoiningRow(list(map(int, own.input_ids)),
                                      default_limit if own.max_new_tokens is None else own.max_new_tokens,
                                      default_least if own.min_new_tokens is None else own.min_new_tokens,
-                                     default_stop if own.stop is None else self._stop_check(own.stop),
+                                     _stop_reading(stop, decode),
                                      default_stop_ids if own.stop_token_ids is None else own.stop_token_ids,
                                      self._joining_sampling(batch_sampling, own.warpers),
                                      default_ignore if own.ignore_eos is None else own.ignore_eos)
                     rows += [row] * n
+                    decodes.extend([decode] * n)
                 return rows
-        yield from self._row_chunks(ids, args, self._logprobs_recorder(len(ids), logprobs, top_logprobs), stats,
-                                    aborted, joined_rows)
+        yield from self._row_chunks(ids, args, decodes, self._logprobs_recorder(len(ids), logprobs, top_logprobs),
+                                    stats, aborted, joined_rows)
 
     @property
     def can_join(self) -> bool:
@@ -438,15 +458,16 @@ class Decoder:
     def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
                    min_new_tokens: int | None = None, stop: list[str] | None = None,
                    stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
-                   ignore_eos: bool | None = None, **warpers) -> None:
+                   ignore_eos: bool | None = None, keep_in_text: list[str] | None = None, **warpers) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits, stops, ignore_eos and per-row sampling settings (ROW_FIELDS, e.g. temperature=0.7;
-        None: the config's), so a caller can refuse them alone."""
+        with these limits, stops, ignore_eos, keep_in_text and per-row sampling settings (ROW_FIELDS,
+        e.g. temperature=0.7; None: the config's), so a caller can refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         self._stop_check(stop)
+        self._row_decodes(keep_in_text, 1, 1)
         unknown = sorted(set(warpers) - set(ROW_FIELDS))
         if unknown:
             raise TypeError(f"check_join() got unknown settings {unknown}; the per-row sampling settings are "
@@ -466,26 +487,26 @@ class Decoder:
             raise ValueError(f"a joining row's warpers have unknown keys {unknown}; valid: {list(ROW_FIELDS)}")
         return self._sampling({**batch_sampling, **(own or {})})
 
-    def _row_chunks(self, ids: list[list[int]], args: dict, recorder, stats, aborted: Container[int] = (),
-                    joining=None):
-        """(row, StreamChunk) per row and round; each row's text decoded a window at a time and
-        held back while a stop string may yet complete. A row's last chunk (its held-back tail and
-        finish_reason) comes in the round the row ends, before the next is drafted, not when the
-        whole batch does."""
+    def _row_chunks(self, ids: list[list[int]], args: dict, decodes: list, recorder, stats,
+                    aborted: Container[int] = (), joining=None):
+        """(row, StreamChunk) per row and round; each row's text decoded (by its own of `decodes`,
+        which joining() extends with the rows it adds) a window at a time and held back while a stop
+        string may yet complete. A row's last chunk (its held-back tail and finish_reason) comes in
+        the round the row ends, before the next is drafted, not when the whole batch does."""
         stats = stats if stats is not None else GenerationStats()  # its finish_reasons tell a row has ended
-        texts = [IncrementalText(self.decode) for _ in ids]  # decodes a window per round, not the whole row
+        texts = [IncrementalText(decode) for decode in decodes]  # decodes a window per round, not the whole row
         shown = [""] * len(ids)
         row_stops = _row_values(args["stop"], len(ids))
 
         def join():
             rows = joining()
-            texts.extend(IncrementalText(self.decode) for _ in rows)
+            texts.extend(IncrementalText(decode) for decode in decodes[len(texts):])
             shown.extend("" for _ in rows)
             row_stops.extend(row.stop for row in rows)
             return rows
 
         def last(row: int) -> tuple[int, StreamChunk]:
-            final = self.decode(texts[row].tokens)  # the one whole decode, as generate's
+            final = decodes[row](texts[row].tokens)  # the one whole decode, as generate's
             stops = row_stops[row]
             final = stops.cut(final) if stops else final
             tail = final[len(shown[row]):] if final.startswith(shown[row]) else ""  # held back, now final
@@ -521,10 +542,13 @@ class Decoder:
         return prompt_logprobs(self.target, ids, top_logprobs)
 
     def decode(self, tokens: list[int]) -> str:
+        """The text of these tokens, special tokens dropped but those keep_in_text() keeps."""
+        return self._decode_with(tokens, self.kept_in_text)
+
+    def _decode_with(self, tokens: list[int], kept: dict[int, str]) -> str:
         if not self.tokenizer:
             return ""
-        kept = self.kept_in_text
-        if kept and any(t in kept for t in tokens):
+        if kept and not kept.keys().isdisjoint(tokens):  # (a set operation: no Python loop per token)
             return self._decode_keeping(tokens, kept)
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
@@ -541,17 +565,52 @@ class Decoder:
 
     def keep_in_text(self, markers) -> dict[int, str]:
         """Decoded text keeps these special tokens (a tool-call format's markers, e.g. Mistral's
-        [TOOL_CALLS]; draftsman/tool_calls.py KEPT_IN_TEXT), where it drops the others; markers
-        that are no token of the target's tokenizer, or no special one, change nothing. Replaces
-        what an earlier call kept; returns {token id: text} kept."""
+        [TOOL_CALLS]; draftsman/tool_calls.py KEPT_IN_TEXT), where it drops the others, in every
+        call from now on that does not set its own (generate's keep_in_text=); markers that are no
+        token of the target's tokenizer, or no special one, change nothing. Replaces what an
+        earlier call kept; returns {token id: text} kept."""
+        self.kept_in_text = self._special_tokens(markers)
+        return self.kept_in_text
+
+    def _special_tokens(self, markers) -> dict[int, str]:
+        """{token id: text} of the markers that are special tokens of the target's tokenizer."""
+        if isinstance(markers, str) or not all(isinstance(m, str) for m in markers):
+            raise ValueError(f"keep_in_text takes a list of special tokens' texts, e.g. ['[TOOL_CALLS]'], "
+                             f"got {markers!r}")
         kept = {}
-        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
         for marker in markers:
-            token = vocab.get(marker)
-            if token is not None and self.tokenizer.decode([token], skip_special_tokens=True) == "":
+            token = self.tokenizer.convert_tokens_to_ids(marker) if self.tokenizer is not None else None
+            if token is not None and token != self.tokenizer.unk_token_id and \
+                    self.tokenizer.decode([token], skip_special_tokens=True) == "":
                 kept[token] = marker
-        self.kept_in_text = kept
         return kept
+
+    def _row_decodes(self, keep_in_text, prompts: int, n: int) -> list:
+        """Each row's decode (n rows a prompt): keeping the special tokens its keep_in_text names
+        (one list for all prompts or one per prompt; None: the decoder's, `self.decode`)."""
+        given = list(keep_in_text) if per_row(keep_in_text) else [keep_in_text] * prompts
+        if len(given) != prompts:
+            raise ValueError(f"keep_in_text has {len(given)} lists for {prompts} prompts: give one list, or one "
+                             "per prompt")
+        decodes = []
+        for markers in given:
+            kept = None if markers is None else self._special_tokens(markers)
+            decode = self.decode if kept is None or kept == self.kept_in_text else partial(self._decode_with, kept=kept)
+            decodes += [decode] * n
+        return decodes
+
+    def _stops_read(self, decodes: list, args: dict) -> None:
+        """The rows' stop strings (args["stop"]) searched in the text each row shows (its decode)."""
+        if any(decode != self.decode for decode in decodes):
+            args["stop"] = [_stop_reading(stop, decode)
+                            for stop, decode in zip(_row_values(args["stop"], len(decodes)), decodes)]
+
+    def _with_markers(self, keep_in_text, markers: tuple[str, ...]):
+        """keep_in_text (generate's: None, one list or one per prompt) with these markers kept too."""
+        own = list(self.kept_in_text.values())
+        if per_row(keep_in_text):
+            return [[*(own if given is None else given), *markers] for given in keep_in_text]
+        return [*(own if keep_in_text is None else keep_in_text), *markers]
 
     def decode_token(self, token: int) -> str:
         """One token's own text, special tokens included (how an API names a scored token)."""
@@ -617,6 +676,11 @@ class Decoder:
             raise ValueError(f"stop strings need a tokenizer and target folder '{self.config['target']['path']}' "
                              "has none: end rows with EOS or max_new_tokens instead")
         return StopStrings(self.decode, strings)
+
+
+def _stop_reading(stop: StopStrings | None, decode) -> StopStrings | None:
+    """These stop strings searched in the text `decode` gives."""
+    return stop if stop is None or stop.decode == decode else StopStrings(decode, stop.strings)
 
 
 def _row_values(value, rows: int) -> list:

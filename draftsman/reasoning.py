@@ -14,7 +14,7 @@ Qwen3 and DeepSeek-R1 think between <think> and </think> before they answer:
 - `mistral`: Magistral's [THINK] ... [/THINK], read as qwen3's, except that a thought opened
   and not closed is reasoning (cut off while thinking): the tags are special tokens, which no
   answer writes by chance. Decoded text drops special tokens, so under this parser it keeps
-  these two (KEPT_IN_TEXT, Decoder.keep_in_text).
+  these two in the replies it reads (KEPT_IN_TEXT, generate's keep_in_text).
 
 The split reads the output only; the reply is the target's own. Long thoughts are where
 speculative decoding pays most: every token of them is drafted and verified as the answer's are.
@@ -26,7 +26,7 @@ from .tool_calls import tag_start_at_end
 PARSERS = ("qwen3", "deepseek_r1", "mistral")
 START, END = "<think>", "</think>"
 TAGS = {"qwen3": (START, END), "deepseek_r1": (START, END), "mistral": ("[THINK]", "[/THINK]")}
-# Formats whose tags are special tokens, which decoded text keeps under them (Decoder.keep_in_text).
+# Formats whose tags are special tokens, which their replies keep in decoded text (generate's keep_in_text).
 KEPT_IN_TEXT = {"mistral": TAGS["mistral"]}
 
 

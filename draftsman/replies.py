@@ -47,14 +47,14 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
 
 def use_parsers(decoder, tool_call_parser: str | None, reasoning_parser: str | None,
                 names: tuple[str, str] = PARSER_FLAGS) -> None:
-    """A command's parsers: checked against the decoder's tokenizer, and their markers kept in
-    its decoded text from now on (serve, generate --chat, chat)."""
+    """A one-user command's parsers: checked against the decoder's tokenizer, and their markers
+    kept in its decoded text from now on (generate --chat, chat; serve keeps them per request)."""
     check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, names)
     decoder.keep_in_text(kept_in_text(tool_call_parser, reasoning_parser))
 
 
 def kept_in_text(tool_call_parser, reasoning_parser) -> tuple[str, ...]:
-    """The special tokens the parsers need decoded text to keep (Decoder.keep_in_text): their
+    """The special tokens the parsers need decoded text to keep (generate's keep_in_text): their
     formats' markers where the tokenizer has them as special tokens (Mistral's)."""
     tool = TOOL_CALL_KEPT.get(tool_call_parser, ()) if isinstance(tool_call_parser, str) else ()
     return tool + REASONING_KEPT.get(reasoning_parser, ())

@@ -58,7 +58,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
 from .forced_calls import check_tool_choice, forced_calls
-from .replies import ReplyStream, grammar_after_thought, opened_thoughts, reply_message, use_parsers
+from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
+                      reply_message)
 from .serve_batch import Batcher, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
@@ -109,7 +110,8 @@ class Server(ThreadingHTTPServer):
                  max_batch_rows: int = 16, api_key: str | None = None, tool_call_parser: str | None = None,
                  reasoning_parser: str | None = None):
         self.decoder, self.model_name, self.quiet, self.api_key = decoder, model_name, quiet, api_key
-        use_parsers(decoder, tool_call_parser, reasoning_parser)
+        # The parsers' markers are kept request by request (_answer): in chat replies, as vLLM keeps them.
+        check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
@@ -215,6 +217,9 @@ class Handler(BaseHTTPRequestHandler):
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
+        # A chat reply under a parser keeps the special tokens its format is read by (Mistral's
+        # [TOOL_CALLS]; none for a tool_choice "none" or a forced call); a completion keeps none.
+        args["keep_in_text"] = list(kept_in_text(tool_parser, self.server.reasoning_parser)) if chat else []
         if chat and "structured_output" in args:  # the grammar holds the answer, after the thought
             try:
                 args["structured_output"] = grammar_after_thought(

@@ -6,8 +6,8 @@
 
 (some v11 models write no [ARGS]: `get_weather{"city": "Paris"}`; v13's [CALL_ID] and the id
 after it are read past). [TOOL_CALLS], [ARGS] and [CALL_ID] are special tokens, which decoded
-text drops, so under this parser the target's decoded text keeps them (Decoder.keep_in_text,
-MARKERS). Mistral's chat templates refuse a call id that is not 9 letters and digits, so the
+text drops, so the replies read under this parser keep them in their decoded text (generate's
+keep_in_text, MARKERS). Mistral's chat templates refuse a call id that is not 9 letters and digits, so the
 calls get such ids (mistral_call_id), as vLLM gives them. This module reads the calls' parts;
 draftsman/tool_calls.py shapes them as OpenAI's and streams them.
 """

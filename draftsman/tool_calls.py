@@ -45,7 +45,7 @@ PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # What each format needs decoded text to keep, where the tokenizer must not drop it as special.
 TAGS = {"hermes": (OPEN, CLOSE), "qwen3_coder": (OPEN, CLOSE), "llama3_json": (), "pythonic": (), "mistral": ()}
-# Special tokens a format needs in decoded text: the decoder keeps them there (Decoder.keep_in_text).
+# Special tokens a format needs in decoded text: its replies keep them there (generate's keep_in_text).
 KEPT_IN_TEXT = {"mistral": MISTRAL_MARKERS}
 
 

@@ -51,18 +51,19 @@ def events(base: str, path: str, body: dict) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in lines[:-1]]
 
 
-def queue_while_busy(server, base: str, bodies: list[dict]) -> list:
+def queue_while_busy(server, base: str, bodies: list[dict], paths: list[str] | None = None) -> list:
     """Send the requests one by one while a generation holds the server, each waiting before the
     next is sent (so the arrival order is known), then let them run: [(status, response)], a
-    stream's response being its list of events."""
+    stream's response being its list of events. paths: each request's endpoint (/v1/completions)."""
     answers = [None] * len(bodies)
+    paths = paths or ["/v1/completions"] * len(bodies)
 
     def send(i):
         if not bodies[i].get("stream"):
-            answers[i] = call(base, "/v1/completions", bodies[i])
+            answers[i] = call(base, paths[i], bodies[i])
             return
         try:  # a stream: (200, its events), or the error before any event
-            answers[i] = (200, events(base, "/v1/completions", bodies[i]))
+            answers[i] = (200, events(base, paths[i], bodies[i]))
         except urllib.error.HTTPError as e:
             answers[i] = (e.code, json.loads(e.read()))
 

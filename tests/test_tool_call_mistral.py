@@ -1,7 +1,7 @@
 """Mistral's tool calls (`--tool-call-parser mistral`, draftsman/tool_call_mistral.py): the reply's
 content, then [TOOL_CALLS] and the calls in the tokenizer version's form. [TOOL_CALLS] is a special
-token, so under this parser decoded text keeps it (Decoder.keep_in_text); the replies' shaping is
-tested on texts, the keeping on a tiny target whose tokenizer has the markers as special tokens."""
+token, so under this parser a chat reply's decoded text keeps it (generate's keep_in_text); the replies'
+shaping is tested on texts, the keeping on a tiny target whose tokenizer has the markers as special tokens."""
 import json
 import random
 import shutil
@@ -10,6 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import draftsman
+from draftsman.api import JoiningPrompt
 from draftsman.tool_calls import KEPT_IN_TEXT, parse_tool_calls, tool_call_stream
 from tiny_models import build_chat_tokenizer, build_model_folder
 
@@ -107,27 +108,151 @@ def test_decoded_text_keeps_the_markers_it_is_asked_to(mistral_target):
     assert decoder.decode(ids) == "Sure.get_time{}"
 
 
-def test_a_chat_under_the_mistral_parser_keeps_the_marker_in_its_replies_only(mistral_target, tmp_path):
+def test_a_chat_under_the_mistral_parser_keeps_the_marker_in_its_replies_only(mistral_target, monkeypatch):
     """A reply made to start with [TOOL_CALLS] (a logit bias): under the parser its text holds the
-    marker (cut off there: no calls, so all content); without it, and after the call, the text
-    drops it; the server keeps the markers for all its replies."""
-    from draftsman.serve import Server
-
+    marker (cut off there: no calls, so all content); without it the text drops it. The marker is
+    kept for that call's rows only: the decoder's own setting is never changed, not even while
+    chat generates (two threads may chat on one decoder)."""
     folder, tok = mistral_target
     decoder = draftsman.load({"target": {"path": str(folder)}})
     marker = tok.convert_tokens_to_ids("[TOOL_CALLS]")
     conversation = [{"role": "user", "content": "What time is it?"}]
     settings = {"max_new_tokens": 1, "logit_bias": {marker: 100.0}}
+    seen, generate = [], decoder.generate
+
+    def recording(*args, **kwargs):
+        seen.append(dict(decoder.kept_in_text))
+        return generate(*args, **kwargs)
+    monkeypatch.setattr(decoder, "generate", recording)
     out = decoder.chat(conversation, tool_call_parser="mistral", **settings)
     assert out.token_ids == [[marker]] and out.texts == ["[TOOL_CALLS]"]
     assert out.messages[0]["content"] == "[TOOL_CALLS]" and "tool_calls" not in out.messages[0]
-    assert decoder.kept_in_text == {} and decoder.chat(conversation, **settings).texts == [""]
-    server = Server(decoder, "tiny", "127.0.0.1", 0, quiet=True, tool_call_parser="mistral")
-    try:
-        assert decoder.kept_in_text[marker] == "[TOOL_CALLS]"
-        assert decoder.generate(input_ids=out.token_ids, **settings).texts == ["[TOOL_CALLS]"]
-    finally:
-        server.server_close()
+    assert seen == [{}] and decoder.kept_in_text == {}
+    assert decoder.chat(conversation, **settings).texts == [""]
+    assert decoder.generate(input_ids=out.token_ids, **settings).texts == [""]
+    # The decoder's own kept tokens stay kept beside the parser's; a call's own list replaces them.
+    decoder.keep_in_text(["[THINK]"])
+    think = tok.convert_tokens_to_ids("[THINK]")
+    both = decoder.chat([conversation, conversation], tool_call_parser="mistral", max_new_tokens=2,
+                        logit_bias=[{marker: 100.0}, {think: 100.0}])
+    assert both.texts == ["[TOOL_CALLS]" * 2, "[THINK]" * 2]
+    writing = {"input_ids": [[5, 6]], "max_new_tokens": 2, "logit_bias": {marker: 100.0}}
+    assert decoder.generate(**writing, keep_in_text=[]).texts == [""]
+    assert decoder.generate(**writing, keep_in_text=[["[TOOL_CALLS]"]]).texts == ["[TOOL_CALLS]" * 2]
+    assert decoder.generate(**{**writing, "logit_bias": {think: 100.0}}).texts == ["[THINK]" * 2]  # the decoder's
+    assert decoder.kept_in_text == {think: "[THINK]"}
+
+
+def test_a_row_stops_on_the_text_it_shows(mistral_target):
+    """Stop strings search the text a row keeps its markers in, row by row in one batch."""
+    folder, tok = mistral_target
+    decoder = draftsman.load({"target": {"path": str(folder)}})
+    marker = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    settings = {"max_new_tokens": 4, "logit_bias": {marker: 100.0}, "stop": ["CALLS]"]}
+    out = decoder.generate(input_ids=[[5, 6], [5, 6]], keep_in_text=[["[TOOL_CALLS]"], []], **settings)
+    assert out.texts == ["[TOOL_", ""] and out.stats.finish_reasons == ["stop", "length"]
+    assert out.token_ids == [[marker], [marker] * 4]
+    assert "".join(decoder.stream(input_ids=[5, 6], keep_in_text=["[TOOL_CALLS]"], **settings)) == "[TOOL_"
+    held = {**settings, "stop": ["CALLS]!"]}  # the text's end may start a stop: held back, then sent as the row ends
+    assert "".join(decoder.stream(input_ids=[5, 6], keep_in_text=["[TOOL_CALLS]"], **held)) == "[TOOL_CALLS]" * 4
+
+
+def test_a_wrong_keep_in_text_is_refused_with_what_to_give(mistral_target):
+    decoder = draftsman.load({"target": {"path": str(mistral_target[0])}})
+    with pytest.raises(ValueError, match=r"a list of special tokens' texts, e.g. \['\[TOOL_CALLS\]'\]"):
+        decoder.generate(input_ids=[[5, 6]], max_new_tokens=1, keep_in_text="[TOOL_CALLS]")
+    with pytest.raises(ValueError, match="keep_in_text has 2 lists for 1 prompts: give one list, or one per prompt"):
+        decoder.generate(input_ids=[[5, 6]], max_new_tokens=1, keep_in_text=[["[ARGS]"], []])
+
+
+def test_rows_that_join_a_batch_keep_their_own_markers(mistral_target):
+    """stream_batch: a joining row's keep_in_text is its own, None taking the batch's; its stop
+    strings search that text."""
+    from serving import ngram_decoder
+
+    folder, tok = mistral_target
+    decoder = ngram_decoder(folder)
+    marker, text = tok.convert_tokens_to_ids("[TOOL_CALLS]"), "[TOOL_CALLS]" * 3
+    pending = [[JoiningPrompt([5, 6]), JoiningPrompt([5, 6], keep_in_text=[]),
+                JoiningPrompt([5, 6], stop=["CALLS]"], keep_in_text=["[TOOL_CALLS]"])]]
+    shown, early, tokens, reasons = {}, {}, {}, {}
+    joining = lambda: pending.pop() if pending else []  # noqa: E731
+    for row, chunk in decoder.stream_batch([[5, 6]], keep_in_text=["[TOOL_CALLS]"], max_new_tokens=3,
+                                           logit_bias={marker: 100.0}, joining=joining):
+        shown[row] = shown.get(row, "") + chunk.text
+        early[row] = early.get(row, "") + (chunk.text if chunk.finish_reason is None else "")
+        tokens[row] = tokens.get(row, 0) + len(chunk.token_ids)
+        reasons[row] = chunk.finish_reason or reasons.get(row)
+    assert shown == {0: text, 1: text, 2: "", 3: "[TOOL_"}
+    assert early == shown  # each round's text as it comes, none held to the row's end
+    assert tokens == {0: 3, 1: 3, 2: 3, 3: 1} and reasons == {0: "length", 1: "length", 2: "length", 3: "stop"}
+
+
+def test_a_request_that_joins_a_served_batch_keeps_the_decoders_markers(mistral_target):
+    """The batcher: a request that names no kept tokens joins a batch whose row keeps the markers,
+    and its text keeps the decoder's (none), not the batch's."""
+    import threading
+
+    from draftsman.serve_batch import Batcher
+    from serving import ngram_decoder
+    from test_continuous_batching import hold_until_joined
+
+    folder, tok = mistral_target
+    decoder = ngram_decoder(folder)
+    marker = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    batcher = Batcher(decoder, threading.Lock(), max_rows=4)
+    bias = {"logit_bias": {marker: 100.0}}
+    job, chunks = batcher.stream([[5, 6]], {"max_new_tokens": 40, "keep_in_text": ["[TOOL_CALLS]"], **bias})
+    first = next(chunks)[1]
+    hold_until_joined(batcher, decoder, job)
+    out, rows = batcher.generate([[5, 6]], {"max_new_tokens": 3, **bias})
+    assert rows == 2 and out.texts == [""] and out.token_ids == [[marker] * 3]
+    assert first.text.startswith("[TOOL_CALLS]")  # sent as it comes
+    assert first.text + "".join(chunk.text for _, chunk in chunks) == "[TOOL_CALLS]" * 40
+
+
+def test_the_server_keeps_the_markers_in_chat_replies_only(mistral_target, tmp_path):
+    """vLLM keeps Mistral's tool-call markers for a chat request with tools, and the reasoning
+    parser's tags for chat requests: requests of every kind, each made to write [TOOL_CALLS] or
+    [THINK], share one batch, and only the chat replies the parsers read show them."""
+    from serving import ngram_decoder, queue_while_busy, running
+    from test_serve_tool_calls import TOOL_TEMPLATE, TOOLS, USER
+
+    shutil.copytree(mistral_target[0], tmp_path, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.chat_template = TOOL_TEMPLATE  # one that reads tools
+    tokenizer.save_pretrained(tmp_path)
+    calls, think = (tokenizer.convert_tokens_to_ids(marker) for marker in ("[TOOL_CALLS]", "[THINK]"))
+    chat, completion = {"messages": USER, "max_tokens": 2}, {"prompt": "Weather in Paris?", "max_tokens": 2}
+    writing_calls, thinking = {"logit_bias": {str(calls): 100}}, {"logit_bias": {str(think): 100}}
+    requests = [  # (endpoint, body, (reasoning, content) of a chat reply or a completion's text)
+        ("chat", {**chat, **writing_calls, "tools": TOOLS}, (None, "[TOOL_CALLS]" * 2)),
+        ("completions", {**completion, **writing_calls}, ""),
+        ("chat", {**chat, **writing_calls}, (None, None)),  # no tools: no calls to read (no text: no content)
+        ("chat", {**chat, **writing_calls, "tools": TOOLS, "tool_choice": "none"}, (None, None)),
+        ("chat", {**chat, **writing_calls, "tools": TOOLS, "stream": True}, (None, "[TOOL_CALLS]" * 2)),
+        ("completions", {**completion, **writing_calls, "stream": True}, ""),
+        ("chat", {**chat, **thinking}, ("[THINK]", None)),  # a thought opened twice, not closed
+        ("completions", {**completion, **thinking}, "")]
+    with running(ngram_decoder(tmp_path), tool_call_parser="mistral", reasoning_parser="mistral") as (server, base):
+        answers = queue_while_busy(server, base, [body for _, body, _ in requests],
+                                   [f"/v1/{kind}" if kind == "completions" else "/v1/chat/completions"
+                                    for kind, _, _ in requests])
+        assert server.decoder.kept_in_text == {}
+    for (kind, body, want), (status, got) in zip(requests, answers):
+        assert status == 200, got
+        if body.get("stream"):
+            parts = [e["choices"][0].get("delta", e["choices"][0]) for e in got if e["choices"]]
+            joined = {key: "".join(p.get(key) or "" for p in parts) for key in ("reasoning_content", "content", "text")}
+            reply = ((joined["reasoning_content"] or None, joined["content"]) if kind == "chat" else joined["text"])
+            stats = got[-1]["draftsman"]
+        else:
+            choice = got["choices"][0]
+            reply = ((choice["message"].get("reasoning_content"), choice["message"]["content"]) if kind == "chat"
+                     else choice["text"])
+            stats = got["draftsman"]
+        assert reply == want, (kind, body)
+        assert stats["batch_rows"] == len(requests)  # all in one batch
 
 
 def test_the_server_answers_a_mistral_reply_with_its_content_and_calls(chat_target, monkeypatch, tmp_path):
