@@ -572,6 +572,14 @@ class Decoder:
         self.kept_in_text = self._special_tokens(markers)
         return self.kept_in_text
 
+    def special_tokens(self) -> dict[int, str]:
+        """{token id: text} of every special token decoded text drops: what keep_in_text can keep
+        (vLLM's skip_special_tokens false keeps them all)."""
+        if self.tokenizer is None:
+            return {}
+        added = (token.content for token in getattr(self.tokenizer, "added_tokens_decoder", {}).values())
+        return self._special_tokens(list(dict.fromkeys([*self.tokenizer.all_special_tokens, *added])))
+
     def _special_tokens(self, markers) -> dict[int, str]:
         """{token id: text} of the markers that are special tokens of the target's tokenizer."""
         if isinstance(markers, str) or not all(isinstance(m, str) for m in markers):
@@ -580,7 +588,8 @@ class Decoder:
         kept = {}
         for marker in markers:
             token = self.tokenizer.convert_tokens_to_ids(marker) if self.tokenizer is not None else None
-            if token is not None and token != self.tokenizer.unk_token_id and \
+            # (an unknown marker comes back as the unknown token's id, which is some other token)
+            if token is not None and self.tokenizer.convert_ids_to_tokens(token) == marker and \
                     self.tokenizer.decode([token], skip_special_tokens=True) == "":
                 kept[token] = marker
         return kept

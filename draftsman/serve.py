@@ -83,11 +83,14 @@ IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 # structured_outputs and its older guided_* fields; at most one per request.
 STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar")
-COMPLETION_FIELDS = {"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS)
+# How the text is decoded: vLLM's skip_special_tokens (default true; false keeps the special tokens).
+DECODING_FIELDS = {"skip_special_tokens"}
+COMPLETION_FIELDS = ({"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS)
+                     | DECODING_FIELDS)
 TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
 CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
                 "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"}
-               | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS))
+               | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS) | DECODING_FIELDS)
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
 # cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
@@ -113,6 +116,7 @@ class Server(ThreadingHTTPServer):
         # The parsers' markers are kept request by request (_answer): in chat replies, as vLLM keeps them.
         check_parsers(decoder.tokenizer, tool_call_parser, reasoning_parser, PARSER_FLAGS)
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
+        self.special_tokens = decoder.special_tokens()  # what "skip_special_tokens": false keeps
         self.generating = threading.Lock()
         self.metrics = ServeMetrics(model_name, decoder.config["drafter"]["name"])
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
@@ -200,6 +204,20 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading,
                      one_call=body.get("parallel_tool_calls") is False)
 
+    def _kept_in_text(self, body: dict, args: dict, chat: bool, tool_parser) -> list[str]:
+        """The special tokens a request's text keeps. A chat reply under a parser: those its format
+        is read by (Mistral's [TOOL_CALLS]; none for tool_choice "none" or a forced call), as vLLM
+        keeps them. vLLM's "skip_special_tokens": false: all of them, but the ones that end a row
+        (EOS, the request's stop_token_ids), which vLLM leaves out of the text too."""
+        skip = body.get("skip_special_tokens", True)
+        if not isinstance(skip, bool):
+            raise RequestError(f'"skip_special_tokens" is true or false, got {json.dumps(skip)}')
+        kept = list(kept_in_text(tool_parser, self.server.reasoning_parser)) if chat else []
+        if skip:
+            return kept
+        ends = set(self.server.decoder.engine.eos_token_ids) | set(args.get("stop_token_ids") or ())
+        return [*kept, *(text for token, text in self.server.special_tokens.items() if token not in ends)]
+
     def _chat_ids(self, body: dict) -> list[list[int]]:
         """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
         (earlier tool calls' arguments reach the template as objects: Decoder.encode_chat)."""
@@ -217,9 +235,7 @@ class Handler(BaseHTTPRequestHandler):
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
-        # A chat reply under a parser keeps the special tokens its format is read by (Mistral's
-        # [TOOL_CALLS]; none for a tool_choice "none" or a forced call); a completion keeps none.
-        args["keep_in_text"] = list(kept_in_text(tool_parser, self.server.reasoning_parser)) if chat else []
+        args["keep_in_text"] = self._kept_in_text(body, args, chat, tool_parser)
         if chat and "structured_output" in args:  # the grammar holds the answer, after the thought
             try:
                 args["structured_output"] = grammar_after_thought(
