@@ -64,6 +64,7 @@ class JoiningPrompt(NamedTuple):
     warpers: dict | None = None
     ignore_eos: bool | None = None
     keep_in_text: list[str] | None = None  # special tokens its text keeps (generate's keep_in_text); [] : none
+    include_stop_str_in_output: bool | None = None  # its text keeps the stop string that ended it
 
     @classmethod
     def of(cls, given) -> "JoiningPrompt":
@@ -255,7 +256,8 @@ class Decoder:
                  bad_words_ids: list[list[int]] | list | None = None, top_h: float | list | None = None,
                  ignore_eos: bool | list[bool] | None = None,
                  structured_output: dict | list | None = None,
-                 keep_in_text: list[str] | list[list[str]] | None = None) -> GenerationOutput:
+                 keep_in_text: list[str] | list[list[str]] | None = None,
+                 include_stop_str_in_output: bool | list[bool] = False) -> GenerationOutput:
         """Generate for a batch of text prompts or token-id lists (ragged allowed). Arguments left
         as None take the config's values. max_new_tokens: one number, or one per prompt. stop:
         strings that end a row (draftsman/stop.py), one list for all prompts or one per prompt
@@ -284,7 +286,9 @@ class Decoder:
         restricted to what the grammar allows, as plain decoding under it), or one per prompt;
         keep_in_text: special tokens the texts keep where decoded text drops the others (a format's
         markers, e.g. ["[TOOL_CALLS]"]; as keep_in_text() sets for all calls, which None takes; []:
-        none), one list for all prompts or one per prompt; stop strings then search that text.
+        none), one list for all prompts or one per prompt; stop strings then search that text;
+        include_stop_str_in_output: vLLM's, a text ended by a stop string keeps it (the token ids
+        are the same either way), one flag or one per prompt.
         The warpers (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff,
         top_h), the penalties (repetition_penalty, presence_penalty, frequency_penalty),
         logit_bias, the bans (no_repeat_ngram_size, bad_words_ids) and structured_output take one value, or a list of
@@ -305,7 +309,7 @@ class Decoder:
         prompt_count = len(ids)
         ids = _samples_of(ids, num_return_sequences, args)
         decodes = self._row_decodes(keep_in_text, prompt_count, num_return_sequences)
-        self._stops_read(decodes, args)
+        self._row_stops(decodes, _row_flags(include_stop_str_in_output, prompt_count, num_return_sequences), args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = _row_values(args["stop"], len(tokens))
@@ -325,7 +329,8 @@ class Decoder:
                epsilon_cutoff: float | None = None, eta_cutoff: float | None = None,
                no_repeat_ngram_size: int | None = None, bad_words_ids: list[list[int]] | None = None,
                top_h: float | None = None, ignore_eos: bool | None = None,
-               structured_output: dict | None = None, keep_in_text: list[str] | None = None):
+               structured_output: dict | None = None, keep_in_text: list[str] | None = None,
+               include_stop_str_in_output: bool = False):
         """Yield the new text of one prompt piece by piece, as rounds accept tokens (several per
         round). The pieces join to exactly `generate(...).texts[0]`; pass `stats` to read the run's
         statistics afterwards. lossy_typical_acceptance: LOSSY, as generate's. For the tokens and
@@ -338,7 +343,8 @@ class Decoder:
                 lossy_typical_acceptance=lossy_typical_acceptance, typical_p=typical_p,
                 epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size,
                 bad_words_ids=bad_words_ids, top_h=top_h, ignore_eos=ignore_eos,
-                structured_output=structured_output, keep_in_text=keep_in_text):
+                structured_output=structured_output, keep_in_text=keep_in_text,
+                include_stop_str_in_output=include_stop_str_in_output):
             if chunk.text:
                 yield chunk.text
 
@@ -354,7 +360,7 @@ class Decoder:
                       eta_cutoff: float | None = None, no_repeat_ngram_size: int | None = None,
                       bad_words_ids: list[list[int]] | None = None, top_h: float | None = None,
                       ignore_eos: bool | None = None, structured_output: dict | None = None,
-                      keep_in_text: list[str] | None = None):
+                      keep_in_text: list[str] | None = None, include_stop_str_in_output: bool = False):
         """stream() with the tokens: one StreamChunk per round that commits tokens, holding the
         text that became visible (may be "" while a stop string might still complete), the new
         token ids and, with logprobs= / top_logprobs= (as generate's), their scores. The texts
@@ -372,7 +378,7 @@ class Decoder:
             top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
         decodes = self._row_decodes(keep_in_text, 1, 1)
-        self._stops_read(decodes, args)
+        self._row_stops(decodes, _row_flags(include_stop_str_in_output, 1, 1), args)
         for _, chunk in self._row_chunks(ids, args, decodes, self._logprobs_recorder(1, logprobs, top_logprobs),
                                          stats):
             yield chunk
@@ -383,7 +389,8 @@ class Decoder:
         streams requests that arrive together): yields (row, StreamChunk), rows interleaved as
         rounds commit their tokens; each row's chunks join to generate's output for that prompt.
         settings: stream_chunks' keywords (max_new_tokens and min_new_tokens, one number or one per
-        prompt; stop, stop_token_ids and keep_in_text, one list or one per prompt; temperature, ..., logprobs,
+        prompt; stop, stop_token_ids and keep_in_text, one list or one per prompt;
+        include_stop_str_in_output, one flag or one per prompt; temperature, ..., logprobs,
         top_logprobs), and num_return_sequences (rows then go prompt
         by prompt, n samples each, as generate's). A row's last chunk, with its finish_reason,
         comes as soon as that row ends.
@@ -392,8 +399,9 @@ class Decoder:
         the others go on as they would have.
         joining: continuous batching. joining() is asked before every round and returns prompts
         that join the running batch now, as JoiningPrompt(input_ids, max_new_tokens, min_new_tokens,
-        stop, stop_token_ids, warpers, ignore_eos, keep_in_text) or tuples in that order, [] for none (a value
-        left out or None: the batch's one value, else the config's; stop strings as a list;
+        stop, stop_token_ids, warpers, ignore_eos, keep_in_text, include_stop_str_in_output) or
+        tuples in that order, [] for none (a value left out or None: the batch's one value, else
+        the config's; stop strings as a list;
         warpers a dict of ROW_FIELDS, e.g. {"temperature": 0.7,
         "presence_penalty": 0.5}: a key left out takes the batch's one value, else the config's;
         a key given as None the config's). Their rows (n samples each) are
@@ -407,7 +415,7 @@ class Decoder:
         logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
         n = settings.pop("num_return_sequences", 1)
         known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", "ignore_eos", "keep_in_text",
-                 *_SAMPLING_SETTINGS}
+                 "include_stop_str_in_output", *_SAMPLING_SETTINGS}
         unknown = sorted(set(settings) - known)
         if unknown:
             raise TypeError(f"stream_batch() got unknown settings {unknown}; valid: {sorted(known)}")
@@ -423,12 +431,13 @@ class Decoder:
         default_ignore = ignore if isinstance(ignore, bool) else g["ignore_eos"]
         # A joining row's sampling: its own warpers, else the batch's one value, else the config's.
         batch_sampling = {k: None if _per_prompt(k, v) else v for k, v in sampling.items()}
-        keep = settings.get("keep_in_text")
+        keep, include = settings.get("keep_in_text"), settings.get("include_stop_str_in_output", False)
         batch_keep = None if per_row(keep) else keep
+        batch_include = include if isinstance(include, bool) else False
         prompt_count = len(ids)
         ids = _samples_of(ids, n, args)
         decodes = self._row_decodes(keep, prompt_count, n)  # the joining rows' are added as they join
-        self._stops_read(decodes, args)
+        self._row_stops(decodes, _row_flags(include, prompt_count, n), args)
         joined_rows = None
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
@@ -437,10 +446,12 @@ class Decoder:
                     own = JoiningPrompt.of(given)
                     decode = self._row_decodes(batch_keep if own.keep_in_text is None else own.keep_in_text, 1, 1)[0]
                     stop = default_stop if own.stop is None else self._stop_check(own.stop)
+                    included = batch_include if own.include_stop_str_in_output is None else \
+                        _row_flags(own.include_stop_str_in_output, 1, 1)[0]
                     row = JoiningRow(list(map(int, own.input_ids)),
                                      default_limit if own.max_new_tokens is None else own.max_new_tokens,
                                      default_least if own.min_new_tokens is None else own.min_new_tokens,
-                                     _stop_reading(stop, decode),
+                                     _row_stop(stop, decode, included),
                                      default_stop_ids if own.stop_token_ids is None else own.stop_token_ids,
                                      self._joining_sampling(batch_sampling, own.warpers),
                                      default_ignore if own.ignore_eos is None else own.ignore_eos)
@@ -458,16 +469,20 @@ class Decoder:
     def check_join(self, input_ids: list[list[int]], max_new_tokens: int | None = None,
                    min_new_tokens: int | None = None, stop: list[str] | None = None,
                    stop_token_ids: list[int] | None = None, num_return_sequences: int = 1,
-                   ignore_eos: bool | None = None, keep_in_text: list[str] | None = None, **warpers) -> None:
+                   ignore_eos: bool | None = None, keep_in_text: list[str] | None = None,
+                   include_stop_str_in_output: bool | None = None, **warpers) -> None:
         """Raise ValueError, naming the problem, if these prompts cannot join a running batch
-        with these limits, stops, ignore_eos, keep_in_text and per-row sampling settings (ROW_FIELDS,
-        e.g. temperature=0.7; None: the config's), so a caller can refuse them alone."""
+        with these limits, stops, ignore_eos, keep_in_text, include_stop_str_in_output and per-row
+        sampling settings (ROW_FIELDS, e.g. temperature=0.7; None: the config's), so a caller can
+        refuse them alone."""
         g = self.config["generation"]
         ids = [list(map(int, row)) for row in input_ids]
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         self._stop_check(stop)
         self._row_decodes(keep_in_text, 1, 1)
+        if include_stop_str_in_output is not None:
+            _row_flags(include_stop_str_in_output, 1, 1)
         unknown = sorted(set(warpers) - set(ROW_FIELDS))
         if unknown:
             raise TypeError(f"check_join() got unknown settings {unknown}; the per-row sampling settings are "
@@ -522,8 +537,8 @@ class Decoder:
             piece, stops = "", row_stops[row]
             if text.add(new):  # else nothing new, or a character still incomplete
                 visible = text.text
-                if stops:  # never show a stop string, nor the start of one that may yet complete
-                    at = stops.first_stop(visible, len(shown[row]))  # what is shown holds no stop's start
+                if stops:  # never show a stop string (unless kept), nor the start of one that may yet complete
+                    at = stops.text_end(visible, len(shown[row]))  # what is shown holds no stop's start
                     visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
                 if len(visible) > len(shown[row]):
                     piece, shown[row] = visible[len(shown[row]):], visible
@@ -608,11 +623,12 @@ class Decoder:
             decodes += [decode] * n
         return decodes
 
-    def _stops_read(self, decodes: list, args: dict) -> None:
-        """The rows' stop strings (args["stop"]) searched in the text each row shows (its decode)."""
-        if any(decode != self.decode for decode in decodes):
-            args["stop"] = [_stop_reading(stop, decode)
-                            for stop, decode in zip(_row_values(args["stop"], len(decodes)), decodes)]
+    def _row_stops(self, decodes: list, includes: list[bool], args: dict) -> None:
+        """The rows' stop strings (args["stop"]) searched in the text each row shows (its decode),
+        each kept in its text or not (include_stop_str_in_output)."""
+        if any(decode != self.decode for decode in decodes) or any(includes):
+            args["stop"] = [_row_stop(stop, decode, include) for stop, decode, include
+                            in zip(_row_values(args["stop"], len(decodes)), decodes, includes)]
 
     def _with_markers(self, keep_in_text, markers: tuple[str, ...]):
         """keep_in_text (generate's: None, one list or one per prompt) with these markers kept too."""
@@ -687,9 +703,19 @@ class Decoder:
         return StopStrings(self.decode, strings)
 
 
-def _stop_reading(stop: StopStrings | None, decode) -> StopStrings | None:
-    """These stop strings searched in the text `decode` gives."""
-    return stop if stop is None or stop.decode == decode else StopStrings(decode, stop.strings)
+def _row_stop(stop: StopStrings | None, decode, include: bool) -> StopStrings | None:
+    """These stop strings searched in the text `decode` gives, kept in it or not (include)."""
+    if stop is None or (stop.decode == decode and stop.include == include):
+        return stop
+    return StopStrings(decode, stop.strings, include)
+
+
+def _row_flags(value, prompts: int, n: int, name: str = "include_stop_str_in_output") -> list[bool]:
+    """A flag given for all prompts or one per prompt, as one per row (n rows a prompt)."""
+    flags = list(value) if isinstance(value, (list, tuple)) else [value] * prompts
+    if len(flags) != prompts or not all(isinstance(flag, bool) for flag in flags):
+        raise ValueError(f"{name} takes true or false, or a list of one per prompt ({prompts}), got {value!r}")
+    return [flag for flag in flags for _ in range(n)]
 
 
 def _row_values(value, rows: int) -> list:

@@ -76,6 +76,7 @@ SAMPLING_FIELDS = {
     # Hugging Face's truncation warpers (typical_p is also TGI's)
     "typical_p": "typical_p", "epsilon_cutoff": "epsilon_cutoff", "eta_cutoff": "eta_cutoff", "top_h": "top_h",
     "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words_ids": "bad_words_ids",
+    "include_stop_str_in_output": "include_stop_str_in_output",  # vLLM's: the text keeps the stop string
 }
 # read elsewhere, or change nothing here (best_of: vLLM's; benchmark clients send best_of 1, which is n's sampling)
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}

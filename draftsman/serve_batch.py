@@ -56,9 +56,10 @@ class RequestTimes:
 # Requests that differ only in these share a batch: the engine takes them per row (the warpers:
 # temperature, top_p, top_k, min_p, ..., the penalties, logit_bias and the bans: verifier/sampling.py's
 # ROW_FIELDS), and the decoder decodes each row's text keeping its own special tokens (keep_in_text:
-# a chat reply under a parser keeps its markers, a completion beside it none).
+# a chat reply under a parser keeps its markers, a completion beside it none) and, or not, the stop
+# string that ended it (include_stop_str_in_output).
 PER_ROW_SETTINGS = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "ignore_eos", "keep_in_text",
-                    *ROW_FIELDS)
+                    "include_stop_str_in_output", *ROW_FIELDS)
 # Requests that differ in these share a batch too: the batch records the scores of every row, as
 # many top tokens as its requests ask at most, and each request gets what it asked for. A request
 # that asks for more than a running batch records waits for the next one.
@@ -265,7 +266,7 @@ class Batcher:
         self.decoder, self.lock, self.max_rows, self.record = decoder, lock, max_rows, record
         # generate's arguments as the config sets them, when a request leaves them out
         self.defaults = {**decoder.config["sampling"], **decoder.config["generation"], "num_return_sequences": 1,
-                         "keep_in_text": None}
+                         "keep_in_text": None, "include_stop_str_in_output": False}
         self.record_request = record_request
         self.waiting: list[_Job] = []
         self.running = 0  # requests in the generation now running
@@ -389,7 +390,7 @@ class Batcher:
             # Its own stops as [] when it has none, its kept tokens the decoder's: None would take the batch's.
             return [JoiningPrompt(ids, own["max_new_tokens"], own["min_new_tokens"], own["stop"] or [],
                                   own["stop_token_ids"] or [], {key: own[key] for key in ROW_FIELDS},
-                                  own["ignore_eos"], self._kept(own["keep_in_text"]))
+                                  own["ignore_eos"], self._kept(own["keep_in_text"]), own["include_stop_str_in_output"])
                     for job, own in entered for ids in job.ids for _ in range(job.n)]
         return joining
 

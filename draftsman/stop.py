@@ -26,11 +26,13 @@ def check_stop_strings(stop, name: str = "stop") -> list[str]:
 class StopStrings:
     """The engine's stop check for text stop strings. Called once per row and round with the row's
     tokens so far and the round's new tokens; returns how many of the new tokens to keep, or None
-    when no stop string completed."""
+    when no stop string completed. include: the row's text keeps the stop string that ended it
+    (vLLM's include_stop_str_in_output); the tokens are the same either way."""
 
-    def __init__(self, decode: Callable[[list[int]], str], strings: list[str]):
+    def __init__(self, decode: Callable[[list[int]], str], strings: list[str], include: bool = False):
         self.decode = decode
         self.strings = strings
+        self.include = include
         self.longest = max(map(len, strings))
 
     def __call__(self, before: list[int], new: list[int]) -> int | None:
@@ -70,9 +72,18 @@ class StopStrings:
         found = [i for i in (text.find(s, start) for s in self.strings) if i >= 0]
         return min(found) if found else None
 
+    def text_end(self, text: str, start: int = 0) -> int | None:
+        """Where a row's text ends when it holds a stop string (at or after `start`): before the
+        first, or with `include` after the one that completed first; None when it holds none."""
+        if not self.include:
+            return self.first_stop(text, start)
+        ends = [i + len(s) for s in self.strings if (i := text.find(s, start)) >= 0]
+        return min(ends) if ends else None
+
     def cut(self, text: str) -> str:
-        """The text before the first stop string (all of it when there is none)."""
-        at = self.first_stop(text)
+        """The text before the first stop string, or through it with `include` (all of it when
+        there is none)."""
+        at = self.text_end(text)
         return text if at is None else text[:at]
 
     @property

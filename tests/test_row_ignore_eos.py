@@ -151,7 +151,8 @@ def test_bad_ignore_eos_per_prompt_is_named(tiny_models, flags, message):
     with pytest.raises(ValueError, match=r"a joining row is a JoiningRow or a tuple \(prompt, max_new_tokens"):
         list(decoder.engine.stream(PROMPTS[:1], 4, SamplingParams(0.0), joining=lambda: [(PROMPTS[1],)]))
     with pytest.raises(ValueError, match=r"a joining prompt is a JoiningPrompt or a tuple \(input_ids, "):
-        list(decoder.stream_batch(PROMPTS[:1], max_new_tokens=4, joining=lambda: [(PROMPTS[1],) * 9]))  # one past
+        too_many = (PROMPTS[1],) * (len(JoiningPrompt._fields) + 1)
+        list(decoder.stream_batch(PROMPTS[:1], max_new_tokens=4, joining=lambda: [too_many]))
 
 
 def test_samples_of_a_prompt_share_its_ignore_eos(tiny_models):
