@@ -404,22 +404,25 @@ def hold_until_joined(batcher, decoder, job, joins=1, queued=1):
     """Until `joins` requests have joined `job`'s batch, a round that runs its row alone with fewer
     than `queued` requests queued waits for them (30 s at most): the test's next requests then find
     the row running however slow the test's thread, where the 20 ms rounds alone left it about a
-    second."""
+    second. A join is a request entering the batch (Batcher._enter), so two that join in the same
+    round count as two."""
     import time
 
-    propose = decoder.engine.drafter.propose
-    seen = {"rows": 1, "joins": 0}
+    propose, enter = decoder.engine.drafter.propose, batcher._enter
+    seen = {"joins": 0}
+
+    def entering(*args):
+        seen["joins"] += 1
+        return enter(*args)
 
     def held(contexts):
-        if len(contexts) > seen["rows"]:
-            seen["joins"] += 1
-        seen["rows"] = len(contexts)
         deadline = time.monotonic() + 30
         while (job.stats is None and len(contexts) == 1 and seen["joins"] < joins
                and len(batcher.waiting) < queued and time.monotonic() < deadline):
             time.sleep(0.002)
         return propose(contexts)
 
+    batcher._enter = entering
     decoder.engine.drafter.propose = held
 
 
