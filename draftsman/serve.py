@@ -216,7 +216,9 @@ class Handler(BaseHTTPRequestHandler):
         kept = list(kept_in_text(tool_parser, self.server.reasoning_parser)) if chat else []
         if skip:
             return kept
-        ends = set(self.server.decoder.engine.eos_token_ids) | set(args.get("stop_token_ids") or ())
+        stop_ids = args.get("stop_token_ids")  # (a bad value is refused later, with its own message)
+        ends = set(self.server.decoder.engine.eos_token_ids) | \
+            ({t for t in stop_ids if isinstance(t, int)} if isinstance(stop_ids, list) else set())
         return [*kept, *(text for token, text in self.server.special_tokens.items() if token not in ends)]
 
     def _chat_ids(self, body: dict) -> list[list[int]]:

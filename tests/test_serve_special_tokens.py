@@ -30,6 +30,8 @@ def test_skip_special_tokens_false_keeps_them_in_that_requests_text(chat_target)
         assert status == 200 and got["choices"][0]["text"] == "" and got["choices"][0]["finish_reason"] == "stop"
         status, got = call(base, "/v1/completions", {**writing, "skip_special_tokens": "no"})
         assert status == 400 and '"skip_special_tokens" is true or false, got "no"' in got["error"]["message"]
+        status, got = call(base, "/v1/completions", {**keeping, "stop_token_ids": 5})  # its own message
+        assert status == 400 and "stop_token_ids" in got["error"]["message"]
 
 
 def test_the_special_tokens_are_those_decoded_text_drops(chat_target):
