@@ -308,8 +308,7 @@ class Decoder:
             min_new_tokens, stop_token_ids, ignore_eos)
         prompt_count = len(ids)
         ids = _samples_of(ids, num_return_sequences, args)
-        decodes = self._row_decodes(keep_in_text, prompt_count, num_return_sequences)
-        self._row_stops(decodes, _row_flags(include_stop_str_in_output, prompt_count, num_return_sequences), args)
+        decodes = self._row_texts(keep_in_text, include_stop_str_in_output, prompt_count, num_return_sequences, args)
         recorder = self._logprobs_recorder(len(ids), logprobs, top_logprobs)
         tokens, stats = self.engine.generate(ids, **args, logprobs=recorder)
         stops = _row_values(args["stop"], len(tokens))
@@ -377,8 +376,7 @@ class Decoder:
             eta_cutoff=eta_cutoff, no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
             top_h=top_h, structured_output=structured_output),
             min_new_tokens, stop_token_ids, ignore_eos)
-        decodes = self._row_decodes(keep_in_text, 1, 1)
-        self._row_stops(decodes, _row_flags(include_stop_str_in_output, 1, 1), args)
+        decodes = self._row_texts(keep_in_text, include_stop_str_in_output, 1, 1, args)
         for _, chunk in self._row_chunks(ids, args, decodes, self._logprobs_recorder(1, logprobs, top_logprobs),
                                          stats):
             yield chunk
@@ -436,8 +434,7 @@ class Decoder:
         batch_include = include if isinstance(include, bool) else False
         prompt_count = len(ids)
         ids = _samples_of(ids, n, args)
-        decodes = self._row_decodes(keep, prompt_count, n)  # the joining rows' are added as they join
-        self._row_stops(decodes, _row_flags(include, prompt_count, n), args)
+        decodes = self._row_texts(keep, include, prompt_count, n, args)  # joining rows' added as they join
         joined_rows = None
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
@@ -616,19 +613,24 @@ class Decoder:
         if len(given) != prompts:
             raise ValueError(f"keep_in_text has {len(given)} lists for {prompts} prompts: give one list, or one "
                              "per prompt")
-        decodes = []
+        decodes, resolved = [], {}  # each list of markers resolved once, however many prompts give it
         for markers in given:
-            kept = None if markers is None else self._special_tokens(markers)
-            decode = self.decode if kept is None or kept == self.kept_in_text else partial(self._decode_with, kept=kept)
-            decodes += [decode] * n
+            if repr(markers) not in resolved:
+                kept = None if markers is None else self._special_tokens(markers)
+                resolved[repr(markers)] = (self.decode if kept is None or kept == self.kept_in_text
+                                           else partial(self._decode_with, kept=kept))
+            decodes += [resolved[repr(markers)]] * n
         return decodes
 
-    def _row_stops(self, decodes: list, includes: list[bool], args: dict) -> None:
-        """The rows' stop strings (args["stop"]) searched in the text each row shows (its decode),
-        each kept in its text or not (include_stop_str_in_output)."""
+    def _row_texts(self, keep_in_text, include_stop_str_in_output, prompts: int, n: int, args: dict) -> list:
+        """Each row's decode (keep_in_text, _row_decodes), with its stop strings (args["stop"])
+        searched in the text it gives and kept in it or not (include_stop_str_in_output)."""
+        decodes = self._row_decodes(keep_in_text, prompts, n)
+        includes = _row_flags(include_stop_str_in_output, prompts, n)
         if any(decode != self.decode for decode in decodes) or any(includes):
             args["stop"] = [_row_stop(stop, decode, include) for stop, decode, include
                             in zip(_row_values(args["stop"], len(decodes)), decodes, includes)]
+        return decodes
 
     def _with_markers(self, keep_in_text, markers: tuple[str, ...]):
         """keep_in_text (generate's: None, one list or one per prompt) with these markers kept too."""
