@@ -32,6 +32,7 @@ from .base import DETERMINISTIC, Drafter, DraftTree
 from .chain_draws import chain_trees, draw_step
 from .draft_vocab import full_vocab
 from .registry import register
+from .text_ids import TextIds
 
 TAIL = 4  # target tokens re-encoded with the drafted text, so a word they begin is continued as one
 
@@ -72,6 +73,7 @@ class CrossTokenizerDrafter(Drafter):
         self.context = context_length(model.config)
         self._share_vocabularies(target.tokenizer, tokenizer, model.get_output_embeddings().weight.shape[0])
         self.held: list[list[int]] = []  # each row's draft-model ids in its cache
+        self.text_ids = TextIds(target.tokenizer, tokenizer)  # each row's text in the draft model's ids
         self.bridged = self.fallbacks = 0  # rounds whose drafted text joined the row's tail / was encoded alone
 
     def _share_vocabularies(self, target_tokenizer, tokenizer, draft_width: int) -> None:
@@ -100,28 +102,32 @@ class CrossTokenizerDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self.lm.reset(len(prompts))
         self.held = [[] for _ in prompts]
+        self.text_ids.reset(len(prompts))
         self.bridged = self.fallbacks = 0
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
         self.held = [self.held[i] for i in indices]
+        self.text_ids.keep_rows(indices)
 
     can_add_rows = True
 
     def add_rows(self, prompts, target_hidden):
         self.lm.add_rows(len(prompts))
         self.held += [[] for _ in prompts]
+        self.text_ids.add_rows(len(prompts))
 
     def report(self) -> dict:
         return {"bridged_rounds": self.bridged, "text_alone_rounds": self.fallbacks,
-                "shared_tokens": 0 if self.shared_draft is None else len(self.shared_draft)}
+                "shared_tokens": 0 if self.shared_draft is None else len(self.shared_draft),
+                "text_encoded_whole": self.text_ids.whole, "text_encoded_end": self.text_ids.extended}
 
     def propose(self, contexts):
         k = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
         device = self.lm.device
         if k <= 0:
             return [DraftTree.empty(device) for _ in contexts]
-        wants = [self._draft_ids(context, k) for context in contexts]
+        wants = [self._draft_ids(b, context, k) for b, context in enumerate(contexts)]
         # 1. Keep each row's cached prefix of its ids (one id at least is fed, for its logits).
         kept = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
         self.lm.rollback(torch.tensor(kept))
@@ -175,11 +181,9 @@ class CrossTokenizerDrafter(Drafter):
         q_of = lambda: full_vocab(torch.stack(probs, 1), self.shared_target, self.vocab_size)  # noqa: E731
         return chain_trees(target_tokens, lengths, self.draft_sampling(), q_of)
 
-    def _draft_ids(self, context: list[int], k: int) -> list[int]:
+    def _draft_ids(self, b: int, context: list[int], k: int) -> list[int]:
         """The row's text so far in the draft model's ids, the latest that fit beside k drafts."""
-        text = self.target_tokenizer.decode(context, skip_special_tokens=True)
-        # (verbose=False: a text longer than the draft model's context is cut below, not warned about)
-        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"] or [self._any_start()]
+        ids = self.text_ids.ids(b, context) or [self._any_start()]
         return ids[-max(1, self.context - k):]
 
     def _any_start(self) -> int:
@@ -217,8 +221,12 @@ class CrossTokenizerDrafter(Drafter):
         return encode(text)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
+def _common_prefix(a: list[int], b: list[int], chunk: int = 64) -> int:
+    """How many ids a and b share from the start. Compares a chunk at a time (list equality runs
+    in C): the ids of a long row are nearly all shared, round after round."""
+    n, end = 0, min(len(a), len(b))
+    while n + chunk <= end and a[n: n + chunk] == b[n: n + chunk]:
+        n += chunk
+    while n < end and a[n] == b[n]:
         n += 1
     return n
