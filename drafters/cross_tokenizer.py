@@ -127,7 +127,7 @@ class CrossTokenizerDrafter(Drafter):
         device = self.lm.device
         if k <= 0:
             return [DraftTree.empty(device) for _ in contexts]
-        wants = [self._draft_ids(b, context, k) for b, context in enumerate(contexts)]
+        wants = [self._draft_ids(b, context) for b, context in enumerate(contexts)]
         # 1. Keep each row's cached prefix of its ids (one id at least is fed, for its logits).
         kept = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
         self.lm.rollback(torch.tensor(kept))
@@ -181,10 +181,17 @@ class CrossTokenizerDrafter(Drafter):
         q_of = lambda: full_vocab(torch.stack(probs, 1), self.shared_target, self.vocab_size)  # noqa: E731
         return chain_trees(target_tokens, lengths, self.draft_sampling(), q_of)
 
-    def _draft_ids(self, b: int, context: list[int], k: int) -> list[int]:
-        """The row's text so far in the draft model's ids, the latest that fit beside k drafts."""
+    def _draft_ids(self, b: int, context: list[int]) -> list[int]:
+        """The row's text so far in the draft model's ids; past the draft model's context, a window
+        of the latest ids that leaves room for k drafts. The window's start moves a quarter of the
+        room at a time: a start that moved every round would feed the draft model its whole window
+        again every round (its cache holds ids from the window's start)."""
         ids = self.text_ids.ids(b, context) or [self._any_start()]
-        return ids[-max(1, self.context - k):]
+        room = max(1, self.context - self.k)
+        if len(ids) <= room:
+            return ids
+        stride = max(1, room // 4)
+        return ids[-(-(len(ids) - room) // stride) * stride:]  # start: the overflow rounded up to a stride
 
     def _any_start(self) -> int:
         """An id to start from when the text is empty (a prompt of special tokens only)."""

@@ -1,8 +1,10 @@
-"""`cross_tokenizer` on long prompts: each row's text in the draft model's ids kept a round at a
-time (drafters/text_ids.py) against decoding and encoding the whole text every round, as the
-drafter did before. Same target, same draft model, same prompts, the two interleaved in one
-process; outputs must match (greedy), and the script prints tokens/s and their ratio per prompt
-length, with the drafting share of engine time.
+"""`cross_tokenizer` on long prompts, two changes each against the way before it, interleaved in
+one process with the same target, draft model and prompts; outputs must match (greedy):
+1. each row's text in the draft model's ids kept a round at a time (drafters/text_ids.py) against
+   decoding and encoding the whole text every round: the conversion alone per round, then
+   tokens/s per prompt length with the drafting share of engine time;
+2. past the draft model's context, a window whose start moves a stride at a time against one
+   that moved every round (and so fed the draft model its whole window every round).
 
     python scripts/cross_tokenizer_text_experiment.py            # zoo/python-target + zoo/python-draft-4k
 """
@@ -12,6 +14,7 @@ import json.decoder
 import statistics
 import sys
 import time
+import types
 
 import draftsman
 from draftsman.drafters.text_ids import TextIds
@@ -23,6 +26,12 @@ class WholeText(TextIds):
     def ids(self, b, context):
         self.whole += 1
         return self.tokenizer(self.decode(context), verbose=False)["input_ids"]
+
+
+def window_every_round(self, b, context):
+    """The earlier window: the latest ids that fit, its start moved by every new id."""
+    ids = self.text_ids.ids(b, context) or [self._any_start()]
+    return ids[-max(1, self.context - self.k):]
 
 
 def conversion_ms(text_ids: TextIds, source: list[int], length: int, rounds: int = 50, step: int = 3) -> float:
@@ -46,6 +55,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batch", action="store_true", help="each length's prompts as one batch")
+    parser.add_argument("--window-length", type=int, default=940,
+                        help="prompt length (target tokens) whose text overflows the draft model's context")
     parser.add_argument("--conversion-lengths", type=int, nargs="+", default=[500, 2000, 8000],
                         help="row lengths (target tokens) at which to time the conversion alone")
     args = parser.parse_args()
@@ -93,6 +104,26 @@ def main() -> None:
     report = dec.generate(input_ids=[prompts[0]], max_new_tokens=args.new).stats.drafter_report
     print(f"last prompt, a round at a time: {report['text_encoded_end']} rounds encoded the text's end, "
           f"{report['text_encoded_whole']} all of it")
+
+    prompts = [source[i * 997: i * 997 + args.window_length] for i in range(args.prompts)]
+    overflow = [len(drafter.tokenizer(drafter.target_tokenizer.decode(p), verbose=False)["input_ids"])
+                for p in prompts]
+    print(f"\n{args.window_length}-token prompts, {overflow} draft ids (room: {drafter.context - drafter.k}), batch 1:")
+    windows = {"start moved every round": types.MethodType(window_every_round, drafter),
+               "a stride at a time": drafter._draft_ids}
+    speed, outputs = {w: [] for w in windows}, {w: [] for w in windows}
+    for _ in range(args.repeats):
+        for way, draft_ids in windows.items():
+            drafter._draft_ids = draft_ids
+            for prompt in prompts:
+                start = time.perf_counter()
+                out = dec.generate(input_ids=[prompt], max_new_tokens=args.new)
+                speed[way].append(len(out.token_ids[0]) / (time.perf_counter() - start))
+                outputs[way] += out.token_ids
+    if len({str(o) for o in outputs.values()}) != 1:
+        sys.exit("outputs differ between the two windows")
+    before, after = (statistics.median(speed[w]) for w in windows)
+    print(f"start moved every round {before:.1f} tok/s, a stride at a time {after:.1f} tok/s: {after / before:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """`cross_tokenizer`: a draft model with a tokenizer of its own drafts through text. Exact: greedy
 output is the target's own at batch 1 and 4, and at T=1 the first two tokens follow the target's
 marginals. Useful: the bundled draft model under shuffled ids keeps the tau it has as
-`draft_model`. Its cache, kept across rounds, drafts what a fresh one would. Bad folders are named."""
+`draft_model`. Its cache, kept across rounds, drafts what a fresh one would, and past the draft
+model's context it is rebuilt once per stride of ids, not every round. Bad folders are named."""
+import json
 import shutil
 from pathlib import Path
 
@@ -51,6 +53,47 @@ def test_greedy_output_is_the_targets_own(arch, tiny_models, tiny_tokenizer, dra
         batched = dec.generate(input_ids=prompts, max_new_tokens=NEW)
         assert batched.token_ids == expected, kind
         assert batched.stats.proposed_tokens > 0 or kind == "adaptive", kind  # it drafted (adaptive may not)
+
+
+def test_past_its_context_the_draft_model_reads_a_window_moved_a_stride_at_a_time(tiny_models, tiny_tokenizer,
+                                                                                  drafts, tmp_path):
+    """A draft model whose context is shorter than the row's text drafts from a window of its latest
+    ids. The window's start moves a quarter of the room at a time, so the draft cache is rebuilt
+    once per stride of new ids, not every round (as when the start moved with every new id), and
+    the window keeps at least three quarters of the room. The output stays the target's own."""
+    target = tiny_models["llama"][0]
+    short = tmp_path / "short-context"
+    shutil.copytree(drafts["llama"]["shuffled"], short)
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = CONTEXT = 40
+    (short / "config.json").write_text(json.dumps(config))
+    prompt = tiny_tokenizer(" ".join(TEXTS) * 3)["input_ids"]
+    model = load_for_reference(target)
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
+    dec = draftsman.load({"target": {"path": str(target)},
+                          "drafter": {"name": "cross_tokenizer", "path": str(short), "k": 4}})
+    drafter = dec.engine.drafter
+    windows, rebuilt = [], [0]  # (the row's ids, the window's), per round; rounds that fed the cache from empty
+    draft_ids, rollback = drafter._draft_ids, drafter.lm.rollback
+
+    def recording_ids(b, context):
+        ids = draft_ids(b, context)
+        windows.append((len(drafter.text_ids.rows[b].ids), len(ids)))
+        return ids
+
+    def recording_rollback(lengths):
+        rebuilt[0] += int((lengths == 0).sum())
+        return rollback(lengths)
+
+    drafter._draft_ids, drafter.lm.rollback = recording_ids, recording_rollback
+    assert dec.generate(input_ids=[prompt], max_new_tokens=48).token_ids[0] == expected
+    room, stride = CONTEXT - 4, (CONTEXT - 4) // 4
+    assert windows[0][0] > room, windows[0]  # the prompt alone overflows it
+    assert all(room - stride < window <= room for _, window in windows), windows
+    growth = windows[-1][0] - windows[0][0]
+    assert len(windows) > 8 and growth > 2 * stride, windows
+    assert rebuilt[0] <= growth / stride + 2 and rebuilt[0] < len(windows) / 2, (rebuilt, windows)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20, top_p=0.9)],
