@@ -30,6 +30,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import DETERMINISTIC, Drafter, DraftTree
 from .chain_draws import chain_trees, draw_step
+from .context_window import window_start
 from .draft_vocab import full_vocab
 from .registry import register
 from .text_ids import TextIds
@@ -183,15 +184,9 @@ class CrossTokenizerDrafter(Drafter):
 
     def _draft_ids(self, b: int, context: list[int]) -> list[int]:
         """The row's text so far in the draft model's ids; past the draft model's context, a window
-        of the latest ids that leaves room for k drafts. The window's start moves a quarter of the
-        room at a time: a start that moved every round would feed the draft model its whole window
-        again every round (its cache holds ids from the window's start)."""
+        of the latest ids that leaves room for k drafts (drafters/context_window.py)."""
         ids = self.text_ids.ids(b, context) or [self._any_start()]
-        room = max(1, self.context - self.k)
-        if len(ids) <= room:
-            return ids
-        stride = max(1, room // 4)
-        return ids[-(-(len(ids) - room) // stride) * stride:]  # start: the overflow rounded up to a stride
+        return ids[window_start(len(ids), max(1, self.context - self.k)):]
 
     def _any_start(self) -> int:
         """An id to start from when the text is empty (a prompt of special tokens only)."""

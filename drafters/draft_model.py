@@ -1,7 +1,8 @@
 """`draft_model`: a separate small causal LM that shares the target's tokenizer. It drafts a chain
 of k tokens autoregressively with the same sampling processing as the target, so each token's
 distribution q is known exactly (greedy drafts are deterministic), and keeps its own KV cache,
-rolled back to the accepted tokens after each round.
+rolled back to the accepted tokens after each round. A row that outgrows the draft model's context
+is drafted for from a window of its latest tokens (drafters/context_window.py).
 
 With `top_k > 1`, greedy rounds draft an EAGLE-2 dynamic tree instead (drafters/dynamic_tree.py:
 depth k, the top_k most confident nodes expanded per depth, the best `total_tokens` kept, and with
@@ -33,6 +34,7 @@ from ..verifier.cached_model import CachedLM
 from .first_feed import distinct_rows
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree
+from .context_window import window_start
 from .chain_draws import chain_trees, draw_step
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
@@ -104,6 +106,9 @@ class DraftModelDrafter(Drafter):
         self.lm = CachedLM(model, direct=True)
         self._use_head(greedy=True)
         self.context = context_length(model.config)
+        if self.k >= self.context:
+            raise ValueError(f"draft_model: k={self.k} leaves no room in the draft model's context of "
+                             f"{self.context} positions: set drafter.k below it")
 
     def _quantize(self, model: torch.nn.Module) -> None:
         """int8 weights for the decoder layers and for each LM head a round may read out through
@@ -125,17 +130,20 @@ class DraftModelDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self._use_head(sampling.greedy)
         self.lm.reset(len(prompts))
+        self.window_starts = [0] * len(prompts)  # each row's first token in the draft cache
         self.draft_context = DraftContext(prompts, self.vocab_size, self.lm.device)  # under penalise_drafts
         self.round_start = None
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
+        self.window_starts = [self.window_starts[i] for i in indices]
         self.draft_context.select_rows(indices)
 
     can_add_rows = True
 
     def add_rows(self, prompts, target_hidden):
         self.lm.add_rows(len(prompts))  # empty: the next propose() feeds each whole prompt
+        self.window_starts += [0] * len(prompts)
         self.draft_context.add_rows(prompts)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
@@ -144,14 +152,15 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, contexts):
         B = len(contexts)
-        k = min(self.k if self.depth_limit is None else min(self.k, self.depth_limit),
-                self.context - max(len(c) for c in contexts))
+        k = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
         self.round_start, self.round_k = None, k
-        if k <= 0:  # the draft model's own context is full: let the target go alone
+        if k <= 0:
             return [DraftTree.empty(self.lm.device) for _ in contexts]
-        # 1. Feed every row's tokens that the draft cache has not seen (the root at least).
+        # 1. Feed every row's tokens that the draft cache has not seen (the root at least). Past
+        # the draft model's context a row's cache holds a window of its latest tokens.
+        starts = self._windows(contexts)
         cached = self.lm.lengths.tolist()
-        unseen = [ctx[n:] for ctx, n in zip(contexts, cached)]
+        unseen = [ctx[start + n:] for ctx, start, n in zip(contexts, starts, cached)]
         # An empty cache (the first round) fed the same prompt in several rows: feed it once.
         repeated = distinct_rows([tuple(u) for u in unseen]) if self.lm.num_slots == 0 else None
         if repeated is not None:
@@ -174,7 +183,7 @@ class DraftModelDrafter(Drafter):
                                  min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban, bans=bans)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
-        self.round_start = torch.tensor([len(c) for c in contexts])
+        self.round_start = torch.tensor([len(c) - start for c, start in zip(contexts, starts)])  # cache positions
         sampling = self.draft_sampling()  # each row's own, when rows differ
         # 2. Draft k tokens one at a time; with min_confidence, a row stops after a token the draft
         # model itself gave less than that probability (its next guesses are rarely accepted), and
@@ -214,6 +223,17 @@ class DraftModelDrafter(Drafter):
         # q (B, drafted, V): what each token was drawn from
         return chain_trees(tokens_bk, n, sampling, lambda: full_vocab(torch.stack(probs, 1), self.vocab_map,
                                                                       self.vocab_size))
+
+    def _windows(self, contexts: list[list[int]]) -> list[int]:
+        """Each row's first token in the draft cache (drafters/context_window.py): 0 while the row
+        and a round's drafts fit in the draft model's context. A row whose window moved is fed
+        from empty."""
+        starts = [window_start(len(c), self.context - self.k) for c in contexts]
+        moved = torch.tensor([new != old for new, old in zip(starts, self.window_starts)], device=self.lm.device)
+        if bool(moved.any()):
+            self.lm.rollback(torch.where(moved, 0, self.lm.lengths))
+        self.window_starts = starts
+        return starts
 
     def _grow(self, _, tokens, depth, visible):
         logits, _ = grow_level(self.lm, tokens, depth, visible)
