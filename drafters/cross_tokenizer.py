@@ -72,6 +72,9 @@ class CrossTokenizerDrafter(Drafter):
         self._parameters = sum(p.numel() for p in model.parameters())
         self.lm = CachedLM(model, direct=True)
         self.context = context_length(model.config)
+        if self.k >= self.context:
+            raise ValueError(f"cross_tokenizer: k={self.k} leaves no room in the draft model's context of "
+                             f"{self.context} positions: set drafter.k below it")
         self._share_vocabularies(target.tokenizer, tokenizer, model.get_output_embeddings().weight.shape[0])
         self.held: list[list[int]] = []  # each row's draft-model ids in its cache
         self.text_ids = TextIds(target.tokenizer, tokenizer)  # each row's text in the draft model's ids
@@ -186,7 +189,7 @@ class CrossTokenizerDrafter(Drafter):
         """The row's text so far in the draft model's ids; past the draft model's context, a window
         of the latest ids that leaves room for k drafts (drafters/context_window.py)."""
         ids = self.text_ids.ids(b, context) or [self._any_start()]
-        return ids[window_start(len(ids), max(1, self.context - self.k)):]
+        return ids[window_start(len(ids), self.context - self.k):]
 
     def _any_start(self) -> int:
         """An id to start from when the text is empty (a prompt of special tokens only)."""

@@ -254,3 +254,6 @@ def test_bad_folders_and_options_are_named(tiny_models, drafts, tmp_path):
                         "drafter": {"name": "cross_tokenizer", "path": str(tmp_path / "no")}})
     with pytest.raises(ValueError, match="set drafter.path"):
         draftsman.load({"target": {"path": target}, "drafter": {"name": "cross_tokenizer"}})
+    with pytest.raises(ValueError, match="k=256 leaves no room in the draft model's context of 256 positions"):
+        draftsman.load({"target": {"path": target},
+                        "drafter": {"name": "cross_tokenizer", "path": str(drafts["llama"]["other"]), "k": 256}})
