@@ -4,7 +4,8 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from draftsman.verifier.sampling import SamplingParams, penalize_counts, penalize_repeats, processed_probs, sample_from
+from draftsman.verifier.sampling import (TOP_P_CANDIDATES, SamplingParams, penalize_counts, penalize_repeats,
+                                         processed_probs, sample_from)
 
 
 def hf_probs(logits, p: SamplingParams):
@@ -26,7 +27,80 @@ def test_processed_probs_match_hf_warpers(params):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 50, generator=g) * 3
     logits[:, 10] = logits[:, 11]  # ties at the top-k boundary are kept, as in HF
-    assert torch.allclose(processed_probs(logits, params), hf_probs(logits, params), atol=1e-6)
+    assert_same_up_to_ties(processed_probs(logits, params), hf_probs(logits, params), logits)
+
+
+def assert_same_up_to_ties(ours, hf, logits, most_rows_tied: int = 2):
+    """Equal, except in a row where tokens of equal score straddle top-p's boundary: Hugging Face
+    leaves them in torch.sort's unspecified order, draftsman ranks the lower id first. There both
+    keep as many tokens, with the same probabilities, and differ only among the tied ones."""
+    tied = 0
+    for row in range(ours.shape[0]):
+        kept, hf_kept = ours[row] > 0, hf[row] > 0
+        if torch.equal(kept, hf_kept):
+            assert torch.allclose(ours[row], hf[row], atol=1e-6), row
+            continue
+        tied += 1
+        differ = (kept ^ hf_kept).nonzero().flatten()
+        assert kept.sum() == hf_kept.sum() and logits[row, differ].unique().numel() == 1, row
+        assert differ[kept[differ]].max() < differ[hf_kept[differ]].min(), row  # the lower ids kept
+        assert torch.allclose(ours[row].sort().values, hf[row].sort().values, atol=1e-6), row
+    assert tied <= most_rows_tied
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_top_p_over_a_large_vocabulary_keeps_what_hf_keeps(top_p):
+    """Over more tokens than top-p's candidates (TOP_P_CANDIDATES), rows whose likeliest tokens
+    hold top_p of the mass sort only those, the others the whole vocabulary: both keep exactly the
+    tokens Hugging Face's TopPLogitsWarper keeps (after top-k too), with its probabilities."""
+    g = torch.Generator().manual_seed(2)
+    vocab = 4 * TOP_P_CANDIDATES
+    peaked = torch.randn(24, vocab, generator=g) * 4  # the likeliest 1024 hold nearly all the mass
+    flat = torch.randn(24, vocab, generator=g) * 0.3  # they hold about a third
+    logits = torch.cat([peaked, flat])[torch.randperm(48, generator=g)]
+    mass = logits.softmax(-1).topk(TOP_P_CANDIDATES, -1).values.sum(-1)
+    assert (mass >= top_p).sum() >= 20 and (mass < top_p).sum() >= 20  # both ways are taken
+    for params in (SamplingParams(1.0, top_p=top_p), SamplingParams(0.7, top_k=2000, top_p=top_p)):
+        ours, hf = processed_probs(logits, params), hf_probs(logits, params)
+        assert torch.equal(ours > 0, hf > 0), params
+        assert torch.allclose(ours, hf, atol=1e-6), params
+        # A row warps alone as in a batch (plain decoding warps one position, the verifier a tree's).
+        assert all(torch.equal(processed_probs(logits[r:r + 1], params)[0], ours[r]) for r in range(0, 48, 7))
+
+
+@pytest.mark.parametrize("candidates", ["default", "whole vocabulary", "too few"])
+def test_top_p_ranks_tied_tokens_by_id_on_every_path(candidates, monkeypatch):
+    """Where top-p's boundary falls among tokens of equal score, the lower ids are kept: ranking
+    the likeliest candidates, the whole vocabulary, or falling back to it when the candidates hold
+    too little of the mass; alone or in a batch."""
+    from draftsman.verifier import sampling
+
+    vocab = 4 * TOP_P_CANDIDATES
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", {"default": TOP_P_CANDIDATES, "whole vocabulary": vocab,
+                                                       "too few": 2}[candidates])
+    logits = torch.full((1, vocab), -6.0)
+    logits[0, 4000] = 3.0
+    logits[0, [3000, 7, 2048, 512, 100]] = 2.0  # tied
+    probs = logits.softmax(-1)[0]
+    top_p = float(probs[4000] + 1.5 * probs[7])  # the top token and two of the five tied ones
+    got = processed_probs(logits, SamplingParams(1.0, top_p=top_p))
+    assert (got[0] > 0).nonzero().flatten().tolist() == [7, 100, 4000]
+    batch = torch.cat([torch.randn(3, vocab), logits])
+    assert torch.equal(processed_probs(batch, SamplingParams(1.0, top_p=top_p))[3], got[0])
+
+
+def test_top_p_ranks_a_tied_block_past_the_candidates_by_id():
+    """3000 tokens of equal score, more than top-p's candidates: torch.topk picks which of them
+    are candidates in no set order, so a boundary among them is found over the whole vocabulary,
+    keeping the lowest ids."""
+    g = torch.Generator().manual_seed(3)
+    vocab = 4 * TOP_P_CANDIDATES
+    logits = torch.full((1, vocab), -6.0)
+    tied = torch.randperm(vocab, generator=g)[:3000]
+    logits[0, tied] = 2.0
+    probs = logits.softmax(-1)[0]
+    got = processed_probs(logits, SamplingParams(1.0, top_p=float(500.5 * probs[tied[0]])))
+    assert (got[0] > 0).nonzero().flatten().tolist() == tied.sort().values[:501].tolist()
 
 
 def test_greedy_is_one_hot_on_first_argmax():

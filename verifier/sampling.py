@@ -410,12 +410,7 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, float("-inf"))  # ties with the k-th are kept
     if params.top_p is not None and params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        cumulative = sorted_scores.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative <= (1 - params.top_p)
-        drop_sorted[..., -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+        scores = _top_p(scores, params.top_p)
     if params.min_p is not None and params.min_p > 0.0:
         probs = scores.softmax(-1)
         drop = probs < params.min_p * probs.amax(-1, keepdim=True)
@@ -429,6 +424,48 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         eta = params.eta_cutoff
         scores = _below_cutoff(scores, lambda entropy: torch.clamp(eta ** 0.5 * torch.exp(-entropy), max=eta))
     return scores
+
+
+TOP_P_CANDIDATES = 1024  # the likeliest tokens top-p ranks first (the whole vocabulary only where they fall short)
+
+
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Hugging Face's top-p over the last dim: a token is dropped (-inf) where the tokens ranked
+    above it hold at least top_p of the mass; the likeliest is always kept. Tokens of equal score
+    rank by id, the lower first (torch.sort's unstable order, which Hugging Face leaves them in,
+    may differ between a row alone and in a batch: plain decoding and the verifier must agree).
+
+    Sorting a 152k vocabulary costs about 50 ms a row on a 2-core CPU, and the verifier warps
+    every node of a tree. So it ranks only the likeliest TOP_P_CANDIDATES (torch.topk, under 1 ms)
+    where the tokens scoring above the last of them hold top_p of the mass: every token scoring
+    no more than it is then dropped in any order. Other rows (flat distributions) rank the whole
+    vocabulary."""
+    flat = scores.reshape(-1, scores.shape[-1])
+    log_total = torch.logsumexp(flat, -1, keepdim=True)
+    values, ids = _ranked(flat, min(TOP_P_CANDIDATES, flat.shape[-1]))
+    probs = (values - log_total).exp()
+    drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, ids, _ranked_drop(probs, top_p))
+    short = (probs * (values > values[:, -1:])).sum(-1) < top_p  # the boundary may lie past the candidates
+    if bool(short.any()):
+        values, ids = _ranked(flat[short], flat.shape[-1])  # ids: every token of the row
+        ranked_drop = _ranked_drop((values - log_total[short]).exp(), top_p)
+        drop[short] = torch.empty_like(ranked_drop).scatter_(-1, ids, ranked_drop)
+    return flat.masked_fill(drop, float("-inf")).reshape(scores.shape)
+
+
+def _ranked(flat: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `count` likeliest scores of each row and their token ids, likeliest first, ties by id."""
+    if count < flat.shape[-1]:
+        ids = torch.topk(flat, count, dim=-1).indices.sort(dim=-1).values  # in id order for the stable sort
+        values, order = torch.sort(flat.gather(-1, ids), dim=-1, descending=True, stable=True)
+        return values, ids.gather(-1, order)
+    return torch.sort(flat, dim=-1, descending=True, stable=True)
+
+
+def _ranked_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Over probabilities ranked likeliest first: True where those ranked above hold top_p."""
+    cumulative = probs.cumsum(-1)
+    return torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], -1) >= top_p  # never the first
 
 
 TOP_H_CANDIDATES = 100  # Hugging Face's top_n: the tokens top-H looks at
