@@ -441,14 +441,14 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     no more than it is then dropped in any order. Other rows (flat distributions) rank the whole
     vocabulary."""
     flat = scores.reshape(-1, scores.shape[-1])
-    log_total = torch.logsumexp(flat, -1, keepdim=True)
+    every_prob = flat.softmax(-1)
     values, ids = _ranked(flat, min(TOP_P_CANDIDATES, flat.shape[-1]))
-    probs = (values - log_total).exp()
+    probs = every_prob.gather(-1, ids)
     drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, ids, _ranked_drop(probs, top_p))
     short = (probs * (values > values[:, -1:])).sum(-1) < top_p  # the boundary may lie past the candidates
     if bool(short.any()):
         values, ids = _ranked(flat[short], flat.shape[-1])  # ids: every token of the row
-        ranked_drop = _ranked_drop((values - log_total[short]).exp(), top_p)
+        ranked_drop = _ranked_drop(every_prob[short].gather(-1, ids), top_p)
         drop[short] = torch.empty_like(ranked_drop).scatter_(-1, ids, ranked_drop)
     return flat.masked_fill(drop, float("-inf")).reshape(scores.shape)
 
