@@ -1,8 +1,9 @@
 """`cross_tokenizer`: a small causal LM whose tokenizer differs from the target's drafts through
 text, as Hugging Face's universal assisted generation does. Each round, per row:
 
-1. the target's tokens so far are decoded to text and encoded with the draft model's tokenizer;
-   the draft model's KV cache keeps the longest prefix it already holds of those ids;
+1. the target's tokens so far are decoded to text and encoded with the draft model's tokenizer,
+   a round at a time (drafters/text_ids.py: the new tokens decoded, the text's end encoded
+   again); the draft model's KV cache keeps the longest prefix it already holds of those ids;
 2. the draft model drafts `k` tokens greedily, which are decoded to text;
 3. that text is encoded with the target's tokenizer after the row's last few tokens, and the
    target's tokens that follow them become a deterministic chain.
