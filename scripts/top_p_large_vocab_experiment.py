@@ -1,6 +1,7 @@
-"""top-p over a 152k vocabulary (Qwen2's 151936): ranking only the likeliest candidates
-(verifier/sampling.py, _top_p) against sorting the whole vocabulary for every position, as
-Hugging Face's TopPLogitsWarper does and draftsman did before.
+"""top-p (and typical-p) over a 152k vocabulary (Qwen2's 151936): ranking only the likeliest (the
+nearest) candidates (verifier/sampling.py, _top_p, _typical) against sorting the whole vocabulary
+for every position, as Hugging Face's TopPLogitsWarper and TypicalLogitsWarper do and draftsman
+did before.
 
 1. The warp alone: milliseconds per call for 1, 6 and 21 positions (a token, a chain of 5 drafts,
    a 20-node tree), for peaked rows (the likeliest 1024 tokens hold top_p of the mass, as for a
@@ -33,20 +34,35 @@ def sort_everything(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
 
 
+def sort_everything_typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
+    """The earlier typical-p: Hugging Face's, one sort of the whole vocabulary by distance."""
+    log_probs = scores.log_softmax(-1)
+    entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)
+    distance = (-log_probs - entropy).abs()
+    sorted_distance, order = torch.sort(distance, descending=False)
+    cumulative = scores.gather(-1, order).softmax(-1).cumsum(-1)
+    last = (cumulative < mass).sum(-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+    drop_sorted = sorted_distance > sorted_distance.gather(-1, last)
+    return scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+
+
 WAYS = {"sort the whole vocabulary": sort_everything, "rank the candidates": sampling._top_p}
+TYPICAL_WAYS = {"sort the whole vocabulary": sort_everything_typical, "rank the candidates": sampling._typical}
 
 
-def warp_ms(logits: torch.Tensor, params: SamplingParams, repeats: int = 5) -> dict:
-    out = {}
-    for way, top_p in WAYS.items():
-        sampling._top_p = top_p
-        processed_probs(logits, params)
+def warp_ms(logits: torch.Tensor, params: SamplingParams, name: str = "_top_p", repeats: int = 5) -> dict:
+    """ms per processed_probs call with each way of the warper `name`, and how many tokens the two
+    keep differently (float32 sums over 152k tokens round differently: a flat row may differ by one)."""
+    out, kept = {}, []
+    for way, warper in (WAYS if name == "_top_p" else TYPICAL_WAYS).items():
+        setattr(sampling, name, warper)
+        kept.append(processed_probs(logits, params) > 0)
         start = time.perf_counter()
         for _ in range(repeats):
             processed_probs(logits, params)
         out[way] = (time.perf_counter() - start) / repeats * 1000
-    sampling._top_p = WAYS["rank the candidates"]
-    return out
+    setattr(sampling, name, warper)  # the last way is the library's own
+    return out, int((kept[0] ^ kept[1]).sum())
 
 
 def main() -> None:
@@ -54,13 +70,21 @@ def main() -> None:
     params = SamplingParams(0.7, top_p=0.9)
     print(f"1. processed_probs at T=0.7 top_p=0.9 over {VOCAB} tokens, ms per call (torch threads: "
           f"{torch.get_num_threads()})")
-    print("| positions | rows | sort the whole vocabulary | rank the candidates | ratio |")
-    print("|---|---|---|---|---|")
+    print("| positions | rows | sort the whole vocabulary | rank the candidates | ratio | tokens kept differently |")
+    print("|---|---|---|---|---|---|")
     for n in (1, 6, 21):
         for kind, scale in (("peaked", 6.0), ("flat", 0.5)):
-            ms = warp_ms(torch.randn(n, VOCAB) * scale, params)
+            ms, differ = warp_ms(torch.randn(n, VOCAB) * scale, params)
             before, after = ms.values()
-            print(f"| {n} | {kind} | {before:.1f} | {after:.1f} | {before / after:.1f}x |")
+            print(f"| {n} | {kind} | {before:.1f} | {after:.1f} | {before / after:.1f}x | {differ} |")
+    print("\nThe same for typical_p=0.9 at T=0.7 (the nearest 1024 tokens to the entropy):")
+    print("| positions | rows | sort the whole vocabulary | rank the candidates | ratio | tokens kept differently |")
+    print("|---|---|---|---|---|---|")
+    for n in (1, 6, 21):
+        for kind, scale in (("peaked", 6.0), ("flat", 0.5)):
+            ms, differ = warp_ms(torch.randn(n, VOCAB) * scale, SamplingParams(0.7, typical_p=0.9), "_typical")
+            before, after = ms.values()
+            print(f"| {n} | {kind} | {before:.1f} | {after:.1f} | {before / after:.1f}x | {differ} |")
 
     folder = tempfile.mkdtemp()
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -488,15 +488,30 @@ def _top_h(scores: torch.Tensor, top_h: float) -> torch.Tensor:
 def _typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
     """Hugging Face's TypicalLogitsWarper over the last dim: sort tokens by how far their surprise
     (-log p) is from the entropy, keep them up to and including the one where the cumulative
-    probability reaches `mass`; ties with that one are kept."""
+    probability reaches `mass`; ties with that one are kept. What is kept depends on that one's
+    distance only (not on the order of ties), so, as for top-p, the TOP_P_CANDIDATES nearest
+    tokens are sorted first and suffice where they hold `mass`; other rows sort the whole
+    vocabulary."""
     log_probs = scores.log_softmax(-1)
     entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)  # nansum: dropped tokens give -inf x 0
     distance = (-log_probs - entropy).abs()
-    sorted_distance, order = torch.sort(distance, descending=False)
-    cumulative = scores.gather(-1, order).softmax(-1).cumsum(-1)
-    last = (cumulative < mass).sum(-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
-    drop_sorted = sorted_distance > sorted_distance.gather(-1, last)  # never the first: it sorts nearest
-    return scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    flat_distance, flat_scores = distance.reshape(-1, distance.shape[-1]), scores.reshape(-1, scores.shape[-1])
+    count = min(TOP_P_CANDIDATES, flat_distance.shape[-1])
+    near, ids = torch.topk(flat_distance, count, dim=-1, largest=False)  # nearest first
+    cumulative = log_probs.reshape(flat_distance.shape).exp().gather(-1, ids).cumsum(-1)
+    threshold = _typical_threshold(near, cumulative, mass)
+    short = cumulative[:, -1] < mass  # the one reaching `mass` may lie past the candidates
+    if bool(short.any()):
+        near, order = torch.sort(flat_distance[short], descending=False)
+        threshold[short] = _typical_threshold(near, flat_scores[short].gather(-1, order).softmax(-1).cumsum(-1), mass)
+    return scores.masked_fill(distance > threshold.reshape(*distance.shape[:-1], 1), float("-inf"))
+
+
+def _typical_threshold(near: torch.Tensor, cumulative: torch.Tensor, mass: float) -> torch.Tensor:
+    """Over distances sorted nearest first and their cumulative probability: the distance of the
+    token where it reaches `mass` (the last one if it never does). (rows, 1)."""
+    last = (cumulative < mass).sum(-1, keepdim=True).clamp(max=near.shape[-1] - 1)
+    return near.gather(-1, last)
 
 
 def _below_cutoff(scores: torch.Tensor, cutoff) -> torch.Tensor:
