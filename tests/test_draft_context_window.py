@@ -52,7 +52,8 @@ def test_draft_model_drafts_past_its_context(arch, tiny_models, tiny_tokenizer, 
     """Every round's chain is what the draft model alone generates greedily from the row's window
     (the cache kept across rounds holds exactly the window), within its positions."""
     target = tiny_models[arch][0]
-    long = tiny_tokenizer("def parse(text):\n    return [line.split() for line in text.splitlines()]\n" * 2)["input_ids"]
+    long = tiny_tokenizer("def parse(text):\n    return [line.split() for line in text.splitlines()]\n" * 2)
+    long = long["input_ids"]
     short = tiny_tokenizer("import os\n")["input_ids"]
     assert len(long) > ROOM and len(short) + NEW > ROOM  # the long row overflows at once, the short one later
     expected = targets_own(target, [long, short])
