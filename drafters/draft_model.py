@@ -229,9 +229,9 @@ class DraftModelDrafter(Drafter):
         and a round's drafts fit in the draft model's context. A row whose window moved is fed
         from empty."""
         starts = [window_start(len(c), self.context - self.k) for c in contexts]
-        moved = torch.tensor([new != old for new, old in zip(starts, self.window_starts)], device=self.lm.device)
-        if bool(moved.any()):
-            self.lm.rollback(torch.where(moved, 0, self.lm.lengths))
+        moved = [new != old for new, old in zip(starts, self.window_starts)]
+        if any(moved):  # (decided in Python: most rounds no window moves, and need no tensor or device sync)
+            self.lm.rollback(torch.where(torch.tensor(moved, device=self.lm.device), 0, self.lm.lengths))
         self.window_starts = starts
         return starts
 

@@ -4,7 +4,7 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from draftsman.verifier.sampling import (TOP_P_CANDIDATES, SamplingParams, penalize_counts, penalize_repeats,
+from draftsman.verifier.sampling import (SORT_CANDIDATES, SamplingParams, penalize_counts, penalize_repeats,
                                          processed_probs, sample_from)
 
 
@@ -50,15 +50,15 @@ def assert_same_up_to_ties(ours, hf, logits, most_rows_tied: int = 2):
 
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
 def test_top_p_over_a_large_vocabulary_keeps_what_hf_keeps(top_p):
-    """Over more tokens than top-p's candidates (TOP_P_CANDIDATES), rows whose likeliest tokens
+    """Over more tokens than top-p's candidates (SORT_CANDIDATES), rows whose likeliest tokens
     hold top_p of the mass sort only those, the others the whole vocabulary: both keep exactly the
     tokens Hugging Face's TopPLogitsWarper keeps (after top-k too), with its probabilities."""
     g = torch.Generator().manual_seed(2)
-    vocab = 4 * TOP_P_CANDIDATES
+    vocab = 4 * SORT_CANDIDATES
     peaked = torch.randn(24, vocab, generator=g) * 4  # the likeliest 1024 hold nearly all the mass
     flat = torch.randn(24, vocab, generator=g) * 0.3  # they hold about a third
     logits = torch.cat([peaked, flat])[torch.randperm(48, generator=g)]
-    mass = logits.softmax(-1).topk(TOP_P_CANDIDATES, -1).values.sum(-1)
+    mass = logits.softmax(-1).topk(SORT_CANDIDATES, -1).values.sum(-1)
     assert (mass >= top_p).sum() >= 20 and (mass < top_p).sum() >= 20  # both ways are taken
     for params in (SamplingParams(1.0, top_p=top_p), SamplingParams(0.7, top_k=2000, top_p=top_p)):
         ours, hf = processed_probs(logits, params), hf_probs(logits, params)
@@ -75,8 +75,8 @@ def test_top_p_ranks_tied_tokens_by_id_on_every_path(candidates, monkeypatch):
     too little of the mass; alone or in a batch."""
     from draftsman.verifier import sampling
 
-    vocab = 4 * TOP_P_CANDIDATES
-    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", {"default": TOP_P_CANDIDATES, "whole vocabulary": vocab,
+    vocab = 4 * SORT_CANDIDATES
+    monkeypatch.setattr(sampling, "SORT_CANDIDATES", {"default": SORT_CANDIDATES, "whole vocabulary": vocab,
                                                        "too few": 2}[candidates])
     logits = torch.full((1, vocab), -6.0)
     logits[0, 4000] = 3.0
@@ -94,7 +94,7 @@ def test_top_p_ranks_a_tied_block_past_the_candidates_by_id():
     are candidates in no set order, so a boundary among them is found over the whole vocabulary,
     keeping the lowest ids."""
     g = torch.Generator().manual_seed(3)
-    vocab = 4 * TOP_P_CANDIDATES
+    vocab = 4 * SORT_CANDIDATES
     logits = torch.full((1, vocab), -6.0)
     tied = torch.randperm(vocab, generator=g)[:3000]
     logits[0, tied] = 2.0

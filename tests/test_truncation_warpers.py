@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (EpsilonLogitsWarper, EtaLogi
 
 import draftsman
 from draftsman import cli
-from draftsman.verifier.sampling import TOP_P_CANDIDATES, SamplingParams, processed_logprobs, processed_probs
+from draftsman.verifier.sampling import SORT_CANDIDATES, SamplingParams, processed_logprobs, processed_probs
 
 from serving import call
 from test_sampling import assert_same_up_to_ties
@@ -58,11 +58,11 @@ def test_typical_p_over_a_large_vocabulary_keeps_what_hf_keeps(typical_p):
     """Over more tokens than the 1024 candidates, rows whose nearest tokens hold typical_p of the
     mass sort only those, the others the whole vocabulary: both keep what Hugging Face keeps."""
     g = torch.Generator().manual_seed(4)
-    vocab = 4 * TOP_P_CANDIDATES
+    vocab = 4 * SORT_CANDIDATES
     logits = torch.cat([torch.randn(24, vocab, generator=g) * 4, torch.randn(24, vocab, generator=g) * 0.3])
     log_probs = logits.log_softmax(-1)
     distance = (-log_probs + (log_probs * log_probs.exp()).sum(-1, keepdim=True)).abs()
-    nearest_mass = log_probs.exp().gather(-1, distance.topk(TOP_P_CANDIDATES, largest=False).indices).sum(-1)
+    nearest_mass = log_probs.exp().gather(-1, distance.topk(SORT_CANDIDATES, largest=False).indices).sum(-1)
     assert (nearest_mass >= typical_p + 0.01).sum() >= 10 and (nearest_mass < typical_p).sum() >= 10  # both ways
     ours, theirs = processed_probs(logits, SamplingParams(1.0, typical_p=typical_p)), hf_probs(logits, 1.0,
                                                                                                {"typical_p": typical_p})

@@ -426,7 +426,7 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return scores
 
 
-TOP_P_CANDIDATES = 1024  # the likeliest tokens top-p ranks first (the whole vocabulary only where they fall short)
+SORT_CANDIDATES = 1024  # tokens top-p and typical-p sort first (the whole vocabulary only where they fall short)
 
 
 def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -436,13 +436,13 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     may differ between a row alone and in a batch: plain decoding and the verifier must agree).
 
     Sorting a 152k vocabulary costs about 13 ms a position on a 2-core CPU, and the verifier warps
-    every node of a tree. So it ranks only the likeliest TOP_P_CANDIDATES (torch.topk, about 1 ms)
+    every node of a tree. So it ranks only the likeliest SORT_CANDIDATES (torch.topk, about 1 ms)
     where the tokens scoring above the last of them hold top_p of the mass: every token scoring
     no more than it is then dropped in any order. Other rows (flat distributions) rank the whole
     vocabulary."""
     flat = scores.reshape(-1, scores.shape[-1])
     every_prob = flat.softmax(-1)
-    values, ids = _ranked(flat, min(TOP_P_CANDIDATES, flat.shape[-1]))
+    values, ids = _ranked(flat, min(SORT_CANDIDATES, flat.shape[-1]))
     probs = every_prob.gather(-1, ids)
     drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, ids, _ranked_drop(probs, top_p))
     short = (probs * (values > values[:, -1:])).sum(-1) < top_p  # the boundary may lie past the candidates
@@ -489,20 +489,22 @@ def _typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
     """Hugging Face's TypicalLogitsWarper over the last dim: sort tokens by how far their surprise
     (-log p) is from the entropy, keep them up to and including the one where the cumulative
     probability reaches `mass`; ties with that one are kept. What is kept depends on that one's
-    distance only (not on the order of ties), so, as for top-p, the TOP_P_CANDIDATES nearest
+    distance only (not on the order of ties), so, as for top-p, the SORT_CANDIDATES nearest
     tokens are sorted first and suffice where they hold `mass`; other rows sort the whole
     vocabulary."""
     log_probs = scores.log_softmax(-1)
-    entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)  # nansum: dropped tokens give -inf x 0
+    probs = log_probs.exp()
+    entropy = -(log_probs * probs).nansum(-1, keepdim=True)  # nansum: dropped tokens give -inf x 0
     distance = (-log_probs - entropy).abs()
-    flat_distance, flat_scores = distance.reshape(-1, distance.shape[-1]), scores.reshape(-1, scores.shape[-1])
-    count = min(TOP_P_CANDIDATES, flat_distance.shape[-1])
-    near, ids = torch.topk(flat_distance, count, dim=-1, largest=False)  # nearest first
-    cumulative = log_probs.reshape(flat_distance.shape).exp().gather(-1, ids).cumsum(-1)
+    flat_distance, flat_probs = distance.reshape(-1, distance.shape[-1]), probs.reshape(-1, probs.shape[-1])
+    flat_scores = scores.reshape(-1, scores.shape[-1])
+    near, ids = torch.topk(flat_distance, min(SORT_CANDIDATES, flat_distance.shape[-1]), dim=-1, largest=False)
+    cumulative = flat_probs.gather(-1, ids).cumsum(-1)  # nearest first
     threshold = _typical_threshold(near, cumulative, mass)
     short = cumulative[:, -1] < mass  # the one reaching `mass` may lie past the candidates
     if bool(short.any()):
         near, order = torch.sort(flat_distance[short], descending=False)
+        # (Hugging Face's own sums: a softmax of the sorted scores)
         threshold[short] = _typical_threshold(near, flat_scores[short].gather(-1, order).softmax(-1).cumsum(-1), mass)
     return scores.masked_fill(distance > threshold.reshape(*distance.shape[:-1], 1), float("-inf"))
 
