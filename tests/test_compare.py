@@ -512,9 +512,31 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path,
                                                              if p["category"] == "continuation"]))
         return peers, notes
 
+    from draftsman.bench import compare as compare_module
+    timed, ours_runs = [], []
+    interleaved = compare_module.time_interleaved
+
+    def counted(contenders, prompts, **kwargs):  # how often each category is timed, and ours' runs in it
+        ours = next(c for c in contenders if c.label == "none")
+        run, calls = ours.run, []
+        ours.run = lambda *a: (calls.append(a), run(*a))[1]
+        try:
+            return interleaved(contenders, prompts, **kwargs)
+        finally:
+            ours.run = run
+            timed.append(len(prompts))
+            ours_runs.append(len(calls))
+
     monkeypatch.setattr("draftsman.bench.compare.build_peers", with_a_failing_peer)
+    monkeypatch.setattr("draftsman.bench.compare.time_interleaved", counted)
     assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 0
     res = json.loads((tmp_path / "out" / "results.json").read_text())
+    # each category timed once: the runs made before the peer failed are kept, not made again
+    assert len(timed) == 2, timed
+    repeats = res["config"]["repeats"]
+    assert ours_runs == [1 + repeats * n + 1 for n in timed]  # warm-up, timed runs, memory
+    continuation = next(c for c in res["cells"] if c["drafter"] == "none" and c["category"] == "continuation")
+    assert continuation["new_tokens"] > 0
     rows = {(p["peer"], p["category"]) for p in res["peers"]}
     assert rows == {("hf_generate", "copy"), ("hf_prompt_lookup", "copy"), ("hf_generate", "continuation")}
     assert any(n.startswith("hf_prompt_lookup failed: RuntimeError: cannot reshape tensor of 0 elements "

@@ -75,16 +75,15 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
         together = {o.label: Tally() for o in ours}  # every category at once, as Spec-Bench's "overall"
         for category, ids in encoded.items():
             bar.set_description(f"T={temperature:g} {category}")
-            while True:  # a peer that fails is dropped and the category timed again without it
-                contenders = ours + (peers if temperature == 0 else [])
-                try:
-                    tallies = time_interleaved(contenders, ids, max_new_tokens=cfg["max_new_tokens"],
-                                               temperature=temperature, repeats=cfg["repeats"], seed=cfg["seed"],
-                                               tick=bar.update, memory=meter)
-                    break
-                except PeerFailed as e:
-                    peers.remove(e.peer)
-                    notes.append(f"{e} (on a {category} prompt): dropped from then on; its rows before are kept")
+
+            def drop(e: PeerFailed, category=category):  # the others' runs go on; none is timed again
+                peers.remove(e.peer)
+                notes.append(f"{e} (on a {category} prompt): dropped from then on; its rows before are kept")
+
+            tallies = time_interleaved(ours + (peers if temperature == 0 else []), ids,
+                                       max_new_tokens=cfg["max_new_tokens"], temperature=temperature,
+                                       repeats=cfg["repeats"], seed=cfg["seed"], tick=bar.update, memory=meter,
+                                       on_peer_failed=drop)
             plain = tallies[baseline]
             for o in ours:
                 cells.append(_cell(o, tallies[o.label], plain, category, temperature, groups[category], ids,

@@ -18,16 +18,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..models import load_causal_lm, load_tokenizer
-from .runner import Run
-
-
-class PeerFailed(RuntimeError):
-    """A peer's own generate raised: the comparison drops that peer and goes on (a bug in a peer
-    is the peer's result, not a reason to lose the run)."""
-
-    def __init__(self, peer: "HFPeer", error: BaseException):
-        super().__init__(f"{peer.label} failed: {type(error).__name__}: {error}")
-        self.peer = peer
+from .runner import PeerFailed, Run
 
 
 class HFPeer:

@@ -164,26 +164,55 @@ def _order(contenders: list, flip: bool) -> list:
     return contenders[::-1] if flip else contenders
 
 
+class PeerFailed(RuntimeError):
+    """A peer's own generate raised: the comparison drops that peer and goes on (a bug in a peer
+    is the peer's result, not a reason to lose the run)."""
+
+    def __init__(self, peer, error: BaseException):
+        super().__init__(f"{peer.label} failed: {type(error).__name__}: {error}")
+        self.peer = peer
+
+
 def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
                      repeats: int, seed: int, tick: Callable[[], None] = lambda: None,
-                     memory=None) -> dict[str, Tally]:
+                     memory=None, on_peer_failed: Callable[[PeerFailed], None] | None = None) -> dict[str, Tally]:
     """Every contender on every prompt (batch 1), `repeats` times, interleaved; then, if a
-    PeakMemory is given, one untimed call each on the longest prompt to measure memory."""
+    PeakMemory is given, one untimed call each on the longest prompt to measure memory.
+
+    A peer whose generate raises (PeerFailed) is handed to `on_peer_failed` and left out from then
+    on; the others' runs go on, so nothing already timed is lost. Without `on_peer_failed` it raises."""
+    contenders = list(contenders)
     tallies = {c.label: Tally() for c in contenders}
-    for c in contenders:  # warm-up: first calls pay for allocations and lazy initialisation
-        c.run(prompts[:1], min(8, max_new_tokens), temperature, seed)
+
+    def run(c, rows, new_tokens, row_seed):
+        try:
+            return c.run(rows, new_tokens, temperature, row_seed)
+        except PeerFailed as e:
+            if on_peer_failed is None:
+                raise
+            contenders.remove(c)
+            del tallies[c.label]
+            on_peer_failed(e)
+            return None
+
+    for c in list(contenders):  # warm-up: first calls pay for allocations and lazy initialisation
+        run(c, prompts[:1], min(8, max_new_tokens), seed)
         tick()
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):
-            for c in _order(contenders, (rep + i) % 2 == 1):
+            for c in _order(list(contenders), (rep + i) % 2 == 1):
                 # Same seed for every contender on a prompt: the draws differ anyway (drafters
                 # consume randomness differently), but the runs are repeatable.
-                tallies[c.label].add(c.run([prompt], max_new_tokens, temperature, seed + i), rep)
+                result = run(c, [prompt], max_new_tokens, seed + i)
+                if result is not None:
+                    tallies[c.label].add(result, rep)
                 tick()
     if memory is not None:
         longest = max(prompts, key=len)
-        for c in contenders:
-            tallies[c.label].peak_bytes = memory.measure(lambda: c.run([longest], max_new_tokens, temperature, seed))
+        for c in list(contenders):
+            peak = memory.measure(lambda: run(c, [longest], max_new_tokens, seed))
+            if c.label in tallies:
+                tallies[c.label].peak_bytes = peak
             tick()
     return tallies
 
