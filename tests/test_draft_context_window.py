@@ -62,7 +62,14 @@ def test_draft_model_drafts_past_its_context(arch, tiny_models, tiny_tokenizer, 
     drafter = dec.engine.drafter
     drafts, emptied, propose, rollback = [], [0], drafter.propose, drafter.lm.rollback
 
+    previous = []  # the last round's contexts
+
     def recording_propose(contexts):
+        for row, context in enumerate(contexts):  # each row's window start followed it (keep_rows, add_rows)
+            before = [p for p in previous if context[:len(p)] == p]
+            last = window_start(len(max(before, key=len)), ROOM) if before else 0
+            assert drafter.window_starts[row] == last, (row, drafter.window_starts)
+        previous[:] = [list(c) for c in contexts]
         trees = propose(contexts)
         assert int(drafter.lm.lengths.max()) <= CONTEXT, drafter.lm.lengths  # within its positions
         drafts.extend((list(c), t.tokens.tolist()) for c, t in zip(contexts, trees))
