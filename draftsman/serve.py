@@ -209,7 +209,7 @@ class Handler(BaseHTTPRequestHandler):
         """The special tokens a request's text keeps. A chat reply under a parser: those its format
         is read by (Mistral's [TOOL_CALLS]; none for tool_choice "none" or a forced call), as vLLM
         keeps them. vLLM's "skip_special_tokens": false: all of them, but the ones that end a row
-        (EOS, the request's stop_token_ids), which vLLM leaves out of the text too."""
+        (EOS unless "ignore_eos", the request's stop_token_ids), which vLLM leaves out of the text too."""
         skip = body.get("skip_special_tokens", True)
         if not isinstance(skip, bool):
             raise RequestError(f'"skip_special_tokens" is true or false, got {json.dumps(skip)}')
@@ -217,7 +217,8 @@ class Handler(BaseHTTPRequestHandler):
         if skip:
             return kept
         stop_ids = args.get("stop_token_ids")  # (a bad value is refused later, with its own message)
-        ends = set(self.server.decoder.engine.eos_token_ids) | \
+        eos = set() if args.get("ignore_eos") is True else set(self.server.decoder.engine.eos_token_ids)
+        ends = eos | \
             ({t for t in stop_ids if isinstance(t, int)} if isinstance(stop_ids, list) else set())
         return [*kept, *(text for token, text in self.server.special_tokens.items() if token not in ends)]
 

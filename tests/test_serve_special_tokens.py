@@ -1,5 +1,5 @@
 """vLLM's "skip_special_tokens": false keeps a request's special tokens in its text (draftsman
-serve), but the token that ends a row (EOS, its stop_token_ids), as vLLM leaves that out."""
+serve), but the token that ends a row (EOS unless ignore_eos, its stop_token_ids), as vLLM leaves that out."""
 from transformers import AutoTokenizer
 
 from serving import call, ngram_decoder, queue_while_busy, running
@@ -26,6 +26,12 @@ def test_skip_special_tokens_false_keeps_them_in_that_requests_text(chat_target)
         eos = min(decoder.engine.eos_token_ids)
         status, got = call(base, "/v1/completions", {**keeping, "logit_bias": {str(eos): 100}})
         assert status == 200 and got["choices"][0]["text"] == "" and got["choices"][0]["finish_reason"] == "stop"
+        # Under ignore_eos EOS ends nothing, so the text shows it (as vLLM's does).
+        status, got = call(base, "/v1/completions", {**keeping, "logit_bias": {str(eos): 100}, "ignore_eos": True})
+        assert status == 200 and got["choices"][0]["finish_reason"] == "length"
+        assert got["choices"][0]["text"] == decoder.tokenizer.convert_ids_to_tokens(eos) * 2
+        status, got = call(base, "/v1/completions", {**writing, "logit_bias": {str(eos): 100}, "ignore_eos": True})
+        assert status == 200 and got["choices"][0]["text"] == ""  # (skipped as special tokens are by default)
         status, got = call(base, "/v1/completions", {**keeping, "stop_token_ids": [start]})
         assert status == 200 and got["choices"][0]["text"] == "" and got["choices"][0]["finish_reason"] == "stop"
         status, got = call(base, "/v1/completions", {**writing, "skip_special_tokens": "no"})
