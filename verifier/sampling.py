@@ -563,12 +563,12 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw: (B, V) probabilities (not necessarily normalised) and (B,) uniforms in
     [0, 1) -> (B,) token ids. Tokens of zero probability are never returned."""
     cdf = probs.cumsum(-1)
-    total = cdf[..., -1:]
+    total = cdf[..., -1:].contiguous()
     target = uniforms.to(cdf.dtype).unsqueeze(-1) * total
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # u * total can round up to total; fall back to the last token with mass.
-    last_nonzero = (probs > 0).to(torch.long).cumsum(-1).argmax(-1)
-    return torch.minimum(idx, last_nonzero)
+    # u * total can round up to total (idx past the end): take the token at which the CDF first
+    # reaches its total, which has mass (a second search, not another pass over the vocabulary).
+    return torch.minimum(idx, torch.searchsorted(cdf, total).squeeze(-1))
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
