@@ -1,11 +1,13 @@
 """The target distribution is made exactly as Hugging Face's sampler makes it."""
+import dataclasses
+
 import pytest
 import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from draftsman.verifier.sampling import (SORT_CANDIDATES, SamplingParams, penalize_counts, penalize_repeats,
-                                         processed_probs, sample_from)
+                                         processed_logprobs, processed_probs, sample_from)
 
 
 def hf_probs(logits, p: SamplingParams):
@@ -101,6 +103,22 @@ def test_top_p_ranks_a_tied_block_past_the_candidates_by_id():
     probs = logits.softmax(-1)[0]
     got = processed_probs(logits, SamplingParams(1.0, top_p=float(500.5 * probs[tied[0]])))
     assert (got[0] > 0).nonzero().flatten().tolist() == tied.sort().values[:501].tolist()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(1.0, top_k=5), SamplingParams(1.0, top_p=0.8),
+                                    SamplingParams(1.0, min_p=0.1), SamplingParams(1.0, typical_p=0.9),
+                                    SamplingParams(1.0, epsilon_cutoff=3e-4), SamplingParams(1.0, eta_cutoff=3e-4),
+                                    SamplingParams(1.0, top_h=0.5)])
+def test_warping_at_temperature_one_leaves_the_callers_logits_alone(params):
+    """At T=1 the scores start as the caller's logits themselves (no division): no warper may write
+    into them, and both functions give what they give at a temperature that divides."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 3
+    before = logits.clone()
+    probs, logprobs = processed_probs(logits, params), processed_logprobs(logits, params)
+    assert torch.equal(logits, before)
+    nearly_one = dataclasses.replace(params, temperature=1.0 + 1e-7)  # divides; the same warps
+    assert torch.allclose(probs, processed_probs(logits, nearly_one), atol=1e-5)
+    assert torch.allclose(logprobs.exp(), processed_probs(logits, nearly_one), atol=1e-5)
 
 
 def test_greedy_is_one_hot_on_first_argmax():

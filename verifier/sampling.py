@@ -403,7 +403,9 @@ def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     """Temperature, then top-h, top-k, top-p, min-p, typical-p, epsilon and eta as -inf: the
     scores whose softmax is sampled. Each warper sees the scores the previous one left, as in
     Hugging Face."""
-    scores = logits / params.temperature
+    # (At T=1 the division is the identity: skipping it saves a pass over the vocabulary per position.
+    # No warper below writes in place, so the caller's logits are never changed.)
+    scores = logits if params.temperature == 1.0 else logits / params.temperature
     if params.top_h is not None:
         scores = _top_h(scores, params.top_h)
     if params.top_k is not None and params.top_k < scores.shape[-1]:
