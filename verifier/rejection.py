@@ -68,14 +68,20 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
 
-def sibling_draft_probs(kinds, tokens, draft_probs, earlier_siblings, vocab_size, dtype):
-    """q~ for the current child of every row (B, V): see the module docstring."""
-    one_hot = torch.nn.functional.one_hot(tokens, vocab_size).to(dtype)
+def sibling_draft_probs(kinds, tokens, draft_probs, earlier_siblings, vocab_size, dtype,
+                        without_replacement: bool = True, deterministic: bool = True):
+    """q~ for the current child of every row (B, V): see the module docstring. without_replacement
+    / deterministic False: no node being tested is of that kind, so its passes over the
+    vocabulary are skipped (the rows tested get the same q~)."""
     if draft_probs is None:
-        return one_hot
-    wor = _normalise(draft_probs.masked_fill(earlier_siblings, 0.0))
-    q = torch.where((kinds == WITHOUT_REPLACEMENT)[:, None], wor, draft_probs)
-    return torch.where((kinds == DETERMINISTIC)[:, None], one_hot, q)
+        return torch.nn.functional.one_hot(tokens, vocab_size).to(dtype)
+    q = draft_probs
+    if without_replacement:
+        wor = _normalise(draft_probs.masked_fill(earlier_siblings, 0.0))
+        q = torch.where((kinds == WITHOUT_REPLACEMENT)[:, None], wor, q)
+    if deterministic:
+        q = torch.where((kinds == DETERMINISTIC)[:, None], torch.nn.functional.one_hot(tokens, vocab_size).to(dtype), q)
+    return q
 
 
 def verify_sampled(target_probs: torch.Tensor, drafts: PackedDrafts, coin: Coin) -> Verdict:
@@ -91,10 +97,14 @@ def verify_sampled(target_probs: torch.Tensor, drafts: PackedDrafts, coin: Coin)
     slot = torch.zeros(B, dtype=torch.long, device=target_probs.device)  # current node's slot
     residual = target_probs[:, 0]
     walking = torch.ones(B, dtype=torch.bool, device=target_probs.device)
+    # Which kinds of node there are (a chain of draws has no without-replacement siblings, a
+    # sampled round no deterministic node): each (B, V) pass a kind needs is made only if it is present.
+    without_replacement = bool(((drafts.kinds == WITHOUT_REPLACEMENT) & drafts.valid).any())
+    deterministic = bool(((drafts.kinds == DETERMINISTIC) & drafts.valid).any())
     for depth in range(D + 1):
         kids = drafts.children[rows, slot]  # (B, C)
         chosen = torch.full((B,), -1, dtype=torch.long, device=target_probs.device)
-        earlier = torch.zeros(B, V, dtype=torch.bool, device=target_probs.device)
+        earlier = torch.zeros(B, V, dtype=torch.bool, device=target_probs.device) if without_replacement else None
         for rank in range(kids.shape[1]):
             child = kids[:, rank]
             testing = walking & (child >= 0) & (chosen < 0)
@@ -103,7 +113,8 @@ def verify_sampled(target_probs: torch.Tensor, drafts: PackedDrafts, coin: Coin)
             c = child.clamp(min=0)
             token = drafts.tokens[rows, c]
             q_rows = None if drafts.draft_probs is None else drafts.draft_probs[rows, c].to(dtype)
-            q_tilde = sibling_draft_probs(drafts.kinds[rows, c], token, q_rows, earlier, V, dtype)
+            q_tilde = sibling_draft_probs(drafts.kinds[rows, c], token, q_rows, earlier, V, dtype,
+                                          without_replacement, deterministic)
             r_x = residual.gather(1, token[:, None]).squeeze(1)
             q_x = q_tilde.gather(1, token[:, None]).squeeze(1)
             # A token the drafter could not have produced (q~ = 0) is never accepted.
@@ -113,8 +124,10 @@ def verify_sampled(target_probs: torch.Tensor, drafts: PackedDrafts, coin: Coin)
             ok = coin.accept(p_accept, testing) & testing
             chosen = torch.where(ok, child, chosen)
             rejected = testing & ~ok
-            residual = torch.where(rejected[:, None], _normalise((residual - q_tilde).clamp_min(0)), residual)
-            earlier[rows[testing], token[testing]] = True
+            if bool(rejected.any()):
+                residual = torch.where(rejected[:, None], _normalise((residual - q_tilde).clamp_min(0)), residual)
+            if earlier is not None:
+                earlier[rows[testing], token[testing]] = True
         moved = walking & (chosen >= 0)
         stopped = walking & ~moved
         if bool(stopped.any()):
