@@ -18,6 +18,11 @@ from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
 from .verifier.structured import StructuredOutput
 
 PARSER_FLAGS = ("--tool-call-parser", "--reasoning-parser")  # the command line's names for the two settings
+# Tokens a format's replies are told apart by, which the target's tokenizer must hold: a model whose
+# tokenizer lacks them does not write that format (vLLM's Mistral parsers refuse such a tokenizer too).
+# [ARGS] and [CALL_ID] are left out: they came with later tokenizer versions, and the calls read without them.
+TOOL_CALL_TOKENS = {"mistral": ("[TOOL_CALLS]",)}
+REASONING_TOKENS = {"mistral": ("[THINK]", "[/THINK]")}
 
 
 def check_parser(name: str, parser: str | None, tags_of: dict[str, tuple[str, ...]], tokenizer) -> str | None:
@@ -43,6 +48,20 @@ def check_parsers(tokenizer, tool_call_parser: str | None, reasoning_parser: str
     check_parser(names[0].rstrip("="), tool_call_parser, TAGS, tokenizer)
     check_parser(names[1].rstrip("="), reasoning_parser,
                  {p: () if p in REASONING_KEPT else tags for p, tags in REASONING_TAGS.items()}, tokenizer)
+    for name, parser, needed in ((names[0], tool_call_parser, TOOL_CALL_TOKENS),
+                                 (names[1], reasoning_parser, REASONING_TOKENS)):
+        missing = [tag for tag in needed.get(parser, ()) if not _is_token(tokenizer, tag)]
+        if missing:
+            raise ValueError(f"the target's tokenizer has no {' / '.join(missing)} token, which replies in the "
+                             f"{parser} format are told apart by, so {name.rstrip('=')} {parser} would find nothing "
+                             f"in them: this target does not write that format (use a tokenizer that has the "
+                             f"token, or leave out {name.rstrip('=')})")
+
+
+def _is_token(tokenizer, text: str) -> bool:
+    """Whether text is one token of the tokenizer (an unknown one comes back as the unknown token)."""
+    token = tokenizer.convert_tokens_to_ids(text)
+    return token is not None and tokenizer.convert_ids_to_tokens(token) == text
 
 
 def use_parsers(decoder, tool_call_parser: str | None, reasoning_parser: str | None,

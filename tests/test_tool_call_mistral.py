@@ -255,11 +255,11 @@ def test_the_server_keeps_the_markers_in_chat_replies_only(mistral_target, tmp_p
         assert stats["batch_rows"] == len(requests)  # all in one batch
 
 
-def test_the_server_answers_a_mistral_reply_with_its_content_and_calls(chat_target, monkeypatch, tmp_path):
+def test_the_server_answers_a_mistral_reply_with_its_content_and_calls(mistral_target, monkeypatch, tmp_path):
     from serving import call, events, ngram_decoder, running
     from test_serve_tool_calls import TOOL_TEMPLATE, TOOLS, USER, replying
 
-    shutil.copytree(chat_target[0], tmp_path, dirs_exist_ok=True)
+    shutil.copytree(mistral_target[0], tmp_path, dirs_exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     tokenizer.chat_template = TOOL_TEMPLATE  # one that reads tools
     tokenizer.save_pretrained(tmp_path)
@@ -325,3 +325,20 @@ def test_the_commands_keep_the_parsers_markers(mistral_target, monkeypatch, comm
     with pytest.raises(SystemExit):
         cli.main(args + (["--chat", "Why?", "--max-new-tokens", "2"] if command == "generate" else []))
     assert seen == [{"[THINK]", "[/THINK]"} if command == "chat" else {"[TOOL_CALLS]", "[ARGS]"}]
+
+
+def test_a_tokenizer_without_the_markers_is_refused_with_the_fix(chat_target, mistral_target):
+    """A target whose tokenizer has no [TOOL_CALLS] (or [THINK] / [/THINK]) does not write
+    Mistral's format: the parser would find nothing, so it is refused up front, as vLLM's is."""
+    from draftsman.replies import check_parsers
+
+    tok = AutoTokenizer.from_pretrained(chat_target[0])
+    with pytest.raises(ValueError, match=r"no \[TOOL_CALLS\] token, .* leave out --tool-call-parser"):
+        check_parsers(tok, "mistral", None, ("--tool-call-parser", "--reasoning-parser"))
+    with pytest.raises(ValueError, match=r"no \[THINK\] / \[/THINK\] token, .* leave out reasoning_parser"):
+        check_parsers(tok, None, "mistral")
+    decoder = draftsman.load({"target": {"path": str(chat_target[0])}})
+    with pytest.raises(ValueError, match=r"no \[TOOL_CALLS\] token"):
+        decoder.chat([{"role": "user", "content": "Hi"}], tool_call_parser="mistral", max_new_tokens=2)
+    check_parsers(mistral_target[1], "mistral", "mistral")  # its tokenizer has them
+    check_parsers(tok, "hermes", "qwen3")  # formats of plain-text tags need no such token
