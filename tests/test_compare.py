@@ -480,7 +480,8 @@ def test_the_sweep_reports_an_interval_for_each_median_of_pairs():
     assert _sweep_cell({**cell, "speedup_low": None, "speedup_high": None}) == "311.4 (0.90x)"
 
 
-def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("failing", ["continuation", "copy"])  # the last category timed, the first
+def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(failing, tiny_models, tmp_path, monkeypatch, capsys):
     """transformers' universal assisted generation raised on some prompts of the bundled pair
     (a reshape of 0 elements): a peer's failure is its result, noted, not the end of the run."""
     from draftsman.bench import peers as peers_module
@@ -491,7 +492,7 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path,
         "target": {"path": str(target)}, "drafters": [{"name": "none"}], "prompts": "prompts.jsonl",
         "temperatures": [0], "batch_sizes": [1], "out": str(tmp_path / "out")}))
 
-    class Failing:  # the model as the lookup peer sees it: generate raises on continuation prompts
+    class Failing:  # the model as the lookup peer sees it: generate raises on one category's prompts
         def __init__(self, model, prompts):
             self.model, self.prompts = model, prompts
 
@@ -509,7 +510,7 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path,
         peers, notes = build(decoder, drafters, min_new_tokens)
         lookup = next(p for p in peers if p.label == "hf_prompt_lookup")
         lookup.model = Failing(lookup.model, decoder.encode([p["text"] for p in PROMPTS
-                                                             if p["category"] == "continuation"]))
+                                                             if p["category"] == failing]))
         return peers, notes
 
     from draftsman.bench import compare as compare_module
@@ -527,18 +528,35 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(tiny_models, tmp_path,
             timed.append(len(prompts))
             ours_runs.append(len(calls))
 
+    bars = []
+
+    class Bar:  # the progress bar as compare drives it
+        def __init__(self, total, **kwargs):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def set_description(self, text):
+            pass
+
+        refresh = close = lambda self: None
+
     monkeypatch.setattr("draftsman.bench.compare.build_peers", with_a_failing_peer)
     monkeypatch.setattr("draftsman.bench.compare.time_interleaved", counted)
+    monkeypatch.setattr("tqdm.auto.tqdm", Bar)  # (compare imports it when it runs)
     assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--quick", "--no-progress"]) == 0
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     # each category timed once: the runs made before the peer failed are kept, not made again
     assert len(timed) == 2, timed
     repeats = res["config"]["repeats"]
     assert ours_runs == [1 + repeats * n + 1 for n in timed]  # warm-up, timed runs, memory
-    continuation = next(c for c in res["cells"] if c["drafter"] == "none" and c["category"] == "continuation")
-    assert continuation["new_tokens"] > 0
+    assert bars[0].n == bars[0].total  # the bar ends full: the dropped peer's calls are not waited for
+    assert next(c for c in res["cells"] if c["drafter"] == "none" and c["category"] == failing)["new_tokens"] > 0
     rows = {(p["peer"], p["category"]) for p in res["peers"]}
-    assert rows == {("hf_generate", "copy"), ("hf_prompt_lookup", "copy"), ("hf_generate", "continuation")}
+    lookup_rows = {("hf_prompt_lookup", "copy")} if failing == "continuation" else set()
+    assert rows == {("hf_generate", "copy"), ("hf_generate", "continuation")} | lookup_rows
     assert any(n.startswith("hf_prompt_lookup failed: RuntimeError: cannot reshape tensor of 0 elements "
-                            "(on a continuation prompt)") for n in res["notes"]), res["notes"]
+                            f"(on a {failing} prompt)") for n in res["notes"]), res["notes"]
     assert "hf_prompt_lookup failed" in capsys.readouterr().out

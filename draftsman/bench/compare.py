@@ -73,12 +73,15 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     cells, peer_rows, overall = [], [], []
     for temperature in cfg["temperatures"]:
         together = {o.label: Tally() for o in ours}  # every category at once, as Spec-Bench's "overall"
-        for category, ids in encoded.items():
+        for index, (category, ids) in enumerate(encoded.items()):
             bar.set_description(f"T={temperature:g} {category}")
 
-            def drop(e: PeerFailed, category=category):  # the others' runs go on; none is timed again
+            def drop(e: PeerFailed, category=category, later=list(encoded.values())[index + 1:]):
+                # the others' runs go on; none is timed again
                 peers.remove(e.peer)
                 notes.append(f"{e} (on a {category} prompt): dropped from then on; its rows before are kept")
+                bar.total -= sum(2 + cfg["repeats"] * len(rows) for rows in later)  # its calls _plan counted
+                bar.refresh()
 
             tallies = time_interleaved(ours + (peers if temperature == 0 else []), ids,
                                        max_new_tokens=cfg["max_new_tokens"], temperature=temperature,

@@ -180,11 +180,16 @@ def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_toke
     PeakMemory is given, one untimed call each on the longest prompt to measure memory.
 
     A peer whose generate raises (PeerFailed) is handed to `on_peer_failed` and left out from then
-    on; the others' runs go on, so nothing already timed is lost. Without `on_peer_failed` it raises."""
+    on; the others' runs go on, so nothing already timed is lost. Without `on_peer_failed` it raises.
+    `tick` is called once per planned call (1 + repeats x prompts, + 1 with memory, each), a dropped
+    peer's calls included, so a progress bar still ends full."""
     contenders = list(contenders)
     tallies = {c.label: Tally() for c in contenders}
+    planned = 1 + repeats * len(prompts) + (memory is not None)
+    made = {c.label: 0 for c in contenders}
 
     def run(c, rows, new_tokens, row_seed):
+        made[c.label] += 1
         try:
             return c.run(rows, new_tokens, temperature, row_seed)
         except PeerFailed as e:
@@ -193,6 +198,8 @@ def time_interleaved(contenders: list, prompts: list[list[int]], *, max_new_toke
             contenders.remove(c)
             del tallies[c.label]
             on_peer_failed(e)
+            for _ in range(planned - made[c.label]):  # (the failed call's own tick comes after it)
+                tick()
             return None
 
     for c in list(contenders):  # warm-up: first calls pay for allocations and lazy initialisation
