@@ -217,9 +217,9 @@ class Handler(BaseHTTPRequestHandler):
         if skip:
             return kept
         stop_ids = args.get("stop_token_ids")  # (a bad value is refused later, with its own message)
-        eos = set() if args.get("ignore_eos") is True else set(self.server.decoder.engine.eos_token_ids)
-        ends = eos | \
-            ({t for t in stop_ids if isinstance(t, int)} if isinstance(stop_ids, list) else set())
+        ends = {t for t in stop_ids if isinstance(t, int)} if isinstance(stop_ids, list) else set()
+        if args.get("ignore_eos") is not True:  # (under ignore_eos EOS ends nothing: the text shows it)
+            ends |= set(self.server.decoder.engine.eos_token_ids)
         return [*kept, *(text for token, text in self.server.special_tokens.items() if token not in ends)]
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
