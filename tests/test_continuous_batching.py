@@ -39,6 +39,8 @@ def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
     return {
         "none": {"name": "none"},
         "ngram": {"name": "ngram", "k": 3, "min_ngram": 1},
+        # Without a cache: its trees depend on the row alone (compared with lone runs' below).
+        "suffix": {"name": "suffix", "min_match": 1, "max_spec_factor": 3.0, "max_cached_requests": 0},
         "draft_model": {"name": "draft_model", "path": str(close_draft), "k": 4},
         "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 3, "top_k": 2, "total_tokens": 6},
         "medusa": {"name": "medusa", "path": str(fresh_heads / "medusa")},
@@ -65,7 +67,7 @@ def record_trees(decoder) -> dict:
     propose = drafter.propose
 
     def recording(contexts):
-        counted_from = getattr(drafter, "prompt_lengths", None)  # ngram, retrieval
+        counted_from = getattr(drafter, "prompt_lengths", None)  # ngram, retrieval, suffix
         if hasattr(drafter, "draft_context"):  # model drafters
             counted_from = drafter.draft_context.generated_from
         if counted_from is not None:
@@ -101,8 +103,8 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
     return tokens, reasons, stats
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle", "eagle3",
-                                  "mtp", "cascade", "draft_model_adaptive", "cross_tokenizer"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft_model", "draft_model_tree", "medusa", "eagle",
+                                  "eagle3", "mtp", "cascade", "draft_model_adaptive", "cross_tokenizer"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
 def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
                                                        name, chunk):

@@ -41,6 +41,8 @@ def drafter_configs(arch, tiny_models, close_drafts):
         "none": {"name": "none"},
         "ngram": {"name": "ngram", "k": 4},
         "ngram_tree": {"name": "ngram", "k": 3, "branches": 3, "min_ngram": 1, "max_ngram": 2},
+        # Its batched run drafts from the cache of the one-by-one run's outputs (long paths accepted).
+        "suffix": {"name": "suffix", "min_token_prob": 0.0},
         "draft_model": {"name": "draft_model", "path": str(tiny_models[arch][1]), "k": 3},
         "draft_model_close": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5},
         # Rows stop drafting at different depths (ragged chains, early exit when all stopped).
@@ -75,6 +77,7 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
     assert taus["draft_model_close"] > 2.0 and taus["draft_model_tree"] > 2.0, taus
     assert taus["draft_model_int8"] > 2.0, taus  # int8 drafts still mostly agree with the target
     assert taus["none"] == 1.0
+    assert taus["suffix"] > 4.0, taus  # the batched run drafted from the cache
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -155,7 +158,7 @@ def test_greedy_with_min_new_tokens_equals_target_generate(arch, tiny_models, cl
     for min_new in (6, 12):
         expected = [hf(p, eos, min_new_tokens=min_new) for p in prompts]
         assert all(len(row) >= min_new for row in expected)
-        for name in ("none", "ngram_tree", "draft_model_close", "draft_model_tree"):
+        for name in ("none", "ngram_tree", "suffix", "draft_model_close", "draft_model_tree"):
             dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": configs[name],
                                   "generation": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": min_new}})
             dec.engine.eos_token_ids = {eos}

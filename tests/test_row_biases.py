@@ -133,7 +133,7 @@ def test_draft_biases_per_row_equal_each_row_alone():
     assert torch.equal(context.biased(shared, two, None), DraftBias(((2, 1.0),), 12, None, "cpu").apply(two))
 
 
-@pytest.mark.parametrize("name", ["ngram", "retrieval"])
+@pytest.mark.parametrize("name", ["ngram", "retrieval", "suffix"])
 def test_copying_drafters_end_each_rows_continuations_before_its_own_bans(name):
     """PathBans(everywhere=True): each row's banned tokens (bias -100, not a milder one); `ngram` and `retrieval`
     drafts never hold a row's own banned token, and still draft it for the row that does not ban it."""
@@ -154,10 +154,13 @@ def copying_drafts(name: str, rows: RowSampling) -> list:
     COPIED_PROMPT in each row of `rows`."""
     from draftsman.drafters.ngram import NgramDrafter
     from draftsman.drafters.retrieval import RetrievalDrafter
+    from draftsman.drafters.suffix import SuffixDrafter
     from test_retrieval import store
 
     if name == "ngram":
         drafter = NgramDrafter(NgramDrafter.Options(k=3, min_ngram=1))
+    elif name == "suffix":
+        drafter = SuffixDrafter(SuffixDrafter.Options(min_match=1, max_spec_factor=3.0))
     else:
         drafter = object.__new__(RetrievalDrafter)
         drafter.options = RetrievalDrafter.Options(path="datastore", k=3, min_ngram=1, max_ngram=3)

@@ -34,6 +34,8 @@ def drafters(tiny_models, close_draft, fresh_heads):
     return {
         "none": {"name": "none"},
         "ngram": {"name": "ngram", "k": 3, "min_ngram": 1, "branches": 2},
+        # Without a cache: its trees depend on the row alone (tests compare them with lone runs').
+        "suffix": {"name": "suffix", "min_match": 1, "max_spec_factor": 3.0, "max_cached_requests": 0},
         "draft_model": {"name": "draft_model", "path": str(close_draft), "k": 4},
         "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 3, "top_k": 2, "total_tokens": 6},
         "medusa": {"name": "medusa", "path": str(fresh_heads / "medusa")},
@@ -78,8 +80,8 @@ def load(tiny_models, drafter, eos):
     return decoder
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "draft_model", "draft_model_tree", "medusa", "eagle3", "mtp",
-                                  "cascade", "draft_model_adaptive"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft_model", "draft_model_tree", "medusa", "eagle3",
+                                  "mtp", "cascade", "draft_model_adaptive"])
 def test_each_row_is_held_to_its_own_minimum(tiny_models, close_draft, fresh_heads, frequent_eos, name):
     decoder = load(tiny_models, drafters(tiny_models, close_draft, fresh_heads)[name], frequent_eos)
     alone_trees = record_trees(decoder)
@@ -130,8 +132,10 @@ def test_joining_rows_bring_their_own_minimum(tiny_models, close_draft, fresh_he
 
 @pytest.mark.parametrize("drafter", [{"name": "ngram", "k": 4, "min_ngram": 1},
                                      {"name": "cascade", "drafters": [{"name": "ngram", "k": 4, "min_ngram": 1},
-                                                                      {"name": "ngram", "k": 2, "min_ngram": 1}]}],
-                         ids=["ngram", "cascade"])
+                                                                      {"name": "ngram", "k": 2, "min_ngram": 1}]},
+                                     {"name": "suffix", "min_match": 1, "max_spec_factor": 3.0,
+                                      "max_cached_requests": 0}],
+                         ids=["ngram", "cascade", "suffix"])
 def test_ngram_continuations_stop_before_eos_at_each_rows_own_depth(tiny_models, drafter):
     """EOS inside a prompt's n-gram continuation: a row without a minimum drafts it, a row held
     for 10 tokens cuts its draft before it (the tree is deterministic: cutting it is exact), in

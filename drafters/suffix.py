@@ -1,0 +1,182 @@
+"""`suffix`: SuffixDecoding (Oliaro et al., 2024, "SuffixDecoding: Extreme Speculative Decoding for
+Emerging AI Applications"; vLLM's `method: suffix`). `ngram` looks in the row's own tokens and
+`retrieval` in a fixed datastore; this drafter also remembers what the target wrote before: every
+finished row goes into a cache kept across generate calls and server requests (the oldest leave
+first), so agent loops, repeated tasks and rewrites of similar text draft from past outputs.
+
+Each round, per row: find the longest suffix of the context (at most max_tree_depth tokens) that
+occurred before, in the row's own tokens or in the cache (drafters/suffix_index.py). What
+followed its occurrences is merged into one tree, and a node's score is the share of occurrences
+that continue through it (frequency, as the paper's suffix tree counts it). The nodes scoring at
+least min_token_prob are kept, best first, at most max_spec_tokens of them and no deeper than
+max_spec_factor x the match length + max_spec_offset: a long match earns a long draft, a short
+one a short draft. Proposals are deterministic, so verification is exact at any temperature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import DETERMINISTIC, Drafter, DraftTree
+from .ngram import _before_eos
+from .path_bans import PathBans
+from .registry import register
+from .suffix_index import SuffixIndex
+
+_OWN = 0  # the one sequence of a row's own index
+
+
+@register
+class SuffixDrafter(Drafter):
+    name = "suffix"
+
+    @dataclass
+    class Options:
+        max_tree_depth: int = 24  # longest suffix matched, and deepest draft
+        max_spec_tokens: int = 16  # nodes in a tree at most (the target pass's size)
+        max_spec_factor: float = 1.0  # a draft goes at most this x the match length deep ...
+        max_spec_offset: float = 0.0  # ... plus this many tokens
+        min_token_prob: float = 0.1  # keep nodes that at least this share of the occurrences continue through
+        min_match: int = 2  # shortest suffix worth matching
+        max_cached_requests: int = 1000  # finished rows remembered (first in, first out); 0 = the row's own tokens only
+        max_reads: int = 64  # occurrences read per lookup (the latest ones)
+
+        def __post_init__(self):
+            if min(self.max_tree_depth, self.max_spec_tokens, self.min_match, self.max_reads) < 1:
+                raise ValueError("suffix: max_tree_depth, max_spec_tokens, min_match and max_reads must be >= 1 (got "
+                                 f"{self.max_tree_depth}, {self.max_spec_tokens}, {self.min_match}, {self.max_reads})")
+            if self.min_match > self.max_tree_depth:
+                raise ValueError(f"suffix: min_match ({self.min_match}) cannot exceed max_tree_depth "
+                                 f"({self.max_tree_depth})")
+            if self.max_spec_factor <= 0 or self.max_spec_offset < 0:
+                raise ValueError(f"suffix: need max_spec_factor > 0 and max_spec_offset >= 0 (got "
+                                 f"{self.max_spec_factor}, {self.max_spec_offset})")
+            if not 0.0 <= self.min_token_prob <= 1.0:
+                raise ValueError(f"suffix: min_token_prob must be in [0, 1], got {self.min_token_prob}")
+            if self.max_cached_requests < 0:
+                raise ValueError(f"suffix: max_cached_requests must be >= 0, got {self.max_cached_requests}")
+
+    def __init__(self, options: "SuffixDrafter.Options", target=None):
+        self.options = o = options or SuffixDrafter.Options()
+        self.device = target.device if target is not None else "cpu"
+        # Table sizes: the shortest match, then doublings; a lookup extends a match beyond them.
+        self.sizes = tuple(n for n in (o.min_match, 2 * o.min_match, 4 * o.min_match, 8 * o.min_match)
+                           if n <= o.max_tree_depth)
+        self.cache = SuffixIndex(self.sizes)  # finished rows, kept across generate calls
+        self._next_id = 0
+        self.rows: list[list[int]] = []  # each active row's tokens (prompt and output so far)
+        self.prompt_lengths: list[int] = []
+        self.own: list[SuffixIndex] = []
+
+    def max_depth(self) -> int:
+        return min(self.options.max_tree_depth, self.options.max_spec_tokens)
+
+    def begin(self, prompts, sampling, generator):
+        super().begin(prompts, sampling, generator)
+        self._remember(range(len(self.rows)))  # rows a stopped stream left: their tokens stand
+        self.rows, self.prompt_lengths, self.own = [], [], []
+        self.add_rows(prompts, [])
+        self.path_bans = PathBans(everywhere=True)  # as ngram: a draft ends before a banned token
+        self.counts = {"from_own_tokens": 0, "from_cache": 0, "no_match": 0}
+
+    can_add_rows = True
+
+    def add_rows(self, prompts, target_hidden):
+        for prompt in prompts:
+            self.rows.append(list(prompt))
+            self.prompt_lengths.append(len(prompt))
+            self.own.append(SuffixIndex(self.sizes))
+
+    def observe(self, feedback):
+        for row, emitted in zip(self.rows, feedback.emitted):
+            row += emitted
+
+    def keep_rows(self, indices):
+        kept = set(indices)
+        self._remember(i for i in range(len(self.rows)) if i not in kept)
+        self.rows = [self.rows[i] for i in indices]
+        self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
+        self.own = [self.own[i] for i in indices]
+        self.path_bans.select_rows(indices)
+
+    def _remember(self, finished) -> None:
+        """Cache finished rows' outputs, each after its prompt's last max_tree_depth tokens (what an
+        output's first tokens follow)."""
+        o = self.options
+        for i in finished:
+            output_start = self.prompt_lengths[i]
+            if o.max_cached_requests == 0 or len(self.rows[i]) == output_start:
+                continue
+            self.cache.extend(self._next_id, self.rows[i][max(0, output_start - o.max_tree_depth):])
+            self._next_id += 1
+            while len(self.cache.sequences) > o.max_cached_requests:
+                self.cache.remove_oldest()
+
+    def propose(self, contexts):
+        trees = []
+        minimums = self.min_new_tokens_per_row(len(contexts))
+        path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
+        for b, (ctx, own, prompt_length, least) in enumerate(zip(contexts, self.own, self.prompt_lengths, minimums)):
+            own.extend(_OWN, ctx)
+            continuations, depth = self._continuations(ctx, own)
+            # Under min_new_tokens a continuation ends before an EOS the target cannot emit there,
+            # and before a token the row bans (as ngram's).
+            continuations = [_before_eos(c, least - (len(ctx) - prompt_length), self.eos_token_ids)
+                             for c in continuations]
+            if path_bans is not None:
+                continuations = [path_bans.cut(b, c) for c in continuations]
+            forced = self.grammar.forced(b)[:depth or self.max_depth()] if self.grammar is not None else []
+            trees.append(self._tree(continuations, forced))
+        return trees
+
+    def _continuations(self, ctx: list[int], own: SuffixIndex) -> tuple[list[list[int]], int]:
+        """What followed the longest suffix of ctx found (own tokens and cache pooled on a tie),
+        each cut to the depth that match earns; and that depth (0 without a match)."""
+        o = self.options
+        m_own, at_own = own.longest_matches(ctx, o.max_tree_depth, o.max_reads)
+        m_cache, at_cache = self.cache.longest_matches(ctx, o.max_tree_depth, o.max_reads)
+        m = max(m_own, m_cache)
+        if m == 0:
+            self.counts["no_match"] += 1
+            return [], 0
+        self.counts["from_own_tokens" if m_own >= m_cache else "from_cache"] += 1
+        depth = min(int(o.max_spec_factor * m + o.max_spec_offset), o.max_tree_depth, o.max_spec_tokens)
+        if self.depth_limit is not None:  # adaptive speculation asked for less
+            depth = min(depth, self.depth_limit)
+        found = [(own, place) for place in at_own if m_own == m] + [(self.cache, place) for place in at_cache
+                                                                      if m_cache == m]
+        return [index.continuation(place, depth) for index, place in found], depth
+
+    def _tree(self, continuations: list[list[int]], forced: list[int]) -> DraftTree:
+        """The continuations counted into a tree; the nodes that at least min_token_prob of them
+        pass through, best first, up to max_spec_tokens. The grammar's forced tokens count as
+        every continuation passing through them."""
+        tokens, parents, counts, children = [], [], [], [{}]  # children[0]: the root's
+        for continuation, weight in [(forced, max(1, len(continuations)))] + [(c, 1) for c in continuations]:
+            node = -1
+            for token in continuation:
+                child = children[node + 1].get(token)
+                if child is None:
+                    child = children[node + 1][token] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                    counts.append(0)
+                    children.append({})
+                counts[child] += weight
+                node = child
+        total = max(1, len(continuations))
+        # A child never counts more than its parent, which comes first: the kept set is connected.
+        ranked = sorted((i for i in range(len(tokens)) if counts[i] >= self.options.min_token_prob * total),
+                        key=lambda i: (-counts[i], i))
+        kept = sorted(ranked[:self.options.max_spec_tokens])
+        new_index = {old: new for new, old in enumerate(kept)}
+        return DraftTree(torch.tensor([tokens[i] for i in kept], dtype=torch.long, device=self.device),
+                         torch.tensor([new_index.get(parents[i], -1) for i in kept], dtype=torch.long,
+                                      device=self.device),
+                         torch.full((len(kept),), DETERMINISTIC, dtype=torch.long, device=self.device))
+
+    def report(self) -> dict:
+        """Row-rounds drafted from the row's own tokens, from the cache, or not at all (no
+        suffix found); and what the cache holds."""
+        return {**self.counts, "cache": {"requests": len(self.cache.sequences), "tokens": self.cache.tokens}}

@@ -1,0 +1,187 @@
+"""The `suffix` drafter (SuffixDecoding): the longest earlier occurrence of the context's suffix,
+in the row's own tokens or in the cache of finished rows, gives a frequency-scored tree as deep as
+the match earns; the cache outlives a generate call and evicts its oldest rows first. Greedy
+equality with the target's own generate is in test_greedy_equality.py (where the batched run
+drafts from the cache); sampling stays the target's (chi-square below)."""
+import pytest
+import torch
+
+import draftsman
+from draftsman.drafters import DETERMINISTIC, RoundFeedback
+from draftsman.drafters.suffix import SuffixDrafter
+from draftsman.drafters.suffix_index import SuffixIndex
+from draftsman.verifier.sampling import SamplingParams
+
+from test_engine_sampling import ALPHA, exact_marginals, fit_pvalue
+from tiny_models import load_for_reference
+
+
+def suffix(**opts) -> SuffixDrafter:
+    return SuffixDrafter(SuffixDrafter.Options(**opts))
+
+
+def finish(d: SuffixDrafter, rows_outputs: list[list[int]], keep: list[int] = ()) -> None:
+    """One round as the engine runs it: each row emits its output, then only `keep` rows stay."""
+    d.observe(RoundFeedback([[] for _ in rows_outputs], rows_outputs))
+    d.keep_rows(list(keep))
+
+
+def test_a_match_is_extended_backwards_past_the_table_sizes():
+    index = SuffixIndex((2,))
+    index.extend(0, [9, 1, 2, 3, 4, 5, 7, 3, 4, 5, 8])
+    # [4, 5] ends twice; going back, [1, 2, 3, 4, 5] matches 5 tokens at the first place, 3 at the second.
+    assert index.longest_matches([0, 1, 2, 3, 4, 5], max_match=24, max_reads=8) == (5, [(0, 6)])
+    assert index.longest_matches([0, 1, 2, 3, 4, 5], max_match=4, max_reads=8) == (4, [(0, 6)])
+    # Equal matches come latest first; max_reads reads only the latest places.
+    assert index.longest_matches([3, 4, 5], max_match=24, max_reads=8) == (3, [(0, 10), (0, 6)])
+    assert index.longest_matches([3, 4, 5], max_match=24, max_reads=1) == (3, [(0, 10)])
+    assert index.longest_matches([6, 6], max_match=24, max_reads=8) == (0, [])
+    at_start = SuffixIndex((2,))
+    at_start.extend(0, [4, 5, 6, 3])
+    assert at_start.longest_matches([3, 4, 5], max_match=24, max_reads=8) == (2, [(0, 2)])  # nothing before it
+
+
+def test_an_evicted_sequence_leaves_the_tables_as_if_never_added():
+    sequences = [[1, 2, 3, 1, 2, 4], [2, 3, 1, 2, 5], [7, 1, 2, 3, 1]]
+    index = SuffixIndex((1, 2, 4))
+    for i, s in enumerate(sequences):
+        index.extend(i, s)
+    index.remove_oldest()
+    fresh = SuffixIndex((1, 2, 4))
+    for i, s in list(enumerate(sequences))[1:]:
+        fresh.extend(i, s)
+    assert index.places == fresh.places and index.tokens == fresh.tokens == 10
+    assert index.longest_matches([1, 2], 24, 8) == fresh.longest_matches([1, 2], 24, 8)
+
+
+def test_a_growing_sequence_indexes_only_what_it_gained():
+    grown, whole = SuffixIndex((1, 2)), SuffixIndex((1, 2))
+    tokens = [5, 6, 5]
+    grown.extend(0, tokens)
+    tokens += [6, 7, 5, 6]
+    grown.extend(0, tokens)
+    whole.extend(0, list(tokens))
+    assert grown.places == whole.places
+
+
+def test_the_tree_scores_nodes_by_the_share_of_occurrences_through_them():
+    # [0, 1, 2] occurred four times before the context's end, followed by 3 4 ... (twice), 3 6 ... and 5.
+    ctx = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 6, 0, 1, 2, 5, 0, 1, 2]
+    d = suffix(min_match=1, min_token_prob=0.3, max_spec_factor=2.0)
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    (tree,) = d.propose([ctx])
+    # A match of 3 tokens earns depth 6. 3 is on 3 of the 4 paths, the 3 4 0 1 2 3 path on 2;
+    # 6 and 5 (1 in 4) are below 0.3.
+    assert tree.tokens.tolist() == [3, 4, 0, 1, 2, 3]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+    assert bool((tree.kinds == DETERMINISTIC).all())
+    assert d.report()["from_own_tokens"] == 1
+    d = suffix(min_match=1, min_token_prob=0.0, max_spec_factor=2.0, max_spec_tokens=3)
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    assert d.propose([ctx])[0].tokens.tolist() == [3, 4, 0]  # the best 3 nodes
+    d = suffix(min_match=1, min_token_prob=0.0, max_spec_factor=2.0, max_spec_tokens=8)
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    (tree,) = d.propose([ctx])
+    # Then two of the once-seen nodes, the first made first (the 5 0 ... path, read latest first):
+    # a node is never kept without its parent.
+    assert tree.tokens.tolist() == [5, 0, 3, 4, 0, 1, 2, 3]
+    assert tree.parents.tolist() == [-1, 0, -1, 2, 3, 4, 5, 6]
+
+
+def test_the_draft_is_as_deep_as_the_match_earns():
+    ctx = [9, 8, 7, 1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 8, 7]
+    for factor, offset, depth in [(1.0, 0.0, 3), (2.0, 0.0, 6), (1.0, 2.0, 5), (0.5, 0.0, 1)]:
+        d = suffix(max_spec_factor=factor, max_spec_offset=offset)
+        d.begin([ctx], SamplingParams(), torch.Generator())
+        assert d.propose([ctx])[0].tokens.tolist() == [1, 2, 3, 4, 5, 6][:depth], (factor, offset)
+    d = suffix(max_spec_factor=4.0)
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    d.depth_limit = 2  # adaptive speculation asks for less
+    assert d.propose([ctx])[0].tokens.tolist() == [1, 2]
+
+
+def test_finished_rows_are_cached_across_generate_calls_oldest_evicted_first():
+    d = suffix(max_cached_requests=2, max_spec_factor=4.0)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    d.begin(prompts, SamplingParams(), torch.Generator())
+    finish(d, [[7, 8, 9], [10, 11]], keep=[1])  # row 0 finishes, row 1 goes on
+    assert list(d.cache.sequences.values()) == [[1, 2, 3, 7, 8, 9]]  # the prompt's tail, then the output
+    finish(d, [[12]])
+    assert list(d.cache.sequences.values()) == [[1, 2, 3, 7, 8, 9], [4, 5, 6, 10, 11, 12]]
+    # The next call drafts from the cache: [2, 3] was followed by 7 8 9.
+    d.begin([[0, 2, 3]], SamplingParams(), torch.Generator())
+    assert d.propose([[0, 2, 3]])[0].tokens.tolist() == [7, 8, 9]
+    assert d.report()["from_cache"] == 1
+    finish(d, [[5]])
+    assert len(d.cache.sequences) == 2 and d.cache.sequences[0 + 2] == [0, 2, 3, 5]  # the first one left
+    d.begin([[0, 2, 3]], SamplingParams(), torch.Generator())
+    assert d.propose([[0, 2, 3]])[0].tokens.tolist() == [5]
+    assert d.report()["cache"] == {"requests": 2, "tokens": 10}
+
+
+def test_the_longer_match_wins_between_own_tokens_and_cache_and_a_tie_pools_them():
+    d = suffix(max_spec_factor=4.0)
+    d.begin([[7, 1, 2, 3, 9]], SamplingParams(), torch.Generator())
+    finish(d, [[4]])
+    # Own tokens: [2, 3] then 8 (a match of 2); the cache: [1, 2, 3] then 9 4 (a match of 3).
+    ctx = [5, 2, 3, 8, 1, 2, 3]
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    assert d.propose([ctx])[0].tokens.tolist() == [9, 4] and d.report()["from_cache"] == 1
+    ctx = [1, 2, 3, 8, 1, 2, 3]  # own tokens now match 3 too: both continuations, own first
+    d.begin([ctx], SamplingParams(), torch.Generator())
+    assert d.propose([ctx])[0].tokens.tolist() == [8, 1, 2, 3, 9, 4]
+
+
+def test_without_a_cache_only_the_rows_own_tokens_draft():
+    d = suffix(max_cached_requests=0)
+    d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
+    finish(d, [[4, 5]])
+    assert not d.cache.sequences
+    d.begin([[0, 2, 3]], SamplingParams(), torch.Generator())
+    assert d.propose([[0, 2, 3]])[0].size == 0 and d.report()["no_match"] == 1
+
+
+def test_rows_a_stopped_stream_left_are_cached_at_the_next_call():
+    d = suffix()
+    d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
+    d.observe(RoundFeedback([[]], [[4, 5]]))  # the consumer stopped: no keep_rows
+    d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
+    assert list(d.cache.sequences.values()) == [[1, 2, 3, 4, 5]]
+
+
+def test_a_prompt_with_no_output_is_not_cached():
+    d = suffix()
+    d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
+    d.keep_rows([])
+    assert not d.cache.sequences
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="min_match"):
+        SuffixDrafter.Options(min_match=30)
+    with pytest.raises(ValueError, match="min_token_prob"):
+        SuffixDrafter.Options(min_token_prob=1.5)
+    with pytest.raises(ValueError, match="max_cached_requests"):
+        SuffixDrafter.Options(max_cached_requests=-1)
+    with pytest.raises(ValueError, match="max_spec_factor"):
+        SuffixDrafter.Options(max_spec_factor=0)
+    with pytest.raises(ValueError, match="valid options"):
+        draftsman.drafters.build_drafter({"name": "suffix", "k": 4}, None)
+
+
+def test_sampling_from_the_cache_follows_the_target(tiny_models):
+    """T=1: a first call fills the cache with 6000 sampled continuations of one prompt; the second
+    call's rows draft the most frequent of them, and its first two tokens still follow the
+    target's exact marginals."""
+    target = tiny_models["llama"][0]
+    prompt, rows = [1, 2, 3, 4, 5, 1, 2, 3], 6000
+    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "suffix", "max_cached_requests": rows,
+                                                                       "min_token_prob": 0.0, "max_spec_factor": 4}})
+    dec.generate(input_ids=[prompt] * rows, max_new_tokens=2, temperature=1.0, seed=1)
+    out = dec.generate(input_ids=[prompt] * rows, max_new_tokens=2, temperature=1.0, seed=2)
+    assert out.stats.drafter_report["from_cache"] > 0.9 * rows
+    assert out.stats.tau > 1.1, "drafts must be accepted and rejected"
+    p1, p2 = exact_marginals(load_for_reference(target), prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
+    tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
+    assert fit_pvalue(torch.tensor([t[0] for t in out.token_ids]), p1) > ALPHA
+    assert fit_pvalue(tokens[:, 1], p2) > ALPHA
