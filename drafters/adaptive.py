@@ -211,6 +211,9 @@ class AdaptiveDrafter(Drafter):
     def extra_parameters(self) -> int:
         return self.inner.extra_parameters()
 
+    def forget_outputs(self):  # what it learnt of acceptance stays: it holds no text
+        self.inner.forget_outputs()
+
     def begin(self, prompts, sampling, generator):
         if self.sampling is not None:  # a previous request on this decoder
             self._learn_from_outcome()

@@ -226,6 +226,12 @@ class Drafter:
         for no hidden states). The request's sampling, generator and limits stay as begin() set them.
         Nothing to do for a drafter without per-row state (it sets can_add_rows = True only)."""
 
+    def forget_outputs(self) -> None:
+        """Drop what the drafter remembers of earlier requests' outputs (the `suffix` drafter's
+        cache; nothing for the others). The benchmarks call it before every timed call: their
+        prompts come again (warm-up, repeats, batch sizes), and a drafter that drafts a prompt's
+        answer from its own earlier answer would be measuring the benchmark, not the drafter."""
+
     def max_depth(self) -> int:
         """Deepest tree this drafter may propose (the engine reserves context room for it)."""
         return 0

@@ -111,6 +111,10 @@ class CascadeDrafter(Drafter):
         for child in self.children:
             child.keep_rows(indices)
 
+    def forget_outputs(self):
+        for child in self.children:
+            child.forget_outputs()
+
     @property
     def can_add_rows(self) -> bool:
         return all(child.can_add_rows for child in self.children)

@@ -100,6 +100,9 @@ class SuffixDrafter(Drafter):
         self.own = [self.own[i] for i in indices]
         self.path_bans.select_rows(indices)
 
+    def forget_outputs(self):
+        self.cache = SuffixIndex(self.sizes)
+
     def _remember(self, finished) -> None:
         """Cache finished rows' outputs, each after its prompt's last max_tree_depth tokens (what an
         output's first tokens follow)."""

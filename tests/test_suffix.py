@@ -185,3 +185,20 @@ def test_sampling_from_the_cache_follows_the_target(tiny_models):
     tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
     assert fit_pvalue(torch.tensor([t[0] for t in out.token_ids]), p1) > ALPHA
     assert fit_pvalue(tokens[:, 1], p2) > ALPHA
+
+
+def test_benchmarks_time_each_call_with_the_cache_forgotten(tiny_models):
+    """compare and demo run a prompt again (warm-up, repeats): each timed call starts with the
+    drafter's memory of earlier outputs dropped, through cascade and adaptive too."""
+    from draftsman.bench.runner import Ours
+
+    plain = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "none"}})
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    for spec in ({"name": "suffix"}, {"name": "suffix", "adaptive": True},
+                 {"name": "cascade", "drafters": [{"name": "ngram", "min_ngram": 3}, {"name": "suffix"}]}):
+        decoder = plain.with_drafter(spec)
+        decoder.generate(input_ids=[prompt], max_new_tokens=16, temperature=0.0)
+        again = decoder.generate(input_ids=[prompt], max_new_tokens=16, temperature=0.0)
+        assert again.stats.tau > 3, spec  # remembered: the answer is drafted from the first one
+        timed = Ours("suffix", decoder).run([prompt], 16, 0.0, 0)
+        assert timed.stats.tau < 2 and timed.tokens == again.token_ids, spec

@@ -58,6 +58,7 @@ class Ours:
         self.lossy_typical_acceptance = lossy_typical_acceptance  # None: the config's sampling section decides
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        self.decoder.drafter.forget_outputs()  # no answer drafted from its own earlier run (Drafter.forget_outputs)
         t0 = time.perf_counter()
         out = self.decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                     seed=seed, min_new_tokens=min(self.min_new_tokens, max_new_tokens),
