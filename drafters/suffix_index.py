@@ -7,20 +7,26 @@ without a suffix tree's memory (a few table entries per token).
 
 Sequences leave in the order they came (the cache of finished rows is first in, first out), so
 each n-gram's places are in sequence order and an evicted sequence's places are at their front.
+
+Memory: an n-gram is keyed by its hash and its places are one int64 array of (sequence id << 32)
++ end, about 0.5 KB per cached token (1000 cached outputs of 224 tokens: 107 MiB; tuple keys
+with a deque each took 565 MiB). Two n-grams sharing a hash share an array; every place read is
+checked against the tokens, so a collision costs a comparison, never a wrong draft.
 """
 from __future__ import annotations
 
-from collections import deque
+from array import array
 from itertools import islice
 
 Place = tuple[int, int]  # (sequence id, index of the token after the n-gram)
+_SHIFT = 32  # a place in the tables: (sequence id << _SHIFT) + end
 
 
 class SuffixIndex:
     def __init__(self, sizes: tuple[int, ...]):
         self.sizes = tuple(sorted(sizes))
         self.sequences: dict[int, list[int]] = {}
-        self.places: dict[tuple[int, ...], deque[Place]] = {}
+        self.places: dict[int, array] = {}  # n-gram hash -> its places, oldest first
         self._indexed: dict[int, int] = {}  # per sequence: places ending before this are in the table
         self.tokens = 0  # held in all sequences (the cache's size)
 
@@ -34,7 +40,10 @@ class SuffixIndex:
             for n in self.sizes:
                 if n > end:
                     break
-                self.places.setdefault(tuple(tokens[end - n:end]), deque()).append((sequence_id, end))
+                key = hash(tuple(tokens[end - n:end]))
+                if key not in self.places:
+                    self.places[key] = array("q")
+                self.places[key].append((sequence_id << _SHIFT) + end)
         self._indexed[sequence_id] = len(tokens)
 
     def remove_oldest(self) -> None:
@@ -47,11 +56,15 @@ class SuffixIndex:
             for n in self.sizes:
                 if n > end:
                     break
-                key = tuple(tokens[end - n:end])
+                key = hash(tuple(tokens[end - n:end]))
                 places = self.places.get(key)
-                while places and places[0][0] == sequence_id:
-                    places.popleft()
-                if places is not None and not places:
+                if places is None:  # emptied by an earlier window with the same n-gram
+                    continue
+                count = 0
+                while count < len(places) and places[count] >> _SHIFT == sequence_id:
+                    count += 1
+                del places[:count]
+                if not places:
                     del self.places[key]
 
     def longest_matches(self, context: list[int], max_match: int, max_reads: int) -> tuple[int, list[Place]]:
@@ -61,17 +74,26 @@ class SuffixIndex:
         for n in reversed(self.sizes):
             if n > len(context):
                 continue
-            places = self.places.get(tuple(context[-n:]))
+            suffix = context[-n:]
+            places = self.places.get(hash(tuple(suffix)))
             if not places:
                 continue
-            best, found = 0, []
-            for sequence_id, end in islice(reversed(places), max_reads):
-                m = self._match_length(self.sequences[sequence_id], end, context, n, max_match)
+            best, found, seen = 0, [], set()
+            for place in islice(reversed(places), max_reads):
+                if place in seen:  # the same place under an n-gram of another size with the same hash
+                    continue
+                seen.add(place)
+                sequence_id, end = place >> _SHIFT, place & ((1 << _SHIFT) - 1)
+                sequence = self.sequences[sequence_id]
+                if sequence[end - n:end] != suffix:  # another n-gram with the same hash
+                    continue
+                m = self._match_length(sequence, end, context, n, max_match)
                 if m > best:
                     best, found = m, []
                 if m == best:
                     found.append((sequence_id, end))
-            return best, found
+            if found:
+                return best, found
         return 0, []
 
     @staticmethod

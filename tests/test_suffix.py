@@ -54,6 +54,25 @@ def test_an_evicted_sequence_leaves_the_tables_as_if_never_added():
     assert index.longest_matches([1, 2], 24, 8) == fresh.longest_matches([1, 2], 24, 8)
 
 
+def test_n_grams_sharing_a_hash_are_told_apart_by_their_tokens(monkeypatch):
+    import draftsman.drafters.suffix_index as S
+
+    monkeypatch.setattr(S, "hash", lambda key: 0, raising=False)  # every n-gram collides
+    index = S.SuffixIndex((2,))
+    index.extend(0, [1, 2, 3, 9, 9, 4, 5, 6])
+    index.extend(1, [7, 7, 8, 8])
+    assert index.longest_matches([0, 1, 2], max_match=24, max_reads=64) == (2, [(0, 2)])
+    assert index.longest_matches([4, 5], max_match=24, max_reads=64) == (2, [(0, 7)])
+    assert index.longest_matches([5, 4], max_match=24, max_reads=64) == (0, [])
+    index.remove_oldest()
+    assert index.longest_matches([0, 1, 2], max_match=24, max_reads=64) == (0, [])
+    assert index.longest_matches([7, 8], max_match=24, max_reads=64) == (2, [(1, 3)])
+    two_sizes = S.SuffixIndex((1, 2))
+    two_sizes.extend(0, [1, 2, 3, 9, 9, 4, 5, 6])
+    # No place of the 2-gram [0, 5] holds it: the 1-gram [5] is looked up next.
+    assert two_sizes.longest_matches([0, 5], max_match=24, max_reads=64) == (1, [(0, 7)])
+
+
 def test_a_growing_sequence_indexes_only_what_it_gained():
     grown, whole = SuffixIndex((1, 2)), SuffixIndex((1, 2))
     tokens = [5, 6, 5]
