@@ -222,3 +222,19 @@ def test_benchmarks_time_each_call_with_the_cache_forgotten(tiny_models):
         assert again.stats.tau > 3, spec  # remembered: the answer is drafted from the first one
         timed = Ours("suffix", decoder).run([prompt], 16, 0.0, 0)
         assert timed.stats.tau < 2 and timed.tokens == again.token_ids, spec
+
+
+def test_a_server_drafts_a_request_from_an_earlier_clients_answer(chat_target):
+    """`draftsman serve` keeps one drafter: a request another client sent before is drafted from
+    that answer (tau up), and both answers are what plain decoding writes."""
+    from serving import call, running
+
+    decoder = draftsman.load({"target": {"path": str(chat_target[0])}, "drafter": {"name": "suffix"}})
+    body = {"prompt": "def parse(text):\n", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    plain = decoder.with_drafter({"name": "none"}).generate([body["prompt"]], max_new_tokens=24, temperature=0.0,
+                                                          ignore_eos=True)
+    with running(decoder) as (_, base):
+        first = call(base, "/v1/completions", body)[1]
+        second = call(base, "/v1/completions", body)[1]
+    assert first["choices"][0]["text"] == second["choices"][0]["text"] == plain.texts[0]
+    assert second["draftsman"]["tau"] > 3 > first["draftsman"]["tau"], (first["draftsman"], second["draftsman"])
