@@ -122,34 +122,37 @@ class SuffixDrafter(Drafter):
         path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
         for b, (ctx, own, prompt_length, least) in enumerate(zip(contexts, self.own, self.prompt_lengths, minimums)):
             own.extend(_OWN, ctx)
-            continuations, depth = self._continuations(ctx, own)
+            continuations = self._continuations(ctx, own)
             # Under min_new_tokens a continuation ends before an EOS the target cannot emit there,
             # and before a token the row bans (as ngram's).
             continuations = [_before_eos(c, least - (len(ctx) - prompt_length), self.eos_token_ids)
                              for c in continuations]
             if path_bans is not None:
                 continuations = [path_bans.cut(b, c) for c in continuations]
-            forced = self.grammar.forced(b)[:depth or self.max_depth()] if self.grammar is not None else []
+            # What the grammar forces is all but certain: as deep as a draft may go, whatever the match.
+            forced = self.grammar.forced(b)[:self._deepest()] if self.grammar is not None else []
             trees.append(self._tree(continuations, forced))
         return trees
 
-    def _continuations(self, ctx: list[int], own: SuffixIndex) -> tuple[list[list[int]], int]:
+    def _deepest(self) -> int:
+        """The deepest draft this round: max_depth(), or less where adaptive speculation asks."""
+        return self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
+
+    def _continuations(self, ctx: list[int], own: SuffixIndex) -> list[list[int]]:
         """What followed the longest suffix of ctx found (own tokens and cache pooled on a tie),
-        each cut to the depth that match earns; and that depth (0 without a match)."""
+        each cut to the depth that match earns."""
         o = self.options
         m_own, at_own = own.longest_matches(ctx, o.max_tree_depth, o.max_reads)
         m_cache, at_cache = self.cache.longest_matches(ctx, o.max_tree_depth, o.max_reads)
         m = max(m_own, m_cache)
         if m == 0:
             self.counts["no_match"] += 1
-            return [], 0
+            return []
         self.counts["from_own_tokens" if m_own >= m_cache else "from_cache"] += 1
-        depth = min(int(o.max_spec_factor * m + o.max_spec_offset), o.max_tree_depth, o.max_spec_tokens)
-        if self.depth_limit is not None:  # adaptive speculation asked for less
-            depth = min(depth, self.depth_limit)
+        depth = min(int(o.max_spec_factor * m + o.max_spec_offset), self._deepest())
         found = [(own, place) for place in at_own if m_own == m] + [(self.cache, place) for place in at_cache
                                                                       if m_cache == m]
-        return [index.continuation(place, depth) for index, place in found], depth
+        return [index.continuation(place, depth) for index, place in found]
 
     def _tree(self, continuations: list[list[int]], forced: list[int]) -> DraftTree:
         """The continuations counted into a tree; the nodes that at least min_token_prob of them

@@ -257,14 +257,17 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
     assert grammar_part(outputs[3], specs[3]) is not None  # the marked row's grammar began
 
 
-def test_copying_drafters_draft_what_the_grammar_forces(tiny_models, tokenizer, monkeypatch):
-    """Under a JSON schema with fixed keys, `ngram` drafts the tokens the grammar forces next
-    (llguidance's fast-forward tokens) as a branch of its tree: each round's tree holds them, the
-    output is unchanged, and more drafts are accepted than without them."""
+@pytest.mark.parametrize("drafter", [{"name": "ngram", "k": 4, "min_ngram": 1},
+                                     {"name": "suffix", "min_match": 1, "max_cached_requests": 0}],
+                         ids=["ngram", "suffix"])
+def test_copying_drafters_draft_what_the_grammar_forces(tiny_models, tokenizer, monkeypatch, drafter):
+    """Under a JSON schema with fixed keys, `ngram` and `suffix` draft the tokens the grammar forces
+    next (llguidance's fast-forward tokens) as a branch of their tree: each round's tree holds
+    them, the output is unchanged, and more drafts are accepted than without them."""
     from draftsman.verifier.grammar import DraftGrammar
 
     folder = tiny_models["llama"][0]
-    decoder = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "ngram", "k": 4, "min_ngram": 1}})
+    decoder = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     spec = GRAMMARS["json"]
     ends = sorted(decoder.engine.eos_token_ids)

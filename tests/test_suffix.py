@@ -118,6 +118,8 @@ def test_the_draft_is_as_deep_as_the_match_earns():
     d.begin([ctx], SamplingParams(), torch.Generator())
     d.depth_limit = 2  # adaptive speculation asks for less
     assert d.propose([ctx])[0].tokens.tolist() == [1, 2]
+    d.depth_limit = 0
+    assert d.propose([ctx])[0].size == 0
 
 
 def test_finished_rows_are_cached_across_generate_calls_oldest_evicted_first():
