@@ -8,7 +8,10 @@ the same held-out prompts, each drafter keeping its state from pass to pass:
   repeated   T=0 again: every request was answered before (an agent loop, a retried call)
   resampled  T=1, new seeds: the same requests, different answers (best-of-n, self-consistency)
 
-    python scripts/suffix_cache_experiment.py --prompts 8 --max-new-tokens 64
+    python scripts/suffix_cache_experiment.py --prompts 8 --max-new-tokens 64 --eagle3 zoo/python-eagle3
+
+--eagle3 adds the bundled EAGLE-3 head (the zoo config's settings) and a cascade of `suffix` with
+min_match 8 (silent until a long match) then that head.
 """
 from __future__ import annotations
 
@@ -22,9 +25,15 @@ from draftsman.prompts import heldout_prompts
 PASSES = (("fresh", 0.0), ("repeated", 0.0), ("resampled", 1.0))
 
 
-def drafters(extra: list[str]) -> dict[str, dict]:
+def drafters(extra: list[str], eagle3: str | None) -> dict[str, dict]:
     out = {"none": {"name": "none"}, "ngram": {"name": "ngram"},
            "suffix (no cache)": {"name": "suffix", "max_cached_requests": 0}, "suffix": {"name": "suffix"}}
+    if eagle3:  # configs/bench-zoo-cpu.yaml's eagle3
+        head = {"name": "eagle", "path": eagle3, "quantize": "int8", "depth": 6, "total_tokens": 20,
+                "sampled_depth": 5, "min_confidence": 0.05}
+        out["eagle3"] = head
+        out["suffix (min_match 8), then eagle3"] = {"name": "cascade",
+                                                    "drafters": [{"name": "suffix", "min_match": 8}, head]}
     for item in extra:  # label=JSON config, e.g. 'suffix f2={"name": "suffix", "max_spec_factor": 2}'
         label, config = item.split("=", 1)
         out[label] = json.loads(config)
@@ -37,14 +46,16 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--drafter", action="append", default=[], help="another drafter: LABEL=JSON config")
+    ap.add_argument("--eagle3", help="an EAGLE-3 head's folder: add it, and a cascade of suffix then it")
     args = ap.parse_args()
     base = draftsman.load({"target": {"path": args.target}, "drafter": {"name": "none"}})
     decoders = {label: base if label == "none" else base.with_drafter(config)
-                for label, config in drafters(args.drafter).items()}
+                for label, config in drafters(args.drafter, args.eagle3).items()}
     ids = heldout_prompts(base.tokenizer, args.prompts)
     print(f"{args.prompts} held-out prompts, {args.max_new_tokens} new tokens, batch 1; speed over plain decoding "
           "(same pass, interleaved), tau in brackets")
-    print(f"{'':20s}" + "".join(f"{name:>22s}" for name, _ in PASSES))
+    width = max(map(len, decoders)) + 2
+    print(f"{'':{width}s}" + "".join(f"{name:>22s}" for name, _ in PASSES))
     results = {label: [] for label in decoders}
     for p_index, (_, temperature) in enumerate(PASSES):
         seconds = dict.fromkeys(decoders, 0.0)
@@ -63,7 +74,7 @@ def main() -> None:
         for label in decoders:
             results[label].append((seconds["none"] / seconds[label], sum(taus[label]) / len(taus[label])))
     for label, cells in results.items():
-        print(f"{label:20s}" + "".join(f"{f'{speed:.2f}x ({tau:.2f})':>22s}" for speed, tau in cells))
+        print(f"{label:{width}s}" + "".join(f"{f'{speed:.2f}x ({tau:.2f})':>22s}" for speed, tau in cells))
     print("greedy outputs equal plain decoding's in the fresh and repeated passes")
 
 
