@@ -40,6 +40,7 @@ class SuffixDrafter(Drafter):
         min_token_prob: float = 0.1  # keep nodes that at least this share of the occurrences continue through
         min_match: int = 2  # shortest suffix worth matching
         max_cached_requests: int = 1000  # finished rows remembered (first in, first out); 0 = the row's own tokens only
+        max_cached_tokens: int = 1_000_000  # and at most this many tokens in them (about 0.3 KB of memory each)
         max_reads: int = 64  # occurrences read per lookup (the latest ones)
 
         def __post_init__(self):
@@ -54,8 +55,9 @@ class SuffixDrafter(Drafter):
                                  f"{self.max_spec_factor}, {self.max_spec_offset})")
             if not 0.0 <= self.min_token_prob <= 1.0:
                 raise ValueError(f"suffix: min_token_prob must be in [0, 1], got {self.min_token_prob}")
-            if self.max_cached_requests < 0:
-                raise ValueError(f"suffix: max_cached_requests must be >= 0, got {self.max_cached_requests}")
+            if self.max_cached_requests < 0 or self.max_cached_tokens < 0:
+                raise ValueError(f"suffix: max_cached_requests and max_cached_tokens must be >= 0, got "
+                                 f"{self.max_cached_requests} and {self.max_cached_tokens}")
 
     def __init__(self, options: "SuffixDrafter.Options", target=None):
         self.options = o = options or SuffixDrafter.Options()
@@ -109,12 +111,12 @@ class SuffixDrafter(Drafter):
         o = self.options
         for i in finished:
             output_start = self.prompt_lengths[i]
-            if o.max_cached_requests == 0 or len(self.rows[i]) == output_start:
+            if min(o.max_cached_requests, o.max_cached_tokens) == 0 or len(self.rows[i]) == output_start:
                 continue
             self.cache.extend(self._next_id, self.rows[i][max(0, output_start - o.max_tree_depth):])
             self._next_id += 1
-            while len(self.cache.sequences) > o.max_cached_requests:
-                self.cache.remove_oldest()
+            while len(self.cache.sequences) > o.max_cached_requests or self.cache.tokens > o.max_cached_tokens:
+                self.cache.remove_oldest()  # a row longer than max_cached_tokens leaves at once
 
     def propose(self, contexts):
         trees = []

@@ -154,6 +154,17 @@ def test_the_longer_match_wins_between_own_tokens_and_cache_and_a_tie_pools_them
     assert d.propose([ctx])[0].tokens.tolist() == [8, 1, 2, 3, 9, 4]
 
 
+def test_the_cache_holds_at_most_max_cached_tokens():
+    d = suffix(max_cached_tokens=10)
+    for prompt, output in [([1, 2, 3], [4, 5]), ([6, 7], [8, 9]), ([11], [12])]:  # 5 + 4 + 2 = 11 tokens
+        d.begin([prompt], SamplingParams(), torch.Generator())
+        finish(d, [output])
+    assert list(d.cache.sequences.values()) == [[6, 7, 8, 9], [11, 12]] and d.cache.tokens == 6
+    d.begin([[1]], SamplingParams(), torch.Generator())
+    finish(d, [list(range(20, 31))])  # longer than the cache: it empties it and leaves too
+    assert not d.cache.sequences and d.cache.tokens == 0 and not d.cache.places
+
+
 def test_without_a_cache_only_the_rows_own_tokens_draft():
     d = suffix(max_cached_requests=0)
     d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
@@ -185,6 +196,8 @@ def test_bad_options_are_named():
         SuffixDrafter.Options(min_token_prob=1.5)
     with pytest.raises(ValueError, match="max_cached_requests"):
         SuffixDrafter.Options(max_cached_requests=-1)
+    with pytest.raises(ValueError, match="max_cached_tokens"):
+        SuffixDrafter.Options(max_cached_tokens=-1)
     with pytest.raises(ValueError, match="max_spec_factor"):
         SuffixDrafter.Options(max_spec_factor=0)
     with pytest.raises(ValueError, match="valid options"):
