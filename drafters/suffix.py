@@ -2,10 +2,13 @@
 Emerging AI Applications"; vLLM's `method: suffix`). `ngram` looks in the row's own tokens and
 `retrieval` in a fixed datastore; this drafter also remembers what the target wrote before: every
 finished row goes into a cache kept across generate calls and server requests (the oldest leave
-first), so agent loops, repeated tasks and rewrites of similar text draft from past outputs.
+first), so agent loops, repeated tasks and rewrites of similar text draft from past outputs. Rows
+still running share their outputs so far: a request that joins a batch while a similar one runs
+drafts from it.
 
 Each round, per row: find the longest suffix of the context (at most max_tree_depth tokens) that
-occurred before, in the row's own tokens or in the cache (drafters/suffix_index.py). What
+occurred before, in the row's own tokens, in the other running rows' outputs or in the cache
+(drafters/suffix_index.py). What
 followed its occurrences is merged into one tree, and a node's score is the share of occurrences
 that continue through it (frequency, as the paper's suffix tree counts it). The nodes scoring at
 least min_token_prob are kept, best first, at most max_spec_tokens of them and no deeper than
@@ -66,55 +69,69 @@ class SuffixDrafter(Drafter):
         self.sizes = tuple(n for n in (o.min_match, 2 * o.min_match, 4 * o.min_match, 8 * o.min_match)
                            if n <= o.max_tree_depth)
         self.cache = SuffixIndex(self.sizes)  # finished rows, kept across generate calls
-        self._next_id = 0
-        self.rows: list[list[int]] = []  # each active row's tokens (prompt and output so far)
+        self.running = SuffixIndex(self.sizes)  # the rows still running, as far as they got
+        self._next_id = 0  # sequence ids, in both indexes
+        # Each active row: its prompt's last max_tree_depth tokens and its output so far (what the
+        # other rows and, once it ends, the cache look in), its sequence id, its prompt's length.
+        self.rows: list[list[int]] = []
+        self.row_ids: list[int] = []
         self.prompt_lengths: list[int] = []
-        self.own: list[SuffixIndex] = []
+        self.own: list[SuffixIndex] = []  # each active row's whole context
 
     def max_depth(self) -> int:
         return min(self.options.max_tree_depth, self.options.max_spec_tokens)
 
+    def _shares(self) -> bool:
+        """Whether rows draft from other rows' outputs (the cache, the running rows) at all."""
+        return min(self.options.max_cached_requests, self.options.max_cached_tokens) > 0
+
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self._remember(range(len(self.rows)))  # rows a stopped stream left: their tokens stand
-        self.rows, self.prompt_lengths, self.own = [], [], []
+        self.running = SuffixIndex(self.sizes)
+        self.rows, self.row_ids, self.prompt_lengths, self.own = [], [], [], []
         self.add_rows(prompts, [])
         self.path_bans = PathBans(everywhere=True)  # as ngram: a draft ends before a banned token
-        self.counts = {"from_own_tokens": 0, "from_cache": 0, "no_match": 0}
+        self.counts = {"from_own_tokens": 0, "from_other_rows": 0, "from_cache": 0, "no_match": 0}
 
     can_add_rows = True
 
     def add_rows(self, prompts, target_hidden):
         for prompt in prompts:
-            self.rows.append(list(prompt))
+            self.rows.append(list(prompt[-self.options.max_tree_depth:]))
+            self.row_ids.append(self._next_id)
+            self._next_id += 1
             self.prompt_lengths.append(len(prompt))
             self.own.append(SuffixIndex(self.sizes))
 
     def observe(self, feedback):
-        for row, emitted in zip(self.rows, feedback.emitted):
+        for row, row_id, emitted in zip(self.rows, self.row_ids, feedback.emitted):
             row += emitted
+            if emitted and self._shares():  # the others may draft from it from the next round
+                self.running.extend(row_id, row)
 
     def keep_rows(self, indices):
         kept = set(indices)
         self._remember(i for i in range(len(self.rows)) if i not in kept)
         self.rows = [self.rows[i] for i in indices]
+        self.row_ids = [self.row_ids[i] for i in indices]
         self.prompt_lengths = [self.prompt_lengths[i] for i in indices]
         self.own = [self.own[i] for i in indices]
         self.path_bans.select_rows(indices)
+        if self.running.stale_tokens > max(self.running.tokens, 4096):  # as much stale as live: build it again
+            self.running = self.running.compacted()
 
     def forget_outputs(self):
         self.cache = SuffixIndex(self.sizes)
 
     def _remember(self, finished) -> None:
-        """Cache finished rows' outputs, each after its prompt's last max_tree_depth tokens (what an
-        output's first tokens follow)."""
+        """Move finished rows from the running ones to the cache: each output after its prompt's
+        last max_tree_depth tokens (what an output's first tokens follow)."""
         o = self.options
         for i in finished:
-            output_start = self.prompt_lengths[i]
-            if min(o.max_cached_requests, o.max_cached_tokens) == 0 or len(self.rows[i]) == output_start:
-                continue
-            self.cache.extend(self._next_id, self.rows[i][max(0, output_start - o.max_tree_depth):])
-            self._next_id += 1
+            if self.row_ids[i] in self.running.sequences:  # it has an output: it wrote something
+                self.running.remove(self.row_ids[i])
+                self.cache.extend(self.row_ids[i], self.rows[i])
             while len(self.cache.sequences) > o.max_cached_requests or self.cache.tokens > o.max_cached_tokens:
                 self.cache.remove_oldest()  # a row longer than max_cached_tokens leaves at once
 
@@ -122,9 +139,10 @@ class SuffixDrafter(Drafter):
         trees = []
         minimums = self.min_new_tokens_per_row(len(contexts))
         path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
-        for b, (ctx, own, prompt_length, least) in enumerate(zip(contexts, self.own, self.prompt_lengths, minimums)):
+        for b, (ctx, own, row_id, prompt_length, least) in enumerate(zip(contexts, self.own, self.row_ids,
+                                                                          self.prompt_lengths, minimums)):
             own.extend(_OWN, ctx)
-            continuations = self._continuations(ctx, own)
+            continuations = self._continuations(ctx, own, row_id)
             # Under min_new_tokens a continuation ends before an EOS the target cannot emit there,
             # and before a token the row bans (as ngram's).
             continuations = [_before_eos(c, least - (len(ctx) - prompt_length), self.eos_token_ids)
@@ -140,21 +158,22 @@ class SuffixDrafter(Drafter):
         """The deepest draft this round: max_depth(), or less where adaptive speculation asks."""
         return self.max_depth() if self.depth_limit is None else min(self.max_depth(), self.depth_limit)
 
-    def _continuations(self, ctx: list[int], own: SuffixIndex) -> list[list[int]]:
-        """What followed the longest suffix of ctx found (own tokens and cache pooled on a tie),
-        each cut to the depth that match earns."""
+    def _continuations(self, ctx: list[int], own: SuffixIndex, row_id: int) -> list[list[int]]:
+        """What followed the longest suffix of ctx found (own tokens, the other running rows and
+        the cache pooled on a tie), each cut to the depth that match earns."""
         o = self.options
-        m_own, at_own = own.longest_matches(ctx, o.max_tree_depth, o.max_reads)
-        m_cache, at_cache = self.cache.longest_matches(ctx, o.max_tree_depth, o.max_reads)
-        m = max(m_own, m_cache)
+        sources = [("from_own_tokens", own, None), ("from_other_rows", self.running, row_id),
+                   ("from_cache", self.cache, None)]
+        matches = [(name, index, *index.longest_matches(ctx, o.max_tree_depth, o.max_reads, exclude))
+                   for name, index, exclude in sources]
+        m = max(length for _, _, length, _ in matches)
         if m == 0:
             self.counts["no_match"] += 1
             return []
-        self.counts["from_own_tokens" if m_own >= m_cache else "from_cache"] += 1
+        self.counts[next(name for name, _, length, _ in matches if length == m)] += 1
         depth = min(int(o.max_spec_factor * m + o.max_spec_offset), self._deepest())
-        found = [(own, place) for place in at_own if m_own == m] + [(self.cache, place) for place in at_cache
-                                                                      if m_cache == m]
-        return [index.continuation(place, depth) for index, place in found]
+        return [index.continuation(place, depth) for _, index, length, places in matches if length == m
+                for place in places]
 
     def _tree(self, continuations: list[list[int]], forced: list[int]) -> DraftTree:
         """The continuations counted into a tree; the nodes that at least min_token_prob of them
@@ -185,6 +204,6 @@ class SuffixDrafter(Drafter):
                          torch.full((len(kept),), DETERMINISTIC, dtype=torch.long, device=self.device))
 
     def report(self) -> dict:
-        """Row-rounds drafted from the row's own tokens, from the cache, or not at all (no
-        suffix found); and what the cache holds."""
+        """Row-rounds drafted from the row's own tokens, from the other running rows' outputs,
+        from the cache, or not at all (no suffix found); and what the cache holds."""
         return {**self.counts, "cache": {"requests": len(self.cache.sequences), "tokens": self.cache.tokens}}

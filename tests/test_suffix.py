@@ -165,6 +165,13 @@ def test_the_cache_holds_at_most_max_cached_tokens():
     assert not d.cache.sequences and d.cache.tokens == 0 and not d.cache.places
 
 
+def test_a_row_is_cached_after_its_prompts_last_max_tree_depth_tokens():
+    d = suffix(max_tree_depth=4)
+    d.begin([[1, 2, 3, 4, 5, 6]], SamplingParams(), torch.Generator())
+    finish(d, [[7, 8]])
+    assert list(d.cache.sequences.values()) == [[3, 4, 5, 6, 7, 8]]
+
+
 def test_without_a_cache_only_the_rows_own_tokens_draft():
     d = suffix(max_cached_requests=0)
     d.begin([[1, 2, 3]], SamplingParams(), torch.Generator())
@@ -253,3 +260,61 @@ def test_a_server_drafts_a_request_from_an_earlier_clients_answer(chat_target):
         second = call(base, "/v1/completions", body)[1]
     assert first["choices"][0]["text"] == second["choices"][0]["text"] == plain.texts[0]
     assert second["draftsman"]["tau"] > 3 > first["draftsman"]["tau"], (first["draftsman"], second["draftsman"])
+
+
+def test_running_rows_draft_from_each_others_outputs_never_their_own():
+    d = suffix(min_token_prob=0.5)
+    a, b = [5, 1, 2], [9, 1, 2]
+    d.begin([a, b], SamplingParams(), torch.Generator())
+    d.propose([a, b])
+    d.observe(RoundFeedback([[], []], [[3, 1, 2], [4, 4]]))
+    a, b = a + [3, 1, 2], b + [4, 4]
+    tree_a, tree_b = d.propose([a, b])
+    # [1, 2] ends a's own tokens (then 3 1) and b's output so far (then 4 4), a match of 2 each:
+    # pooled, each branch half the occurrences. Were a's own output also read among the running
+    # rows, 3 1 would be 2 of 3 and 4 4 below min_token_prob.
+    assert tree_a.tokens.tolist() == [3, 1, 4, 4] and tree_a.parents.tolist() == [-1, 0, -1, 2]
+    assert tree_b.size == 0
+    c = [7, 2, 3]  # a row that joins: a's output after [2, 3]
+    d.add_rows([c], [])
+    (_, _, tree_c) = d.propose([a, b, c])
+    assert tree_c.tokens.tolist() == [1, 2] and d.report()["from_other_rows"] == 1
+    d.keep_rows([1, 2])  # a ends: it leaves the running rows for the cache
+    assert list(d.cache.sequences.values()) == [[5, 1, 2, 3, 1, 2]]
+    assert list(d.running.sequences) == d.row_ids[:1] and d.running.stale_tokens == 6
+    assert d.running.longest_matches([2, 3], 24, 64) == (0, [])  # a's places are skipped until compacted
+    fresh = SuffixIndex(d.sizes)
+    fresh.extend(d.row_ids[0], [9, 1, 2, 4, 4])
+    assert d.running.compacted().places == fresh.places
+
+
+def test_the_running_rows_are_indexed_again_once_as_much_is_stale_as_live():
+    d = suffix()
+    d.begin([[1, 2], [3, 4]], SamplingParams(), torch.Generator())
+    d.observe(RoundFeedback([[], []], [list(range(10, 5010)), list(range(6000, 6100))]))
+    d.keep_rows([0, 1])
+    assert d.running.stale_tokens == 0 and d.running.tokens == 5002 + 102
+    d.keep_rows([1])  # 5002 stale against 102 live: built again
+    assert d.running.stale_tokens == 0 and list(d.running.sequences) == [d.row_ids[0]]
+    assert d.running.places == d.running.compacted().places
+
+
+def test_a_row_that_joins_drafts_from_a_running_row_with_the_same_prompt(tiny_models):
+    """Continuous batching: the same prompt joins three rounds after the first started; it drafts
+    the first row's output so far and writes what it writes alone."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}, "drafter": {"name": "suffix"}})
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    alone = decoder.with_drafter({"name": "none"}).generate(input_ids=[prompt], max_new_tokens=32,
+                                                            temperature=0.0, ignore_eos=True).token_ids[0]
+    rounds = [0]
+
+    def joining():
+        rounds[0] += 1
+        return [(prompt, 32)] if rounds[0] == 4 else []
+
+    stats, tokens = draftsman.GenerationStats(), {}
+    for row, chunk in decoder.stream_batch([prompt], stats=stats, joining=joining, max_new_tokens=32,
+                                           temperature=0.0, ignore_eos=True):
+        tokens.setdefault(row, []).extend(chunk.token_ids)
+    assert tokens == {0: alone, 1: alone}
+    assert stats.drafter_report["from_other_rows"] > 0
