@@ -1,8 +1,9 @@
 """The `suffix` drafter (SuffixDecoding): the longest earlier occurrence of the context's suffix,
-in the row's own tokens or in the cache of finished rows, gives a frequency-scored tree as deep as
-the match earns; the cache outlives a generate call and evicts its oldest rows first. Greedy
-equality with the target's own generate is in test_greedy_equality.py (where the batched run
-drafts from the cache); sampling stays the target's (chi-square below)."""
+in the row's own tokens, the other running rows' outputs or the cache of finished rows, gives a
+frequency-scored tree as deep as the match earns; the cache outlives a generate call and evicts
+its oldest rows first. Greedy equality with the target's own generate is in
+test_greedy_equality.py (where the batched run drafts from the cache); sampling stays the
+target's (chi-square below)."""
 import pytest
 import torch
 
