@@ -75,6 +75,45 @@ def test_n_grams_sharing_a_hash_are_told_apart_by_their_tokens(monkeypatch):
     assert two_sizes.longest_matches([0, 5], max_match=24, max_reads=64) == (1, [(0, 7)])
 
 
+def brute_force_matches(sequences: dict[int, list[int]], context: list[int], smallest: int, max_match: int):
+    """Every place (a token follows) whose tokens before it match the context's end by at least
+    `smallest`, longest first: (m, places latest first) as SuffixIndex.longest_matches gives them."""
+    found = []
+    for sequence_id, tokens in sequences.items():
+        for end in range(1, len(tokens)):
+            m = 0
+            while m < min(max_match, end, len(context)) and tokens[end - m - 1] == context[-m - 1]:
+                m += 1
+            if m >= smallest:
+                found.append((m, sequence_id, end))
+    if not found:
+        return 0, []
+    best = max(m for m, _, _ in found)
+    order = list(sequences)  # latest first: later sequences, then later ends
+    places = sorted(((i, e) for m, i, e in found if m == best), key=lambda p: (order.index(p[0]), p[1]), reverse=True)
+    return best, places
+
+
+def test_matches_equal_a_brute_force_search_through_evictions_and_removals():
+    import random
+
+    rng = random.Random(0)
+    for trial in range(60):
+        sizes = (2, 4, 8) if trial % 2 else (1, 3)
+        index, held = SuffixIndex(sizes), {}
+        for sequence_id in range(8):
+            tokens = [rng.randrange(3) for _ in range(rng.randrange(2, 30))]
+            index.extend(sequence_id, tokens)
+            held[sequence_id] = tokens
+            if rng.random() < 0.3:  # the cache's eviction, or a running row's lazy removal
+                gone = next(iter(held)) if rng.random() < 0.5 else rng.choice(list(held))
+                index.remove_oldest() if gone == next(iter(held)) else index.remove(gone)
+                del held[gone]
+            context = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]
+            want = brute_force_matches(held, context, sizes[0], max_match=10)
+            assert index.longest_matches(context, max_match=10, max_reads=10_000) == want, (trial, sequence_id)
+
+
 def test_a_growing_sequence_indexes_only_what_it_gained():
     grown, whole = SuffixIndex((1, 2)), SuffixIndex((1, 2))
     tokens = [5, 6, 5]
