@@ -128,10 +128,18 @@ class NgramDrafter(Drafter):
             if self.grammar is not None:  # what the grammar forces next, first (drafters/path_bans.py)
                 trie.insert(self.grammar.forced(b)[:o.k])
             for cont in index.continuations(ctx, o.k, o.branches):
-                cont = _before_eos(cont, banned_depths, self.eos_token_ids)
-                trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
+                trie.insert(draftable(cont, banned_depths, self.eos_token_ids, path_bans, b))
             trees.append(trie.tree(self.device))
         return trees
+
+
+def draftable(continuation: list[int], banned_depths: int, eos_token_ids, path_bans, row: int) -> list[int]:
+    """The part of a copied continuation a row may draft (the copying drafters: ngram, retrieval,
+    suffix): up to an EOS the target cannot emit there (depth <= banned_depths, under
+    min_new_tokens), then up to the first token the row bans after its own path (path_bans: a
+    PathBanRound, or None without bans)."""
+    continuation = _before_eos(continuation, banned_depths, eos_token_ids)
+    return continuation if path_bans is None else path_bans.cut(row, continuation)
 
 
 def _before_eos(continuation: list[int], banned_depths: int, eos_token_ids) -> list[int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .base import Drafter
 from .datastore import Datastore, read_documents
 from .datastore_index import is_index, load_index
-from .ngram import _before_eos, _Trie
+from .ngram import _Trie, draftable
 from .path_bans import PathBans
 from .registry import register
 
@@ -102,8 +102,7 @@ class RetrievalDrafter(Drafter):
             if self.grammar is not None:  # what the grammar forces next, first (as ngram)
                 trie.insert(self.grammar.forced(b)[:o.k])
             for cont in self.datastore.continuations(ctx, o.k, o.branches, o.max_matches):
-                cont = _before_eos(cont, banned_depths, self.eos_token_ids)
-                trie.insert(cont if path_bans is None else path_bans.cut(b, cont))
+                trie.insert(draftable(cont, banned_depths, self.eos_token_ids, path_bans, b))
             trees.append(trie.tree(self.device))
         return trees
 

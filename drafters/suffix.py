@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
-from .ngram import _before_eos
+from .ngram import draftable
 from .path_bans import PathBans
 from .registry import register
 from .suffix_index import SuffixIndex
@@ -142,13 +142,9 @@ class SuffixDrafter(Drafter):
         for b, (ctx, own, row_id, prompt_length, least) in enumerate(zip(contexts, self.own, self.row_ids,
                                                                           self.prompt_lengths, minimums)):
             own.extend(_OWN, ctx)
-            continuations = self._continuations(ctx, own, row_id)
-            # Under min_new_tokens a continuation ends before an EOS the target cannot emit there,
-            # and before a token the row bans (as ngram's).
-            continuations = [_before_eos(c, least - (len(ctx) - prompt_length), self.eos_token_ids)
-                             for c in continuations]
-            if path_bans is not None:
-                continuations = [path_bans.cut(b, c) for c in continuations]
+            banned_depths = least - (len(ctx) - prompt_length)  # EOS held back (min_new_tokens)
+            continuations = [draftable(c, banned_depths, self.eos_token_ids, path_bans, b)
+                             for c in self._continuations(ctx, own, row_id)]
             # What the grammar forces is all but certain: as deep as a draft may go, whatever the match.
             forced = self.grammar.forced(b)[:self._deepest()] if self.grammar is not None else []
             trees.append(self._tree(continuations, forced))
