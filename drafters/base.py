@@ -100,9 +100,12 @@ class DraftTree:
 @dataclass
 class TargetNeeds:
     """What a drafter asks of each target pass, so the verifier computes only that.
-    hidden_state_layers: indices into HF `hidden_states` (0 = embeddings, -1 = last layer output)."""
+    hidden_state_layers: indices into HF `hidden_states` (0 = embeddings, -1 = last layer output).
+    top_tokens: how many of the target's most likely next tokens to hand back after every token
+    of each round's block, the rejected drafts' included (the `recycling` drafter); 0 = none."""
 
     hidden_state_layers: tuple[int, ...] = ()
+    top_tokens: int = 0
 
 
 @dataclass
@@ -116,6 +119,11 @@ class RoundFeedback:
                      nodes in order, if the drafter asked for any; else empty
     verify_seconds   wall time of this round's target pass and accept/reject (for cost models)
     block_tokens     tokens per row in that target pass (root + the widest tree)
+    target_top       if the drafter asked for `needs.top_tokens` = k: per row, (tokens, top) with
+                     tokens (n,) the root and this round's tree's nodes in the order the verifier
+                     saw them (root first; trees as the engine clipped them) and top (n, k) the
+                     target's k most likely next tokens after each, best first, from the logits
+                     it chose from (bias, penalties, bans and grammar applied); else empty
     """
 
     accepted_nodes: list[list[int]]
@@ -123,6 +131,7 @@ class RoundFeedback:
     target_hidden: list[dict[int, torch.Tensor]] = field(default_factory=list)
     verify_seconds: float = 0.0
     block_tokens: int = 1
+    target_top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class Drafter:

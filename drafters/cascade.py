@@ -49,7 +49,8 @@ class CascadeDrafter(Drafter):
         layers: list[int] = []
         for child in self.children:
             layers += [n for n in child.needs.hidden_state_layers if n not in layers]
-        self.needs = TargetNeeds(hidden_state_layers=tuple(layers))
+        self.needs = TargetNeeds(hidden_state_layers=tuple(layers),
+                                 top_tokens=max(child.needs.top_tokens for child in self.children))
         self.device = target.device if target is not None else "cpu"
         self._reset_counters()
 

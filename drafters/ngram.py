@@ -4,7 +4,7 @@ become branches of one tree. Proposals are deterministic, so verification is exa
 temperature."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,16 +17,16 @@ from .registry import register
 class _Trie:
     tokens: list[int]
     parents: list[int]
+    _nodes: dict[tuple[int, int], int] = field(default_factory=dict)  # (parent, token) -> node
 
     def insert(self, continuation: list[int]) -> None:
         parent = -1
         for tok in continuation:
-            found = next((i for i, (t, p) in enumerate(zip(self.tokens, self.parents))
-                          if t == tok and p == parent), None)
+            found = self._nodes.get((parent, tok))
             if found is None:
                 self.tokens.append(tok)
                 self.parents.append(parent)
-                found = len(self.tokens) - 1
+                found = self._nodes[(parent, tok)] = len(self.tokens) - 1
             parent = found
 
     def tree(self, device) -> DraftTree:

@@ -115,7 +115,7 @@ def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
     ({"name": "ngram", "k": 0}, "k and branches must be >= 1"),
     ({"name": "no_such_drafter"}, r"unknown drafter 'no_such_drafter'; available drafters: \['cascade', "
                                   r"'cross_tokenizer', 'draft_model', 'eagle', 'medusa', 'mtp', 'ngram', 'none', "
-                                  r"'retrieval', 'suffix'\]"),
+                                  r"'recycling', 'retrieval', 'suffix'\]"),
 ])
 def test_bad_drafter_settings_name_the_problem(llama, drafter, message):
     with pytest.raises(ValueError, match=message):

@@ -41,6 +41,7 @@ def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
         "ngram": {"name": "ngram", "k": 3, "min_ngram": 1},
         # Without a cache: its trees depend on the row alone (compared with lone runs' below).
         "suffix": {"name": "suffix", "min_match": 1, "max_spec_factor": 3.0, "max_cached_requests": 0},
+        "recycling": {"name": "recycling", "tree_budget": 8},
         "draft_model": {"name": "draft_model", "path": str(close_draft), "k": 4},
         "draft_model_tree": {"name": "draft_model", "path": str(close_draft), "k": 3, "top_k": 2, "total_tokens": 6},
         "medusa": {"name": "medusa", "path": str(fresh_heads / "medusa")},
@@ -103,7 +104,7 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
     return tokens, reasons, stats
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft_model", "draft_model_tree", "medusa", "eagle",
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "recycling", "draft_model", "draft_model_tree", "medusa", "eagle",
                                   "eagle3", "mtp", "cascade", "draft_model_adaptive", "cross_tokenizer"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
 def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
@@ -122,13 +123,14 @@ def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft,
         assert tokens[i] == out.token_ids[0], f"{name}: prompt {i}"
         assert reasons[i] == out.stats.finish_reasons[0], f"{name}: prompt {i}"
     assert stats.finish_reasons == [reasons[i] for i in STARTING + [i for r in sorted(JOINS) for i in JOINS[r]]]
-    if name != "draft_model_adaptive":  # adaptive's depths depend on the batch it drafts for
-        # Every context the joined run drafted at, it drafted the tree the lone run drafted there.
+    if name not in ("draft_model_adaptive", "recycling"):  # adaptive's depths depend on the batch it drafts
+        # for, and recycling's matrix on what the other rows taught it. Every context the joined
+        # run drafted at, it drafted the tree the lone run drafted there.
         assert together_trees and set(together_trees) <= set(alone_trees)
         assert {c: alone_trees[c] for c in together_trees} == together_trees, name
         if name.startswith("draft_model"):
             assert stats.tau > 1.5, stats.tau  # drafts were accepted: joined rows' caches did move
-    else:  # its per-row budgets follow the engine's rows: tokens counted where they were emitted
+    elif name == "draft_model_adaptive":  # its per-row budgets follow the engine's rows: tokens counted where emitted
         engine_order = STARTING + [i for r in sorted(JOINS) for i in JOINS[r]]
         assert decoder.engine.drafter.row_tokens == [len(tokens[i]) for i in engine_order]
 

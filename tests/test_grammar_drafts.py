@@ -19,7 +19,7 @@ from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixtu
 from test_structured_output import GRAMMARS, NEW, PROMPTS, allowed_after, reference_outputs
 from tiny_models import target_device
 
-HELD = ["ngram", "suffix", "draft_model", "draft_model_tree", "draft_model_vocab", "eagle3", "mtp", "medusa", "cascade",
+HELD = ["ngram", "suffix", "recycling", "draft_model", "draft_model_tree", "draft_model_vocab", "eagle3", "mtp", "medusa", "cascade",
         "draft_model_adaptive"]
 
 
@@ -124,6 +124,7 @@ def test_drafts_stay_within_each_rows_grammar(name, temperature, tiny_models, cl
     results = {}
     for within in (True, False):
         decoder.engine.draft_within_grammar = within
+        decoder.drafter.forget_outputs()  # each run drafts from what it learns itself (recycling)
         seen = record_with_q(decoder)
         out = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=specs, temperature=temperature,
                                seed=3)
@@ -258,10 +259,11 @@ def test_draft_grammar_allows_what_a_fresh_matcher_allows(tokenizer):
 
 
 @pytest.mark.parametrize("drafter", [{"name": "ngram", "k": 4, "min_ngram": 1},
-                                     {"name": "suffix", "min_match": 1, "max_cached_requests": 0}],
-                         ids=["ngram", "suffix"])
+                                     {"name": "suffix", "min_match": 1, "max_cached_requests": 0},
+                                     {"name": "recycling"}],
+                         ids=["ngram", "suffix", "recycling"])
 def test_copying_drafters_draft_what_the_grammar_forces(tiny_models, tokenizer, monkeypatch, drafter):
-    """Under a JSON schema with fixed keys, `ngram` and `suffix` draft the tokens the grammar forces
+    """Under a JSON schema with fixed keys, `ngram`, `suffix` and `recycling` draft the tokens the grammar forces
     next (llguidance's fast-forward tokens) as a branch of their tree: each round's tree holds
     them, the output is unchanged, and more drafts are accepted than without them."""
     from draftsman.verifier.grammar import DraftGrammar
@@ -291,6 +293,7 @@ def test_copying_drafters_draft_what_the_grammar_forces(tiny_models, tokenizer, 
                 assert chain, (context, forced, tokens)
     assert rounds_forced >= 4, rounds_forced
     monkeypatch.setattr(DraftGrammar, "forced", lambda self, row: [])
+    decoder.drafter.forget_outputs()  # recycling: from what this run learns alone, as the first
     without = decoder.generate(input_ids=ids, max_new_tokens=NEW, structured_output=spec)
     assert out.token_ids == without.token_ids
     assert out.stats.tau > without.stats.tau, (out.stats.tau, without.stats.tau)

@@ -43,6 +43,8 @@ def drafter_configs(arch, tiny_models, close_drafts):
         "ngram_tree": {"name": "ngram", "k": 3, "branches": 3, "min_ngram": 1, "max_ngram": 2},
         # Its batched run drafts from the cache of the one-by-one run's outputs (long paths accepted).
         "suffix": {"name": "suffix", "min_token_prob": 0.0},
+        # Its matrix outlives each call: the batched run drafts from what the one-by-one run taught it.
+        "recycling": {"name": "recycling", "tree_budget": 12},
         "draft_model": {"name": "draft_model", "path": str(tiny_models[arch][1]), "k": 3},
         "draft_model_close": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5},
         # Rows stop drafting at different depths (ragged chains, early exit when all stopped).
@@ -78,6 +80,7 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
     assert taus["draft_model_int8"] > 2.0, taus  # int8 drafts still mostly agree with the target
     assert taus["none"] == 1.0
     assert taus["suffix"] > 4.0, taus  # the batched run drafted from the cache
+    assert taus["recycling"] > 1.05, taus  # drafts from the matrix were accepted (random tiny models: few)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -158,7 +161,7 @@ def test_greedy_with_min_new_tokens_equals_target_generate(arch, tiny_models, cl
     for min_new in (6, 12):
         expected = [hf(p, eos, min_new_tokens=min_new) for p in prompts]
         assert all(len(row) >= min_new for row in expected)
-        for name in ("none", "ngram_tree", "suffix", "draft_model_close", "draft_model_tree"):
+        for name in ("none", "ngram_tree", "suffix", "recycling", "draft_model_close", "draft_model_tree"):
             dec = draftsman.load({"target": {"path": str(tiny_models[arch][0])}, "drafter": configs[name],
                                   "generation": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": min_new}})
             dec.engine.eos_token_ids = {eos}

@@ -79,7 +79,7 @@ def test_copied_continuations_end_before_a_banned_token():
     assert bans.cut(0, [4, 5, 4, 5]) == [4, 5, 4]  # (4, 5) is on the path
 
 
-@pytest.mark.parametrize("name", ["ngram", "retrieval", "suffix"])
+@pytest.mark.parametrize("name", ["ngram", "retrieval", "suffix", "recycling"])
 def test_copying_drafters_end_each_rows_continuations_before_its_own_path_bans(name):
     """After "5 6" the prompt continues "7 8 5": a row banning 4-grams ends it after 7 ((5, 6, 7,
     8) is in the prompt), a row banning the word (7, 8) too; a row without bans copies it whole."""
@@ -151,8 +151,8 @@ def reordered_draft(close_draft, tmp_path_factory):  # noqa: F811
     return folder
 
 
-@pytest.mark.parametrize("name", ["ngram", "suffix", "draft_model", "draft_model_tree", "draft_model_vocab", "eagle3",
-                                  "mtp", "medusa"])
+@pytest.mark.parametrize("name", ["ngram", "suffix", "recycling", "draft_model", "draft_model_tree",
+                                  "draft_model_vocab", "eagle3", "mtp", "medusa"])
 def test_no_draft_is_banned_by_its_own_path(tiny_models, fresh_heads, close_draft, reordered_draft,  # noqa: F811
                                             name):
     """Every node every drafter proposes, under each row's own ban: its token is not one the

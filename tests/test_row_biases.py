@@ -3,6 +3,7 @@ stream_batch's joining rows, serve's requests). A bias depends on no context, so
 added to its own logits only (verifier/sampling.py's RowBiases) and each row generates what it
 generates alone; drafters bias each row's drafts by its own (drafters/draft_bias.py)."""
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -133,7 +134,7 @@ def test_draft_biases_per_row_equal_each_row_alone():
     assert torch.equal(context.biased(shared, two, None), DraftBias(((2, 1.0),), 12, None, "cpu").apply(two))
 
 
-@pytest.mark.parametrize("name", ["ngram", "retrieval", "suffix"])
+@pytest.mark.parametrize("name", ["ngram", "retrieval", "suffix", "recycling"])
 def test_copying_drafters_end_each_rows_continuations_before_its_own_bans(name):
     """PathBans(everywhere=True): each row's banned tokens (bias -100, not a milder one); `ngram` and `retrieval`
     drafts never hold a row's own banned token, and still draft it for the row that does not ban it."""
@@ -150,9 +151,10 @@ COPIED_PROMPT = [5, 6, 7, 8, 5, 6]  # after "5 6" the prompt continues "7 8"
 
 
 def copying_drafts(name: str, rows: RowSampling) -> list:
-    """The first trees `ngram` or `retrieval` (its datastore holding the prompt's text) drafts for
-    COPIED_PROMPT in each row of `rows`."""
+    """The first trees `ngram`, `suffix`, `recycling` or `retrieval` (its datastore holding the
+    prompt's text) drafts for COPIED_PROMPT in each row of `rows`."""
     from draftsman.drafters.ngram import NgramDrafter
+    from draftsman.drafters.recycling import RecyclingDrafter
     from draftsman.drafters.retrieval import RetrievalDrafter
     from draftsman.drafters.suffix import SuffixDrafter
     from test_retrieval import store
@@ -161,6 +163,8 @@ def copying_drafts(name: str, rows: RowSampling) -> list:
         drafter = NgramDrafter(NgramDrafter.Options(k=3, min_ngram=1))
     elif name == "suffix":
         drafter = SuffixDrafter(SuffixDrafter.Options(min_match=1, max_spec_factor=3.0))
+    elif name == "recycling":  # its first tree is the prompt's seed: each token's follower in it
+        drafter = RecyclingDrafter(RecyclingDrafter.Options(), SimpleNamespace(device="cpu", vocab_size=16))
     else:
         drafter = object.__new__(RetrievalDrafter)
         drafter.options = RetrievalDrafter.Options(path="datastore", k=3, min_ngram=1, max_ngram=3)

@@ -298,7 +298,7 @@ class SpeculativeEngine:
 
                 # 3. One target pass over every row's root + tree, then accept/reject.
                 roots = torch.tensor([contexts[r][-1] for r in active], dtype=torch.long)
-                verdict, hidden, block_tokens, logprob_logits = self._verify(
+                verdict, hidden, block_tokens, logprob_logits, target_top = self._verify(
                     roots, trees, round_sampling, coin, [contexts[r] for r in active], [outputs[r] for r in active],
                     active)
                 accepted = verdict.accepted.tolist()
@@ -338,7 +338,7 @@ class SpeculativeEngine:
                         still.append(i)
                 self.target.accept(keep_slots)
                 feedback = RoundFeedback(paths, emitted_rows, self._kept_hidden(hidden, keep_slots),
-                                         verify_seconds=t2 - t1, block_tokens=block_tokens)
+                                         verify_seconds=t2 - t1, block_tokens=block_tokens, target_top=target_top)
                 self.drafter.observe(feedback)
                 stats.rounds += 1
                 stats.row_rounds += len(active)
@@ -595,7 +595,15 @@ class SpeculativeEngine:
                                          sampling.lossy_typical_acceptance)
             else:
                 verdict = verify_sampled(processed_probs(logits, sampling), drafts, coin)
-        return verdict, hidden, block.tokens.shape[1], for_logprobs
+        top = self._top_tokens(logits, block, trees) if self.drafter.needs.top_tokens else []
+        return verdict, hidden, block.tokens.shape[1], for_logprobs, top
+
+    def _top_tokens(self, logits: torch.Tensor, block: TreeBlock, trees: list[DraftTree]):
+        """RoundFeedback.target_top: per row, the block's tokens (root, then the tree's nodes)
+        and the target's most likely next tokens after each. One topk for the whole batch."""
+        k = min(self.drafter.needs.top_tokens, logits.shape[-1])
+        top = logits.topk(k, dim=-1).indices
+        return [(block.tokens[i, : tree.size + 1], top[i, : tree.size + 1]) for i, tree in enumerate(trees)]
 
     def _target_pass(self, block: TreeBlock, layers, contexts: list[list[int]], outputs: list[list[int]],
                      rows: list[int]):
