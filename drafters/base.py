@@ -119,11 +119,13 @@ class RoundFeedback:
                      nodes in order, if the drafter asked for any; else empty
     verify_seconds   wall time of this round's target pass and accept/reject (for cost models)
     block_tokens     tokens per row in that target pass (root + the widest tree)
-    target_top       if the drafter asked for `needs.top_tokens` = k: per row, (tokens, top) with
-                     tokens (n,) the root and this round's tree's nodes in the order the verifier
-                     saw them (root first; trees as the engine clipped them) and top (n, k) the
-                     target's k most likely next tokens after each, best first, from the logits
-                     it chose from (bias, penalties, bans and grammar applied); else empty
+    target_top       if the drafter asked for `needs.top_tokens` = k: per row, (tokens, top, probs)
+                     with tokens (n,) the root and this round's tree's nodes in the order the
+                     verifier saw them (root first; trees as the engine clipped them), top (n, k)
+                     the target's k most likely next tokens after each, best first, from the
+                     logits it chose from (bias, penalties, bans and grammar applied), and probs
+                     (n, k) float32 their probabilities under those logits at temperature 1; else
+                     empty
     """
 
     accepted_nodes: list[list[int]]
@@ -131,7 +133,7 @@ class RoundFeedback:
     target_hidden: list[dict[int, torch.Tensor]] = field(default_factory=list)
     verify_seconds: float = 0.0
     block_tokens: int = 1
-    target_top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    target_top: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class Drafter:

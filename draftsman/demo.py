@@ -1,8 +1,9 @@
 """`draftsman demo` (`make demo`): real speculative decoding on the bundled models, offline.
 
-Plain decoding (`none`), prompt lookup (`ngram`), the bundled draft model (`draft_model`) and the
-bundled heads (`medusa`, `eagle`, `eagle3`, `mtp`) run side by side on held-out Python prompts, interleaved prompt by prompt so machine noise hits them
-alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
+Plain decoding (`none`), the drafters that need no training (`ngram`: prompt lookup; `recycling`:
+the target's own earlier candidates), the bundled draft model (`draft_model`) and the bundled heads
+(`medusa`, `eagle`, `eagle3`, `mtp`) run side by side on held-out Python prompts, interleaved
+prompt by prompt so machine noise hits them alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
 acceptance, and checks that at temperature 0 every drafter's output equals plain decoding's.
 `draftsman compare` is the full version: categories, temperatures, peers, batch sweep, plots.
 """
@@ -20,7 +21,7 @@ from .prompts import heldout_prompts
 
 
 def demo_drafters(device: str | torch.device = "cpu") -> dict[str, dict]:
-    """By label: `none`, `ngram` and every bundled drafter, as `draftsman compare` sets them up by
+    """By label: `none`, `ngram`, `recycling` and every bundled drafter, as `draftsman compare` sets them up by
     default (draftsman/bench/config.py BUNDLED_DRAFTERS) for a target on `device`."""
     return {d.get("label", d["name"]): {k: v for k, v in d.items() if k != "label"}
             for d in default_drafters(device)}

@@ -132,7 +132,7 @@ def test_drafts_stay_within_each_rows_grammar(name, temperature, tiny_models, cl
         results[within] = grammar_checks(seen, ids, specs, tokenizer, vocab(decoder), ends, draftable), out
     (held, forbidden, q_leaks), out = results[True]
     (free_held, free_forbidden, _), free_out = results[False]
-    assert held >= (3 if name in ("ngram", "suffix") else 8), held  # enough drafts to check
+    assert held >= (3 if name in ("ngram", "suffix", "recycling") else 8), held  # enough drafts to check
     assert forbidden == 0 and q_leaks == 0, (forbidden, q_leaks, held)
     assert free_forbidden > 0, (free_forbidden, free_held)  # drafted free, the same drafter breaks the grammar
     if temperature == 0.0:

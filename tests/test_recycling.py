@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import draftsman
-from draftsman.drafters import RoundFeedback
+from draftsman.drafters import IID, RoundFeedback
 from draftsman.drafters.recycling import RecyclingDrafter
+from draftsman.drafters.recycling_trees import sampled_chain
 from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import ALPHA, exact_marginals, fit_pvalue
@@ -44,14 +45,14 @@ def test_the_tree_reads_each_rank_from_the_matrix_and_skips_unseen_tokens():
         template = {p[:i] for p in ranks for i in range(1, len(p) + 1)}  # each path's parents too
         d = recycling(top_k=top_k, tree=[list(p) for p in template])
         for token in rng.sample(range(VOCAB), rng.randint(0, VOCAB)):
-            d.matrix[token] = torch.tensor(rng.sample(range(VOCAB), top_k), dtype=torch.int32)
+            d.matrix.ids[token] = torch.tensor(rng.sample(range(VOCAB), top_k), dtype=torch.int32)
         root = rng.randrange(VOCAB)
         tree = d.propose([[3, root]])[0]
         expected = set()
         for path in template:
             tokens, last = [], root
             for rank in path:
-                last = int(d.matrix[last, rank])
+                last = int(d.matrix.ids[last, rank])
                 if last < 0:
                     break
                 tokens.append(last)
@@ -69,18 +70,22 @@ def test_a_token_seen_twice_keeps_the_candidates_of_the_text_the_row_continues()
     d = recycling(top_k=2)
     block = torch.tensor([5, 7, 5, 9])  # root, then nodes 0..2: 7 and 5 under the root, 9 under 7
     top = torch.tensor([[1, 2], [3, 4], [10, 11], [12, 13]])
-    d.observe(RoundFeedback([[0, 2]], [[7, 9, 6]], target_top=[(block, top)]))
-    assert d.matrix[5].tolist() == [1, 2] and d.matrix[7].tolist() == [3, 4] and d.matrix[9].tolist() == [12, 13]
+    d.observe(RoundFeedback([[0, 2]], [[7, 9, 6]], target_top=[(block, top, top.float())]))
+    assert d.matrix.ids[5].tolist() == [1, 2] and d.matrix.ids[7].tolist() == [3, 4]
+    assert d.matrix.ids[9].tolist() == [12, 13]
     d.observe(RoundFeedback([[], [], []], [[6], [2], [3]], target_top=[
-        (torch.tensor([7, 5]), torch.tensor([[14, 15], [16, 17]])),
-        (torch.tensor([2, 7]), torch.tensor([[18, 19], [20, 21]])),
-        (torch.tensor([2]), torch.tensor([[22, 23]]))]))
-    assert d.matrix[7].tolist() == [14, 15] and d.matrix[5].tolist() == [16, 17] and d.matrix[2].tolist() == [22, 23]
+        (torch.tensor([7, 5]), torch.tensor([[14, 15], [16, 17]]), torch.rand(2, 2)),
+        (torch.tensor([2, 7]), torch.tensor([[18, 19], [20, 21]]), torch.rand(2, 2)),
+        (torch.tensor([2]), torch.tensor([[22, 23]]), torch.tensor([[0.5, 0.25]]))]))
+    assert d.matrix.ids[7].tolist() == [14, 15] and d.matrix.ids[5].tolist() == [16, 17]
+    assert d.matrix.ids[2].tolist() == [22, 23]
+    assert d.matrix.probs[2].tolist() == [0.5, 0.25]  # the probabilities travel with their candidates
 
 
 def test_the_matrix_holds_the_targets_top_candidates_after_every_verified_token(tiny_models):
     """Each slot of each round's block (root, kept and rejected drafts) comes back with the
-    target's top_k next tokens after its own context, checked against a full forward of it."""
+    target's top_k next tokens after its own context and their probabilities, checked against a
+    full forward of it."""
     target = tiny_models["llama"][0]
     dec = draftsman.load({"target": {"path": str(target)},
                           "drafter": {"name": "recycling", "top_k": 3, "tree_budget": 6}})
@@ -100,7 +105,7 @@ def test_the_matrix_holds_the_targets_top_candidates_after_every_verified_token(
     model = load_for_reference(target)
     checked = 0
     for contexts, trees, feedback in rounds:
-        for context, tree, (slot_tokens, slot_top) in zip(contexts, trees, feedback.target_top):
+        for context, tree, (slot_tokens, slot_top, slot_probs) in zip(contexts, trees, feedback.target_top):
             paths: list[list[int]] = []
             for token, parent in zip(tree.tokens.tolist(), tree.parents.tolist()):
                 paths.append((paths[parent] if parent >= 0 else []) + [token])
@@ -110,6 +115,7 @@ def test_the_matrix_holds_the_targets_top_candidates_after_every_verified_token(
                     logits = model(torch.tensor([context + path])).logits[0, -1]
                 # By value, not id: a tie may order two ids either way.
                 assert torch.allclose(logits[slot_top[slot]], logits.topk(3).values, atol=1e-4), (context, path)
+                assert torch.allclose(slot_probs[slot], logits.softmax(-1)[slot_top[slot]], atol=1e-5), (context, path)
                 checked += 1
     assert checked > 30 and any(t.size for _, ts, _ in rounds for t in ts), checked  # drafts were verified too
 
@@ -145,27 +151,28 @@ def test_the_prompt_seeds_tokens_the_target_has_not_ranked(tiny_models):
     d.begin([[3, 4, 5, 3, 6, 3]], SamplingParams(0.0), torch.Generator())
     tree = d.propose([[3, 4, 5, 3, 6, 3]])[0]
     assert paths_of(tree) == {(6,), (6, 3), (6, 3, 6)}  # 3 -> 6 (its last follower), 6 -> 3; no rank 1
-    d.matrix[6] = torch.tensor([8, 9], dtype=torch.int32)  # the target ranked 6
+    d.matrix.ids[6] = torch.tensor([8, 9], dtype=torch.int32)  # the target ranked 6
     d.begin([[6, 1, 3, 2]], SamplingParams(0.0), torch.Generator())
-    assert d.matrix[6].tolist() == [8, 9] and d.matrix[1].tolist() == [3, -1]
-    assert d.matrix[3].tolist() == [6, -1]  # seeded before, still unranked: the first seed stays
+    assert d.matrix.ids[6].tolist() == [8, 9] and d.matrix.ids[1].tolist() == [3, -1]
+    assert d.matrix.ids[3].tolist() == [6, -1]  # seeded before, still unranked: the first seed stays
 
 
 def test_report_counts_how_often_each_rank_is_accepted_below_an_accepted_parent():
     d = recycling(top_k=2, tree=[[0], [1], [0, 0], [0, 1], [1, 0]])
-    d.matrix[1] = torch.tensor([2, 3], dtype=torch.int32)
-    d.matrix[2] = torch.tensor([4, 5], dtype=torch.int32)
-    d.matrix[3] = torch.tensor([6, 7], dtype=torch.int32)
+    d.matrix.ids[1] = torch.tensor([2, 3], dtype=torch.int32)
+    d.matrix.ids[2] = torch.tensor([4, 5], dtype=torch.int32)
+    d.matrix.ids[3] = torch.tensor([6, 7], dtype=torch.int32)
     tree = d.propose([[1]])[0]
     assert tree.tokens.tolist() == [2, 3, 4, 5, 6]
     d.observe(RoundFeedback([[0, 3]], [[2, 5, 9]], target_top=[(torch.tensor([1, 2, 3, 4, 5, 6]),
-                                                                   torch.zeros(6, 2, dtype=torch.long))]))
+                                                                   torch.zeros(6, 2, dtype=torch.long),
+                                                                   torch.zeros(6, 2))]))
     report = d.report()
     # Depth 1: both ranks tried, rank 0 right; depth 2: only below the accepted node 2, rank 1 right.
     assert report["rank_trials"] == [[1, 1], [1, 1]]
     assert report["rank_accuracy"] == [[1.0, 0.0], [0.0, 1.0]]
     rebuilt = recycling(top_k=2, tree_budget=3, rank_accuracy=[[1.0, None], [0.0, 1.0]])  # None: never tried
-    assert {(0,), (0, 1)} <= set(rebuilt.paths) and len(rebuilt.paths) == 3, rebuilt.paths
+    assert {(0,), (0, 1)} <= set(rebuilt.template.paths) and len(rebuilt.template.paths) == 3, rebuilt.template.paths
 
 
 def test_bad_options_are_named():
@@ -179,13 +186,16 @@ def test_bad_options_are_named():
         draftsman.drafters.build_drafter({"name": "recycling", "k": 4}, None)
 
 
-def test_sampling_with_a_warm_matrix_follows_the_target(tiny_models):
+@pytest.mark.parametrize("sampled_depth", [4, 0], ids=["sampled-chain", "tree"])
+def test_sampling_with_a_warm_matrix_follows_the_target(tiny_models, sampled_depth):
     """T=0.5 (the tiny target is near uniform at T=1, where its top candidates are rarely drawn):
-    a first call ranks the prompt's last token; in the second, 6000 rows draft from it, drafts are accepted and
-    rejected, and the first two tokens still follow the target's exact marginals."""
+    a first call ranks the prompt's last token; in the second, 6000 rows draft from the matrix
+    (chains drawn from its probabilities, or the greedy tree), drafts are accepted and rejected,
+    and the first two tokens still follow the target's exact marginals."""
     target = tiny_models["llama"][0]
     prompt, rows = [1, 2, 3, 4, 5, 1, 2, 3], 6000
-    dec = draftsman.load({"target": {"path": str(target)}, "drafter": {"name": "recycling", "tree_budget": 8}})
+    dec = draftsman.load({"target": {"path": str(target)},
+                          "drafter": {"name": "recycling", "tree_budget": 8, "sampled_depth": sampled_depth}})
     dec.generate(input_ids=[prompt], max_new_tokens=1, temperature=0.5, seed=1)  # ranks the root, in this context
     out = dec.generate(input_ids=[prompt] * rows, max_new_tokens=2, temperature=0.5, seed=2)
     accepted = sum(sum(r) for r in out.stats.accepted_per_round)
@@ -194,6 +204,31 @@ def test_sampling_with_a_warm_matrix_follows_the_target(tiny_models):
     tokens = torch.tensor([t[:2] for t in out.token_ids if len(t) >= 2])
     assert fit_pvalue(torch.tensor([t[0] for t in out.token_ids]), p1) > ALPHA
     assert fit_pvalue(tokens[:, 1], p2) > ALPHA
+
+
+def test_a_sampled_chain_is_drawn_from_the_q_it_carries():
+    """A sampled row's chain: each step's q is the recorded probabilities of the candidates of
+    the token above, ** (1 / T) and normalised, with a candidate the row may not draft left out;
+    20000 first draws follow that q (chi-square); the chain ends where the matrix knows nothing."""
+    d = recycling(top_k=3, sampled_depth=3)
+    d.matrix.ids[4] = torch.tensor([7, 8, 9], dtype=torch.int32)
+    d.matrix.probs[4] = torch.tensor([0.5, 0.3, 0.1])
+    d.matrix.ids[7] = torch.tensor([4, 5, -1], dtype=torch.int32)
+    d.matrix.probs[7] = torch.tensor([0.6, 0.2, 0.0])
+    chain = sampled_chain(d.matrix, 4, 3, 0.5, torch.Generator().manual_seed(0))
+    expected = torch.zeros(VOCAB)
+    expected[[7, 8, 9]] = torch.tensor([0.25, 0.09, 0.01]) / 0.35  # p ** 2, normalised
+    assert torch.allclose(chain.draft_probs[0], expected, atol=1e-6)
+    assert chain.kinds.tolist() == [IID] * chain.size and chain.parents.tolist() == list(range(-1, chain.size - 1))
+    banned = sampled_chain(d.matrix, 4, 1, 1.0, torch.Generator(), allowed=lambda path: path[-1] != 7)
+    assert banned.tokens.tolist() != [7] and banned.draft_probs[0, 7] == 0
+    assert torch.allclose(banned.draft_probs[0, [8, 9]], torch.tensor([0.75, 0.25]))
+    generator = torch.Generator().manual_seed(1)
+    firsts = torch.tensor([sampled_chain(d.matrix, 4, 1, 0.5, generator).tokens[0] for _ in range(20000)])
+    assert fit_pvalue(firsts, expected.double()) > ALPHA
+    d.matrix.ids[8] = -1
+    lengths = {sampled_chain(d.matrix, 4, 3, 1.0, generator).size for _ in range(200)}
+    assert 1 in lengths and 3 in lengths  # below 8 nothing is known; below 7 -> 4 -> ... it goes on
 
 
 def test_benchmarks_time_each_call_with_a_fresh_matrix(tiny_models):
@@ -240,8 +275,8 @@ def test_drafts_never_hold_an_eos_the_row_may_not_emit_yet(tiny_models):
             return trees
 
         dec.engine.drafter.propose = recording
-        dec.drafter.matrix.fill_(-1)
-        dec.drafter.matrix[:, 0] = eos  # every token's best candidate, until the target ranks it
+        dec.drafter.matrix.ids.fill_(-1)
+        dec.drafter.matrix.ids[:, 0] = eos  # every token's best candidate, until the target ranks it
         out = dec.generate(input_ids=prompts, max_new_tokens=24, min_new_tokens=minimum, temperature=0.0)
         assert all(len(t) >= minimum for t in out.token_ids)
     assert early[16] == 0 and early[0] > 0, early

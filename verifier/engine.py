@@ -599,11 +599,14 @@ class SpeculativeEngine:
         return verdict, hidden, block.tokens.shape[1], for_logprobs, top
 
     def _top_tokens(self, logits: torch.Tensor, block: TreeBlock, trees: list[DraftTree]):
-        """RoundFeedback.target_top: per row, the block's tokens (root, then the tree's nodes)
-        and the target's most likely next tokens after each. One topk for the whole batch."""
+        """RoundFeedback.target_top: per row, the block's tokens (root, then the tree's nodes),
+        the target's most likely next tokens after each and their probabilities (softmax of the
+        logits, at temperature 1). One topk for the whole batch."""
         k = min(self.drafter.needs.top_tokens, logits.shape[-1])
-        top = logits.topk(k, dim=-1).indices
-        return [(block.tokens[i, : tree.size + 1], top[i, : tree.size + 1]) for i, tree in enumerate(trees)]
+        values, top = logits.float().topk(k, dim=-1)
+        probs = (values - logits.float().logsumexp(-1, keepdim=True)).exp().nan_to_num(0.0)  # a row all -inf: 0
+        n = [tree.size + 1 for tree in trees]
+        return [(block.tokens[i, :m], top[i, :m], probs[i, :m]) for i, m in enumerate(n)]
 
     def _target_pass(self, block: TreeBlock, layers, contexts: list[list[int]], outputs: list[list[int]],
                      rows: list[int]):

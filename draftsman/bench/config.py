@@ -66,14 +66,14 @@ INT8_EAGLE3_TREE = {"depth": 6, "total_tokens": 20, "sampled_depth": 5, "min_con
 
 
 def default_drafters(device: str | torch.device = "auto") -> list[dict]:
-    """`none`, `ngram`, and every drafter whose checkpoint is bundled in zoo/, as set up for a
-    target on `device`."""
+    """`none`, the drafters that need no checkpoint (`ngram`, `recycling`), and every drafter whose
+    checkpoint is bundled in zoo/, as set up for a target on `device`."""
     from .. import zoo
     from ..drafters import registry
     from ..drafters.int8_linear import int8_runs_on
 
     int8 = int8_runs_on(resolve_device(device))
-    out = [{"name": "none"}, {"name": "ngram"}]
+    out = [{"name": "none"}, {"name": "ngram"}, {"name": "recycling"}]
     for name, folder, options in BUNDLED_DRAFTERS:
         path = zoo.zoo_dir() / folder
         if name in registry.available() and (path / "config.json").is_file():
