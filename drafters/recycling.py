@@ -85,7 +85,12 @@ class RecyclingDrafter(Drafter):
         self._reset_counts()
 
     def max_depth(self) -> int:
-        return max(self.template.depths[-1], self.options.sampled_depth)
+        """The round's deepest draft: a sampled round's chain, else the greedy tree (adaptive
+        speculation bets on depths up to this; a sampled round never drafts deeper)."""
+        sampled = self.sampling is not None and not self.shape_sampling().greedy
+        if sampled and self.options.sampled_depth:
+            return self.options.sampled_depth
+        return self.template.depths[-1]
 
     def forget_outputs(self):
         self.matrix.forget()

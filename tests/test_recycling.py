@@ -175,6 +175,20 @@ def test_report_counts_how_often_each_rank_is_accepted_below_an_accepted_parent(
     assert {(0,), (0, 1)} <= set(rebuilt.template.paths) and len(rebuilt.template.paths) == 3, rebuilt.template.paths
 
 
+def test_a_sampled_round_drafts_no_deeper_than_its_chain():
+    """max_depth() is the round's: sampled_depth for a sampled request (adaptive speculation bets
+    on depths up to it), the greedy tree's depth otherwise."""
+    d = recycling(top_k=2, tree=[[0], [0, 0], [0, 0, 0]], sampled_depth=2)
+    assert d.max_depth() == 3
+    d.begin([[1, 2]], SamplingParams(1.0), torch.Generator())
+    assert d.max_depth() == 2
+    d.matrix.ids[:, 0] = torch.arange(VOCAB, dtype=torch.int32).roll(-1)  # token t -> t + 1
+    d.matrix.probs[:, 0] = 0.9
+    assert d.propose([[1, 2]])[0].tokens.tolist() == [3, 4]
+    d.begin([[1, 2]], SamplingParams(0.0), torch.Generator())
+    assert d.max_depth() == 3 and d.propose([[1, 2]])[0].tokens.tolist() == [3, 4, 5]
+
+
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match=r"ranks in \[0, top_k=2\)"):
         recycling(top_k=2, tree=[[0], [0, 2]])
