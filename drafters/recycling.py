@@ -7,8 +7,7 @@ A matrix keeps, for each token id, the target's `top_k` most likely next tokens 
 verified that token, with their probabilities (the engine hands them back: TargetNeeds.top_tokens;
 drafters/recycling_trees.py). Tokens the target has not seen yet have no candidates, so nothing
 is drafted below them. The matrix is shared by the rows of a batch and outlives a generate call
-(the paper's hot start): what one request taught about a token helps the next. Every node is
-deterministic, so the shared verifier keeps the output exact at any temperature.
+(the paper's hot start): what one request taught about a token helps the next.
 
 Greedy rows draft the paper's tree: a fixed template of candidate ranks below the root (path
 (0, 1) is the root's best candidate, then that token's second best), from `tree` or from a table
@@ -19,6 +18,8 @@ tokens drawn from the recorded probabilities and carries the distributions it dr
 verifier accepts each with min(1, p / q) (drafters/recycling_trees.py).
 Also not in the paper: a token the target has not ranked yet takes the token that follows it in
 the prompt as its one candidate (`seed_from_prompt`), so a cold start drafts from its first round.
+Greedy nodes are fixed tokens and sampled ones carry their q, so the shared verifier keeps the
+output exact at any temperature.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
+from .chain_draws import greedy_rows
 from .medusa import tree_from_accuracies
 from .ngram import draftable
 from .path_bans import PathBans
-from .chain_draws import greedy_rows
 from .recycling_trees import CandidateMatrix, Proposal, StaticTemplate, sampled_chain
 from .registry import register
 
@@ -143,12 +145,13 @@ class RecyclingDrafter(Drafter):
     @torch.no_grad()
     def propose(self, contexts):
         minimums = self.min_new_tokens_per_row(len(contexts))
-        path_bans = self.path_bans.round(self.draft_sampling(), contexts, self.grammar)
+        sampling = self.draft_sampling()
+        path_bans = self.path_bans.round(sampling, contexts, self.grammar)
         limit = self.depth_limit if self.depth_limit is not None else self.max_depth()
         n = self.template.nodes_within(limit)
-        read = self.template.read(self.matrix, torch.tensor([c[-1] for c in contexts], device=self.device), n)
-        sampling = self.draft_sampling()
         greedy = greedy_rows(sampling, len(contexts))
+        if any(greedy) or not self.options.sampled_depth:  # the template for every row at once
+            read = self.template.read(self.matrix, torch.tensor([c[-1] for c in contexts], device=self.device), n)
         trees = []
         for b, ctx in enumerate(contexts):
             banned_depths = minimums[b] - (len(ctx) - self.prompt_lengths[b])
@@ -158,7 +161,7 @@ class RecyclingDrafter(Drafter):
                     return len(draftable(path, banned_depths, self.eos_token_ids, path_bans, b)) == len(path)
             self.proposed[b] = None
             if not greedy[b] and self.options.sampled_depth:
-                temperature = (sampling.rows[b] if hasattr(sampling, "rows") else sampling).temperature
+                temperature = (sampling.rows[b] if isinstance(sampling, RowSampling) else sampling).temperature
                 trees.append(sampled_chain(self.matrix, ctx[-1], min(limit, self.options.sampled_depth), temperature,
                                            self.generator, allowed))
                 continue

@@ -23,10 +23,6 @@ from .base import DETERMINISTIC, IID, DraftTree
 from .medusa import _sorted_tree
 from .ngram import _Trie
 
-# The confidence a prompt seed gets (a token the target has not ranked, its follower in the prompt
-# as its one candidate): a seed is right less often than the target's own best candidate.
-SEED_PROBABILITY = 0.3
-
 
 @dataclass
 class Proposal:
@@ -66,8 +62,8 @@ class CandidateMatrix:
         tokens, following = tokens[unseen], following[unseen]
         if tokens.numel():
             tokens, last = _last_of(tokens)
+            # No probability: a seed is a chain's only candidate (q one-hot) and the tree reads ranks.
             self.ids[tokens, 0] = following[last].to(torch.int32)
-            self.probs[tokens, 0] = SEED_PROBABILITY
 
     def candidates(self, token: int) -> list[tuple[int, float]]:
         """(candidate, probability) of a token, best first; [] for a token never ranked."""

@@ -603,8 +603,9 @@ class SpeculativeEngine:
         the target's most likely next tokens after each and their probabilities (softmax of the
         logits, at temperature 1). One topk for the whole batch."""
         k = min(self.drafter.needs.top_tokens, logits.shape[-1])
-        values, top = logits.float().topk(k, dim=-1)
-        probs = (values - logits.float().logsumexp(-1, keepdim=True)).exp().nan_to_num(0.0)  # a row all -inf: 0
+        logits = logits.float()  # a bfloat16 target's too: the probabilities are kept in float32
+        values, top = logits.topk(k, dim=-1)
+        probs = (values - logits.logsumexp(-1, keepdim=True)).exp().nan_to_num(0.0)  # a row all -inf: 0
         n = [tree.size + 1 for tree in trees]
         return [(block.tokens[i, :m], top[i, :m], probs[i, :m]) for i, m in enumerate(n)]
 
