@@ -128,16 +128,15 @@ class RecyclingDrafter(Drafter):
         self._count_ranks(feedback)
         # The roots and accepted drafts of every row go last, so where a token appears twice the
         # candidates that win are those seen in text a row really continues (among those, the
-        # later row's; among the rest, likewise).
-        rejected, kept, start = [], [], 0  # positions in all rows' slots, one after another
-        for (slot_tokens, _, _), path in zip(feedback.target_top, feedback.accepted_nodes):
-            on_path = [start] + [start + n + 1 for n in path]
-            kept += on_path
-            rejected += sorted(set(range(start, start + slot_tokens.shape[0])) - set(on_path))
-            start += slot_tokens.shape[0]
-        order = torch.tensor(rejected + kept, device=self.device)
-        k = self.options.top_k  # a cascade asks for its children's largest top_k
+        # later row's; among the rest, likewise): a stable sort of all rows' slots by that mark.
         tokens = torch.cat([tokens for tokens, _, _ in feedback.target_top]).to(self.device)
+        on_path = torch.zeros(tokens.shape[0], dtype=torch.uint8, device=self.device)
+        start = 0
+        for (slot_tokens, _, _), path in zip(feedback.target_top, feedback.accepted_nodes):
+            on_path[[start] + [start + n + 1 for n in path]] = 1
+            start += slot_tokens.shape[0]
+        order = torch.argsort(on_path, stable=True)
+        k = self.options.top_k  # a cascade asks for its children's largest top_k
         top = torch.cat([top[:, :k] for _, top, _ in feedback.target_top]).to(self.device)
         probs = torch.cat([probs[:, :k] for _, _, probs in feedback.target_top]).to(self.device)
         self.matrix.write(tokens[order], top[order], probs[order])
