@@ -214,6 +214,12 @@ class AdaptiveDrafter(Drafter):
     def forget_outputs(self):  # what it learnt of acceptance stays: it holds no text
         self.inner.forget_outputs()
 
+    def memory_files(self):
+        return self.inner.memory_files()
+
+    def save_memory(self):
+        return self.inner.save_memory()
+
     def begin(self, prompts, sampling, generator):
         if self.sampling is not None:  # a previous request on this decoder
             self._learn_from_outcome()

@@ -243,6 +243,16 @@ class Drafter:
         prompts come again (warm-up, repeats, batch sizes), and a drafter that drafts a prompt's
         answer from its own earlier answer would be measuring the benchmark, not the drafter."""
 
+    def memory_files(self) -> list[str]:
+        """The files this drafter (and those it holds) keeps its memory of earlier requests in
+        across restarts (a `memory_file` option; drafters/memory_file.py)."""
+        return []
+
+    def save_memory(self) -> list[str]:
+        """Write that memory to its memory_files(), each atomically; the paths written. A wrapper
+        saves the drafters it holds."""
+        return []
+
     def max_depth(self) -> int:
         """Deepest tree this drafter may propose (the engine reserves context room for it)."""
         return 0

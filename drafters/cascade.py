@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from .base import Drafter, DraftTree, TargetNeeds
 from .registry import _REGISTRY, available, build_drafter, drafter_options, register
@@ -42,6 +43,10 @@ class CascadeDrafter(Drafter):
                     drafter_options(_REGISTRY[name], {k: v for k, v in child.items() if k != "name"})
                 except ValueError as e:
                     raise ValueError(f"{where}: {e}") from None
+            files = [str(Path(f).expanduser().resolve()) for f in _memory_files(self.drafters)]
+            shared = sorted({f for f in files if files.count(f) > 1})
+            if shared:  # each save would overwrite the other's: one memory would be lost at every exit
+                raise ValueError(f"cascade: children share memory_file {shared}: give each child its own file")
 
     def __init__(self, options: "CascadeDrafter.Options", target):
         self.children = [build_drafter(child, target) for child in options.drafters]
@@ -116,6 +121,12 @@ class CascadeDrafter(Drafter):
         for child in self.children:
             child.forget_outputs()
 
+    def memory_files(self):
+        return [path for child in self.children for path in child.memory_files()]
+
+    def save_memory(self):
+        return [path for child in self.children for path in child.save_memory()]
+
     @property
     def can_add_rows(self) -> bool:
         return all(child.can_add_rows for child in self.children)
@@ -140,3 +151,12 @@ class CascadeDrafter(Drafter):
 def _label(child: dict, index: int) -> str:
     """'0:ngram' - the index keeps two children of the same kind apart."""
     return f"{index}:{child['name']}"
+
+
+def _memory_files(configs: list[dict]) -> list[str]:
+    """The memory_file of every drafter in these configs, nested cascades' children included."""
+    files = []
+    for config in configs:
+        files += [config["memory_file"]] if config.get("memory_file") else []
+        files += _memory_files(config.get("drafters") or []) if config["name"] == "cascade" else []
+    return files

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..heads.common import fingerprint_difference, target_fingerprint
 from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
 from .chain_draws import greedy_rows
 from .medusa import tree_from_accuracies
+from .memory_file import read_memory, refuse, write_memory
 from .ngram import draftable
 from .path_bans import PathBans
 from .recycling_trees import CandidateMatrix, Proposal, StaticTemplate, sampled_chain
@@ -62,6 +64,7 @@ class RecyclingDrafter(Drafter):
         rank_accuracy: list | None = None  # per depth, per rank (a report's `rank_accuracy`); None = built in
         sampled_depth: int = 4  # sampled rows: a chain this long drawn from the recorded probabilities; 0 = the tree
         seed_from_prompt: bool = True  # tokens the target has not ranked yet: the prompt's next token as candidate
+        memory_file: str | None = None  # the matrix kept across restarts: loaded at start, saved on exit / when asked
 
         def __post_init__(self):
             if self.top_k < 1 or self.tree_budget < 1 or self.sampled_depth < 0:
@@ -81,6 +84,9 @@ class RecyclingDrafter(Drafter):
         self.device = target.device
         self.needs = TargetNeeds(top_tokens=options.top_k)
         self.matrix = CandidateMatrix(target.vocab_size, options.top_k, self.device)
+        if options.memory_file:
+            self.identity = target_fingerprint(target.model)  # whose ranking the matrix holds
+            self._load_memory(options.memory_file)
         # A report's table holds None where a rank was never tried: it counts as never right.
         table = [[a or 0.0 for a in row[:options.top_k]] for row in options.rank_accuracy or DEFAULT_RANK_ACCURACY]
         self.template = StaticTemplate(options.tree or tree_from_accuracies(table, options.tree_budget), self.device)
@@ -96,6 +102,32 @@ class RecyclingDrafter(Drafter):
 
     def forget_outputs(self):
         self.matrix.forget()
+
+    def memory_files(self):
+        return [self.options.memory_file] if self.options.memory_file else []
+
+    def save_memory(self):
+        """The tokens the matrix knows, their candidates and probabilities, and the fingerprint of
+        the target that ranked them (drafters/memory_file.py)."""
+        if not self.options.memory_file:
+            return []
+        known = self.matrix.ids[:, 0] >= 0
+        tensors = {"tokens": known.nonzero()[:, 0].to(torch.int32), "ids": self.matrix.ids[known],
+                   "probs": self.matrix.probs[known]}
+        return [write_memory(self.options.memory_file, self.name, self.identity, tensors)]
+
+    def _load_memory(self, path: str) -> None:
+        memory = read_memory(path, self.name)
+        if memory is None:
+            return
+        identity, tensors = memory
+        why = fingerprint_difference(identity, self.identity)
+        if why:
+            raise refuse(path, self.name, "target", why)
+        tokens = tensors["tokens"].long().to(self.device)
+        k = min(self.options.top_k, tensors["ids"].shape[1])  # top_k may have changed since: keep what fits
+        self.matrix.ids[tokens, :k] = tensors["ids"][:, :k].to(self.device, torch.int32)
+        self.matrix.probs[tokens, :k] = tensors["probs"][:, :k].to(self.device, torch.float32)
 
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)

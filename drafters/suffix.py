@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
+from .datastore_index import tokenizer_fingerprint
+from .memory_file import read_memory, refuse, write_memory
 from .ngram import draftable
 from .path_bans import PathBans
 from .registry import register
@@ -45,6 +47,7 @@ class SuffixDrafter(Drafter):
         max_cached_requests: int = 1000  # finished rows remembered (first in, first out); 0 = the row's own tokens only
         max_cached_tokens: int = 1_000_000  # and at most this many tokens in them (about 0.3 KB of memory each)
         max_reads: int = 64  # occurrences read per lookup (the latest ones)
+        memory_file: str | None = None  # the cache kept across restarts: loaded at start, saved on exit / when asked
 
         def __post_init__(self):
             if min(self.max_tree_depth, self.max_spec_tokens, self.min_match, self.max_reads) < 1:
@@ -61,6 +64,9 @@ class SuffixDrafter(Drafter):
             if self.max_cached_requests < 0 or self.max_cached_tokens < 0:
                 raise ValueError(f"suffix: max_cached_requests and max_cached_tokens must be >= 0, got "
                                  f"{self.max_cached_requests} and {self.max_cached_tokens}")
+            if self.memory_file and min(self.max_cached_requests, self.max_cached_tokens) == 0:
+                raise ValueError("suffix: memory_file keeps the cache of earlier outputs, but max_cached_requests or "
+                                 "max_cached_tokens is 0 (no cache): raise them, or drop memory_file")
 
     def __init__(self, options: "SuffixDrafter.Options", target=None):
         self.options = o = options or SuffixDrafter.Options()
@@ -77,6 +83,11 @@ class SuffixDrafter(Drafter):
         self.row_ids: list[int] = []
         self.prompt_lengths: list[int] = []
         self.own: list[SuffixIndex] = []  # each active row's whole context
+        if o.memory_file:
+            if target is None:
+                raise ValueError("suffix: memory_file needs the target (its tokenizer says what the ids mean)")
+            self.identity = _ids_identity(target)
+            self._load_memory(o.memory_file)
 
     def max_depth(self) -> int:
         return min(self.options.max_tree_depth, self.options.max_spec_tokens)
@@ -124,16 +135,51 @@ class SuffixDrafter(Drafter):
     def forget_outputs(self):
         self.cache = SuffixIndex(self.sizes)
 
+    def memory_files(self):
+        return [self.options.memory_file] if self.options.memory_file else []
+
+    def save_memory(self):
+        """The cached outputs, oldest first, as one array of tokens and their lengths; the index
+        over them is built again at load (drafters/memory_file.py). A stream stopped early leaves
+        its rows out of the cache until the next call begins (begin()): they are saved with it."""
+        if not self.options.memory_file:
+            return []
+        left = [row for row, row_id in zip(self.rows, self.row_ids) if row_id in self.running.sequences]
+        rows = list(self.cache.sequences.values()) + left
+        tensors = {"tokens": torch.tensor([t for row in rows for t in row], dtype=torch.int32),
+                   "lengths": torch.tensor([len(row) for row in rows], dtype=torch.int64)}
+        return [write_memory(self.options.memory_file, self.name, self.identity, tensors)]
+
+    def _load_memory(self, path: str) -> None:
+        memory = read_memory(path, self.name)
+        if memory is None:
+            return
+        identity, tensors = memory
+        if identity != self.identity:
+            why = ("the tokenizer's vocabulary or splitting differs" if "tokenizer" in identity and
+                   "tokenizer" in self.identity else f"it records {identity}, this target is {self.identity}")
+            raise refuse(path, self.name, "tokenizer", why)
+        tokens = tensors["tokens"].tolist()
+        start = 0
+        for length in tensors["lengths"].tolist():
+            self.cache.extend(self._next_id, tokens[start:start + length])
+            self._next_id += 1
+            start += length
+        self._evict()  # the limits may be lower than when it was saved
+
     def _remember(self, finished) -> None:
         """Move finished rows from the running ones to the cache: each output after its prompt's
         last max_tree_depth tokens (what an output's first tokens follow)."""
-        o = self.options
         for i in finished:
             if self.row_ids[i] in self.running.sequences:  # it has an output: it wrote something
                 self.running.remove(self.row_ids[i])
                 self.cache.extend(self.row_ids[i], self.rows[i])
-            while len(self.cache.sequences) > o.max_cached_requests or self.cache.tokens > o.max_cached_tokens:
-                self.cache.remove_oldest()  # a row longer than max_cached_tokens leaves at once
+            self._evict()
+
+    def _evict(self) -> None:
+        o = self.options
+        while len(self.cache.sequences) > o.max_cached_requests or self.cache.tokens > o.max_cached_tokens:
+            self.cache.remove_oldest()  # a row longer than max_cached_tokens leaves at once
 
     def propose(self, contexts):
         trees = []
@@ -203,3 +249,11 @@ class SuffixDrafter(Drafter):
         """Row-rounds drafted from the row's own tokens, from the other running rows' outputs,
         from the cache, or not at all (no suffix found); and what the cache holds."""
         return {**self.counts, "cache": {"requests": len(self.cache.sequences), "tokens": self.cache.tokens}}
+
+
+def _ids_identity(target) -> dict:
+    """What the cached ids mean: the target's tokenizer (its vocabulary and how it splits text),
+    or, for a target folder without one, only the vocabulary's size."""
+    if target.tokenizer is None:
+        return {"vocab_size": target.vocab_size}
+    return {"tokenizer": tokenizer_fingerprint(target.tokenizer)}

@@ -177,6 +177,14 @@ class Decoder:
         other.engine.grammars = self.engine.grammars  # one compiler per tokenizer
         return other
 
+    def save_drafter_memory(self) -> list[str]:
+        """Write what the drafter learnt from earlier requests (the `suffix` drafter's cache of
+        outputs, the `recycling` drafter's candidate matrix) to its `memory_file`, so the next
+        process that loads it starts warm; the paths written ([] when no drafter has one). Call it
+        between generate calls; the CLI's generate, chat and serve call it when they end, serve
+        also every --save-memory-every seconds."""
+        return self.drafter.save_memory()
+
     def encode(self, prompts: list[str]) -> list[list[int]]:
         if self.tokenizer is None:
             raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "

@@ -18,6 +18,7 @@ Every subcommand is one row of SUBCOMMANDS: (help, add_arguments, run). User err
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -174,6 +175,12 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
+    with drafter_memory_kept(decoder):
+        return _generate_with(decoder, args, cfg, conversations, input_ids, template_kwargs, tools)
+
+
+def _generate_with(decoder: Decoder, args: argparse.Namespace, cfg: dict, conversations, input_ids, template_kwargs,
+                   tools) -> int:
     parsers = (args.tool_call_parser, args.reasoning_parser)
     use_parsers(decoder, *parsers)
     if conversations is not None:
@@ -210,6 +217,17 @@ def _run_generate(args: argparse.Namespace) -> int:
         print(text if decoder.tokenizer is not None else " ".join(map(str, ids)))
     _print_stats(cfg, out.stats)
     return 0
+
+
+@contextlib.contextmanager
+def drafter_memory_kept(decoder: Decoder):
+    """Saves the drafter's memory (Decoder.save_drafter_memory) when the block ends, however it
+    ends: what a run taught the drafter outlives it."""
+    try:
+        yield decoder
+    finally:
+        for path in decoder.save_drafter_memory():
+            print(f"drafter memory saved to {path}", file=sys.stderr)
 
 
 def add_reply_parser_args(p: argparse.ArgumentParser, prefix: str = "", tool_calls: bool = True) -> None:

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from .cli import build_config, lossy_warning
+    from .cli import build_config, drafter_memory_kept, lossy_warning
 
     cfg = build_config(args.config, args.drafter, args.overrides)
     lossy_warning({**cfg["sampling"], **({"temperature": args.temperature} if args.temperature is not None else {})})
@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     require_chat_template(decoder.tokenizer, cfg["target"]["path"])  # refused before any input is read
     use_parsers(decoder, None, args.reasoning_parser)
     print(f"chatting with {cfg['target']['path']} (drafter {cfg['drafter']['name']}); {COMMANDS}", file=sys.stderr)
-    converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats,
-             reasoning_parser=args.reasoning_parser)
+    with drafter_memory_kept(decoder):
+        converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats,
+                 reasoning_parser=args.reasoning_parser)
     return 0
 
 

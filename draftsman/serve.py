@@ -48,6 +48,7 @@ import itertools
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -695,6 +696,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request that joins a running batch has its prompt prefilled at most TOKENS tokens per "
                         "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
                         f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
+    p.add_argument("--save-memory-every", type=float, default=300.0, metavar="SECONDS",
+                   help="a drafter with a memory_file (suffix, recycling) writes its memory between batches at "
+                        "most every SECONDS seconds, and when the server stops (default 300; 0: only when it stops)")
     add_reply_parser_args(p, 'chat replies (tool calls: of requests that send "tools"; vLLM\'s flags): ')
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's flag, taken so its command lines run as they are: with --tool-call-parser, "
@@ -714,6 +718,9 @@ def run(args: argparse.Namespace) -> int:
                          f"its calls in: {', '.join(PARSERS)})")
     if args.prefill_chunk < 0:
         raise ValueError(f"--prefill-chunk must be >= 0 tokens (0: whole prompts), got {args.prefill_chunk}")
+    if args.save_memory_every < 0:
+        raise ValueError(f"--save-memory-every must be >= 0 seconds (0: only when the server stops), got "
+                         f"{args.save_memory_every}")
     cfg = build_config(args.config, args.drafter, args.overrides)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
@@ -724,9 +731,17 @@ def run(args: argparse.Namespace) -> int:
     server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
                     api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                     reasoning_parser=args.reasoning_parser)
+    server.batcher.save_memory_every = args.save_memory_every or None
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
+    # SIGTERM (docker stop, systemd, kill) unwinds as Ctrl-C does, so the drafter's memory is saved.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        server.batcher.save_memory_at_exit()
     return 0
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import sys
 import threading
 import time
 
@@ -272,6 +273,10 @@ class Batcher:
         self.running = 0  # requests in the generation now running
         self._waiting_lock = threading.Lock()
         self._runner = False  # a runner thread is serving the waiting requests
+        # A drafter's memory_file is written between batches at most this often (seconds; None:
+        # only at exit): a server killed outright loses at most this much of what it learnt.
+        self.save_memory_every: float | None = None
+        self._memory_saved_at = time.monotonic()
 
     def generate(self, ids: list[list[int]], args: dict, gone=None) -> tuple[GenerationOutput, int]:
         """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
@@ -341,6 +346,32 @@ class Batcher:
                         self._runner = False
                         return
                 self._run(batch)
+                every = self.save_memory_every
+                if every is not None and time.monotonic() - self._memory_saved_at >= every:
+                    self._save_memory()
+
+    def save_memory_at_exit(self, wait: float = 10.0) -> None:
+        """The drafter's memory, once the batch running now ends (the drafter is not read while it
+        changes); after `wait` seconds the last save stands."""
+        if not self.decoder.drafter.memory_files():
+            return
+        if not self.lock.acquire(timeout=wait):
+            print(f"drafter memory not saved: a batch still ran after {wait:.0f} s; the last save stands",
+                  file=sys.stderr)
+            return
+        try:
+            self._save_memory()
+        finally:
+            self.lock.release()
+
+    def _save_memory(self) -> None:
+        """Under the lock. A failed write (disk full) is reported, and serving goes on."""
+        self._memory_saved_at = time.monotonic()
+        try:
+            for path in self.decoder.save_drafter_memory():
+                print(f"drafter memory saved to {path}", file=sys.stderr)
+        except OSError as e:
+            print(f"drafter memory not saved: {e}", file=sys.stderr)
 
     @staticmethod
     def _enter(job: _Job, owner: list, prompts: list, aborted: set, started: float) -> None:

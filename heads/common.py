@@ -16,33 +16,39 @@ _PROBES = 16
 
 
 def target_fingerprint(model: torch.nn.Module) -> dict:
-    weight = model.get_output_embeddings().weight.detach().float().cpu()
+    weight = model.get_output_embeddings().weight.detach()
     V, d = weight.shape
     g = torch.Generator().manual_seed(0)
     rows, cols = torch.randint(0, V, (_PROBES,), generator=g), torch.randint(0, d, (_PROBES,), generator=g)
+    # Read where the weights are, in float32, without a float copy of the whole head (2.5 GB for
+    # a 152k x 4096 one): a drafter memory takes the fingerprint at every save.
+    probes = weight[rows.to(weight.device), cols.to(weight.device)].float().cpu()
     return {
         "architecture": type(model).__name__,
         "hidden_size": d,
         "vocab_size": V,
-        "lm_head_probe": [round(float(x), 4) for x in weight[rows, cols]],
-        "lm_head_norm": round(float(weight.norm()), 3),
+        "lm_head_probe": [round(float(x), 4) for x in probes],
+        "lm_head_norm": round(float(torch.linalg.vector_norm(weight, dtype=torch.float32)), 3),
     }
+
+
+def fingerprint_difference(saved: dict, now: dict) -> str | None:
+    """How the target fingerprint `saved` was taken from differs from the one `now` was (both
+    target_fingerprint()s); None when it looks the same."""
+    for key in ("architecture", "hidden_size", "vocab_size"):
+        if saved.get(key) != now[key]:
+            return f"{key} is {saved.get(key)!r} in the record but {now[key]!r} in this target"
+    # bf16 storage moves weights by ~0.4%: compare with a tolerance, not bit for bit.
+    close = torch.allclose(torch.tensor(saved["lm_head_probe"]), torch.tensor(now["lm_head_probe"]),
+                           rtol=2e-2, atol=2e-3)
+    if not close or abs(saved["lm_head_norm"] - now["lm_head_norm"]) > 0.02 * now["lm_head_norm"]:
+        return "the target's LM head weights differ from the recorded ones"
+    return None
 
 
 def check_fingerprint(saved: dict, model: torch.nn.Module, heads_dir: str | Path) -> None:
     """Refuse heads trained for another target: they would give garbage acceptance, not errors."""
-    now = target_fingerprint(model)
-    why = None
-    for key in ("architecture", "hidden_size", "vocab_size"):
-        if saved.get(key) != now[key]:
-            why = f"{key} is {saved.get(key)!r} in the heads' record but {now[key]!r} in this target"
-            break
-    else:
-        # bf16 storage moves weights by ~0.4%: compare with a tolerance, not bit for bit.
-        close = torch.allclose(torch.tensor(saved["lm_head_probe"]), torch.tensor(now["lm_head_probe"]),
-                               rtol=2e-2, atol=2e-3)
-        if not close or abs(saved["lm_head_norm"] - now["lm_head_norm"]) > 0.02 * now["lm_head_norm"]:
-            why = "the target's LM head weights differ from the ones the heads were trained on"
+    why = fingerprint_difference(saved, target_fingerprint(model))
     if why:
         raise ValueError(f"heads in '{heads_dir}' were trained for another target: {why}. Train heads for "
                          "this target (draftsman train ...) or point target.path at the one they were made for.")

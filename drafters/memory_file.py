@@ -1,0 +1,69 @@
+"""A drafter's memory of earlier requests kept across restarts: the `suffix` drafter's cache of
+outputs, the `recycling` drafter's candidate matrix. Both start empty in a new process and take
+a while of serving to fill; with `memory_file` set a drafter loads its memory at start and
+writes it back when asked (Decoder.save_drafter_memory(); the CLI's generate, chat and serve do
+when they end).
+
+One safetensors file, written to a temporary file beside it and moved over it (a kill never
+leaves half a memory). Its metadata says which drafter wrote it and for what: token ids drafted
+for another tokenizer, or candidates ranked by another target, would give no errors, only drafts
+that are never accepted, so a memory written for something else is refused at load, the file left
+as it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+FORMAT = "draftsman-drafter-memory"
+VERSION = "1"
+
+
+def write_memory(path: str | Path, drafter: str, identity: dict, tensors: dict[str, torch.Tensor]) -> str:
+    """Atomically (tmp + rename); returns the path written. identity: what the memory is valid
+    for (a target's or tokenizer's fingerprint), checked by the drafter at load."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"format": FORMAT, "version": VERSION, "drafter": drafter, "identity": json.dumps(identity)}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return str(path)
+
+
+def read_memory(path: str | Path, drafter: str) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """(identity, tensors) of a memory `drafter` wrote; None where the file does not exist yet
+    (a first start: the drafter starts empty and the file is written on the first save)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return None
+    fix = f"point {drafter}'s memory_file at a new path (it starts empty) or delete '{path}'"
+    if not path.is_file():
+        raise ValueError(f"{drafter}: memory_file '{path}' is a directory, not a file: {fix}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()} if meta.get("format") == FORMAT else {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{drafter}: memory_file '{path}' is not a drafter memory ({e}): {fix}") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{drafter}: memory_file '{path}' is a safetensors file but not a drafter memory: {fix}")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"{drafter}: memory_file '{path}' has format version {meta.get('version')}, this "
+                         f"draftsman reads version {VERSION}: {fix}")
+    if meta.get("drafter") != drafter:
+        raise ValueError(f"{drafter}: memory_file '{path}' holds a '{meta.get('drafter')}' drafter's memory, "
+                         f"not a '{drafter}' one: {fix}")
+    return json.loads(meta["identity"]), tensors
+
+
+def refuse(path: str | Path, drafter: str, written_for: str, why: str) -> ValueError:
+    """The error for a memory written for another target or tokenizer."""
+    return ValueError(f"{drafter}: memory_file '{Path(path).expanduser()}' was written for another {written_for}: "
+                      f"{why}. Its drafts would never be accepted here: point memory_file at a new path (it "
+                      "starts empty) or delete the file, or point target.path at the target it was written for.")

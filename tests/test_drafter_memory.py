@@ -1,0 +1,227 @@
+"""A drafter's memory across restarts (`memory_file`, drafters/memory_file.py): the `suffix`
+cache of outputs and the `recycling` candidate matrix are written by Decoder.save_drafter_memory
+(and by the CLI when it ends) and loaded by the next process's drafter as they were; a memory
+written for another target, tokenizer or drafter is refused and left as it is."""
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import draftsman
+from draftsman.cli import main
+from draftsman.drafters import memory_file
+from draftsman.serve_batch import Batcher
+
+from serving import call
+from tiny_models import load_for_reference
+
+PROMPTS = [[3, 4, 5, 6, 7], [9, 8, 7, 6], [5, 5, 6, 6, 7]]
+
+
+def decoder(folder, drafter: dict):
+    return draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+
+
+def greedy(folder, prompt: list[int], n: int) -> list[int]:
+    model = load_for_reference(folder)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def cached_rows(drafter) -> list[list[int]]:
+    return [list(row) for row in drafter.cache.sequences.values()]
+
+
+def test_a_restarted_recycling_drafter_starts_from_the_saved_matrix(tiny_models, tmp_path):
+    folder, path = tiny_models["llama"][0], tmp_path / "memory" / "recycling.safetensors"
+    first = decoder(folder, {"name": "recycling", "memory_file": str(path)})
+    assert first.drafter.matrix.known_tokens() == 0 and not path.exists()  # a first start: empty
+    first.generate(input_ids=PROMPTS, max_new_tokens=12, temperature=0.0)
+    assert first.save_drafter_memory() == [str(path)]
+    saved = first.drafter.matrix.ids.clone()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["recycling.safetensors"]  # no .tmp left
+
+    again = decoder(folder, {"name": "recycling", "memory_file": str(path)})
+    assert again.drafter.matrix.known_tokens() == first.drafter.matrix.known_tokens() > 0
+    assert torch.equal(again.drafter.matrix.ids, first.drafter.matrix.ids)
+    assert torch.equal(again.drafter.matrix.probs, first.drafter.matrix.probs)
+    # The same state drafts the same trees: the same request accepts as much, and stays the target's.
+    prompt = [4, 6, 8, 10]
+    outs = [d.generate(input_ids=[prompt], max_new_tokens=12, temperature=0.0) for d in (first, again)]
+    assert outs[0].token_ids == outs[1].token_ids == [greedy(folder, prompt, 12)]
+    assert outs[0].stats.accepted_per_round == outs[1].stats.accepted_per_round
+    assert sum(map(sum, outs[0].stats.accepted_per_round)) > 0
+
+    for top_k in (4, 12):  # another width keeps the columns both have
+        other = decoder(folder, {"name": "recycling", "memory_file": str(path), "top_k": top_k})
+        k = min(top_k, 8)
+        assert torch.equal(other.drafter.matrix.ids[:, :k], saved[:, :k])
+        assert (other.drafter.matrix.ids[:, k:] == -1).all()
+
+
+def test_a_restarted_suffix_drafter_drafts_from_the_saved_outputs(tiny_models, tmp_path):
+    folder, path = tiny_models["llama"][0], tmp_path / "suffix.safetensors"
+    first = decoder(folder, {"name": "suffix", "memory_file": str(path)})
+    first.generate(input_ids=PROMPTS[:2], max_new_tokens=16, temperature=0.0)
+    pieces = first.stream(input_ids=PROMPTS[2], max_new_tokens=16, temperature=0.0)
+    next(pieces), next(pieces)  # a stream left half way: its row joins the cache when a call next
+    pieces.close()  # begins, and is saved with it
+    assert len(cached_rows(first.drafter)) == 2 and len(first.drafter.rows) == 1
+    saved = cached_rows(first.drafter) + first.drafter.rows
+    first.save_drafter_memory()
+
+    again = decoder(folder, {"name": "suffix", "memory_file": str(path)})
+    assert cached_rows(again.drafter) == saved
+    out = again.generate(input_ids=[PROMPTS[0]], max_new_tokens=16, temperature=0.0)
+    assert out.token_ids == [greedy(folder, PROMPTS[0], 16)]
+    assert out.stats.drafter_report["from_cache"] > 0  # the answer before the restart is drafted again
+
+    # What it learns after the restart is kept beside what it loaded (new rows, new sequence ids).
+    again.generate(input_ids=[[7, 7, 3]], max_new_tokens=8, temperature=0.0)
+    again.save_drafter_memory()
+    third = decoder(folder, {"name": "suffix", "memory_file": str(path)})
+    assert cached_rows(third.drafter)[:3] == saved and len(cached_rows(third.drafter)) == 5
+
+    newest = decoder(folder, {"name": "suffix", "memory_file": str(path), "max_cached_requests": 2})
+    assert cached_rows(newest.drafter) == cached_rows(third.drafter)[-2:]  # today's limits: the oldest leave
+
+
+def test_a_wrapped_drafter_saves_every_memory_it_holds(tiny_models, tmp_path):
+    folder = tiny_models["llama"][0]
+    files = [str(tmp_path / "s.safetensors"), str(tmp_path / "r.safetensors")]
+    children = [{"name": "suffix", "memory_file": files[0]}, {"name": "ngram"},
+                {"name": "recycling", "memory_file": files[1]}]
+    dec = decoder(folder, {"name": "cascade", "adaptive": True, "drafters": children})
+    dec.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0)
+    assert dec.drafter.memory_files() == files
+    assert dec.save_drafter_memory() == files
+    assert decoder(folder, {"name": "ngram"}).save_drafter_memory() == []
+    with pytest.raises(ValueError, match="share memory_file"):  # each exit would overwrite the other's
+        decoder(folder, {"name": "cascade", "drafters": [{"name": "suffix", "memory_file": files[0]},
+                                                          {"name": "recycling", "memory_file": files[0]}]})
+
+
+def test_a_save_that_fails_leaves_the_last_memory_whole(tiny_models, tmp_path, monkeypatch):
+    folder, path = tiny_models["llama"][0], tmp_path / "r.safetensors"
+    dec = decoder(folder, {"name": "recycling", "memory_file": str(path)})
+    dec.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0)
+    dec.save_drafter_memory()
+    before = path.read_bytes()
+
+    def dies_half_way(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(memory_file, "save_file", dies_half_way)
+    dec.generate(input_ids=[[11, 12, 13]], max_new_tokens=8, temperature=0.0)
+    with pytest.raises(OSError, match="No space"):
+        dec.save_drafter_memory()
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
+
+
+def test_a_memory_written_for_something_else_is_refused_and_kept(tiny_models, tmp_path):
+    (llama, small_llama), qwen = tiny_models["llama"], tiny_models["qwen2"][0]
+    matrix, cache = tmp_path / "r.safetensors", tmp_path / "s.safetensors"
+    for name, path in (("recycling", matrix), ("suffix", cache)):
+        dec = decoder(llama, {"name": name, "memory_file": str(path)})
+        dec.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0)
+        dec.save_drafter_memory()
+    written = {path: path.read_bytes() for path in (matrix, cache)}
+
+    for other in (small_llama, qwen):  # another model's ranking
+        with pytest.raises(ValueError, match="recycling: memory_file .* written for another target"):
+            decoder(other, {"name": "recycling", "memory_file": str(matrix)})
+    # Same tokenizer, another target: the cached outputs are still text in the same ids.
+    assert len(cached_rows(decoder(small_llama, {"name": "suffix", "memory_file": str(cache)}).drafter)) == 3
+    with pytest.raises(ValueError, match="suffix: memory_file .* written for another tokenizer"):
+        decoder(qwen, {"name": "suffix", "memory_file": str(cache)})  # its tokenizer class splits digits apart
+    with pytest.raises(ValueError, match="holds a 'suffix' drafter's memory, not a 'recycling' one"):
+        decoder(llama, {"name": "recycling", "memory_file": str(cache)})
+    assert {path: path.read_bytes() for path in (matrix, cache)} == written  # refused, not overwritten
+
+    text, folder, other = tmp_path / "notes.txt", tmp_path / "folder", tmp_path / "other.safetensors"
+    text.write_text("not a memory")
+    folder.mkdir()
+    save_file({"x": torch.zeros(2)}, str(other))
+    old = tmp_path / "old.safetensors"
+    save_file({"x": torch.zeros(2)}, str(old), metadata={"format": memory_file.FORMAT, "version": "0",
+                                                         "drafter": "suffix", "identity": json.dumps({})})
+    for path, message in ((text, "is not a drafter memory"), (folder, "is a directory"),
+                          (other, "is a safetensors file but not a drafter memory"), (old, "format version 0")):
+        with pytest.raises(ValueError, match=message) as caught:
+            decoder(llama, {"name": "suffix", "memory_file": str(path)})
+        assert "new path" in str(caught.value)  # the fix is named
+    with pytest.raises(ValueError, match="max_cached_requests or max_cached_tokens is 0"):
+        decoder(llama, {"name": "suffix", "memory_file": str(cache), "max_cached_requests": 0})
+
+
+def test_the_cli_saves_the_memory_when_a_run_ends(tiny_models, chat_target, tmp_path, capsys, monkeypatch):
+    folder, path = tiny_models["llama"][0], tmp_path / "cli" / "s.safetensors"
+    args = ["generate", "--drafter", "suffix", "--set", f"target.path={folder}", "--set",
+            f"drafter.memory_file={path}", "--input-ids", "3,4,5,6", "--max-new-tokens", "8", "--json"]
+    assert main(args) == 0
+    assert f"drafter memory saved to {path}" in capsys.readouterr().err
+    assert main(args) == 0  # the second run loads the first's memory and adds its own
+    assert len(cached_rows(decoder(folder, {"name": "suffix", "memory_file": str(path)}).drafter)) == 2
+
+    chat = tmp_path / "chat.safetensors"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def parse(text):\nand again\n"))
+    assert main(["chat", "--drafter", "suffix", "--set", f"target.path={chat_target[0]}", "--set",
+                 f"drafter.memory_file={chat}", "--max-new-tokens", "6", "--no-stats"]) == 0
+    assert f"drafter memory saved to {chat}" in capsys.readouterr().err
+    assert len(cached_rows(decoder(chat_target[0], {"name": "suffix", "memory_file": str(chat)}).drafter)) == 2
+
+
+def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_path, capsys):
+    folder, path = tiny_models["llama"][0], tmp_path / "r.safetensors"
+    dec = decoder(folder, {"name": "recycling", "memory_file": str(path)})
+    lock = threading.Lock()
+    batcher = Batcher(dec, lock)
+    batcher.generate([[3, 4, 5]], {"max_new_tokens": 6, "temperature": 0.0})
+    time.sleep(0.5)
+    assert not path.exists()  # save_memory_every None: only at exit
+    batcher.save_memory_every = 0.0  # after every batch
+    batcher.generate([[6, 7, 8]], {"max_new_tokens": 6, "temperature": 0.0})
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:  # written by the runner after the answer
+        time.sleep(0.05)
+    assert path.exists()
+    path.unlink()
+    with lock:  # a batch still runs: the exit save waits, then gives up and says so
+        batcher.save_memory_at_exit(wait=0.2)
+    assert not path.exists() and "not saved: a batch still ran" in capsys.readouterr().err
+    batcher.save_memory_at_exit()
+    assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
+
+
+def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_models, tmp_path):
+    """`draftsman serve` as a process: SIGTERM (docker stop, systemd) stops it as Ctrl-C does, and
+    the drafter's memory is written on the way out."""
+    folder, path = tiny_models["llama"][0], tmp_path / "served.safetensors"
+    server = subprocess.Popen([sys.executable, "-m", "draftsman", "serve", "--drafter", "recycling", "--set",
+                               f"target.path={folder}", "--set", f"drafter.memory_file={path}", "--port", "0",
+                               "--quiet"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()  # "serving 'NAME' with drafter recycling at URL (Ctrl-C stops)"
+        base = re.search(r"at (http://[^/\s]+)", line).group(1)
+        status, answer = call(base, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
+        assert not path.exists()  # the periodic save is due after 300 s
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 128 + signal.SIGTERM
+        assert f"drafter memory saved to {path}" in server.stderr.read()
+    finally:
+        server.kill()
+        server.stderr.close()
+    assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
