@@ -12,7 +12,6 @@ forbidden candidate does not take a rank a draft the verifier can accept would h
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -22,40 +21,12 @@ from ..heads.medusa import MedusaHeads
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
 from .path_bans import PathBanRound
+from .rank_trees import sorted_tree, tree_from_accuracies  # noqa: F401  (tree_from_accuracies: its old home)
 from .registry import register
 from .repeats import DraftContext
 
 # Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
 DEFAULT_TREE = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2)]
-
-
-def tree_from_accuracies(accuracy: list[list[float]], budget: int) -> list[tuple[int, ...]]:
-    """accuracy[d][r] = measured probability that head d's rank-r candidate is the right token.
-    Returns the `budget` paths with the highest product of accuracies, best first. A path is never
-    chosen before its parent (factors <= 1), so the result is a connected tree."""
-    heap = [(-accuracy[0][r], (r,)) for r in range(len(accuracy[0]))]
-    heapq.heapify(heap)
-    chosen: list[tuple[int, ...]] = []
-    while heap and len(chosen) < budget:
-        neg_p, path = heapq.heappop(heap)
-        chosen.append(path)
-        depth = len(path)
-        if depth < len(accuracy):
-            for r, a in enumerate(accuracy[depth]):
-                heapq.heappush(heap, (neg_p * a, path + (r,)))
-    return chosen
-
-
-def _sorted_tree(paths) -> tuple[list[tuple[int, ...]], list[int]]:
-    """Paths in topological order (shorter first) with each path's parent index (-1 = root)."""
-    paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
-    index = {p: i for i, p in enumerate(paths)}
-    parents = []
-    for p in paths:
-        if len(p) > 1 and p[:-1] not in index:
-            raise ValueError(f"medusa tree: path {list(p)} has no parent path {list(p[:-1])}; a tree must be connected")
-        parents.append(index[p[:-1]] if len(p) > 1 else -1)
-    return paths, parents
 
 
 @register
@@ -94,7 +65,7 @@ class MedusaDrafter(Drafter):
         too_deep = [p for p in paths if len(p) > self.heads.config.num_heads]
         if too_deep:
             raise ValueError(f"medusa tree path {list(too_deep[0])} is deeper than the {self.heads.config.num_heads} heads")
-        self.paths, parents = _sorted_tree(paths)
+        self.paths, parents = sorted_tree(paths, "medusa")
         device = target.device
         self.parents = torch.tensor(parents, dtype=torch.long, device=device)
         self.head_of_node = torch.tensor([len(p) - 1 for p in self.paths], device=device)

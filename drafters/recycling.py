@@ -31,10 +31,10 @@ from ..heads.common import fingerprint_difference, target_fingerprint
 from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
 from .chain_draws import greedy_rows
-from .medusa import tree_from_accuracies
 from .memory_file import read_memory, refuse, write_memory
 from .ngram import draftable
 from .path_bans import PathBans
+from .rank_trees import tree_from_accuracies
 from .recycling_trees import CandidateMatrix, Proposal, StaticTemplate, sampled_chain
 from .registry import register
 

@@ -20,8 +20,8 @@ import torch
 
 from ..verifier.sampling import draw
 from .base import DETERMINISTIC, IID, DraftTree
-from .medusa import _sorted_tree
 from .ngram import _Trie
+from .rank_trees import sorted_tree
 
 
 @dataclass
@@ -102,11 +102,11 @@ class StaticTemplate:
     """Paths of candidate ranks (e.g. (0,), (1,), (0, 0)), read breadth-first from the matrix."""
 
     def __init__(self, paths: list[tuple[int, ...]], device):
-        self.paths, parents = _sorted_tree(paths)
+        self.paths, parents = sorted_tree(paths, "recycling")
         self.device = device
         self.parents = torch.tensor(parents, dtype=torch.long, device=device)
         self.ranks = torch.tensor([p[-1] for p in self.paths], dtype=torch.long, device=device)
-        self.depths = [len(p) for p in self.paths]  # ascending: _sorted_tree puts shorter paths first
+        self.depths = [len(p) for p in self.paths]  # ascending: sorted_tree puts shorter paths first
         self.kinds = torch.full((len(self.paths),), DETERMINISTIC, dtype=torch.long, device=device)
 
     def nodes_within(self, depth_limit: int | None) -> int:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import draftsman
-from draftsman.drafters.medusa import _sorted_tree, tree_from_accuracies
+from draftsman.drafters.medusa import tree_from_accuracies
+from draftsman.drafters.rank_trees import sorted_tree
 from draftsman.heads.medusa import MedusaHeads
 from draftsman.training.heads import train
 
@@ -99,8 +100,8 @@ def test_tree_building():
     accuracy = [[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]]
     tree = tree_from_accuracies(accuracy, 5)
     assert tree == [(0,), (0, 0), (1,), (0, 1), (2,)]  # products .6 .24 .2 .12 .1 (then (0, 0, 0) .072)
-    with pytest.raises(ValueError, match="no parent path"):
-        _sorted_tree([(0,), (1, 0)])
+    with pytest.raises(ValueError, match="recycling tree: path .1, 0. has no parent path"):
+        sorted_tree([(0,), (1, 0)], "recycling")
 
 
 def test_eval_only_recalibrates_the_tree(trained_heads, tiny_models, tiny_corpus, tmp_path, capsys):

@@ -192,6 +192,8 @@ def test_a_sampled_round_drafts_no_deeper_than_its_chain():
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match=r"ranks in \[0, top_k=2\)"):
         recycling(top_k=2, tree=[[0], [0, 2]])
+    with pytest.raises(ValueError, match=r"recycling tree: path \[1, 0\] has no parent path \[1\]"):
+        recycling(tree=[[0], [1, 0]])
     with pytest.raises(ValueError, match="rank_accuracy is a list per depth"):
         recycling(rank_accuracy=[0.5, 0.2])
     with pytest.raises(ValueError, match="must be >= 1"):

@@ -313,7 +313,7 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
     """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation).
     frequent: target_token_frequencies, if the caller counted them already. masks: reply_masks
     (train, held-out): agreement is then measured inside replies only."""
-    from ..drafters.medusa import tree_from_accuracies
+    from ..drafters.rank_trees import tree_from_accuracies
     train_mask, held_mask = masks or (None, None)
     windows, learned = sample_windows(held_stream, held_mask, cfg)
     from .feature_heads import evaluate_feature_head
