@@ -28,11 +28,16 @@ def write_memory(path: str | Path, drafter: str, identity: dict, tensors: dict[s
     """Atomically (tmp + rename); returns the path written. identity: what the memory is valid
     for (a target's or tokenizer's fingerprint), checked by the drafter at load."""
     path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a folder it cannot make: the OSError names it
     metadata = {"format": FORMAT, "version": VERSION, "drafter": drafter, "identity": json.dumps(identity)}
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"{drafter}: memory_file '{path}' could not be written ({e}); the last saved memory "
+                      "stands: free some space, or point memory_file at a writable path") from e
     return str(path)
 
 
@@ -49,8 +54,10 @@ def read_memory(path: str | Path, drafter: str) -> tuple[dict, dict[str, torch.T
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {name: f.get_tensor(name) for name in f.keys()} if meta.get("format") == FORMAT else {}
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, ValueError) as e:
         raise ValueError(f"{drafter}: memory_file '{path}' is not a drafter memory ({e}): {fix}") from None
+    except OSError as e:  # unreadable (permissions): the file may be fine, so it is not called a wrong one
+        raise OSError(f"{drafter}: memory_file '{path}' could not be read ({e})") from e
     if meta.get("format") != FORMAT:
         raise ValueError(f"{drafter}: memory_file '{path}' is a safetensors file but not a drafter memory: {fix}")
     if meta.get("version") != VERSION:
