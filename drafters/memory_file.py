@@ -8,7 +8,8 @@ One safetensors file, written to a temporary file beside it and moved over it (a
 leaves half a memory). Its metadata says which drafter wrote it and for what: token ids drafted
 for another tokenizer, or candidates ranked by another target, would give no errors, only drafts
 that are never accepted, so a memory written for something else is refused at load, the file left
-as it is.
+as it is. A drafter takes `memory_file` by mixing in KeepsMemory (below) and saying what it
+saves, what it restores and what its memory is valid for.
 """
 from __future__ import annotations
 
@@ -74,3 +75,41 @@ def refuse(path: str | Path, drafter: str, written_for: str, why: str) -> ValueE
     return ValueError(f"{drafter}: memory_file '{Path(path).expanduser()}' was written for another {written_for}: "
                       f"{why}. Its drafts would never be accepted here: point memory_file at a new path (it "
                       "starts empty) or delete the file, or point target.path at the target it was written for.")
+
+
+class KeepsMemory:
+    """For a drafter with a `memory_file` option: memory_files(), save_memory() and loading at
+    start, around three methods of its own (what it saves, what it restores, and whether a
+    file's identity fits) and `memory_identity`, set before load_memory()."""
+
+    memory_identity: dict
+    memory_written_for = "target"  # what a refused memory was written for, in the error
+
+    def memory_tensors(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def restore_memory(self, tensors: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def memory_mismatch(self, identity: dict) -> str | None:
+        """Why a memory recorded for `identity` does not fit this drafter's target; None if it does."""
+        raise NotImplementedError
+
+    def memory_files(self) -> list[str]:
+        return [self.options.memory_file] if self.options.memory_file else []
+
+    def save_memory(self) -> list[str]:
+        if not self.options.memory_file:
+            return []
+        return [write_memory(self.options.memory_file, self.name, self.memory_identity, self.memory_tensors())]
+
+    def load_memory(self) -> None:
+        """The memory_file's memory, if the file exists; refused if it does not fit."""
+        memory = read_memory(self.options.memory_file, self.name)
+        if memory is None:
+            return
+        identity, tensors = memory
+        why = self.memory_mismatch(identity)
+        if why:
+            raise refuse(self.options.memory_file, self.name, self.memory_written_for, why)
+        self.restore_memory(tensors)

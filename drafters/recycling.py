@@ -31,7 +31,7 @@ from ..heads.common import fingerprint_difference, target_fingerprint
 from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
 from .chain_draws import greedy_rows
-from .memory_file import read_memory, refuse, write_memory
+from .memory_file import KeepsMemory
 from .ngram import draftable
 from .path_bans import PathBans
 from .rank_trees import tree_from_accuracies
@@ -53,7 +53,7 @@ DEFAULT_RANK_ACCURACY = [
 
 
 @register
-class RecyclingDrafter(Drafter):
+class RecyclingDrafter(KeepsMemory, Drafter):
     name = "recycling"
 
     @dataclass
@@ -85,8 +85,8 @@ class RecyclingDrafter(Drafter):
         self.needs = TargetNeeds(top_tokens=options.top_k)
         self.matrix = CandidateMatrix(target.vocab_size, options.top_k, self.device)
         if options.memory_file:
-            self.identity = target_fingerprint(target.model)  # whose ranking the matrix holds
-            self._load_memory(options.memory_file)
+            self.memory_identity = target_fingerprint(target.model)  # whose ranking the matrix holds
+            self.load_memory()
         # A report's table holds None where a rank was never tried: it counts as never right.
         table = [[a or 0.0 for a in row[:options.top_k]] for row in options.rank_accuracy or DEFAULT_RANK_ACCURACY]
         self.template = StaticTemplate(options.tree or tree_from_accuracies(table, options.tree_budget), self.device)
@@ -103,27 +103,17 @@ class RecyclingDrafter(Drafter):
     def forget_outputs(self):
         self.matrix.forget()
 
-    def memory_files(self):
-        return [self.options.memory_file] if self.options.memory_file else []
-
-    def save_memory(self):
-        """The tokens the matrix knows, their candidates and probabilities, and the fingerprint of
-        the target that ranked them (drafters/memory_file.py)."""
-        if not self.options.memory_file:
-            return []
+    def memory_tensors(self):
+        """The tokens the matrix knows, their candidates and probabilities (drafters/memory_file.py;
+        the identity is the fingerprint of the target that ranked them)."""
         known = self.matrix.ids[:, 0] >= 0
-        tensors = {"tokens": known.nonzero()[:, 0].to(torch.int32), "ids": self.matrix.ids[known],
-                   "probs": self.matrix.probs[known]}
-        return [write_memory(self.options.memory_file, self.name, self.identity, tensors)]
+        return {"tokens": known.nonzero()[:, 0].to(torch.int32), "ids": self.matrix.ids[known],
+                "probs": self.matrix.probs[known]}
 
-    def _load_memory(self, path: str) -> None:
-        memory = read_memory(path, self.name)
-        if memory is None:
-            return
-        identity, tensors = memory
-        why = fingerprint_difference(identity, self.identity)
-        if why:
-            raise refuse(path, self.name, "target", why)
+    def memory_mismatch(self, identity):
+        return fingerprint_difference(identity, self.memory_identity)
+
+    def restore_memory(self, tensors):
         tokens = tensors["tokens"].long().to(self.device)
         k = min(self.options.top_k, tensors["ids"].shape[1])  # top_k may have changed since: keep what fits
         self.matrix.ids[tokens, :k] = tensors["ids"][:, :k].to(self.device, torch.int32)

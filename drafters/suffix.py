@@ -23,7 +23,7 @@ import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
 from .datastore_index import tokenizer_fingerprint
-from .memory_file import read_memory, refuse, write_memory
+from .memory_file import KeepsMemory
 from .ngram import draftable
 from .path_bans import PathBans
 from .registry import register
@@ -33,7 +33,7 @@ _OWN = 0  # the one sequence of a row's own index
 
 
 @register
-class SuffixDrafter(Drafter):
+class SuffixDrafter(KeepsMemory, Drafter):
     name = "suffix"
 
     @dataclass
@@ -86,8 +86,8 @@ class SuffixDrafter(Drafter):
         if o.memory_file:
             if target is None:
                 raise ValueError("suffix: memory_file needs the target (its tokenizer says what the ids mean)")
-            self.identity = _ids_identity(target)
-            self._load_memory(o.memory_file)
+            self.memory_identity = _ids_identity(target)
+            self.load_memory()
 
     def max_depth(self) -> int:
         return min(self.options.max_tree_depth, self.options.max_spec_tokens)
@@ -135,30 +135,25 @@ class SuffixDrafter(Drafter):
     def forget_outputs(self):
         self.cache = SuffixIndex(self.sizes)
 
-    def memory_files(self):
-        return [self.options.memory_file] if self.options.memory_file else []
+    memory_written_for = "tokenizer"
 
-    def save_memory(self):
+    def memory_tensors(self):
         """The cached outputs, oldest first, as one array of tokens and their lengths; the index
         over them is built again at load (drafters/memory_file.py). A stream stopped early leaves
         its rows out of the cache until the next call begins (begin()): they are saved with it."""
-        if not self.options.memory_file:
-            return []
         left = [row for row, row_id in zip(self.rows, self.row_ids) if row_id in self.running.sequences]
         rows = list(self.cache.sequences.values()) + left
-        tensors = {"tokens": torch.tensor([t for row in rows for t in row], dtype=torch.int32),
-                   "lengths": torch.tensor([len(row) for row in rows], dtype=torch.int64)}
-        return [write_memory(self.options.memory_file, self.name, self.identity, tensors)]
+        return {"tokens": torch.tensor([t for row in rows for t in row], dtype=torch.int32),
+                "lengths": torch.tensor([len(row) for row in rows], dtype=torch.int64)}
 
-    def _load_memory(self, path: str) -> None:
-        memory = read_memory(path, self.name)
-        if memory is None:
-            return
-        identity, tensors = memory
-        if identity != self.identity:
-            why = ("the tokenizer's vocabulary or splitting differs" if "tokenizer" in identity and
-                   "tokenizer" in self.identity else f"it records {identity}, this target is {self.identity}")
-            raise refuse(path, self.name, "tokenizer", why)
+    def memory_mismatch(self, identity):
+        if identity == self.memory_identity:
+            return None
+        if "tokenizer" in identity and "tokenizer" in self.memory_identity:
+            return "the tokenizer's vocabulary or splitting differs"
+        return f"it records {identity}, this target is {self.memory_identity}"
+
+    def restore_memory(self, tensors):
         tokens = tensors["tokens"].tolist()
         start = 0
         for length in tensors["lengths"].tolist():

@@ -365,12 +365,13 @@ class Batcher:
             self.lock.release()
 
     def _save_memory(self) -> None:
-        """Under the lock. A failed write (disk full) is reported, and serving goes on."""
+        """Under the lock. A failed write (disk full) is reported, and serving goes on: the runner
+        thread must not die of it, or no request would be served again."""
         self._memory_saved_at = time.monotonic()
         try:
             for path in self.decoder.save_drafter_memory():
                 print(f"drafter memory saved to {path}", file=sys.stderr)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001
             print(f"drafter memory not saved: {e}", file=sys.stderr)
 
     @staticmethod

@@ -20,8 +20,8 @@ def target_fingerprint(model: torch.nn.Module) -> dict:
     V, d = weight.shape
     g = torch.Generator().manual_seed(0)
     rows, cols = torch.randint(0, V, (_PROBES,), generator=g), torch.randint(0, d, (_PROBES,), generator=g)
-    # Read where the weights are, in float32, without a float copy of the whole head (2.5 GB for
-    # a 152k x 4096 one): a drafter memory takes the fingerprint at every save.
+    # Read where the weights are, in float32, without a float copy of the whole head on the CPU
+    # (2.5 GB for a 152k x 4096 one): heads and drafter memories take it at every start.
     probes = weight[rows.to(weight.device), cols.to(weight.device)].float().cpu()
     return {
         "architecture": type(model).__name__,

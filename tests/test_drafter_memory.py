@@ -204,6 +204,18 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
     batcher.save_memory_at_exit()
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
+    def fails():
+        raise RuntimeError("the save broke")
+
+    dec.save_drafter_memory = fails  # a save that fails is reported; the server goes on serving
+    for prompt in ([3, 4], [5, 6]):
+        deadline = time.monotonic() + 60
+        out, _ = batcher.generate([prompt], {"max_new_tokens": 4, "temperature": 0.0},
+                                  gone=lambda: time.monotonic() > deadline)
+        assert len(out.token_ids[0]) == 4
+    time.sleep(0.2)
+    assert "drafter memory not saved: the save broke" in capsys.readouterr().err
+
 
 def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_models, tmp_path):
     """`draftsman serve` as a process: SIGTERM (docker stop, systemd) stops it as Ctrl-C does, and
