@@ -39,6 +39,9 @@ def write_memory(path: str | Path, drafter: str, identity: dict, tensors: dict[s
         tmp.unlink(missing_ok=True)
         raise OSError(f"{drafter}: memory_file '{path}' could not be written ({e}); the last saved memory "
                       "stands: free some space, or point memory_file at a writable path") from e
+    except BaseException:  # interrupted (Ctrl-C): no half file left beside the memory
+        tmp.unlink(missing_ok=True)
+        raise
     return str(path)
 
 

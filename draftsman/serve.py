@@ -61,7 +61,7 @@ from .chat import check_conversation
 from .forced_calls import check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
                       reply_message)
-from .serve_batch import Batcher, check_max_rows
+from .serve_batch import Batcher, ServerStopping, check_max_rows
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
 from .verifier.structured import StructuredOutput
@@ -162,6 +162,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, str(e))
         except ConnectionError:  # the client left (a broken pipe, or ClientGone): nothing to answer
             pass
+        except ServerStopping as e:
+            self._error(503, str(e))
         except RuntimeError as e:  # e.g. out of memory: say so rather than drop the connection
             self._error(500, f"generation failed: {e}")
 
@@ -739,6 +741,8 @@ def run(args: argparse.Namespace) -> int:
         server.serve_forever()
     finally:
         server.server_close()
+        # docker stop / systemd send SIGTERM again, then SIGKILL: the save is not interrupted
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         server.batcher.save_memory_at_exit()
     return 0
 

@@ -242,6 +242,13 @@ class _Progress:
 POLL_SECONDS = 0.1  # how often a waiting request asks whether its client is still there
 
 
+class ServerStopping(RuntimeError):
+    """The server stopped before the request ran (answered with 503)."""
+
+    def __init__(self):
+        super().__init__("the server is stopping: send the request again once it is back")
+
+
 class ClientGone(ConnectionError):
     """The request's client disconnected before its answer: nobody to answer."""
 
@@ -277,6 +284,8 @@ class Batcher:
         # only at exit): a server killed outright loses at most this much of what it learnt.
         self.save_memory_every: float | None = None
         self._memory_saved_at = time.monotonic()
+        self._owner: list = []  # the running generation's (job, row) pairs, joined rows included
+        self.stopping = False
 
     def generate(self, ids: list[list[int]], args: dict, gone=None) -> tuple[GenerationOutput, int]:
         """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
@@ -328,6 +337,9 @@ class Batcher:
 
     def _submit(self, job: _Job) -> _Job:
         job.on_answer = self.record_request
+        if self.stopping:
+            job.fail(ServerStopping())
+            return job
         with self._waiting_lock:
             self.waiting.append(job)
             if not self._runner:
@@ -350,9 +362,23 @@ class Batcher:
                 if every is not None and time.monotonic() - self._memory_saved_at >= every:
                     self._save_memory()
 
+    def stop(self) -> None:
+        """The server is stopping: requests still waiting are answered with an error, and the rows
+        running end after the round they are in (finish reason "abort"), so the batch lets go of
+        the drafter within a round."""
+        self.stopping = True
+        with self._waiting_lock:
+            waiting, self.waiting = self.waiting, []
+        for job in waiting:
+            job.fail(ServerStopping())
+        for job in {job for job, _ in list(self._owner)}:
+            job.cancel()
+
     def save_memory_at_exit(self, wait: float = 10.0) -> None:
-        """The drafter's memory, once the batch running now ends (the drafter is not read while it
-        changes); after `wait` seconds the last save stands."""
+        """Stops the batches (stop()), then saves the drafter's memory once the running batch has
+        ended its round (the drafter is not read while it changes); after `wait` seconds the
+        last save stands."""
+        self.stop()
         if not self.decoder.drafter.memory_files():
             return
         if not self.lock.acquire(timeout=wait):
@@ -463,11 +489,13 @@ class Batcher:
                 job.fail(e)
         finally:
             self.running = 0
+            self._owner = []
 
     def _run_rows(self, jobs: list[_Job]) -> None:
         """One generation for the jobs' rows, each chunk handed to the job whose row it is; with a
         drafter that can add rows, waiting jobs with the same settings join it between rounds."""
         owner, prompts, aborted = [], [], set()
+        self._owner = owner  # what stop() ends
         started = time.perf_counter()
         for job in jobs:
             self._enter(job, owner, prompts, aborted, started)  # (a rerun alone after a bad input starts it again)

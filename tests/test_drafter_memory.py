@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 import draftsman
 from draftsman.cli import main
 from draftsman.drafters import memory_file
-from draftsman.serve_batch import Batcher
+from draftsman.serve_batch import Batcher, ServerStopping
 
-from serving import call
+from serving import call, running
 from tiny_models import load_for_reference
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 8, 7, 6], [5, 5, 6, 6, 7]]
@@ -126,6 +126,16 @@ def test_a_save_that_fails_leaves_the_last_memory_whole(tiny_models, tmp_path, m
     with pytest.raises(OSError, match="could not be written .*No space.* the last saved memory stands"):
         dec.save_drafter_memory()
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]  # no half file left beside it
+
+    def interrupted(tensors, filename, metadata=None):  # Ctrl-C, or a second SIGTERM, half way
+        with open(filename, "wb") as f:
+            f.write(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(memory_file, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dec.save_drafter_memory()
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
     monkeypatch.undo()
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
@@ -198,15 +208,11 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
         time.sleep(0.05)
     assert path.exists()
     path.unlink()
-    with lock:  # a batch still runs: the exit save waits, then gives up and says so
-        batcher.save_memory_at_exit(wait=0.2)
-    assert not path.exists() and "not saved: a batch still ran" in capsys.readouterr().err
-    batcher.save_memory_at_exit()
-    assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
     def fails():
         raise RuntimeError("the save broke")
 
+    saves = dec.save_drafter_memory
     dec.save_drafter_memory = fails  # a save that fails is reported; the server goes on serving
     for prompt in ([3, 4], [5, 6]):
         deadline = time.monotonic() + 60
@@ -215,6 +221,13 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
         assert len(out.token_ids[0]) == 4
     time.sleep(0.2)
     assert "drafter memory not saved: the save broke" in capsys.readouterr().err
+    dec.save_drafter_memory = saves
+
+    with lock:  # a batch still runs: the exit save waits, then gives up and says so
+        batcher.save_memory_at_exit(wait=0.2)
+    assert not path.exists() and "not saved: a batch still ran" in capsys.readouterr().err
+    batcher.save_memory_at_exit()
+    assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
 
 def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_models, tmp_path):
@@ -237,3 +250,53 @@ def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_model
         server.kill()
         server.stderr.close()
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
+
+
+def test_a_stopping_server_ends_its_batch_within_a_round_and_saves(tiny_models, tmp_path):
+    """At exit the running rows end after their round (finish reason "abort") and waiting requests
+    are refused, so the save does not wait for long generations (docker stop kills after 10 s)."""
+    folder, path = tiny_models["llama"][0], tmp_path / "s.safetensors"
+    dec = decoder(folder, {"name": "suffix", "memory_file": str(path)})
+    propose = dec.drafter.propose
+
+    def slow(contexts):  # a round of a big target: the long request would run for 10 s or more
+        time.sleep(0.2)
+        return propose(contexts)
+
+    dec.drafter.propose = slow
+    batcher = Batcher(dec, threading.Lock())
+    answers = {}
+
+    def ask(name, args):
+        args = {"max_new_tokens": 240, "ignore_eos": True, "temperature": 0.0, **args}
+        try:
+            answers[name] = batcher.generate([[3, 4, 5]], args)[0]
+        except Exception as e:  # noqa: BLE001
+            answers[name] = e
+
+    long = threading.Thread(target=ask, args=("long", {}))
+    long.start()
+    deadline = time.monotonic() + 30
+    while not batcher.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = threading.Thread(target=ask, args=("waiting", {"seed": 1}))  # a seed runs alone: it waits
+    waiting.start()
+    while not batcher.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    batcher.save_memory_at_exit(wait=30)
+    assert time.monotonic() - t0 < 10 and path.exists()
+    long.join(30), waiting.join(30)
+    assert answers["long"].stats.finish_reasons == ["abort"] and len(answers["long"].token_ids[0]) < 240
+    assert isinstance(answers["waiting"], ServerStopping)
+    ask("late", {})
+    assert isinstance(answers["late"], ServerStopping)  # after the stop nothing new runs
+    assert len(cached_rows(decoder(folder, {"name": "suffix", "memory_file": str(path)}).drafter)) == 1
+
+
+def test_a_stopped_server_answers_503(tiny_models):
+    dec = decoder(tiny_models["llama"][0], {"name": "ngram"})
+    with running(dec) as (server, base):
+        server.batcher.stop()
+        status, answer = call(base, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 4})
+    assert status == 503 and "the server is stopping" in answer["error"]["message"]
