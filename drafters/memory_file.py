@@ -70,7 +70,7 @@ def read_memory(path: str | Path, drafter: str) -> tuple[dict, dict[str, torch.T
     if meta.get("drafter") != drafter:
         raise ValueError(f"{drafter}: memory_file '{path}' holds a '{meta.get('drafter')}' drafter's memory, "
                          f"not a '{drafter}' one: {fix}")
-    return json.loads(meta["identity"]), tensors
+    return json.loads(meta.get("identity") or "{}"), tensors  # none recorded: it fits nothing
 
 
 def refuse(path: str | Path, drafter: str, written_for: str, why: str) -> ValueError:
