@@ -154,13 +154,19 @@ class SuffixDrafter(KeepsMemory, Drafter):
         return f"it records {identity}, this target is {self.memory_identity}"
 
     def restore_memory(self, tensors):
-        tokens = tensors["tokens"].tolist()
-        start = 0
-        for length in tensors["lengths"].tolist():
-            self.cache.extend(self._next_id, tokens[start:start + length])
+        tokens, o = tensors["tokens"].tolist(), self.options
+        ends = torch.cumsum(tensors["lengths"], 0).tolist()
+        rows = [tokens[end - length:end] for end, length in zip(ends, tensors["lengths"].tolist())]
+        # Today's limits may be lower than when it was saved: only the newest rows they keep are
+        # indexed (what _evict() would leave, without indexing the others first).
+        kept, held = 0, 0
+        for row in reversed(rows):
+            if kept == o.max_cached_requests or held + len(row) > o.max_cached_tokens:
+                break
+            kept, held = kept + 1, held + len(row)
+        for row in rows[len(rows) - kept:]:
+            self.cache.extend(self._next_id, row)
             self._next_id += 1
-            start += length
-        self._evict()  # the limits may be lower than when it was saved
 
     def _remember(self, finished) -> None:
         """Move finished rows from the running ones to the cache: each output after its prompt's

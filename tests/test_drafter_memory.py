@@ -92,6 +92,12 @@ def test_a_restarted_suffix_drafter_drafts_from_the_saved_outputs(tiny_models, t
 
     newest = decoder(folder, {"name": "suffix", "memory_file": str(path), "max_cached_requests": 2})
     assert cached_rows(newest.drafter) == cached_rows(third.drafter)[-2:]  # today's limits: the oldest leave
+    rows = cached_rows(third.drafter)
+    limit = len(rows[-1]) + len(rows[-2]) + len(rows[-3]) - 1  # the newest two fit, not three
+    fewer = decoder(folder, {"name": "suffix", "memory_file": str(path), "max_cached_tokens": limit})
+    assert cached_rows(fewer.drafter) == rows[-2:] and fewer.drafter.cache.tokens <= limit
+    assert cached_rows(decoder(folder, {"name": "suffix", "memory_file": str(path),
+                                        "max_cached_tokens": len(rows[-1]) - 1}).drafter) == []
 
 
 def test_a_wrapped_drafter_saves_every_memory_it_holds(tiny_models, tmp_path):
