@@ -98,6 +98,13 @@ class KeepsMemory:
         """Why a memory recorded for `identity` does not fit this drafter's target; None if it does."""
         raise NotImplementedError
 
+    def memory_damage(self, tensors: dict[str, torch.Tensor]) -> str | None:
+        """What is wrong with a file's tensors (missing, misshapen, ids outside the vocabulary,
+        probabilities that are not probabilities: a corrupted or hand-made file); None if nothing.
+        Checked before restore_memory: a NaN q would break the verifier's exactness, and an id
+        outside the vocabulary would crash the target pass."""
+        raise NotImplementedError
+
     def memory_files(self) -> list[str]:
         return [self.options.memory_file] if self.options.memory_file else []
 
@@ -115,4 +122,14 @@ class KeepsMemory:
         why = self.memory_mismatch(identity)
         if why:
             raise refuse(self.options.memory_file, self.name, self.memory_written_for, why)
+        damage = self.memory_damage(tensors)
+        if damage:
+            path = Path(self.options.memory_file).expanduser()
+            raise ValueError(f"{self.name}: memory_file '{path}' is damaged: it holds {damage}. Delete it, or point "
+                             "memory_file at a new path (it starts empty)")
         self.restore_memory(tensors)
+
+
+def within(ids: torch.Tensor, low: int, vocab_size: int) -> bool:
+    """Every id in [low, vocab_size) (True for none)."""
+    return not ids.numel() or (int(ids.min()) >= low and int(ids.max()) < vocab_size)

@@ -31,7 +31,7 @@ from ..heads.common import fingerprint_difference, target_fingerprint
 from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
 from .chain_draws import greedy_rows
-from .memory_file import KeepsMemory
+from .memory_file import KeepsMemory, within
 from .ngram import draftable
 from .path_bans import PathBans
 from .rank_trees import tree_from_accuracies
@@ -112,6 +112,17 @@ class RecyclingDrafter(KeepsMemory, Drafter):
 
     def memory_mismatch(self, identity):
         return fingerprint_difference(identity, self.memory_identity)
+
+    def memory_damage(self, tensors):
+        tokens, ids, probs = (tensors.get(name) for name in ("tokens", "ids", "probs"))
+        if tokens is None or ids is None or probs is None or ids.dim() != 2 or ids.shape != probs.shape \
+                or tokens.shape != ids.shape[:1]:
+            return "tensors without the shapes a matrix is saved in"
+        if not (within(tokens, 0, self.matrix.vocab_size) and within(ids, -1, self.matrix.vocab_size)):
+            return "token ids outside the target's vocabulary"
+        if not ((probs >= 0).all() and (probs <= 1).all()):  # a NaN fails both
+            return "probabilities outside [0, 1]"
+        return None
 
     def restore_memory(self, tensors):
         tokens = tensors["tokens"].long().to(self.device)

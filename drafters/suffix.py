@@ -23,7 +23,7 @@ import torch
 
 from .base import DETERMINISTIC, Drafter, DraftTree
 from .datastore_index import tokenizer_fingerprint
-from .memory_file import KeepsMemory
+from .memory_file import KeepsMemory, within
 from .ngram import draftable
 from .path_bans import PathBans
 from .registry import register
@@ -87,6 +87,7 @@ class SuffixDrafter(KeepsMemory, Drafter):
             if target is None:
                 raise ValueError("suffix: memory_file needs the target (its tokenizer says what the ids mean)")
             self.memory_identity = _ids_identity(target)
+            self.vocab_size = target.vocab_size  # a loaded cache's ids must lie below it
             self.load_memory()
 
     def max_depth(self) -> int:
@@ -153,10 +154,19 @@ class SuffixDrafter(KeepsMemory, Drafter):
             return "the tokenizer's vocabulary or splitting differs"
         return f"it records {identity}, this target is {self.memory_identity}"
 
+    def memory_damage(self, tensors):
+        tokens, lengths = tensors.get("tokens"), tensors.get("lengths")
+        if tokens is None or lengths is None or tokens.dim() != 1 or lengths.dim() != 1:
+            return "tensors without the shapes a cache is saved in"
+        if (lengths < 0).any() or int(lengths.sum()) != tokens.numel():
+            return "row lengths that do not add up to its tokens"
+        if not within(tokens, 0, self.vocab_size):
+            return "token ids outside the target's vocabulary"
+        return None
+
     def restore_memory(self, tensors):
-        tokens, o = tensors["tokens"].tolist(), self.options
-        ends = torch.cumsum(tensors["lengths"], 0).tolist()
-        rows = [tokens[end - length:end] for end, length in zip(ends, tensors["lengths"].tolist())]
+        o = self.options
+        rows = [row.tolist() for row in tensors["tokens"].split(tensors["lengths"].tolist())]
         # Today's limits may be lower than when it was saved: only the newest rows they keep are
         # indexed (what _evict() would leave, without indexing the others first).
         kept, held = 0, 0

@@ -743,6 +743,7 @@ def run(args: argparse.Namespace) -> int:
         server.server_close()
         # docker stop / systemd send SIGTERM again, then SIGKILL: the save is not interrupted
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        server.batcher.stop()  # the running rows end within a round, so the save need not wait for them
         server.batcher.save_memory_at_exit()
     return 0
 

@@ -375,10 +375,9 @@ class Batcher:
             job.cancel()
 
     def save_memory_at_exit(self, wait: float = 10.0) -> None:
-        """Stops the batches (stop()), then saves the drafter's memory once the running batch has
-        ended its round (the drafter is not read while it changes); after `wait` seconds the
-        last save stands."""
-        self.stop()
+        """The drafter's memory, once the running batch lets go of the drafter (it is not read
+        while it changes; after stop() that is within a round); after `wait` seconds the last
+        save stands."""
         if not self.decoder.drafter.memory_files():
             return
         if not self.lock.acquire(timeout=wait):

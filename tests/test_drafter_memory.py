@@ -182,6 +182,39 @@ def test_a_memory_written_for_something_else_is_refused_and_kept(tiny_models, tm
         decoder(llama, {"name": "suffix", "memory_file": str(cache), "max_cached_requests": 0})
 
 
+def test_a_damaged_memory_is_refused_before_it_drafts(tiny_models, tmp_path):
+    """A corrupted or hand-made file with the right identity: a NaN probability would become a NaN
+    q in the verifier, an id outside the vocabulary would crash the target pass. Refused at load."""
+    folder = tiny_models["llama"][0]
+    good = {}
+    for name in ("recycling", "suffix"):
+        dec = decoder(folder, {"name": name, "memory_file": str(tmp_path / f"{name}.safetensors")})
+        dec.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0)
+        dec.save_drafter_memory()
+        good[name] = memory_file.read_memory(tmp_path / f"{name}.safetensors", name)
+    vocab = decoder(folder, {"name": "none"}).engine.vocab_size
+
+    def changed(name, **tensors):
+        identity, saved = good[name]
+        path = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}.safetensors"  # a file of its own
+        memory_file.write_memory(path, name, identity, {**saved, **tensors})
+        return {"name": name, "memory_file": str(path)}
+
+    probs, ids, tokens = (good["recycling"][1][k] for k in ("probs", "ids", "tokens"))
+    lengths, cached = good["suffix"][1]["lengths"], good["suffix"][1]["tokens"]
+    for config, why in ((changed("recycling", probs=torch.full_like(probs, float("nan"))), "probabilities outside"),
+                        (changed("recycling", probs=probs + 1.5), "probabilities outside"),
+                        (changed("recycling", ids=torch.full_like(ids, vocab)), "outside the target's vocabulary"),
+                        (changed("recycling", tokens=tokens[:-1]), "shapes a matrix"),
+                        (changed("suffix", tokens=torch.full_like(cached, vocab)), "outside the target's vocabulary"),
+                        (changed("suffix", lengths=lengths + 1), "do not add up"),
+                        (changed("suffix", lengths=lengths[:0]), "do not add up")):
+        with pytest.raises(ValueError, match=f"memory_file .* is damaged: it holds .*{why}"):
+            decoder(folder, config)
+    for name in ("recycling", "suffix"):  # the undamaged files still load
+        assert decoder(folder, changed(name)).drafter.memory_files()
+
+
 def test_the_cli_saves_the_memory_when_a_run_ends(tiny_models, chat_target, tmp_path, capsys, monkeypatch):
     folder, path = tiny_models["llama"][0], tmp_path / "cli" / "s.safetensors"
     args = ["generate", "--drafter", "suffix", "--set", f"target.path={folder}", "--set",
@@ -290,6 +323,7 @@ def test_a_stopping_server_ends_its_batch_within_a_round_and_saves(tiny_models, 
     while not batcher.waiting and time.monotonic() < deadline:
         time.sleep(0.01)
     t0 = time.monotonic()
+    batcher.stop()
     batcher.save_memory_at_exit(wait=30)
     assert time.monotonic() - t0 < 10 and path.exists()
     long.join(30), waiting.join(30)
