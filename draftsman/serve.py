@@ -699,7 +699,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
                         f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
     p.add_argument("--save-memory-every", type=float, default=300.0, metavar="SECONDS",
-                   help="a drafter with a memory_file (suffix, recycling) writes its memory between batches at "
+                   help="a drafter with a memory_file (suffix, recycling) writes its memory between rounds at "
                         "most every SECONDS seconds, and when the server stops (default 300; 0: only when it stops)")
     add_reply_parser_args(p, 'chat replies (tool calls: of requests that send "tools"; vLLM\'s flags): ')
     p.add_argument("--enable-auto-tool-choice", action="store_true",

@@ -280,8 +280,9 @@ class Batcher:
         self.running = 0  # requests in the generation now running
         self._waiting_lock = threading.Lock()
         self._runner = False  # a runner thread is serving the waiting requests
-        # A drafter's memory_file is written between batches at most this often (seconds; None:
-        # only at exit): a server killed outright loses at most this much of what it learnt.
+        # A drafter's memory_file is written between rounds at most this often (seconds; None:
+        # only at exit; 0: after every round): a server killed outright loses at most this much
+        # of what it learnt.
         self.save_memory_every: float | None = None
         self._memory_saved_at = time.monotonic()
         self._owner: list = []  # the running generation's (job, row) pairs, joined rows included
@@ -357,10 +358,7 @@ class Batcher:
                     if not batch:
                         self._runner = False
                         return
-                self._run(batch)
-                every = self.save_memory_every
-                if every is not None and time.monotonic() - self._memory_saved_at >= every:
-                    self._save_memory()
+                self._run(batch)  # (which saves the drafter's memory when due)
 
     def stop(self) -> None:
         """The server is stopping: requests still waiting are answered with an error, and the rows
@@ -388,6 +386,14 @@ class Batcher:
             self._save_memory()
         finally:
             self.lock.release()
+
+    def _save_memory_if_due(self) -> None:
+        """Under the lock, between a generation's rounds (its last included): under steady load
+        one generation may run for hours (requests join it as others end), and a save only
+        between generations would wait for it."""
+        every = self.save_memory_every
+        if every is not None and time.monotonic() - self._memory_saved_at >= every:
+            self._save_memory()
 
     def _save_memory(self) -> None:
         """Under the lock. A failed write (disk full) is reported, and serving goes on: the runner
@@ -532,6 +538,9 @@ class Batcher:
             for row, chunk in self.decoder.stream_batch(rows, stats=stats, aborted=aborted, **settings):
                 job, job_row = owner[row]
                 job.deliver(job_row, chunk, stats, before_answer=answering)
+                # The engine yields after its drafter has seen the round: its memory is whole here
+                # (a running row's output so far is saved as a cached one).
+                self._save_memory_if_due()
         except Exception as e:  # the jobs that joined are answered here; the batch's own by _run
             for job in joined:
                 job.fail(e)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -240,10 +241,10 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
     batcher.generate([[3, 4, 5]], {"max_new_tokens": 6, "temperature": 0.0})
     time.sleep(0.5)
     assert not path.exists()  # save_memory_every None: only at exit
-    batcher.save_memory_every = 0.0  # after every batch
+    batcher.save_memory_every = 0.0  # after every round and batch
     batcher.generate([[6, 7, 8]], {"max_new_tokens": 6, "temperature": 0.0})
     deadline = time.monotonic() + 30
-    while not path.exists() and time.monotonic() < deadline:  # written by the runner after the answer
+    while batcher._runner and time.monotonic() < deadline:  # the last save comes after the answer
         time.sleep(0.05)
     assert path.exists()
     path.unlink()
@@ -258,7 +259,8 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
         out, _ = batcher.generate([prompt], {"max_new_tokens": 4, "temperature": 0.0},
                                   gone=lambda: time.monotonic() > deadline)
         assert len(out.token_ids[0]) == 4
-    time.sleep(0.2)
+    while batcher._runner and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert "drafter memory not saved: the save broke" in capsys.readouterr().err
     dec.save_drafter_memory = saves
 
@@ -269,11 +271,26 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
 
+# `draftsman serve` with rounds as slow as a big target's (0.2 s), so a long request still runs
+# when the server is told to stop
+SLOW_SERVER = """import sys, time
+from draftsman.cli import main
+from draftsman.drafters.recycling import RecyclingDrafter
+propose = RecyclingDrafter.propose
+def slow(self, contexts):
+    time.sleep(0.2)
+    return propose(self, contexts)
+RecyclingDrafter.propose = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_models, tmp_path):
     """`draftsman serve` as a process: SIGTERM (docker stop, systemd) stops it as Ctrl-C does, and
-    the drafter's memory is written on the way out."""
+    the drafter's memory is written on the way out, within a round of the request still running
+    (docker stop kills after 10 s; a save that waited for the request would not come)."""
     folder, path = tiny_models["llama"][0], tmp_path / "served.safetensors"
-    server = subprocess.Popen([sys.executable, "-m", "draftsman", "serve", "--drafter", "recycling", "--set",
+    server = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "serve", "--drafter", "recycling", "--set",
                                f"target.path={folder}", "--set", f"drafter.memory_file={path}", "--port", "0",
                                "--quiet"], stderr=subprocess.PIPE, text=True)
     try:
@@ -282,8 +299,16 @@ def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_model
         status, answer = call(base, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
         assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
         assert not path.exists()  # the periodic save is due after 300 s
+        long = {"prompt": "def g(y):", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+        threading.Thread(target=lambda: call(base, "/v1/completions", long), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while "num_requests_running 1.0" not in urllib.request.urlopen(base + "/metrics").read().decode():
+            assert time.monotonic() < deadline, "the long request never ran"
+            time.sleep(0.05)
+        t0 = time.monotonic()
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 8
         assert f"drafter memory saved to {path}" in server.stderr.read()
     finally:
         server.kill()
@@ -340,3 +365,34 @@ def test_a_stopped_server_answers_503(tiny_models):
         server.batcher.stop()
         status, answer = call(base, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 4})
     assert status == 503 and "the server is stopping" in answer["error"]["message"]
+
+
+def test_a_server_saves_the_memory_while_one_generation_runs_on(tiny_models, tmp_path):
+    """Under steady load requests keep joining one generation, which may then run for hours: the
+    periodic save comes between its rounds, each file holding the running row's output so far."""
+    folder, path = tiny_models["llama"][0], tmp_path / "running.safetensors"
+    dec = decoder(folder, {"name": "suffix", "memory_file": str(path)})
+    propose, save = dec.drafter.propose, dec.save_drafter_memory
+
+    def slow(contexts):  # rounds of a big target
+        time.sleep(0.05)
+        return propose(contexts)
+
+    saved_rows = []
+
+    def saving():  # what each save wrote, as the next process would load it
+        paths = save()
+        saved_rows.append(cached_rows(decoder(folder, {"name": "suffix", "memory_file": str(path)}).drafter))
+        return paths
+
+    dec.drafter.propose, dec.save_drafter_memory = slow, saving
+    batcher = Batcher(dec, threading.Lock())
+    batcher.save_memory_every = 0.3
+    prompt, n = [3, 4, 5], 48
+    out, _ = batcher.generate([prompt], {"max_new_tokens": n, "temperature": 0.0})
+    assert out.token_ids == [greedy(folder, prompt, n)]  # saving between rounds changes nothing
+    whole = prompt + out.token_ids[0]
+    during = [rows for rows in saved_rows if rows and len(rows[0]) < len(whole)]
+    assert len(during) >= 2, saved_rows  # saves before the generation ended, its output growing
+    assert all(len(rows) == 1 and whole[:len(rows[0])] == rows[0] for rows in during)
+    assert len({len(rows[0]) for rows in during}) == len(during)
