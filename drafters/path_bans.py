@@ -150,20 +150,16 @@ class PathBanRound:
     def _held_to_grammar(self, logits: torch.Tensor, shared: bool, drafts: list) -> torch.Tensor:
         """The logits with -inf where each draft's row grammar does not allow the token (a copy
         when `shared`: the caller's own)."""
-        vocab_map = self.vocab_map  # its ids are the target's: no need to read its largest (a device sync)
-        id_width = logits.shape[-1] if vocab_map is None else self.grammar.vocab_size
-        keys, allowed = self.grammar.allowed([((b, k), row, path) for b, k, row, path in drafts], id_width)
+        keys, masks = self.grammar.masks([((b, k), row, path) for b, k, row, path in drafts])
         if not keys:
             return logits
-        if vocab_map is not None:  # token ids -> the draft vocabulary's columns
-            allowed = allowed[:, vocab_map.to(allowed.device)]
         if shared:
             logits = logits.clone()
-        at_b = torch.tensor([b for b, _ in keys], device=logits.device)
-        forbidden = ~allowed.to(logits.device)
+        logits = logits.contiguous()
+        # vocab_map: each draft column's token id (its ids are the target's, all within the masks)
         if logits.dim() == 3:
-            at_k = torch.tensor([k for _, k in keys], device=logits.device)
-            logits[at_b, at_k] = logits[at_b, at_k].masked_fill(forbidden, -torch.inf)
+            at = [b * logits.shape[1] + k for b, k in keys]
         else:
-            logits[at_b] = logits[at_b].masked_fill(forbidden, -torch.inf)
+            at = [b for b, _ in keys]
+        masks.apply_(logits.view(-1, logits.shape[-1]), at, self.vocab_map)
         return logits

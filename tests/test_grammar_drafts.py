@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 import draftsman
 from draftsman.verifier.structured import StructuredOutput
+from draftsman.verifier.token_masks import TokenMasks
 from test_row_min_new_tokens import close_draft, drafters  # noqa: F401 (a fixture)
 from test_structured_output import GRAMMARS, NEW, PROMPTS, allowed_after, reference_outputs
 from tiny_models import target_device
@@ -168,11 +169,11 @@ def test_a_draft_vocabulary_without_an_allowed_token_keeps_its_logits():
 
     class Grammar:  # allows token 5 on row 0, token 1 on row 1 (not in the draft vocabulary)
         vocab_size = 8
-        def allowed(self, asks, width):
-            allowed = torch.zeros(len(asks), width, dtype=torch.bool)
+        def masks(self, asks):
+            allowed = torch.zeros(len(asks), self.vocab_size, dtype=torch.bool)
             for i, (_, row, _) in enumerate(asks):
                 allowed[i, 5 if row == 0 else 1] = True
-            return [key for key, _, _ in asks], allowed
+            return [key for key, _, _ in asks], TokenMasks.packed(allowed)
 
     vocab_map = torch.tensor([2, 5, 7])  # draft column -> token id
     bans = PathBanRound([_RowBan(None, None, frozenset(), []) for _ in range(2)], Grammar())

@@ -9,6 +9,7 @@ import torch
 from .block_penalties import writable
 from .ngram_ban import node_paths
 from .structured import StructuredOutput
+from .token_masks import TokenMasks
 from .tree import TreeBlock
 
 
@@ -83,13 +84,12 @@ class RowGrammars:
         for b, row, output, nodes in node_paths(block, rows, outputs, which):
             walk = self._walk(row, specs[b], output, end_ids[b])
             asks += [((b, j), walk, path) for j, path in nodes]
-        masked, allowed = self._allowed(asks, logits.shape[-1])
+        masked, masks = self._allowed(asks)
         if not masked:
             return logits
-        logits = writable(logits)
-        at_b = torch.tensor([b for b, _ in masked], device=logits.device)
-        at_j = torch.tensor([j for _, j in masked], device=logits.device)
-        logits[at_b, at_j] = logits[at_b, at_j].masked_fill(~allowed.to(logits.device), float("-inf"))
+        logits = writable(logits).contiguous()
+        positions = logits.shape[1]
+        masks.apply_(logits.view(-1, logits.shape[-1]), [b * positions + j for b, j in masked])
         return logits
 
     def drafts(self, rows: list[int], outputs: list[list[int]], specs: list[StructuredOutput | None],
@@ -106,11 +106,11 @@ class RowGrammars:
         tail = () if started else tuple(output[max(0, len(output) - (len(marker) - 1)):])  # a marker may span both
         return _RowWalk(matcher, started, tail, marker, end_ids)
 
-    def _allowed(self, asks: list, width: int) -> tuple[list, torch.Tensor]:
-        """(the keys of the asks the grammar holds, bool (n, width): what each allows). asks:
-        (key, walk, path) with each walk's asks together, best in tree order (each path shares
-        the most with the one before); an ask whose node the grammar does not hold (not begun,
-        forbidden path, below an end token) is left out."""
+    def _allowed(self, asks: list) -> tuple[list, TokenMasks | None]:
+        """(the keys of the asks the grammar holds, their masks: what each allows, packed; None
+        when none is held). asks: (key, walk, path) with each walk's asks together, best in tree
+        order (each path shares the most with the one before); an ask whose node the grammar
+        does not hold (not begun, forbidden path, below an end token) is left out."""
         from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
         bitmask = allocate_token_bitmask(max(1, len(asks)), self.compiler.tokenizer().vocab_size)
         masked, walks = [], []  # walks: the walk of each masked ask
@@ -126,22 +126,18 @@ class RowGrammars:
         if last is not None:
             last.leave()
         if not masked:
-            return masked, torch.zeros(0, width, dtype=torch.bool)
-        bits = torch.arange(32, dtype=torch.int32)
-        allowed = ((bitmask[: len(masked), :, None] >> bits) & 1).bool().flatten(1)[:, :width]
-        if allowed.shape[1] < width:  # logits wider than the tokenizer: the rest is no token
-            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+            return masked, None
+        masks = TokenMasks(bitmask[: len(masked)])
         eos = self.compiler.eos_token_ids
-        may_end = allowed[:, eos].any(-1) if eos else torch.zeros(len(masked), dtype=torch.bool)
-        own = {}  # each walk's end tokens, as a row of `ends`
-        for walk in walks:
-            own.setdefault(id(walk), (len(own), walk.end_ids))
-        ends = torch.zeros(len(own), width, dtype=torch.bool)
-        for i, end_ids in own.values():
-            ends[i, [t for t in end_ids if t < width]] = True
-        at = torch.tensor([own[id(walk)][0] for walk in walks])
-        allowed |= ends[at] & may_end[:, None]  # a row's stop tokens end it where its grammar may end
-        return masked, allowed
+        may_end = masks.allows(eos).any(-1) if eos else torch.zeros(len(masked), dtype=torch.bool)
+        ends = {}  # a row's stop tokens end it where its grammar may end: each walk's masks that may
+        for i, walk in enumerate(walks):
+            ends.setdefault(id(walk), (walk.end_ids, []))[1].append(i)
+        for end_ids, at in ends.values():
+            which = torch.zeros(len(masked), dtype=torch.bool)
+            which[at] = may_end[at]
+            masks.allow_(which, sorted(end_ids))
+        return masked, masks
 
     def _advanced(self, row: int, spec: StructuredOutput, output: list[int]):
         """(the row's matcher, fed the output tokens it has not taken yet; whether the grammar has
@@ -214,11 +210,16 @@ class DraftGrammar:
         self._grammars, self.walks = grammars, walks
         self.vocab_size = grammars.compiler.vocab_size  # the target's token ids: [0, vocab_size)
 
-    def allowed(self, asks: list[tuple[object, int, list[int]]], width: int) -> tuple[list, torch.Tensor]:
-        """(the keys of the asks a grammar holds, bool (n, width) over token ids: what each
-        allows). asks: (key, row, path of drafts below the root), each row's together."""
+    def masks(self, asks: list[tuple[object, int, list[int]]]) -> tuple[list, TokenMasks | None]:
+        """(the keys of the asks a grammar holds, what each allows over token ids, packed (None
+        where none is held)). asks: (key, row, path of drafts below the root), each row's together."""
         return self._grammars._allowed([(key, self.walks[row], path) for key, row, path in asks
-                                        if self.walks[row] is not None], width)
+                                        if self.walks[row] is not None])
+
+    def allowed(self, asks: list[tuple[object, int, list[int]]], width: int) -> tuple[list, torch.Tensor]:
+        """masks(), unpacked: bool (n, width) over token ids."""
+        keys, masks = self.masks(asks)
+        return keys, torch.zeros(0, width, dtype=torch.bool) if masks is None else masks.allowed(width)
 
     def forced(self, row: int) -> list[int]:
         """The tokens the row's grammar forces next, as llguidance spells them (its fast-forward

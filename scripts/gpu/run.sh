@@ -8,6 +8,8 @@
 #   WORKERS      pytest-xdist workers for the suite (default 8), each with one torch thread
 #   COMPARE      0 skips the compare (a call for the suite and loadtest alone)
 #   LOAD_S       seconds for loadtest.sh, drafters' servers side by side under load (default 0: skipped)
+#   MASKS        1: grammar masks on the GPU, packed against unpacked (scripts/grammar_mask_cost.py
+#                masking cuda; seconds), into masks.md (default 0)
 # Measured on an H200 lease (2026-11-30): machine start + transfer ~40 s; the suite on 8 workers
 # passes ~85% of its tests in 100 s; bench-zoo-gpu.yaml at T=0 with 3 prompts per category and
 # batch sizes 1,4,16 takes 3.5 min, the whole config (T=0 and 1, 4 prompts, batch 1-16) ~7.5 min.
@@ -61,6 +63,12 @@ if [ "$SUITE_S" -gt 0 ]; then
   grep -E "(FAILED|ERROR) tests" "$LOG/pytest.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | head -n 40
   echo "passed: $(grep -c " PASSED " "$LOG/pytest.log")"; tail -n 22 "$LOG/pytest.log"
   [ -f "$LOG/failures.txt" ] && grep -E "^E  |^====" "$LOG/failures.txt" | head -n 60
+fi
+
+if [ "${MASKS:-0}" = 1 ]; then
+  stage "grammar masks on the GPU"
+  timeout 120 python3 scripts/grammar_mask_cost.py masking cuda > "$LOG/masks.md" 2>&1
+  echo "grammar_mask_cost exit $?"; cat "$LOG/masks.md"
 fi
 
 if [ "$LOAD_S" -gt 0 ]; then
