@@ -10,12 +10,17 @@ lets a slot's place in the tensor differ from its position in the text.
     rollback(lens)  forget every slot at position >= lens[b]
     select_rows(ix) drop finished rows
     add_rows(other) rows join the batch (continuous batching): another cache's, or empty ones
+
+Sliding-window layers (Mistral, Gemma 2 / 3, Qwen2 with use_sliding_window, Phi-3) keep every
+slot, as full-attention ones do: a slot is dropped only when its draft is rejected, which a
+window that evicts by count cannot know. Their window is in the mask instead: a node sees a key
+at position k only if k > its own position - sliding_window, as Hugging Face masks it.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .direct_forward import DirectForward
 from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
@@ -81,20 +86,19 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
         self.cache_kwarg = cache_kwarg(model)  # 'cache' or 'past_key_values', by transformers release
-        self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct else None
+        # The window of its sliding-window layers (None: it has none), and whether its forward takes
+        # a mask per layer kind ({"full_attention": ..., "sliding_attention": ...}) or one for all.
+        self.sliding_window, self._masks_by_kind = _sliding_window(model.config)
+        self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct else None  # (None: sliding)
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache(config=self.model.config)
-        for i, layer in enumerate(self.cache.layers):
-            if type(layer) is not DynamicLayer:
-                raise NotImplementedError(
-                    f"cache layer {type(layer).__name__} (sliding window or hybrid attention) is not "
-                    "supported yet: draftsman needs plain full-attention layers to drop tree slots")
-            self.cache.layers[i] = SlotLayer()
+        self.cache.layers = [SlotLayer() for _ in self.cache.layers]  # sliding ones too (module docstring)
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
         self._pending: TreeBlock | None = None
+        self._pending_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
 
     @property
     def num_slots(self) -> int:
@@ -127,23 +131,24 @@ class CachedLM:
         direct = self.direct if set(hidden_layers) <= {-1} else None  # it returns the last state only
         if direct is None and also_visible is None and self._dense() and block.is_full_chain():
             # Slot j holds position j in every row and the block continues them as a chain: plain
-            # causal attention, which the model builds itself (cheaper than our 4D mask).
+            # causal attention, which the model builds itself (cheaper than our 4D mask); its
+            # sliding window too, as slot j is position j.
             mask = None
         else:
             prefix_ok = (self.slot_pos >= 0)[:, None, :].expand(B, T, S)
             if also_visible is not None:
                 prefix_ok = prefix_ok | also_visible
             allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
-            dtype = self.dtype
-            mask = torch.zeros(B, 1, T, S + T, dtype=dtype, device=self.device)
-            mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+            mask = self._additive(allowed)
+            if self.sliding_window is not None:
+                mask = self._with_window(mask, allowed, position_ids)
         if logits_at is not None:
             logits_at = logits_at.to(self.device)
         if direct is not None:
             logits, last = direct(self.cache, mask, position_ids, logits_at=logits_at,
                                   **({"input_ids": block.tokens} if inputs_embeds is None else
                                      {"inputs_embeds": inputs_embeds}))
-            self._add_pending(block)
+            self._add_pending(block, position_ids)
             return logits, {-1: last} if hidden_layers else {}
         inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
@@ -151,7 +156,7 @@ class CachedLM:
         inputs[self.cache_kwarg] = self.cache
         out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
                          use_cache=True, output_hidden_states=bool(hidden_layers))
-        self._add_pending(block)
+        self._add_pending(block, position_ids)
         hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
         if logits_at is None:
             return out.logits, hidden
@@ -163,12 +168,30 @@ class CachedLM:
             return out.logits[:, 0], hidden
         return out.logits[torch.arange(B, device=self.device), logits_at], hidden
 
-    def _add_pending(self, block: TreeBlock) -> None:
-        """The block's slots join the cache as pending (position -1) until accept()."""
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """(B, 1, T, K) of the attention dtype: 0 where allowed, its lowest value elsewhere."""
+        mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
+
+    def _with_window(self, full: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor):
+        """The masks of a model with sliding-window layers: theirs also hides keys at positions <=
+        the node's own - sliding_window."""
+        slots = self.slot_pos.clone()
+        if self._pending_pos.shape[1]:  # uncommitted slots of earlier calls (a tree grown a depth a call)
+            slots[:, slots.shape[1] - self._pending_pos.shape[1]:] = self._pending_pos
+        key_pos = torch.cat([slots, position_ids], dim=1)  # (B, S + T); holes are not allowed anyway
+        near = key_pos[:, None, :] > position_ids[:, :, None] - self.sliding_window
+        sliding = self._additive(allowed & near)
+        return {"full_attention": full, "sliding_attention": sliding} if self._masks_by_kind else sliding
+
+    def _add_pending(self, block: TreeBlock, position_ids: torch.Tensor) -> None:
+        """The block's slots join the cache as pending (position -1) until accept() or rollback();
+        their positions are kept apart (the last slots' until then) for a sliding window's mask."""
         B, T = block.tokens.shape
         pending = torch.full((B, T), -1, dtype=torch.long, device=self.device)
         self.slot_pos = torch.cat([self.slot_pos, pending], dim=1)
         self._pending = block
+        self._pending_pos = torch.cat([self._pending_pos, position_ids], dim=1)
 
     def accept(self, keep: list[list[int]]) -> None:
         """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""
@@ -184,7 +207,7 @@ class CachedLM:
             offsets = torch.arange(K, device=self.device)
             self.slot_pos[:, start:] = torch.where(offsets < counts[:, None], self.lengths[:, None] + offsets, -1)
             self.lengths += counts
-            self._pending = None
+            self._settle()
             self._maybe_compact()
             return
         index = torch.zeros(B, K, dtype=torch.long)
@@ -204,8 +227,13 @@ class CachedLM:
         self.slot_pos[:, start:] = torch.where(
             kept, self.lengths[:, None] + torch.arange(K, device=self.device), torch.full_like(index, -1))
         self.lengths += counts
-        self._pending = None
+        self._settle()
         self._maybe_compact()
+
+    def _settle(self) -> None:
+        """No slot is pending any more (accepted, rolled back or cropped)."""
+        self._pending = None
+        self._pending_pos = self._pending_pos[:, :0]
 
     def _dense(self) -> bool:
         """Every row holds exactly num_slots committed tokens, so slot j is position j (no holes)."""
@@ -219,7 +247,7 @@ class CachedLM:
         self.lengths = torch.minimum(self.lengths, new_lengths)
         live = (self.slot_pos >= 0).any(0).nonzero()
         self._crop_to(int(live.max()) + 1 if live.numel() else 0)
-        self._pending = None  # a pending block's slots (-1) were the last ones: cropped with the rest
+        self._settle()  # a pending block's slots (-1) were the last ones: cropped with the rest
         self._maybe_compact()
 
     def select_rows(self, indices: list[int]) -> None:
@@ -227,6 +255,7 @@ class CachedLM:
         for layer in self._layers():
             layer.keys, layer.values = layer.keys[ix], layer.values[ix]
         self.slot_pos, self.lengths = self.slot_pos[ix], self.lengths[ix]
+        self._pending_pos = self._pending_pos[ix]
         self._maybe_compact()
 
     def add_rows(self, other: "CachedLM | int") -> None:
@@ -256,6 +285,7 @@ class CachedLM:
             layer.keys, layer.values = keys, values
         self.slot_pos = torch.cat([_holes_to(pos, len(pos), S, pos, fill=-1) for pos in (self.slot_pos, joined_pos)])
         self.lengths = torch.cat([self.lengths, joined_lengths])
+        self._pending_pos = self.slot_pos[:, :0]
 
     def _crop_to(self, num_slots: int) -> None:
         for layer in self._layers():
@@ -283,6 +313,29 @@ class CachedLM:
         pos = self.slot_pos[row]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
+
+
+def _sliding_window(config) -> tuple[int | None, bool]:
+    """(the sliding window of the model's sliding-window layers, or None where it has none;
+    whether its forward takes a mask per layer kind, as models with `layer_types` do). Other
+    layers than full and sliding attention are refused, naming what is not supported."""
+    text = config.get_text_config()
+    types = getattr(text, "layer_types", None)
+    if "chunked_attention" in (types or []) or getattr(text, "attention_chunk_size", None) is not None:
+        raise NotImplementedError("chunked attention (Llama 4's) is not supported yet: draftsman masks full "
+                                  "and sliding-window attention only")
+    windows = set()
+    for layer in DynamicCache(config=config).layers:
+        if type(layer) is DynamicSlidingWindowLayer:
+            windows.add(layer.sliding_window)
+        elif type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"cache layer {type(layer).__name__} (linear or hybrid attention, shared KV) is not supported "
+                "yet: draftsman verifies on models whose layers attend fully or through a sliding window")
+    if len(windows) > 1:
+        raise NotImplementedError(f"sliding-window layers with different windows {sorted(windows)} are not "
+                                  "supported yet")
+    return (windows.pop() if windows else None), types is not None
 
 
 def _used(layer) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,0 +1,110 @@
+"""Targets with sliding-window attention (verifier/cached_model.py): Mistral and Phi-3 (every layer
+in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed, Gemma
+2 with soft-capping), and Qwen3 beside them (full attention, a family the other tests lack). Their cache keeps every slot and the window is in the mask, so greedy output through
+trees, chains and ragged batches equals Hugging Face's own `generate`, long after the window."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Llama4TextConfig, MistralConfig, \
+    Phi3Config, Qwen2Config, Qwen3Config
+
+import draftsman
+from draftsman.verifier.cached_model import _sliding_window
+
+from tiny_models import load_for_reference
+
+WINDOW = 8
+ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "qwen3"]
+NEW = 40
+# Longer than the window, and repeating, so that ngram drafts trees that are partly rejected.
+PROMPTS = [[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 5, 9, 13, 17], [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 11]]
+
+
+def config(arch: str, vocab_size: int, eos: int):
+    common = dict(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, hidden_size=64,
+                  intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, initializer_range=0.2)
+    mixed = ["sliding_attention", "full_attention"] * 2
+    if arch == "mistral":  # every layer slides
+        return MistralConfig(sliding_window=WINDOW, **common)
+    if arch == "qwen2":  # layers from max_window_layers on slide
+        return Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2, **common)
+    if arch == "phi3":  # Phi-3 mini slides every layer (2047 tokens)
+        return Phi3Config(sliding_window=WINDOW, **common)
+    if arch == "qwen3":  # full attention; its own q / k norms
+        return Qwen3Config(head_dim=16, **common)
+    if arch == "gemma2":
+        return Gemma2Config(head_dim=16, sliding_window=WINDOW, layer_types=mixed, final_logit_softcapping=30.0,
+                            attn_logit_softcapping=50.0, **common)
+    return Gemma3TextConfig(head_dim=16, sliding_window=WINDOW, layer_types=mixed, **common)
+
+
+@pytest.fixture(scope="module")
+def sliding_targets(tmp_path_factory, tiny_tokenizer):
+    out = {}
+    for i, arch in enumerate(ARCHS):
+        folder = tmp_path_factory.mktemp(f"sliding-{arch}")
+        tiny_tokenizer.save_pretrained(folder)
+        torch.manual_seed(40 + i)
+        model = AutoModelForCausalLM.from_config(config(arch, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
+        model.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
+        reference = load_for_reference(folder)
+        expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                       do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+        out[arch] = (folder, expected)
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sliding_window_targets_give_their_own_greedy_output(sliding_targets, arch):
+    folder, expected = sliding_targets[arch]
+    assert _sliding_window(load_for_reference(folder).config)[0] == (None if arch == "qwen3" else WINDOW)
+    # a chain, a copied tree, a model's chain, and a dynamic tree grown a depth a call (earlier
+    # depths' slots pending: their positions go into the window too)
+    for drafter in ({"name": "none"}, {"name": "ngram"}, {"name": "draft_model", "path": str(folder), "k": 4},
+                    {"name": "draft_model", "path": str(folder), "k": 4, "top_k": 2}):
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+        out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, drafter  # a ragged batch of two
+        alone = dec.generate(input_ids=PROMPTS[1:], max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert alone.token_ids == expected[1:], drafter
+        if drafter["name"] == "draft_model":  # the target drafting for itself: every draft accepted
+            assert out.stats.tau > 2.5, (drafter, out.stats.tau)
+
+
+def test_chunked_attention_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match="chunked attention"):
+        _sliding_window(Llama4TextConfig(attention_chunk_size=8, num_hidden_layers=2))
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_a_tree_grown_a_depth_a_call_sees_its_ancestors_in_the_window(sliding_targets, arch):
+    """A dynamic tree (draft_model's top_k, EAGLE) runs each depth uncommitted on top of the earlier
+    depths' slots: each node's logits equal a plain forward over prompt + its path, so the pending
+    ancestors are seen at their own positions through the window."""
+    from draftsman.drafters.dynamic_tree import grow_level
+    from draftsman.verifier.cached_model import CachedLM
+    from draftsman.verifier.tree import TreeBlock
+
+    model = load_for_reference(sliding_targets[arch][0])
+    lm = CachedLM(model)
+    lm.reset(1)
+    prompt = PROMPTS[0]
+    lm.forward(TreeBlock.chains([prompt], lm.device))
+    lm.accept([list(range(len(prompt)))])
+    paths = [[3], [4]]  # two branches, grown three depths
+    for depth in range(1, 4):
+        S = lm.num_slots
+        visible = None
+        if depth > 1:  # each branch's earlier nodes: the last 2 (depth - 1) pending slots, alternating
+            visible = torch.zeros(1, 2, S, dtype=torch.bool)
+            for branch in range(2):
+                visible[0, branch, [S - 2 * k + branch for k in range(1, depth)]] = True
+        tokens = torch.tensor([[path[-1] for path in paths]])
+        logits, _ = grow_level(lm, tokens, depth, visible)
+        for branch, path in enumerate(paths):
+            expected = model(torch.tensor([prompt + path])).logits[0, -1]
+            torch.testing.assert_close(logits[0, branch], expected, rtol=1e-4, atol=1e-4)
+        paths = [path + [int(logits[0, b].argmax())] for b, path in enumerate(paths)]
+    lm.rollback(lm.lengths.clone())
+    assert lm.num_slots == len(prompt) and lm._pending_pos.shape[1] == 0
