@@ -108,3 +108,30 @@ def test_a_tree_grown_a_depth_a_call_sees_its_ancestors_in_the_window(sliding_ta
         paths = [path + [int(logits[0, b].argmax())] for b, path in enumerate(paths)]
     lm.rollback(lm.lengths.clone())
     assert lm.num_slots == len(prompt) and lm._pending_pos.shape[1] == 0
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_sampled_rows_follow_a_sliding_window_target(sliding_targets, arch, tmp_path):
+    """T=1: 6000 rows of a 16-token prompt (twice the window), drafted by a perturbed copy of the
+    target (drafts accepted and rejected), emit first and second tokens with the target's exact
+    marginals (chi-square); the same samples do not fit the target without its window."""
+    from test_engine_sampling import ALPHA, ROWS, exact_marginals, fit_pvalue
+    from tiny_models import perturbed_copy
+
+    from draftsman.verifier.sampling import SamplingParams
+
+    folder = sliding_targets[arch][0]
+    draft = perturbed_copy(folder, tmp_path / "draft", noise=0.3)
+    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(draft),
+                                                                        "k": 3}})
+    prompt = PROMPTS[0]
+    out = dec.generate(input_ids=[prompt] * ROWS, max_new_tokens=2, temperature=1.0, seed=7)
+    assert out.stats.tau > 1.01  # both accept and reject paths
+    reference = load_for_reference(folder)
+    p1, p2 = exact_marginals(reference, prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) >= 2])
+    assert fit_pvalue(first, p1) > ALPHA and fit_pvalue(second, p2) > ALPHA
+    reference.config.sliding_window = 10 ** 6  # power: the window changes what these rows emit
+    unwindowed, _ = exact_marginals(reference, prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
+    assert fit_pvalue(first, unwindowed) < ALPHA
