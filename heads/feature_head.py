@@ -88,6 +88,7 @@ class FeatureHead(nn.Module):
         for key in ("num_hidden_layers", "n_layer"):
             if hasattr(body_config, key):
                 setattr(body_config, key, 1)
+        _full_attention(body_config)
         body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
         if config.kind == "eagle3":
             eagle3.make_midlayer(_decoder_layers(body)[0])
@@ -211,6 +212,16 @@ class FeatureHead(nn.Module):
 def _num_layers(model: nn.Module) -> int:
     cfg = model.config
     return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+
+
+def _full_attention(config) -> None:
+    """A head's one layer attends to its whole context, whatever the target's layers do (a sliding
+    window, as Gemma's or Mistral's): as vLLM's and SGLang's EAGLE heads, and one mask for the
+    training-time test and the drafter alike."""
+    if getattr(config, "layer_types", None) is not None:  # which layers slide is read from here (Gemma,
+        config.layer_types = ["full_attention"]  # Qwen2), and Gemma still wants its sliding_window set
+    elif getattr(config, "sliding_window", None) is not None:  # every layer slides (Mistral, Phi-3)
+        config.sliding_window = None
 
 
 def _decoder_layers(body: nn.Module) -> nn.ModuleList:

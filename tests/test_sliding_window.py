@@ -135,3 +135,30 @@ def test_sampled_rows_follow_a_sliding_window_target(sliding_targets, arch, tmp_
     reference.config.sliding_window = 10 ** 6  # power: the window changes what these rows emit
     unwindowed, _ = exact_marginals(reference, prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
     assert fit_pvalue(first, unwindowed) < ALPHA
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_heads_for_a_sliding_window_target_attend_fully_and_draft_exactly(sliding_targets, arch, tmp_path):
+    """EAGLE, EAGLE-3 and MTP heads built for such a target: their one layer attends fully (as
+    vLLM's EAGLE heads), so EAGLE-3's training-time test unrolls through its own cache (a sliding
+    cache there cut the keys short of the mask), and each drafts the target's own greedy output."""
+    import contextlib
+
+    from draftsman.heads.feature_head import FeatureHead
+    from draftsman.training.eagle3 import aux_target_pass, unroll
+
+    folder, expected = sliding_targets[arch]
+    target = load_for_reference(folder)
+    for kind in ("eagle", "eagle3", "mtp"):
+        head = FeatureHead.for_target(target, kind)
+        assert _sliding_window(head.body.config)[0] is None, kind
+        if kind == "eagle3":
+            x = torch.tensor([PROMPTS[0]])
+            aux, _, _ = aux_target_pass(target, x, head.config.aux_layers, contextlib.nullcontext)
+            steps = unroll(head, aux, x, 3)
+            assert [tuple(s.shape) for s in steps] == [(1, len(PROMPTS[0]) - 1, head.config.draft_vocab_size)] * 3
+        head.save(tmp_path / kind, target, dtype=torch.float32)
+        drafter = {"name": "mtp" if kind == "mtp" else "eagle", "path": str(tmp_path / kind)}
+        out = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter}).generate(
+            input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, kind
