@@ -303,8 +303,9 @@ class CachedLM:
         order = key.argsort(dim=1)[:, :longest]  # (B, longest)
         for layer in self._layers():
             k, v = layer.keys, layer.values  # read both before assigning: assignment resizes the views
-            gather = order[:, None, :, None].expand(k.shape[0], k.shape[1], longest, k.shape[3])
-            layer.keys, layer.values = k.gather(2, gather), v.gather(2, gather)
+            # Keys and values may differ in heads and width (MLA caches two latents: 512 and 64 wide).
+            layer.keys, layer.values = (t.gather(2, order[:, None, :, None].expand(*t.shape[:2], longest, t.shape[3]))
+                                        for t in (k, v))
         self.slot_pos = self.slot_pos.gather(1, order)
 
     def committed_kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
