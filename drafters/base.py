@@ -96,6 +96,22 @@ class DraftTree:
         return DraftTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),
                          self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
 
+    def first_chain(self) -> "DraftTree":
+        """The chain of first children from the root: the tree a target with recurrent layers can
+        verify. Exact: a node's first child was drawn before its siblings, so alone it is a draw
+        from its draft_probs row (or a deterministic pick), as a chain's node is."""
+        if self.depths() == list(range(1, self.size + 1)):
+            return self
+        keep, parent = [], -1
+        for i, p in enumerate(self.parents.tolist()):
+            if p == parent:  # topological order: a node's first child is the first node naming it
+                keep.append(i)
+                parent = i
+        device = self.tokens.device
+        idx = torch.tensor(keep, dtype=torch.long, device=device)
+        return DraftTree(self.tokens[idx], torch.arange(-1, len(keep) - 1, dtype=torch.long, device=device),
+                         self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
+
 
 @dataclass
 class TargetNeeds:

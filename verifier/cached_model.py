@@ -15,15 +15,21 @@ Sliding-window layers (Mistral, Gemma 2 / 3, Qwen2 with use_sliding_window, Phi-
 slot, as full-attention ones do: a slot is dropped only when its draft is rejected, which a
 window that evicts by count cannot know. Their window is in the mask instead: a node sees a key
 at position k only if k > its own position - sliding_window, as Hugging Face masks it.
+
+Hybrid targets (Qwen3-Next, Qwen3.5, Nemotron-H, LFM2, ...) also have recurrent layers, whose
+state cannot skip a hole: verifier/recurrent_state.py keeps it per row. They verify chains only.
 """
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+import transformers
+from transformers import DynamicCache, cache_utils
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
 from .direct_forward import DirectForward
+from . import hf_compat
 from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
+from .recurrent_state import RecurrentStates
 from .tree import TreeBlock
 
 
@@ -89,12 +95,27 @@ class CachedLM:
         # The window of its sliding-window layers (None: it has none), and whether its forward takes
         # a mask per layer kind ({"full_attention": ..., "sliding_attention": ...}) or one for all.
         self.sliding_window, self._masks_by_kind = _sliding_window(model.config)
+        # Recurrent layers (a hybrid model): it verifies chains only (module docstring).
+        self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
+        if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
+            raise NotImplementedError(
+                f"'{model.config._name_or_path or model.config.model_type}' has recurrent layers; verifying drafts "
+                f"on it needs transformers >= 5.25 (it records the state after each token), this is "
+                f"{transformers.__version__}: pip install 'transformers>=5.25,<6'")
+        if direct and self.recurrent:
+            raise ValueError(
+                f"the draft model '{model.config._name_or_path or model.config.model_type}' has recurrent layers "
+                "(linear attention, Mamba or convolutions), whose state cannot take back the drafts the target "
+                "rejects: such a hybrid model can be the target, not the draft model; draft with an attention-only "
+                "model, or with 'ngram' / 'suffix'")
         self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct else None  # (None: sliding)
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache(config=self.model.config)
-        self.cache.layers = [SlotLayer() for _ in self.cache.layers]  # sliding ones too (module docstring)
+        # Attention layers, sliding ones too, get slots (module docstring); recurrent ones stay.
+        self.cache.layers = [SlotLayer() if isinstance(layer, DynamicLayer) else layer for layer in self.cache.layers]
+        self.states = RecurrentStates([layer for layer in self.cache.layers if isinstance(layer, LinearAttentionLayer)])
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
         self._pending: TreeBlock | None = None
@@ -106,17 +127,20 @@ class CachedLM:
 
     def _layers(self):
         for layer in self.cache.layers:
-            if _used(layer) is not None:
+            if isinstance(layer, SlotLayer) and _used(layer) is not None:
                 yield layer
 
     @torch.no_grad()
     def forward(self, block: TreeBlock, hidden_layers: tuple[int, ...] = (),
                 inputs_embeds: torch.Tensor | None = None, also_visible: torch.Tensor | None = None,
-                depth_offset: torch.Tensor | int = 0, logits_at: torch.Tensor | None = None):
+                depth_offset: torch.Tensor | int = 0, logits_at: torch.Tensor | None = None,
+                keep_all: bool = False):
         """Returns logits (B, T, V) and, if asked, {layer: hidden (B, T, d)}.
 
         logits_at (B,) block index per row: return only those logits, (B, V). A prefill needs one
         row of logits, not T: the LM head over a long prompt costs more than the step itself.
+        keep_all: each row will keep all of its block's tokens or none (a prefill); recurrent
+        layers then need not record the states in between.
 
         Feature-level drafters (heads/feature_head.py) grow a tree one depth per call without
         accepting in between; for them:
@@ -129,7 +153,9 @@ class CachedLM:
         S = self.num_slots
         position_ids = self.lengths[:, None] + block.depth + depth_offset  # (B, T)
         direct = self.direct if set(hidden_layers) <= {-1} else None  # it returns the last state only
-        if direct is None and also_visible is None and self._dense() and block.is_full_chain():
+        if self.recurrent:
+            self.states.before_forward(T, keep_all)
+        if direct is None and also_visible is None and not self.recurrent and self._dense() and block.is_full_chain():
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask); its
             # sliding window too, as slot j is position j.
@@ -182,7 +208,12 @@ class CachedLM:
         key_pos = torch.cat([slots, position_ids], dim=1)  # (B, S + T); holes are not allowed anyway
         near = key_pos[:, None, :] > position_ids[:, :, None] - self.sliding_window
         sliding = self._additive(allowed & near)
-        return {"full_attention": full, "sliding_attention": sliding} if self._masks_by_kind else sliding
+        if not self._masks_by_kind:
+            return sliding
+        masks = {"full_attention": full, "sliding_attention": sliding}
+        if self.recurrent:  # its recurrent layers' kinds need an entry: None, they take no mask
+            masks = {**dict.fromkeys(self.model.config.get_text_config().layer_types), **masks}
+        return masks
 
     def _add_pending(self, block: TreeBlock, position_ids: torch.Tensor) -> None:
         """The block's slots join the cache as pending (position -1) until accept() or rollback();
@@ -200,7 +231,13 @@ class CachedLM:
         B, T = block.tokens.shape
         start = self.num_slots - T
         K = max((len(k) for k in keep), default=0)
-        if all(nodes == list(range(len(nodes))) for nodes in keep):
+        prefixes = all(nodes == list(range(len(nodes))) for nodes in keep)
+        if self.recurrent:
+            if not prefixes:
+                raise RuntimeError("a target with recurrent layers keeps a prefix of each row's block (it "
+                                   f"verifies chains), not the nodes {keep}")
+            self.states.keep(torch.tensor([len(nodes) for nodes in keep]))
+        if prefixes:
             # Each row keeps a prefix of its block (plain steps, chains): nothing moves.
             counts = torch.tensor([len(nodes) for nodes in keep], device=self.device)
             self._crop_to(start + K)
@@ -243,6 +280,9 @@ class CachedLM:
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
         new_lengths = new_lengths.to(self.device)
+        if self.recurrent:  # drafters roll back; a hybrid model is refused as one (__init__)
+            raise NotImplementedError("a model with recurrent layers cannot forget tokens: its state has folded "
+                                      "them in (it can be a target, not a draft model)")
         self.slot_pos = torch.where(self.slot_pos >= new_lengths[:, None], -1, self.slot_pos)
         self.lengths = torch.minimum(self.lengths, new_lengths)
         live = (self.slot_pos >= 0).any(0).nonzero()
@@ -254,6 +294,7 @@ class CachedLM:
         ix = torch.as_tensor(indices, dtype=torch.long, device=self.device)
         for layer in self._layers():
             layer.keys, layer.values = layer.keys[ix], layer.values[ix]
+        self.states.select_rows(ix)
         self.slot_pos, self.lengths = self.slot_pos[ix], self.lengths[ix]
         self._pending_pos = self._pending_pos[ix]
         self._maybe_compact()
@@ -269,11 +310,14 @@ class CachedLM:
         else:
             assert other._pending is None, "add_rows() from a cache with a pending forward()"
             joined_pos, joined_lengths = other.slot_pos, other.lengths
-            joined_layers = [_used(layer) for layer in other.cache.layers]
+            joined_layers = [_used(layer) if isinstance(layer, SlotLayer) else None for layer in other.cache.layers]
         assert self._pending is None, "add_rows() between forward() and accept()"
         S = max(self.num_slots, joined_pos.shape[1])
         rows = (self.slot_pos.shape[0], joined_pos.shape[0])
+        self.states.add_rows(None if isinstance(other, int) else other.states, *rows)
         for layer, theirs in zip(self.cache.layers, joined_layers):
+            if not isinstance(layer, SlotLayer):
+                continue
             mine = _used(layer)
             if mine is None and theirs is None:
                 continue
@@ -316,23 +360,31 @@ class CachedLM:
         return lay.keys[row][:, order], lay.values[row][:, order]
 
 
+_DUMMY_LAYER = getattr(cache_utils, "DummyLayer", DynamicLayer)  # holds nothing (an MLP-only layer); from 5.24
+
+
 def _sliding_window(config) -> tuple[int | None, bool]:
     """(the sliding window of the model's sliding-window layers, or None where it has none;
-    whether its forward takes a mask per layer kind, as models with `layer_types` do). Other
-    layers than full and sliding attention are refused, naming what is not supported."""
+    whether its forward takes a mask per layer kind, as models with `layer_types` do). Layers
+    other than full and sliding attention and recurrent ones (verifier/recurrent_state.py) are
+    refused, naming what is not supported."""
     text = config.get_text_config()
     types = getattr(text, "layer_types", None)
     if "chunked_attention" in (types or []) or getattr(text, "attention_chunk_size", None) is not None:
         raise NotImplementedError("chunked attention (Llama 4's) is not supported yet: draftsman masks full "
                                   "and sliding-window attention only")
+    if text.model_type == "jamba":
+        raise NotImplementedError("Jamba is not supported yet: Hugging Face's Jamba scans several tokens from a "
+                                  "zero state, not the cached one (its own TODO), so a prefill in chunks goes wrong")
     windows = set()
     for layer in DynamicCache(config=config).layers:
         if type(layer) is DynamicSlidingWindowLayer:
             windows.add(layer.sliding_window)
-        elif type(layer) is not DynamicLayer:
+        elif type(layer) not in (DynamicLayer, LinearAttentionLayer, _DUMMY_LAYER):
             raise NotImplementedError(
-                f"cache layer {type(layer).__name__} (linear or hybrid attention, shared KV) is not supported "
-                "yet: draftsman verifies on models whose layers attend fully or through a sliding window")
+                f"cache layer {type(layer).__name__} (attention and a recurrent mixer in one layer, indexed "
+                "sparse attention, shared KV) is not supported yet: draftsman verifies on models whose layers "
+                "attend fully or through a sliding window, or are recurrent (linear attention, Mamba, convolution)")
     if len(windows) > 1:
         raise NotImplementedError(f"sliding-window layers with different windows {sorted(windows)} are not "
                                   "supported yet")

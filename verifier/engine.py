@@ -293,6 +293,8 @@ class SpeculativeEngine:
                 for i, r in enumerate(active):
                     room = min(limits[r] - len(outputs[r]), self.max_context - len(contexts[r]))
                     trees[i] = trees[i].truncated_to_depth(room - 1)
+                    if self.target.recurrent:  # it verifies chains (verifier/recurrent_state.py)
+                        trees[i] = trees[i].first_chain()
                 synchronize(self.device)
                 t1 = time.perf_counter()
 

@@ -27,3 +27,14 @@ def _takes_per_row_logits_to_keep() -> bool:
 
 
 PER_ROW_LOGITS_TO_KEEP = _takes_per_row_logits_to_keep()
+
+
+def _records_recurrent_states() -> bool:
+    # Releases whose hybrid models record the recurrent state after each token of a pass
+    # (Cache.get_recurrent_states_to_keep, from 5.25): what verifying drafts on a hybrid target
+    # needs (verifier/recurrent_state.py). Older ones record the conv inputs only.
+    from transformers import DynamicCache
+    return hasattr(DynamicCache, "get_recurrent_states_to_keep")
+
+
+RECORDS_RECURRENT_STATES = _records_recurrent_states()

@@ -35,17 +35,25 @@ class Prefill:
     def step(self, chunk: int | None = None) -> bool:
         """Prefill the next `chunk` tokens of each prefix (None: all the rest); True once done."""
         end = self.longest if chunk is None else min(self.longest, self.done + chunk)
-        pieces = [p[self.done:end] for p in self.prefixes]
-        if end > self.done:
-            block = TreeBlock.chains(pieces, self.device)
-            no_logits = torch.zeros(len(pieces), dtype=torch.long, device=self.device)  # a prefill needs none
-            _, hidden = self.lm.forward(block, self.layers, logits_at=no_logits)
-            self.lm.accept([list(range(len(piece))) for piece in pieces])
-            for k, h in hidden.items():
-                for u, piece in enumerate(pieces):
-                    self.states[u][k].append(h[u, : len(piece)])
-        self.done = end
+        while self.done < end:
+            self._pass(end)
         return self.finished
+
+    def _pass(self, end: int) -> None:
+        """One target pass: each prefix's tokens up to `end`. For a model with recurrent layers,
+        a pass stops where the shortest unfinished prefix does (the state after a row's last token
+        is the one it must keep), so prompts of k lengths take up to k passes."""
+        if self.lm.recurrent:
+            end = min([end] + [len(p) for p in self.prefixes if len(p) > self.done])
+        pieces = [p[self.done:end] for p in self.prefixes]
+        block = TreeBlock.chains(pieces, self.device)
+        no_logits = torch.zeros(len(pieces), dtype=torch.long, device=self.device)  # a prefill needs none
+        _, hidden = self.lm.forward(block, self.layers, logits_at=no_logits, keep_all=True)
+        self.lm.accept([list(range(len(piece))) for piece in pieces])
+        for k, h in hidden.items():
+            for u, piece in enumerate(pieces):
+                self.states[u][k].append(h[u, : len(piece)])
+        self.done = end
 
     def finish(self) -> list[dict[int, torch.Tensor]]:
         """Copy shared prefixes' cache rows to every row; per row, the requested layers' states at

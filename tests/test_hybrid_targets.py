@@ -1,0 +1,245 @@
+"""Hybrid targets: models whose recurrent layers (Gated DeltaNet in Qwen3-Next and Qwen3.5, Mamba-2
+in Nemotron-H and Bamba, short convolutions in LFM2) sit beside attention layers. A recurrent
+state cannot skip a rejected draft, so each row keeps the state it had after its kept tokens
+(verifier/recurrent_state.py) and the target verifies chains. Greedy output equals Hugging Face's
+own `generate` through partial acceptance at every depth, ragged batches and joining rows; sampled
+rows keep the target's distribution."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, BambaConfig, FalconH1Config, JambaConfig, Lfm2Config, \
+    NemotronHConfig, OlmoHybridConfig, Qwen3_5TextConfig, Qwen3NextConfig
+
+import draftsman
+from draftsman.drafters import DETERMINISTIC, IID, DraftTree, register
+from draftsman.verifier import hf_compat
+from draftsman.verifier.cached_model import CachedLM, _sliding_window
+from draftsman.verifier.tree import TreeBlock
+
+from tiny_models import load_for_reference
+from toy_drafters import ToyDrafter
+
+ARCHS = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "bamba", "olmo_hybrid"]
+NEW = 40
+PROMPTS = [[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 5, 9, 13, 17], [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 11]]
+MIXED = ["linear_attention", "full_attention"] * 2
+
+
+def config(arch: str, vocab_size: int, eos: int):
+    common = dict(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, hidden_size=64,
+                  intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, initializer_range=0.2)
+    delta_net = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    if arch == "qwen3_5":  # Gated DeltaNet: a conv state and a recurrent state per layer
+        return Qwen3_5TextConfig(head_dim=16, layer_types=MIXED, **delta_net, **common)
+    if arch == "qwen3_next":  # the same mixer, with experts
+        return Qwen3NextConfig(head_dim=16, layer_types=MIXED, num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32, **delta_net, **common)
+    if arch == "lfm2":  # short convolutions: a conv state only
+        common.pop("intermediate_size")
+        return Lfm2Config(layer_types=["conv", "full_attention"] * 2, **common)
+    if arch == "nemotron_h":  # Mamba-2, attention and plain MLP layers (their cache layer holds nothing)
+        return NemotronHConfig(layers_block_type=["mamba", "attention", "mlp", "mamba"], head_dim=16, mamba_num_heads=4,
+                               mamba_head_dim=16, ssm_state_size=16, n_groups=1, **common)
+    if arch == "bamba":  # Mamba-2 beside attention
+        return BambaConfig(attn_layer_indices=[1, 3], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+                           mamba_n_groups=1, **common)
+    return OlmoHybridConfig(layer_types=MIXED, **common)
+
+
+KNOWN: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + the target's greedy output
+
+
+class NoisyOracle(ToyDrafter):
+    """Drafts the target's greedy continuation with one token wrong, at a depth that moves each
+    round (so rows accept 0..k drafts); the wrong chain is the root's first child, and a
+    second child holds the right first token (a tree: the hybrid target verifies its first chain)."""
+    name = "hybrid_noisy_oracle"
+    calls = 0
+    can_add_rows = True  # no per-row state: a row's drafts follow from its context
+
+    def propose(self, contexts):
+        trees = []
+        self.calls += 1
+        for row, context in enumerate(contexts):
+            full = next((seq for seq in KNOWN.values() if seq[: len(context)] == context), None)
+            if full is None or len(full) == len(context):
+                trees.append(DraftTree.empty())
+                continue
+            right = full[len(context): len(context) + self.k]
+            wrong_at = (self.calls + row) % (self.k + 1)  # k + 1 of them: the whole chain right
+            chain = [t if i != wrong_at else (t + 1) % self.vocab for i, t in enumerate(right)]
+            parents = list(range(-1, len(chain) - 1)) + [-1]
+            trees.append(DraftTree(torch.tensor(chain + right[:1]), torch.tensor(parents),
+                                   torch.full((len(chain) + 1,), DETERMINISTIC)))
+        return trees
+
+
+@pytest.fixture(autouse=True)
+def noisy_oracle():
+    register(NoisyOracle)  # for this test only: conftest's forget_test_drafters takes it out after
+
+
+@pytest.fixture(scope="module")
+def hybrid_targets(tmp_path_factory, tiny_tokenizer):
+    if not hf_compat.RECORDS_RECURRENT_STATES:  # the engine refuses hybrids there, as a test below checks
+        pytest.skip("this transformers release does not record recurrent states (5.25 does)")
+    out = {}
+    for i, arch in enumerate(ARCHS):
+        folder = tmp_path_factory.mktemp(f"hybrid-{arch}")
+        tiny_tokenizer.save_pretrained(folder)
+        torch.manual_seed(60 + i)
+        model = AutoModelForCausalLM.from_config(config(arch, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
+        model.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
+        reference = load_for_reference(folder)
+        expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                       do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+        out[arch] = (folder, expected)
+    return out
+
+
+def knowing(expected):
+    KNOWN.clear()
+    KNOWN.update({tuple(p): p + e for p, e in zip(PROMPTS, expected)})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_targets_give_their_own_greedy_output(hybrid_targets, arch):
+    folder, expected = hybrid_targets[arch]
+    assert CachedLM(load_for_reference(folder)).recurrent
+    assert all(len(set(e)) > 5 for e in expected)  # varied output: a wrong state would show
+    knowing(expected)
+    for drafter in ({"name": "none"}, {"name": "ngram"}, {"name": "hybrid_noisy_oracle", "k": 4}):
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+        out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, drafter  # a ragged batch of two: prefilled in two passes
+        alone = dec.generate(input_ids=PROMPTS[1:], max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert alone.token_ids == expected[1:], drafter
+        if drafter["name"] == "hybrid_noisy_oracle":  # rows kept every number of drafts, 0 to k
+            kept = {n for row in out.stats.accepted_per_round for n in row}
+            assert kept == {0, 1, 2, 3, 4}, kept
+
+
+def test_each_row_keeps_the_state_after_its_own_tokens(hybrid_targets):
+    """The cache alone: ragged prompts, a chain of 4 per row of which rows keep 0, 2 and 4 tokens,
+    then rows selected and one prefilled apart joined; every next-token logit equals a fresh
+    forward over the row's whole sequence."""
+    from draftsman.verifier.prefill import Prefill
+
+    model = load_for_reference(hybrid_targets["qwen3_5"][0])
+    lm = CachedLM(model)
+    rows = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
+    prefill = Prefill(lm, [r + [0] for r in rows], (), "cpu")
+    while not prefill.step(chunk=3):  # passes end at 2, 3 (a chunk), 4, 6 (a chunk), 7
+        pass
+    prefill.finish()
+    drafts = [[20, 21, 22, 23], [24, 25, 26, 27], [28, 29, 30, 31]]
+    lm.forward(TreeBlock.chains(drafts, "cpu"))
+    kept = [0, 2, 4]
+    lm.accept([list(range(n)) for n in kept])
+    rows = [r + d[:n] for r, d, n in zip(rows, drafts, kept)]
+
+    def check(lm, rows):
+        nxt = [[40 + i] for i in range(len(rows))]
+        logits, _ = lm.forward(TreeBlock.chains(nxt, "cpu"))
+        lm.accept([[0]] * len(rows))
+        for b, row in enumerate(rows):
+            fresh = model(torch.tensor([row + nxt[b]])).logits[0, -1]
+            torch.testing.assert_close(logits[b, 0], fresh, rtol=1e-4, atol=1e-4)
+        return [r + n for r, n in zip(rows, nxt)]
+
+    rows = check(lm, rows)
+    apart = CachedLM(model)
+    joining = [[50, 51, 52, 53, 54]]
+    Prefill(apart, [joining[0] + [0]], (), "cpu").step()
+    lm.add_rows(apart)
+    lm.select_rows([3, 0, 2])
+    check(lm, joining + [rows[0], rows[2]])
+    with pytest.raises(NotImplementedError, match="cannot forget tokens"):
+        lm.rollback(lm.lengths - 1)
+
+
+@pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
+def test_rows_joining_a_hybrid_target_generate_what_they_generate_alone(hybrid_targets, chunk):
+    from test_continuous_batching import LIMITS, PROMPTS as JOINING, joined_run
+
+    folder = hybrid_targets["nemotron_h"][0]
+    plain = draftsman.load({"target": {"path": str(folder)}})
+    alone = [plain.generate(input_ids=[p], max_new_tokens=m, temperature=0.0).token_ids[0]
+             for p, m in zip(JOINING, LIMITS)]
+    KNOWN.clear()
+    KNOWN.update({tuple(p): p + a for p, a in zip(JOINING, alone)})
+    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "hybrid_noisy_oracle", "k": 3}})
+    dec.engine.join_prefill_chunk = chunk
+    tokens, _, stats = joined_run(dec, temperature=0.0)
+    assert [tokens[i] for i in range(len(JOINING))] == alone
+    assert stats.tau > 1.5  # drafts were accepted, and others rejected
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_sampled_rows_follow_a_hybrid_target(hybrid_targets, arch):
+    """T=0.5: 6000 rows drafted by the noisy oracle (drafts accepted and rejected at each depth) emit
+    first and second tokens with the target's exact marginals (chi-square)."""
+    from test_engine_sampling import ALPHA, ROWS, exact_marginals, fit_pvalue
+
+    from draftsman.verifier.sampling import SamplingParams
+
+    folder, expected = hybrid_targets[arch]
+    knowing(expected)
+    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "hybrid_noisy_oracle", "k": 3}})
+    prompt = PROMPTS[0]
+    out = dec.generate(input_ids=[prompt] * ROWS, max_new_tokens=2, temperature=0.5, seed=11)
+    assert out.stats.tau > 1.05  # both accept and reject paths
+    p1, p2 = exact_marginals(load_for_reference(folder), prompt, SamplingParams(0.5), dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) >= 2])
+    assert fit_pvalue(first, p1) > ALPHA and fit_pvalue(second, p2) > ALPHA
+
+
+def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, tmp_path):
+    """EAGLE, EAGLE-3 and MTP heads built for a hybrid target (their one layer attends) draft trees
+    of which the target verifies the first chain."""
+    from draftsman.heads.feature_head import FeatureHead
+
+    folder, expected = hybrid_targets["qwen3_5"]
+    target = load_for_reference(folder)
+    for kind in ("eagle", "eagle3", "mtp"):
+        head = FeatureHead.for_target(target, kind)
+        assert not CachedLM(head.body).recurrent, kind
+        head.save(tmp_path / kind, target, dtype=torch.float32)
+        drafter = {"name": "mtp" if kind == "mtp" else "eagle", "path": str(tmp_path / kind)}
+        out = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter}).generate(
+            input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, kind
+
+
+def test_a_hybrid_draft_model_is_refused_by_name(hybrid_targets, tiny_models):
+    folder = hybrid_targets["lfm2"][0]
+    with pytest.raises(ValueError, match="has recurrent layers.*can be the target, not the draft model"):
+        draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(folder)}})
+
+
+def test_unsupported_hybrids_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="Jamba"):
+        _sliding_window(JambaConfig(num_hidden_layers=2))
+    with pytest.raises(NotImplementedError, match="attention and a recurrent mixer in one layer"):
+        _sliding_window(FalconH1Config(num_hidden_layers=2))
+
+
+def test_a_transformers_release_without_state_recording_is_named(monkeypatch):
+    monkeypatch.setattr(hf_compat, "RECORDS_RECURRENT_STATES", False)
+    with pytest.raises(NotImplementedError, match=r"has recurrent layers.*needs transformers >= 5\.25"):
+        CachedLM(AutoModelForCausalLM.from_config(config("lfm2", 320, 0)))
+
+
+def test_first_chain_keeps_each_first_child_as_drawn():
+    probs = torch.softmax(torch.randn(5, 8), -1)
+    # root -> 0 -> 2 -> 4, with siblings 1 (of 0) and 3 (of 2)
+    tree = DraftTree(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([-1, -1, 0, 0, 2]),
+                     torch.tensor([IID, IID, DETERMINISTIC, IID, IID]), probs)
+    chain = tree.first_chain()
+    assert chain.tokens.tolist() == [1, 3, 5] and chain.parents.tolist() == [-1, 0, 1]
+    assert chain.kinds.tolist() == [IID, DETERMINISTIC, IID]
+    assert torch.equal(chain.draft_probs, probs[[0, 2, 4]])
+    plain = DraftTree.chain([1, 2, 3])
+    assert plain.first_chain() is plain

@@ -1,0 +1,117 @@
+"""The recurrent layers of a hybrid target (Qwen3-Next and Qwen3.5's Gated DeltaNet, Mamba-2 in
+Nemotron-H / Bamba / Granite 4, LFM2's short convolutions): their state, kept per row.
+
+An attention layer forgets a rejected draft by masking its slot; a recurrent layer has folded
+every token it saw into one state, so it cannot. What it can do is remember: Hugging Face's
+cache layers record the states a pass went through ("past recording", made for assisted
+generation), and after the verdict each row takes the state it had after its kept tokens. That
+asks two things of the caller: a row keeps a prefix of its block (its block is a chain, so the
+tokens it keeps are the first n), and the states between are recorded, which costs a pass over
+the block's last tokens one at a time. A prefill keeps all or nothing of each row's piece and
+records none.
+
+State layout, per layer and per state index (most layers have one): a conv state (B, C, K), the
+last K inputs of its causal convolution, and, where the layer has one, a recurrent state (B, ...).
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import LinearAttentionLayer
+
+
+class RecurrentStates:
+    """The recurrent layers of one CachedLM's cache, and the bookkeeping of one pending pass."""
+
+    def __init__(self, layers: list[LinearAttentionLayer]):
+        self.layers = layers
+        self._conv_before: list[dict[int, int]] = []  # per layer: columns of each conv state before the pass
+        self._tokens = 0  # tokens per row in the pending pass (0: none pending)
+
+    def before_forward(self, tokens: int, keep_all: bool) -> None:
+        """Record the states of the next pass of `tokens` tokens per row. keep_all: every row will
+        keep all or none of its tokens (a prefill), so no state between is needed."""
+        assert self._tokens == 0, "forward() twice without accept(): a recurrent state cannot hold two passes"
+        self._tokens = tokens
+        self._conv_before = []
+        for layer in self.layers:
+            layer.record_past = True
+            layer.recurrent_states_to_keep = 0 if keep_all else tokens
+            layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
+            self._conv_before.append({i: layer.conv_states[i].shape[-1] if layer.has_previous_state[i] else 0
+                                      for i in range(layer.number_of_states)})
+
+    def keep(self, counts: torch.Tensor) -> None:
+        """Row b keeps the first counts[b] tokens of the pending pass: its states become those after them."""
+        T = self._tokens
+        assert T > 0, "keep() without a pending forward()"
+        for layer, conv_before in zip(self.layers, self._conv_before):
+            for i in range(layer.number_of_states):
+                if layer.is_conv_states_initialized[i]:
+                    layer.conv_states[i] = _conv_window(layer.conv_states[i], conv_before[i], counts,
+                                                        layer.conv_kernel_size[i])
+                if layer.is_recurrent_states_initialized[i]:
+                    layer.recurrent_states[i] = _state_after(layer.recurrent_states_history[i],
+                                                             layer.recurrent_states[i], counts, T)
+                layer.recurrent_states_history[i] = []
+        self._tokens = 0
+
+    def select_rows(self, ix: torch.Tensor) -> None:
+        for layer in self.layers:
+            for states, ready in _tables(layer):
+                for i in states:
+                    if ready[i]:
+                        states[i] = states[i][ix]
+
+    def add_rows(self, other: "RecurrentStates | None", mine: int, theirs: int) -> None:
+        """Rows join after the current `mine` ones: `other`'s (a cache prefilled apart), or
+        `theirs` rows that have seen nothing (zero states, as a sequence starts) when other is None."""
+        assert self._tokens == 0 and (other is None or other._tokens == 0), "add_rows() with a pass pending"
+        for n, layer in enumerate(self.layers):
+            their_layer = None if other is None else other.layers[n]
+            theirs_tables = _tables(their_layer) if their_layer is not None else [({}, {})] * 2
+            for (states, ready), (their_states, their_ready) in zip(_tables(layer), theirs_tables):
+                for i in states:
+                    m = states[i] if ready[i] else None
+                    t = their_states[i] if their_ready.get(i) else None
+                    if m is None and t is None:
+                        continue
+                    like = m if m is not None else t
+                    states[i] = torch.cat([m if m is not None else like.new_zeros(mine, *like.shape[1:]),
+                                           t if t is not None else like.new_zeros(theirs, *like.shape[1:])])
+                    ready[i] = layer.has_previous_state[i] = True
+            if their_layer is not None:  # a layer that has not run yet learns its kernel width from theirs
+                for i, width in their_layer.conv_kernel_size.items():
+                    if layer.conv_kernel_size[i] is None:
+                        layer.conv_kernel_size[i] = width
+
+
+def _tables(layer: LinearAttentionLayer):
+    return ((layer.conv_states, layer.is_conv_states_initialized),
+            (layer.recurrent_states, layer.is_recurrent_states_initialized))
+
+
+def _conv_window(full: torch.Tensor, before: int, counts: torch.Tensor, K: int) -> torch.Tensor:
+    """The last K conv inputs of each row after its kept tokens. full (B, ..., before + T): the
+    recorded inputs, the `before` columns of the old state then the pass's T; row b's window ends
+    after column before + counts[b]. K zero columns in front stand for a sequence's start."""
+    padded = torch.nn.functional.pad(full, (K, 0))
+    index = (before + counts).to(full.device)[:, None] + torch.arange(K, device=full.device)  # (B, K), padded
+    index = index.view(full.shape[0], *([1] * (full.dim() - 2)), K).expand(*full.shape[:-1], K)
+    return padded.gather(-1, index).contiguous()
+
+
+def _state_after(history: list[torch.Tensor], last: torch.Tensor, counts: torch.Tensor, T: int) -> torch.Tensor:
+    """Each row's recurrent state after its first counts[b] tokens of a T-token pass. The layer
+    recorded history = [the state before the pass, then the states after its last len - 1 tokens
+    but the final one]; `last` is the final one."""
+    h = len(history)
+    assert h >= 1, "the pass was not recorded (before_forward() not called)"
+    counts = counts.to(last.device)
+    # Candidate j: history[j] is the state after (0 if j == 0 else T - h + j) tokens; candidate h is after T.
+    after = torch.tensor([0] + [T - h + j for j in range(1, h)] + [T], device=last.device)
+    pick = (counts[:, None] == after[None, :]).float().argmax(1)  # (B,)
+    if not bool((after[pick] == counts).all()):
+        raise RuntimeError(f"a row kept {counts.tolist()} of {T} tokens, but the states after only "
+                           f"{after.tolist()} tokens were recorded")
+    stacked = torch.stack([*history, last])  # (h + 1, B, ...)
+    return stacked[pick, torch.arange(last.shape[0], device=last.device)].contiguous()
