@@ -103,7 +103,10 @@ class DraftModelDrafter(Drafter):
                 self.output_layers[False] = self.output_layers[True]
         if quantize:  # after counting: int8 layers hold no Parameters to count
             self._quantize(model)
-        self.lm = CachedLM(model, direct=True)
+        self.lm = CachedLM(model, direct=True, snapshots=True)  # a hybrid's states return to accepted lengths
+        if self.lm.recurrent and options.top_k > 1:
+            raise ValueError(f"draft_model: top_k={options.top_k} grows a tree a depth at a time without accepting, "
+                             f"which the recurrent layers of '{options.path}' cannot: set drafter.top_k to 1 (a chain)")
         self._use_head(greedy=True)
         self.context = context_length(model.config)
         if self.k >= self.context:
@@ -166,9 +169,7 @@ class DraftModelDrafter(Drafter):
         if repeated is not None:
             self.lm.select_rows(repeated[0])
             unseen = [unseen[row] for row in repeated[0]]
-        last = torch.tensor([len(u) - 1 for u in unseen], device=self.lm.device)
-        logits, _ = self.lm.forward(TreeBlock.chains(unseen, self.lm.device), logits_at=last)  # (B, V)
-        self.lm.accept([list(range(len(u))) for u in unseen])
+        logits = self.lm.feed(unseen)  # (B, V)
         if repeated is not None:
             self.lm.select_rows(repeated[1])
             logits = logits[torch.tensor(repeated[1], device=logits.device)]

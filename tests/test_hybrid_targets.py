@@ -160,8 +160,11 @@ def test_each_row_keeps_the_state_after_its_own_tokens(hybrid_targets):
 
 
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
-def test_rows_joining_a_hybrid_target_generate_what_they_generate_alone(hybrid_targets, chunk):
+def test_rows_joining_a_hybrid_target_generate_what_they_generate_alone(hybrid_targets, chunk, tmp_path):
+    """Through the noisy oracle, and a hybrid draft model whose cache takes the joining rows empty."""
     from test_continuous_batching import LIMITS, PROMPTS as JOINING, joined_run
+
+    from tiny_models import perturbed_copy
 
     folder = hybrid_targets["nemotron_h"][0]
     plain = draftsman.load({"target": {"path": str(folder)}})
@@ -169,11 +172,13 @@ def test_rows_joining_a_hybrid_target_generate_what_they_generate_alone(hybrid_t
              for p, m in zip(JOINING, LIMITS)]
     KNOWN.clear()
     KNOWN.update({tuple(p): p + a for p, a in zip(JOINING, alone)})
-    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "hybrid_noisy_oracle", "k": 3}})
-    dec.engine.join_prefill_chunk = chunk
-    tokens, _, stats = joined_run(dec, temperature=0.0)
-    assert [tokens[i] for i in range(len(JOINING))] == alone
-    assert stats.tau > 1.5  # drafts were accepted, and others rejected
+    close = perturbed_copy(folder, tmp_path / "close", noise=0.05)
+    for drafter in ({"name": "hybrid_noisy_oracle", "k": 3}, {"name": "draft_model", "path": str(close), "k": 3}):
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+        dec.engine.join_prefill_chunk = chunk
+        tokens, _, stats = joined_run(dec, temperature=0.0)
+        assert [tokens[i] for i in range(len(JOINING))] == alone, drafter
+        assert stats.tau > 1.5, (drafter, stats.tau)  # drafts were accepted, and others rejected
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
@@ -213,10 +218,63 @@ def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, t
         assert out.token_ids == expected, kind
 
 
-def test_a_hybrid_draft_model_is_refused_by_name(hybrid_targets, tiny_models):
-    folder = hybrid_targets["lfm2"][0]
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_a_hybrid_draft_model_drafts_what_it_would_from_scratch(hybrid_targets, arch, tmp_path):
+    """The draft model's own cache goes back to the accepted drafts each round (snapshots of its
+    recurrent states): every chain it proposes is its greedy continuation of the row computed
+    afresh, through partial acceptance, a ragged first feed (a 20-token prompt: a pass per
+    length), and a context window of 24 positions that moves (the row refed from empty). Drafting
+    for itself, every draft is accepted."""
+    import json
+
+    from draftsman.drafters.context_window import window_start
+
+    from tiny_models import perturbed_copy
+    from toy_drafters import watching_proposals
+
+    folder, _ = hybrid_targets[arch]
+    prompts = [PROMPTS[0] + [1, 2, 3, 4], PROMPTS[1]]
+    reference = load_for_reference(folder)
+    expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                   do_sample=False)[0, len(p):].tolist() for p in prompts]
+    windowed = perturbed_copy(folder, tmp_path / "windowed", noise=0.05)
+    settings = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps({**settings, "max_position_embeddings": 24}))
+    for draft, k in ((folder, 4), (perturbed_copy(folder, tmp_path / "close", noise=0.05), 4), (windowed, 3)):
+        draft_model = load_for_reference(draft)
+        room = draft_model.config.max_position_embeddings - k
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(draft),
+                                                                            "k": k}})
+        wrong, windows = [], set()
+
+        def afresh(contexts, trees):
+            for context, tree in zip(contexts, trees):
+                windows.add(window_start(len(context), room))
+                seen = context[window_start(len(context), room):]
+                own = draft_model.generate(torch.tensor([seen]), max_new_tokens=tree.size, min_new_tokens=tree.size,
+                                           do_sample=False)[0, len(seen):].tolist()
+                if own != tree.tokens.tolist():
+                    wrong.append((len(context), own, tree.tokens.tolist()))
+
+        with watching_proposals(dec, afresh):
+            out = dec.generate(input_ids=prompts, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected and not wrong, (draft.name, wrong[:2])
+        if draft == folder:
+            assert all(n == k for row in out.stats.accepted_per_round for n in row[:-1]), out.stats.accepted_per_round
+        else:
+            kept = {n for row in out.stats.accepted_per_round for n in row}
+            assert len(kept) >= 3, kept  # rollbacks to several depths
+        if draft == windowed:
+            assert len(windows) >= 3, windows  # the window moved, twice at least
+
+
+def test_a_hybrid_draft_model_is_refused_where_it_cannot_go_back(hybrid_targets):
+    folder = str(hybrid_targets["lfm2"][0])
+    with pytest.raises(ValueError, match="top_k=2 grows a tree .* set drafter.top_k to 1"):
+        draftsman.load({"target": {"path": folder}, "drafter": {"name": "draft_model", "path": folder, "top_k": 2}})
+    # cross_tokenizer re-encodes text, and may go back to any length: refused
     with pytest.raises(ValueError, match="has recurrent layers.*can be the target, not the draft model"):
-        draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(folder)}})
+        draftsman.load({"target": {"path": folder}, "drafter": {"name": "cross_tokenizer", "path": folder}})
 
 
 def test_unsupported_hybrids_are_refused_by_name():

@@ -83,11 +83,15 @@ class SlotLayer(DynamicLayer):
 
 
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False,
+                 snapshots: bool = False):
         """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
         head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so).
         direct: call the model's layers without Hugging Face's wrappers where its family allows
-        (verifier/direct_forward.py); for drafters only, the target runs its own forward."""
+        (verifier/direct_forward.py); for drafters only, the target runs its own forward.
+        snapshots: copy a hybrid model's recurrent states after each accept(), so that rollback()
+        can return to the lengths accepted at (a draft model's cache); without, a drafter's cache
+        (direct) refuses a hybrid model."""
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
@@ -102,7 +106,8 @@ class CachedLM:
                 f"'{model.config._name_or_path or model.config.model_type}' has recurrent layers; verifying drafts "
                 f"on it needs transformers >= 5.25 (it records the state after each token), this is "
                 f"{transformers.__version__}: pip install 'transformers>=5.25,<6'")
-        if direct and self.recurrent:
+        self._snapshots = snapshots and self.recurrent
+        if direct and self.recurrent and not snapshots:
             raise ValueError(
                 f"the draft model '{model.config._name_or_path or model.config.model_type}' has recurrent layers "
                 "(linear attention, Mamba or convolutions), whose state cannot take back the drafts the target "
@@ -246,6 +251,8 @@ class CachedLM:
             self.lengths += counts
             self._settle()
             self._maybe_compact()
+            if self._snapshots:
+                self.states.snapshot(self.lengths)
             return
         index = torch.zeros(B, K, dtype=torch.long)
         kept = torch.zeros(B, K, dtype=torch.bool)
@@ -277,12 +284,31 @@ class CachedLM:
         S = self.num_slots
         return S == 0 or bool((self.lengths == S).all())
 
+    def feed(self, rows: list[list[int]]) -> torch.Tensor:
+        """Commit each row's tokens (one at least) and return the logits after each row's last
+        one, (B, V). One pass; for a model with recurrent layers, rows of different lengths over
+        FEED_RECORDED tokens take a pass per distinct length, so no state between is recorded."""
+        lengths = [len(r) for r in rows]
+        ends = sorted(set(lengths)) if self.recurrent and max(lengths) > FEED_RECORDED else [max(lengths)]
+        logits, done = None, 0
+        for end in ends:
+            pieces = [r[done:end] for r in rows]
+            last = torch.tensor([max(min(n, end) - done - 1, 0) for n in lengths], device=self.device)
+            step, _ = self.forward(TreeBlock.chains(pieces, self.device), logits_at=last, keep_all=len(ends) > 1)
+            self.accept([list(range(len(piece))) for piece in pieces])
+            ending = torch.tensor([done < n <= end for n in lengths], device=self.device)
+            logits = step if logits is None else torch.where(ending[:, None], step, logits)
+            done = end
+        return logits
+
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
         new_lengths = new_lengths.to(self.device)
-        if self.recurrent:  # drafters roll back; a hybrid model is refused as one (__init__)
-            raise NotImplementedError("a model with recurrent layers cannot forget tokens: its state has folded "
-                                      "them in (it can be a target, not a draft model)")
+        if self.recurrent:
+            if not self._snapshots or self._pending is not None:
+                raise NotImplementedError("a model with recurrent layers cannot forget tokens: its state has folded "
+                                          "them in (a draft model's cache keeps snapshots of accepted lengths only)")
+            self.states.restore(torch.minimum(self.lengths, new_lengths), self.lengths)
         self.slot_pos = torch.where(self.slot_pos >= new_lengths[:, None], -1, self.slot_pos)
         self.lengths = torch.minimum(self.lengths, new_lengths)
         live = (self.slot_pos >= 0).any(0).nonzero()
@@ -358,6 +384,9 @@ class CachedLM:
         pos = self.slot_pos[row]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
+
+
+FEED_RECORDED = 16  # CachedLM.feed: up to this many tokens a row, record the states in one pass
 
 
 _DUMMY_LAYER = getattr(cache_utils, "DummyLayer", DynamicLayer)  # holds nothing (an MLP-only layer); from 5.24

@@ -10,6 +10,10 @@ tokens it keeps are the first n), and the states between are recorded, which cos
 the block's last tokens one at a time. A prefill keeps all or nothing of each row's piece and
 records none.
 
+A draft model's cache also goes back: its drafts beyond the accepted ones are forgotten each
+round. For that the states after each accept() are copied (snapshots), and rollback() returns
+each row to the one at its new length (or to the empty state, at 0).
+
 State layout, per layer and per state index (most layers have one): a conv state (B, C, K), the
 last K inputs of its causal convolution, and, where the layer has one, a recurrent state (B, ...).
 """
@@ -19,13 +23,52 @@ import torch
 from transformers.cache_utils import LinearAttentionLayer
 
 
+MAX_SNAPSHOTS = 64  # a draft model rolls back within a round: k + 1 snapshots are all it needs
+
+
 class RecurrentStates:
-    """The recurrent layers of one CachedLM's cache, and the bookkeeping of one pending pass."""
+    """The recurrent layers of one CachedLM's cache, the bookkeeping of one pending pass, and the
+    snapshots a draft model's rollback returns to."""
 
     def __init__(self, layers: list[LinearAttentionLayer]):
         self.layers = layers
         self._conv_before: list[dict[int, int]] = []  # per layer: columns of each conv state before the pass
         self._tokens = 0  # tokens per row in the pending pass (0: none pending)
+        self.snapshots: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (lengths (B,), copied states)
+
+    def _states(self) -> list[tuple[dict, int]]:
+        """(table, index) of every state that exists, in a fixed order."""
+        return [(states, i) for layer in self.layers for states, ready in _tables(layer) for i in states if ready[i]]
+
+    def snapshot(self, lengths: torch.Tensor) -> None:
+        """Copy the states, each row's at its length (after an accept())."""
+        self.snapshots.append((lengths.clone(), [states[i].clone() for states, i in self._states()]))
+        del self.snapshots[:-MAX_SNAPSHOTS]
+
+    def restore(self, new_lengths: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Each row's states become those at new_lengths[b]: its current ones, the empty state (0),
+        or the latest snapshot's at that length. Snapshots are dropped after (the rows moved)."""
+        table = self._states()
+        sources = []  # per row: 0 current, 1 + j snapshot j, -1 empty
+        for b, (new, now) in enumerate(zip(new_lengths.tolist(), lengths.tolist())):
+            found = [j for j, (at, _) in enumerate(self.snapshots) if int(at[b]) == new]
+            if new == now:
+                sources.append(0)
+            elif new == 0:
+                sources.append(-1)
+            elif found:
+                sources.append(1 + found[-1])
+            else:
+                raise RuntimeError(f"row {b} cannot return to length {new} (it is at {now}): no state was "
+                                   "kept there; a model with recurrent layers returns only to lengths it accepted at")
+        if any(sources):
+            pick = torch.tensor([len(self.snapshots) + 1 if s < 0 else s for s in sources])
+            for n, (states, i) in enumerate(table):
+                current = states[i]
+                candidates = [current] + [copies[n] for _, copies in self.snapshots] + [torch.zeros_like(current)]
+                states[i] = torch.stack(candidates)[pick.to(current.device),
+                                                    torch.arange(current.shape[0], device=current.device)]
+        self.snapshots.clear()
 
     def before_forward(self, tokens: int, keep_all: bool) -> None:
         """Record the states of the next pass of `tokens` tokens per row. keep_all: every row will
@@ -56,6 +99,7 @@ class RecurrentStates:
         self._tokens = 0
 
     def select_rows(self, ix: torch.Tensor) -> None:
+        self.snapshots.clear()  # rows change between rounds, after a draft model's rollback
         for layer in self.layers:
             for states, ready in _tables(layer):
                 for i in states:
@@ -66,6 +110,7 @@ class RecurrentStates:
         """Rows join after the current `mine` ones: `other`'s (a cache prefilled apart), or
         `theirs` rows that have seen nothing (zero states, as a sequence starts) when other is None."""
         assert self._tokens == 0 and (other is None or other._tokens == 0), "add_rows() with a pass pending"
+        self.snapshots.clear()
         for n, layer in enumerate(self.layers):
             their_layer = None if other is None else other.layers[n]
             theirs_tables = _tables(their_layer) if their_layer is not None else [({}, {})] * 2
