@@ -39,7 +39,8 @@ def _midlayer_forward(self, hidden_states, **kwargs):
     x = torch.cat([self.input_layernorm(embedding), self.hidden_norm(feature)], dim=-1)
     attended, _ = self.self_attn(hidden_states=x, **kwargs)
     h = feature + attended
-    return h + self.mlp(self.post_attention_layernorm(h))
+    out = self.mlp(self.post_attention_layernorm(h))
+    return h + (out[0] if isinstance(out, tuple) else out)  # an MoE block (GPT-OSS) also returns router scores
 
 
 def make_midlayer(layer: nn.Module) -> nn.Module:
@@ -48,10 +49,10 @@ def make_midlayer(layer: nn.Module) -> nn.Module:
     so Hugging Face still records its output as a hidden state."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")) \
-            or not hasattr(layer, "input_layernorm"):
+            or not all(hasattr(layer, p) for p in ("input_layernorm", "post_attention_layernorm", "mlp")):
         raise NotImplementedError(f"{type(layer).__name__}: an EAGLE-3 head needs a decoder layer with "
-                                  "self_attn.q_proj/k_proj/v_proj and input_layernorm (Llama, Qwen2, Mistral "
-                                  "family); use an EAGLE-1/2 head (kind eagle) for this target")
+                                  "self_attn.q_proj/k_proj/v_proj, input_layernorm, post_attention_layernorm and mlp "
+                                  "(Llama, Qwen2, Mistral family); use an EAGLE-1/2 head (kind eagle) for this target")
     for name in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, name)
         wide = nn.Linear(2 * old.in_features, old.out_features, bias=old.bias is not None)

@@ -177,8 +177,36 @@ def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_
 
 
 def test_eagle3_needs_a_llama_like_layer(tiny_models):
+    from transformers import AutoModelForCausalLM, GraniteMoeHybridConfig
+
     with pytest.raises(NotImplementedError, match="self_attn.q_proj.*use an EAGLE-1/2 head"):
         FeatureHead.for_target(load_for_reference(tiny_models["gpt2"][0]), "eagle3")
+    # Granite 4's attention layers hold experts and a shared MLP, no `mlp`
+    granite = AutoModelForCausalLM.from_config(GraniteMoeHybridConfig(
+        layer_types=["attention"] * 4, num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, num_local_experts=4, vocab_size=320))
+    with pytest.raises(NotImplementedError, match="post_attention_layernorm and mlp.*use an EAGLE-1/2 head"):
+        FeatureHead.for_target(granite, "eagle3")
+
+
+def test_eagle3_heads_for_a_mixture_of_experts_target_draft_its_greedy_output(tiny_tokenizer, tmp_path):
+    """GPT-OSS: the midlayer copies the target's layer, whose experts return router scores too."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    eos = tiny_tokenizer.eos_token_id
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(GptOssConfig(
+        vocab_size=len(tiny_tokenizer), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, hidden_size=64,
+        intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=256,
+        layer_types=["sliding_attention", "full_attention"] * 2)).save_pretrained(tmp_path / "target")
+    tiny_tokenizer.save_pretrained(tmp_path / "target")
+    target = load_for_reference(tmp_path / "target")
+    FeatureHead.for_target(target, "eagle3").save(tmp_path / "eagle3", target, dtype=torch.float32)
+    expected = [target.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20,
+                                do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+    dec = _decoder(tmp_path / "target", {"name": "eagle", "path": str(tmp_path / "eagle3")})
+    assert dec.generate(input_ids=PROMPTS, max_new_tokens=20, min_new_tokens=20).token_ids == expected
 
 
 @pytest.mark.parametrize("kind,extra", [("eagle", {}), ("mtp", {}), ("mtp", {"draft_vocab": 64, "draft_vocab_sampling": True}),
