@@ -36,8 +36,8 @@ from . import eagle3
 from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
 
 KINDS = ("eagle", "eagle3", "mtp")
-_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-_INPUT_NORM_NAMES = ("input_layernorm", "ln_1")
+_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "embedding_norm", "norm_f")
+_INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "operator_norm")
 _LAYER_INDEX = re.compile(r"\.(layers|h|layer|blocks)\.0\.")
 
 
@@ -88,7 +88,7 @@ class FeatureHead(nn.Module):
         for key in ("num_hidden_layers", "n_layer"):
             if hasattr(body_config, key):
                 setattr(body_config, key, 1)
-        _full_attention(body_config)
+        _full_attention(body_config, type(target).__name__)
         body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
         if config.kind == "eagle3":
             eagle3.make_midlayer(_decoder_layers(body)[0])
@@ -99,7 +99,8 @@ class FeatureHead(nn.Module):
                     setattr(layer, name, nn.Identity())
                     break
             else:
-                raise NotImplementedError(f"{type(layer).__name__}: cannot find the input norm ({_INPUT_NORM_NAMES})")
+                raise NotImplementedError(f"{type(layer).__name__}: cannot find the input norm ({_INPUT_NORM_NAMES}) "
+                                          "an EAGLE head removes; an 'mtp' head keeps it: train one of those")
         # Shared with the target, never trained or saved: embeddings, LM head, (mtp) final norm.
         # Kept out of this module's parameters so optimizers and state_dict see only the head.
         owner, norm_name = _final_norm_owner(body)
@@ -214,14 +215,18 @@ def _num_layers(model: nn.Module) -> int:
     return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
 
 
-def _full_attention(config) -> None:
+def _full_attention(config, target_name: str) -> None:
     """A head's one layer attends to its whole context, whatever the target's layers do (a sliding
-    window, as Gemma's or Mistral's): as vLLM's and SGLang's EAGLE heads, and one mask for the
-    training-time test and the drafter alike."""
-    if getattr(config, "layer_types", None) is not None:  # which layers slide is read from here (Gemma,
-        config.layer_types = ["full_attention"]  # Qwen2), and Gemma still wants its sliding_window set
-    elif getattr(config, "sliding_window", None) is not None:  # every layer slides (Mistral, Phi-3)
-        config.sliding_window = None
+    window, as Gemma's or Mistral's; a recurrent mixer, as Qwen3.5's or LFM2's): as vLLM's and
+    SGLang's EAGLE heads, and one mask for the training-time test and the drafter alike."""
+    try:
+        if getattr(config, "layer_types", None) is not None:  # which layers slide is read from here (Gemma,
+            config.layer_types = ["full_attention"]  # Qwen2, Qwen3.5), and Gemma still wants its sliding_window set
+        elif getattr(config, "sliding_window", None) is not None:  # every layer slides (Mistral, Phi-3)
+            config.sliding_window = None
+    except AttributeError as e:  # a config that derives its layer kinds (Bamba's layers_block_type)
+        raise NotImplementedError(f"{target_name}: a head's one layer must attend, and this config does not let "
+                                  f"its layer kinds be set ({e}); draft with 'draft_model' or 'ngram' instead") from e
 
 
 def _decoder_layers(body: nn.Module) -> nn.ModuleList:

@@ -7,7 +7,7 @@ rows keep the target's distribution."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, BambaConfig, FalconH1Config, JambaConfig, Lfm2Config, \
-    NemotronHConfig, OlmoHybridConfig, Qwen3_5TextConfig, Qwen3NextConfig
+    MambaConfig, NemotronHConfig, OlmoHybridConfig, Qwen3_5TextConfig, Qwen3NextConfig
 
 import draftsman
 from draftsman.drafters import DETERMINISTIC, IID, DraftTree, register
@@ -201,14 +201,16 @@ def test_sampled_rows_follow_a_hybrid_target(hybrid_targets, arch):
     assert fit_pvalue(first, p1) > ALPHA and fit_pvalue(second, p2) > ALPHA
 
 
-def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, tmp_path):
+@pytest.mark.parametrize("arch,kinds", [("qwen3_5", ("eagle", "eagle3", "mtp")), ("lfm2", ("eagle", "mtp")),
+                                        ("nemotron_h", ("mtp",))])
+def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, arch, kinds, tmp_path):
     """EAGLE, EAGLE-3 and MTP heads built for a hybrid target (their one layer attends) draft trees
     of which the target verifies the first chain."""
     from draftsman.heads.feature_head import FeatureHead
 
-    folder, expected = hybrid_targets["qwen3_5"]
+    folder, expected = hybrid_targets[arch]
     target = load_for_reference(folder)
-    for kind in ("eagle", "eagle3", "mtp"):
+    for kind in kinds:
         head = FeatureHead.for_target(target, kind)
         assert not CachedLM(head.body).recurrent, kind
         head.save(tmp_path / kind, target, dtype=torch.float32)
@@ -216,6 +218,19 @@ def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, t
         out = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter}).generate(
             input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
         assert out.token_ids == expected, kind
+
+
+def test_heads_a_hybrid_target_cannot_have_are_refused_by_name(hybrid_targets):
+    from draftsman.heads.feature_head import FeatureHead
+
+    bamba = load_for_reference(hybrid_targets["bamba"][0])  # its layer kinds derive from attn_layer_indices
+    mamba = AutoModelForCausalLM.from_config(MambaConfig(num_hidden_layers=2, hidden_size=64, vocab_size=320))
+    for target in (bamba, mamba):
+        with pytest.raises(NotImplementedError, match="one layer must attend.*'draft_model' or 'ngram'"):
+            FeatureHead.for_target(target, "mtp")
+    nemotron = load_for_reference(hybrid_targets["nemotron_h"][0])  # its attention block has no input norm
+    with pytest.raises(NotImplementedError, match="cannot find the input norm.*'mtp' head keeps it"):
+        FeatureHead.for_target(nemotron, "eagle")
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
