@@ -60,7 +60,8 @@ def pass_ms(lm: CachedLM, rows: int, T: int, recorded: bool) -> float:
 
 
 def main():
-    torch.set_num_threads(2) if DEVICE == "cpu" else None
+    if DEVICE == "cpu":
+        torch.set_num_threads(2)  # this machine's cores; a GPU run leaves torch's own default
     lms = {name: CachedLM(model.to(DEVICE).eval()) for name, model in models().items()}
     runs = [("qwen3.5 (hybrid)", True), ("  states unrecorded", False), ("qwen3 (attention)", True)]
     prompt = list(range(100, 100 + PREFILL))
