@@ -299,6 +299,16 @@ def test_unsupported_hybrids_are_refused_by_name():
         _sliding_window(FalconH1Config(num_hidden_layers=2))
 
 
+def test_the_cost_profile_runs_on_a_hybrid_target(hybrid_targets, capsys):
+    """python -m draftsman.bench.costs: each repeat keeps none of its block (a rollback, which a
+    target's recurrent state cannot do, raised before)."""
+    from draftsman.bench.costs import main
+
+    assert main(["--target", str(hybrid_targets["qwen3_5"][0]), "--batches", "1", "2", "--tokens", "1", "3",
+                 "--cached", "20", "--repeats", "2"]) == 0
+    assert "break-even" in capsys.readouterr().out
+
+
 def test_a_transformers_release_without_state_recording_is_named(monkeypatch):
     monkeypatch.setattr(hf_compat, "RECORDS_RECURRENT_STATES", False)
     with pytest.raises(NotImplementedError, match=r"has recurrent layers.*needs transformers >= 5\.25"):
