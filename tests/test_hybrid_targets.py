@@ -15,7 +15,7 @@ from draftsman.verifier import hf_compat
 from draftsman.verifier.cached_model import CachedLM, _sliding_window
 from draftsman.verifier.tree import TreeBlock
 
-from tiny_models import load_for_reference
+from tiny_models import greedy_targets, load_for_reference
 from toy_drafters import ToyDrafter
 
 ARCHS = ["qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "bamba", "olmo_hybrid"]
@@ -83,19 +83,9 @@ def noisy_oracle():
 def hybrid_targets(tmp_path_factory, tiny_tokenizer):
     if not hf_compat.RECORDS_RECURRENT_STATES:  # the engine refuses hybrids there, as a test below checks
         pytest.skip("this transformers release does not record recurrent states (5.25 does)")
-    out = {}
-    for i, arch in enumerate(ARCHS):
-        folder = tmp_path_factory.mktemp(f"hybrid-{arch}")
-        tiny_tokenizer.save_pretrained(folder)
-        torch.manual_seed(60 + i)
-        model = AutoModelForCausalLM.from_config(config(arch, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
-        model.save_pretrained(folder)
-        model.generation_config.save_pretrained(folder)
-        reference = load_for_reference(folder)
-        expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
-                                       do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
-        out[arch] = (folder, expected)
-    return out
+    eos = tiny_tokenizer.eos_token_id
+    configs = {arch: config(arch, len(tiny_tokenizer), eos) for arch in ARCHS}
+    return greedy_targets(tmp_path_factory, tiny_tokenizer, configs, 60, PROMPTS, NEW)
 
 
 def knowing(expected):

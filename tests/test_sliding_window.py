@@ -4,13 +4,13 @@ in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding 
 trees, chains and ragged batches equals Hugging Face's own `generate`, long after the window."""
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Llama4TextConfig, MistralConfig, \
+from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig, MistralConfig, \
     Phi3Config, Qwen2Config, Qwen3Config
 
 import draftsman
 from draftsman.verifier.cached_model import _sliding_window
 
-from tiny_models import load_for_reference
+from tiny_models import greedy_targets, load_for_reference
 
 WINDOW = 8
 ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "qwen3"]
@@ -40,19 +40,9 @@ def config(arch: str, vocab_size: int, eos: int):
 
 @pytest.fixture(scope="module")
 def sliding_targets(tmp_path_factory, tiny_tokenizer):
-    out = {}
-    for i, arch in enumerate(ARCHS):
-        folder = tmp_path_factory.mktemp(f"sliding-{arch}")
-        tiny_tokenizer.save_pretrained(folder)
-        torch.manual_seed(40 + i)
-        model = AutoModelForCausalLM.from_config(config(arch, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
-        model.save_pretrained(folder)
-        model.generation_config.save_pretrained(folder)
-        reference = load_for_reference(folder)
-        expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
-                                       do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
-        out[arch] = (folder, expected)
-    return out
+    eos = tiny_tokenizer.eos_token_id
+    configs = {arch: config(arch, len(tiny_tokenizer), eos) for arch in ARCHS}
+    return greedy_targets(tmp_path_factory, tiny_tokenizer, configs, 40, PROMPTS, NEW)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

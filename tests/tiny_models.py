@@ -102,6 +102,26 @@ def target_device(drafter: dict | None) -> str:
     return "cpu" if drafter and drafter.get("quantize") == "int8" else "auto"
 
 
+def greedy_targets(tmp_path_factory, tokenizer, configs: dict, seed: int, prompts: list[list[int]],
+                   new_tokens: int) -> dict[str, tuple[Path, list[list[int]]]]:
+    """{name: (folder, greedy outputs)}: each config as a model folder with random weights (seeded
+    seed, seed + 1, ...) and the tokenizer beside, and Hugging Face's own greedy generate of
+    new_tokens after each prompt, the reference the tests compare with."""
+    out = {}
+    for i, (name, config) in enumerate(configs.items()):
+        folder = tmp_path_factory.mktemp(name)
+        tokenizer.save_pretrained(folder)
+        torch.manual_seed(seed + i)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
+        reference = load_for_reference(folder)
+        out[name] = (folder, [reference.generate(torch.tensor([p]), max_new_tokens=new_tokens,
+                                                 min_new_tokens=new_tokens, do_sample=False)[0, len(p):].tolist()
+                              for p in prompts])
+    return out
+
+
 def load_for_reference(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
