@@ -7,7 +7,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import LinearAttentionLayer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
@@ -77,11 +78,16 @@ def load_tokenizer(path):
     return AutoTokenizer.from_pretrained(p)
 
 
+UNBOUNDED_CONTEXT = 1 << 30  # a model of recurrent layers only (Mamba) has no position limit
+
+
 def context_length(config) -> int:
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
             return value
+    if all(isinstance(layer, LinearAttentionLayer) for layer in DynamicCache(config=config).layers):
+        return UNBOUNDED_CONTEXT
     raise ValueError(f"cannot tell the context length of model type '{config.model_type}': its config "
                      "has none of max_position_embeddings / n_positions")
 

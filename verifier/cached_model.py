@@ -120,7 +120,9 @@ class CachedLM:
         self.cache = DynamicCache(config=self.model.config)
         # Attention layers, sliding ones too, get slots (module docstring); recurrent ones stay.
         self.cache.layers = [SlotLayer() if isinstance(layer, DynamicLayer) else layer for layer in self.cache.layers]
-        self.states = RecurrentStates([layer for layer in self.cache.layers if isinstance(layer, LinearAttentionLayer)])
+        self.states = RecurrentStates([layer for layer in self.cache.layers if isinstance(layer, LinearAttentionLayer)],
+                                      scan_restarts=self.model.config.get_text_config().model_type in _SCAN_RESTARTS)
+        self._attends = any(isinstance(layer, SlotLayer) for layer in self.cache.layers)  # False: Mamba, all recurrent
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
         self._pending: TreeBlock | None = None
@@ -160,7 +162,9 @@ class CachedLM:
         direct = self.direct if set(hidden_layers) <= {-1} else None  # it returns the last state only
         if self.recurrent:
             self.states.before_forward(T, keep_all)
-        if direct is None and also_visible is None and not self.recurrent and self._dense() and block.is_full_chain():
+        if not self._attends:  # no attention layer to mask (Mamba's would read a 4D mask as padding)
+            mask = None
+        elif direct is None and also_visible is None and not self.recurrent and self._dense() and block.is_full_chain():
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask); its
             # sliding window too, as slot j is position j.
@@ -387,6 +391,8 @@ class CachedLM:
 
 
 FEED_RECORDED = 16  # CachedLM.feed: up to this many tokens a row, record the states in one pass
+# Model types whose multi-token scan ignores the cached state (verifier/recurrent_state.py)
+_SCAN_RESTARTS = {"mamba", "falcon_mamba", "jamba"}
 
 
 _DUMMY_LAYER = getattr(cache_utils, "DummyLayer", DynamicLayer)  # holds nothing (an MLP-only layer); from 5.24
@@ -402,9 +408,6 @@ def _sliding_window(config) -> tuple[int | None, bool]:
     if "chunked_attention" in (types or []) or getattr(text, "attention_chunk_size", None) is not None:
         raise NotImplementedError("chunked attention (Llama 4's) is not supported yet: draftsman masks full "
                                   "and sliding-window attention only")
-    if text.model_type == "jamba":
-        raise NotImplementedError("Jamba is not supported yet: Hugging Face's Jamba scans several tokens from a "
-                                  "zero state, not the cached one (its own TODO), so a prefill in chunks goes wrong")
     windows = set()
     for layer in DynamicCache(config=config).layers:
         if type(layer) is DynamicSlidingWindowLayer:

@@ -30,8 +30,15 @@ class RecurrentStates:
     """The recurrent layers of one CachedLM's cache, the bookkeeping of one pending pass, and the
     snapshots a draft model's rollback returns to."""
 
-    def __init__(self, layers: list[LinearAttentionLayer]):
+    def __init__(self, layers: list[LinearAttentionLayer], scan_restarts: bool = False):
+        """scan_restarts: the model's scan over several tokens starts from a zero state, not the
+        cached one (Hugging Face's Mamba, Falcon Mamba and Jamba, their own TODO); a pass that
+        continues a state then steps every token from it (recorded), which is right, only slower.
+        Those steps update the cached state in place before the layer copies it as "the state
+        before the pass", so the copy is taken here."""
         self.layers = layers
+        self.scan_restarts = scan_restarts
+        self._before: dict[tuple[int, int], torch.Tensor] = {}  # (layer, state index) -> state before the pass
         self._conv_before: list[dict[int, int]] = []  # per layer: columns of each conv state before the pass
         self._tokens = 0  # tokens per row in the pending pass (0: none pending)
         self.snapshots: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (lengths (B,), copied states)
@@ -76,9 +83,14 @@ class RecurrentStates:
         assert self._tokens == 0, "forward() twice without accept(): a recurrent state cannot hold two passes"
         self._tokens = tokens
         self._conv_before = []
+        continues = any(any(layer.has_previous_state.values()) for layer in self.layers)
+        step_all = not keep_all or (self.scan_restarts and continues)
+        self._before = {(n, i): layer.recurrent_states[i].clone() for n, layer in enumerate(self.layers)
+                        for i in range(layer.number_of_states)
+                        if self.scan_restarts and layer.is_recurrent_states_initialized[i]}
         for layer in self.layers:
             layer.record_past = True
-            layer.recurrent_states_to_keep = 0 if keep_all else tokens
+            layer.recurrent_states_to_keep = tokens if step_all else 0
             layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
             self._conv_before.append({i: layer.conv_states[i].shape[-1] if layer.has_previous_state[i] else 0
                                       for i in range(layer.number_of_states)})
@@ -87,16 +99,18 @@ class RecurrentStates:
         """Row b keeps the first counts[b] tokens of the pending pass: its states become those after them."""
         T = self._tokens
         assert T > 0, "keep() without a pending forward()"
-        for layer, conv_before in zip(self.layers, self._conv_before):
+        for n, (layer, conv_before) in enumerate(zip(self.layers, self._conv_before)):
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
                     layer.conv_states[i] = _conv_window(layer.conv_states[i], conv_before[i], counts,
                                                         layer.conv_kernel_size[i])
                 if layer.is_recurrent_states_initialized[i]:
-                    layer.recurrent_states[i] = _state_after(layer.recurrent_states_history[i],
-                                                             layer.recurrent_states[i], counts, T)
+                    history = layer.recurrent_states_history[i]
+                    if (n, i) in self._before:  # the layer's own copy was taken after its in-place steps
+                        history = [self._before[n, i], *history[1:]]
+                    layer.recurrent_states[i] = _state_after(history, layer.recurrent_states[i], counts, T)
                 layer.recurrent_states_history[i] = []
-        self._tokens = 0
+        self._tokens, self._before = 0, {}
 
     def select_rows(self, ix: torch.Tensor) -> None:
         self.snapshots.clear()  # rows change between rounds, after a draft model's rollback
