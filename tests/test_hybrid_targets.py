@@ -1,5 +1,6 @@
-"""Hybrid targets: models whose recurrent layers (Gated DeltaNet in Qwen3-Next and Qwen3.5, Mamba-2
-in Nemotron-H and Bamba, short convolutions in LFM2) sit beside attention layers. A recurrent
+"""Targets with recurrent layers: hybrids, whose recurrent layers (Gated DeltaNet in Qwen3-Next and
+Qwen3.5, Mamba-2 in Nemotron-H and Bamba, Mamba in Jamba, short convolutions in LFM2) sit beside
+attention layers, and Mamba, Mamba-2 and Falcon Mamba, all recurrent. A recurrent
 state cannot skip a rejected draft, so each row keeps the state it had after its kept tokens
 (verifier/recurrent_state.py) and the target verifies chains. Greedy output equals Hugging Face's
 own `generate` through partial acceptance at every depth, ragged batches and joining rows; sampled
