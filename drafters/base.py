@@ -96,11 +96,16 @@ class DraftTree:
         return DraftTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),
                          self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
 
+    def is_chain(self) -> bool:
+        """Node i's parent is node i - 1 for every i. Read from the cached depths (1, 2, ..., n
+        exactly for a chain): the engine asks every row every round, and this costs no tensor op."""
+        return self.depths() == list(range(1, self.size + 1))
+
     def first_chain(self) -> "DraftTree":
         """The chain of first children from the root: the tree a target with recurrent layers can
         verify. Exact: a node's first child was drawn before its siblings, so alone it is a draw
         from its draft_probs row (or a deterministic pick), as a chain's node is."""
-        if self.depths() == list(range(1, self.size + 1)):
+        if self.is_chain():
             return self
         keep, parent = [], -1
         for i, p in enumerate(self.parents.tolist()):

@@ -64,12 +64,10 @@ def test_tree_validation_and_depth_truncation():
 def test_chains_are_told_from_trees():
     """The engine's greedy chain path must never get a branching tree (it would accept a sibling
     as if it were the next token)."""
-    from draftsman.verifier.tree import is_chain
-
-    assert is_chain(DraftTree.chain([4, 5, 6])) and is_chain(DraftTree.empty())
+    assert DraftTree.chain([4, 5, 6]).is_chain() and DraftTree.empty().is_chain()
     branching = DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 0]), torch.zeros(3, dtype=torch.long))
     two_roots = DraftTree(torch.tensor([4, 5]), torch.tensor([-1, -1]), torch.zeros(2, dtype=torch.long))
-    assert not is_chain(branching) and not is_chain(two_roots)
+    assert not branching.is_chain() and not two_roots.is_chain()
 
 
 def test_a_new_drafter_is_one_class_and_one_registration(tiny_models):

@@ -28,7 +28,7 @@ from .prefill import Prefill
 from .sampling import (RowSampling, SamplingParams, check_row_sampling, processed_probs, row_bans, row_biases,
                        row_grammars,
                        row_penalties)
-from .tree import TreeBlock, is_chain, pack_drafts, verification_block
+from .tree import TreeBlock, pack_drafts, verification_block
 
 
 # stop(tokens so far, this round's new tokens) -> new tokens to keep (the row ends), or None.
@@ -582,7 +582,7 @@ class SpeculativeEngine:
             block = TreeBlock.column(roots.to(self.device))
             logits, hidden, for_logprobs = self._target_pass(block, layers, contexts, outputs, rows)
             verdict = verify_plain(logits[:, 0], sampling, coin)  # the draws verify_sampled makes
-        elif sampling.greedy and all(is_chain(t) for t in trees):  # ngram, draft_model, mtp
+        elif sampling.greedy and all(t.is_chain() for t in trees):  # ngram, draft_model, mtp
             block = verification_block(roots, trees, self.device, chains=True)
             logits, hidden, for_logprobs = self._target_pass(block, layers, contexts, outputs, rows)
             verdict = verify_greedy_chains(logits.argmax(-1), block.tokens[:, 1:], block.valid[:, 1:])

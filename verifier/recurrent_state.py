@@ -55,26 +55,24 @@ class RecurrentStates:
     def restore(self, new_lengths: torch.Tensor, lengths: torch.Tensor) -> None:
         """Each row's states become those at new_lengths[b]: its current ones, the empty state (0),
         or the latest snapshot's at that length. Snapshots are dropped after (the rows moved)."""
-        table = self._states()
-        sources = []  # per row: 0 current, 1 + j snapshot j, -1 empty
+        at = torch.stack([lengths for lengths, _ in self.snapshots]).tolist() if self.snapshots else []  # one sync
+        pick = []  # per row: 0 its current states, 1 + j snapshot j, len(snapshots) + 1 the empty state
         for b, (new, now) in enumerate(zip(new_lengths.tolist(), lengths.tolist())):
-            found = [j for j, (at, _) in enumerate(self.snapshots) if int(at[b]) == new]
+            found = [j for j, row_lengths in enumerate(at) if row_lengths[b] == new]
             if new == now:
-                sources.append(0)
+                pick.append(0)
             elif new == 0:
-                sources.append(-1)
+                pick.append(len(self.snapshots) + 1)
             elif found:
-                sources.append(1 + found[-1])
+                pick.append(1 + found[-1])
             else:
                 raise RuntimeError(f"row {b} cannot return to length {new} (it is at {now}): no state was "
                                    "kept there; a model with recurrent layers returns only to lengths it accepted at")
-        if any(sources):
-            pick = torch.tensor([len(self.snapshots) + 1 if s < 0 else s for s in sources])
-            for n, (states, i) in enumerate(table):
+        if any(pick):
+            for n, (states, i) in enumerate(self._states()):
                 current = states[i]
-                candidates = [current] + [copies[n] for _, copies in self.snapshots] + [torch.zeros_like(current)]
-                states[i] = torch.stack(candidates)[pick.to(current.device),
-                                                    torch.arange(current.shape[0], device=current.device)]
+                states[i] = _rows_from([current, *(copies[n] for _, copies in self.snapshots),
+                                        torch.zeros_like(current)], pick)
         self.snapshots.clear()
 
     def before_forward(self, tokens: int, keep_all: bool) -> None:
@@ -99,6 +97,7 @@ class RecurrentStates:
         """Row b keeps the first counts[b] tokens of the pending pass: its states become those after them."""
         T = self._tokens
         assert T > 0, "keep() without a pending forward()"
+        kept, pick = counts.tolist(), None  # pick: the same for every layer, as all recorded alike
         for n, (layer, conv_before) in enumerate(zip(self.layers, self._conv_before)):
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
@@ -108,7 +107,8 @@ class RecurrentStates:
                     history = layer.recurrent_states_history[i]
                     if (n, i) in self._before:  # the layer's own copy was taken after its in-place steps
                         history = [self._before[n, i], *history[1:]]
-                    layer.recurrent_states[i] = _state_after(history, layer.recurrent_states[i], counts, T)
+                    pick = pick or _recorded_index(len(history), kept, T)
+                    layer.recurrent_states[i] = _rows_from([*history, layer.recurrent_states[i]], pick)
                 layer.recurrent_states_history[i] = []
         self._tokens, self._before = 0, {}
 
@@ -159,18 +159,24 @@ def _conv_window(full: torch.Tensor, before: int, counts: torch.Tensor, K: int) 
     return padded.gather(-1, index).contiguous()
 
 
-def _state_after(history: list[torch.Tensor], last: torch.Tensor, counts: torch.Tensor, T: int) -> torch.Tensor:
-    """Each row's recurrent state after its first counts[b] tokens of a T-token pass. The layer
-    recorded history = [the state before the pass, then the states after its last len - 1 tokens
-    but the final one]; `last` is the final one."""
-    h = len(history)
+def _recorded_index(h: int, kept: list[int], T: int) -> list[int]:
+    """Per row, which of a layer's recorded states follows its first kept[b] tokens of a T-token
+    pass: the layer recorded history = [the state before the pass, then the states after its last
+    h - 1 tokens but the final one] (h states), and index h is the final one."""
     assert h >= 1, "the pass was not recorded (before_forward() not called)"
-    counts = counts.to(last.device)
-    # Candidate j: history[j] is the state after (0 if j == 0 else T - h + j) tokens; candidate h is after T.
-    after = torch.tensor([0] + [T - h + j for j in range(1, h)] + [T], device=last.device)
-    pick = (counts[:, None] == after[None, :]).float().argmax(1)  # (B,)
-    if not bool((after[pick] == counts).all()):
-        raise RuntimeError(f"a row kept {counts.tolist()} of {T} tokens, but the states after only "
-                           f"{after.tolist()} tokens were recorded")
-    stacked = torch.stack([*history, last])  # (h + 1, B, ...)
-    return stacked[pick, torch.arange(last.shape[0], device=last.device)].contiguous()
+    after = [0] + [T - h + j for j in range(1, h)] + [T]  # index j: the state after this many tokens
+    if not set(kept) <= set(after):
+        raise RuntimeError(f"rows kept {kept} of {T} tokens, but the states after only {after} tokens were recorded")
+    return [h if n == T else after.index(n) for n in kept]
+
+
+def _rows_from(candidates: list[torch.Tensor], pick: list[int]) -> torch.Tensor:
+    """Row b of candidates[pick[b]], for each row: one indexed copy per candidate used (none when
+    every row takes the same one), not a stack of all of them."""
+    if len(set(pick)) == 1:
+        return candidates[pick[0]]
+    out = torch.empty_like(candidates[0])
+    for j in set(pick):
+        rows = torch.tensor([b for b, p in enumerate(pick) if p == j], device=out.device)
+        out[rows] = candidates[j][rows]
+    return out

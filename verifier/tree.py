@@ -135,12 +135,6 @@ def pack_drafts(trees: list[DraftTree], vocab_size: int, device, prob_dtype=torc
                         children.to(device), depth.to(device))
 
 
-def is_chain(tree: DraftTree) -> bool:
-    """Node i's parent is node i - 1 for every i. Read from the tree's cached depths (1, 2, ..., n
-    exactly for a chain): the engine asks every row every round, and this costs no tensor op."""
-    return tree.depths() == list(range(1, tree.size + 1))
-
-
 def verification_block(roots: torch.Tensor, trees: list[DraftTree], device, chains: bool = False) -> TreeBlock:
     """The target's input for one round: per row the root (slot 0) followed by its draft nodes.
     chains=True: the caller checked every tree is a chain (root + chain is a chain: no ancestor walk)."""
