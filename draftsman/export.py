@@ -9,7 +9,13 @@ What each engine expects is written once, in `expected_keys` below, from vLLM's 
 own file; EAGLE-3: vLLM method "eagle3", SGLang EAGLE3, one layout for both). `export eagle`
 writes whichever EAGLE generation the heads folder holds. The exporter writes exactly that key set, and refuses what it cannot represent: an MTP
 module (its input norms and final norm have no place in the EAGLE-1 layout, and no engine loads a
-standalone MTP module for Llama-family targets) and EAGLE heads of non-Llama targets.
+standalone MTP module for Llama-family targets) and EAGLE heads whose layer is not a Llama layer.
+
+An EAGLE head's layer is a layer of the target's own class. Both engines serve it as a Llama
+layer, so the targets whose layer *is* one are exported: Llama, Mistral, and Qwen2, whose q/k/v
+biases the engines' Llama layer takes when the config sets `attention_bias` (it then wants an
+o_proj bias as well: a zero one is written). SGLang's EAGLE-3 layer builds q/k/v without biases
+and drops them silently, so a Qwen2 EAGLE-3 head exports to vLLM only.
 """
 from __future__ import annotations
 
@@ -29,15 +35,24 @@ _LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn
 
 
 _EAGLE3_MIDLAYER = _LLAMA_LAYER + ["input_layernorm.weight", "hidden_norm.weight"]
+_ATTENTION_BIASES = [f"self_attn.{p}_proj.bias" for p in "qkvo"]
+# Target classes whose decoder layer computes what the engines' Llama layer computes.
+_LLAMA_LAYER_TARGETS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# Keys of the target's config that describe its layers' attention pattern; a head's one layer
+# attends to its whole context (heads/feature_head.py), so none of them describes it.
+_WINDOW_KEYS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")
 
 
-def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0) -> set[str]:
+def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0,
+                  attention_bias: bool = False) -> set[str]:
     """The exact key set an engine loads for these heads (Medusa: for this many heads and layers).
-    kind eagle3: an EAGLE-3 head, exported by `export eagle`."""
+    kind eagle3: an EAGLE-3 head, exported by `export eagle`. attention_bias: the layer has q/k/v/o
+    biases (config `attention_bias`)."""
+    layer = (_EAGLE3_MIDLAYER if kind == "eagle3" else _LLAMA_LAYER) + (_ATTENTION_BIASES if attention_bias else [])
     if kind == "eagle3":
-        return {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"midlayer.{k}" for k in _EAGLE3_MIDLAYER}
+        return {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"midlayer.{k}" for k in layer}
     if kind == "eagle":
-        keys = {"fc.weight"} | {f"layers.0.{k}" for k in _LLAMA_LAYER}
+        keys = {"fc.weight"} | {f"layers.0.{k}" for k in layer}
         return keys | {"fc.bias"} if engine == "sglang" else keys
     H, L = num_heads, num_layers
     if engine == "vllm":
@@ -60,7 +75,7 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     cast = getattr(torch, dtype)
     if kind == "eagle":
         tensors, config, filename, generation = _eagle(heads_dir, target, engine)
-        expected = expected_keys(generation, engine)
+        expected = expected_keys(generation, engine, attention_bias=config.get("attention_bias", False))
     else:
         tensors, config, filename, sizes = _medusa(heads_dir, target, engine, target_dir)
         expected = expected_keys(kind, engine, *sizes)
@@ -76,26 +91,54 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
 def _eagle(heads_dir, target, engine):
     from .heads.feature_head import FeatureHead
 
-    if type(target).__name__ != "LlamaForCausalLM":
-        raise ValueError(f"EAGLE export supports Llama targets (the layout is a Llama layer); this target is "
-                         f"{type(target).__name__}")
+    if type(target).__name__ not in _LLAMA_LAYER_TARGETS:
+        raise ValueError("EAGLE export supports targets whose layer is a Llama layer "
+                         f"({', '.join(_LLAMA_LAYER_TARGETS)}): the engines serve an EAGLE head as one. "
+                         f"This target is {type(target).__name__}; "
+                         "serve its heads with draftsman, or train them for one of those targets")
     head, saved = FeatureHead.load(heads_dir, target, kind=("eagle", "eagle3"))
     state = head.state_dict()
     if head.config.kind == "eagle3":
-        return (*_eagle3(head, state, target), "model.safetensors", "eagle3")
+        return (*_eagle3(head, state, target, engine), "model.safetensors", "eagle3")
     tensors = {"fc.weight": state["fuse.weight"]}
-    for key in _LLAMA_LAYER:
-        tensors[f"layers.0.{key}"] = state[f"parts.layers.0.{key}"]
+    tensors.update({f"layers.0.{k}": v for k, v in _layer_tensors(state, _LLAMA_LAYER, target).items()})
     if engine == "sglang":  # SGLang's fc has a bias (left random if absent); ours is trained without one
         tensors["fc.bias"] = torch.zeros(head.config.hidden_size)
-    config = target.config.to_dict()
-    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM" if engine == "vllm" else "LlamaForCausalLMEagle"],
-                  tie_word_embeddings=False)
-    config.pop("dtype", None)
+    config = _llama_config(target, tensors, "layers.0.", architectures=[
+        "LlamaForCausalLM" if engine == "vllm" else "LlamaForCausalLMEagle"])
     return tensors, config, "model.safetensors", "eagle"
 
 
-def _eagle3(head, state, target):
+def _layer_tensors(state: dict, names: list[str], target) -> dict:
+    """The head's decoder layer under Llama's names; q/k/v biases (Qwen2) come with an o_proj
+    bias, zero when the layer has none, since the engines' Llama layer takes all four or none.
+    Anything else in the layer has no place in the layout and is refused."""
+    prefix = "parts.layers.0."
+    layer = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    out = {k: layer.pop(k) for k in names}
+    if "self_attn.q_proj.bias" in layer:
+        zero = torch.zeros(target.config.hidden_size, dtype=out["self_attn.o_proj.weight"].dtype)
+        out.update({k: layer.pop(k, zero) for k in _ATTENTION_BIASES})
+    if layer:
+        raise ValueError(f"this head's layer has {sorted(layer)}, which the engines' Llama layer does not: "
+                         "it cannot be exported")
+    return out
+
+
+def _llama_config(target, tensors: dict, layer_prefix: str, **changes) -> dict:
+    """The target's config as the one-layer Llama config the engines read for a head."""
+    config = target.config.to_dict()
+    for key in ("dtype",) + _WINDOW_KEYS:
+        config.pop(key, None)
+    heads = target.config.num_attention_heads
+    config.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
+                  # SGLang reads head_dim with a default only when the key is absent, not null
+                  head_dim=getattr(target.config, "head_dim", None) or target.config.hidden_size // heads,
+                  attention_bias=f"{layer_prefix}self_attn.q_proj.bias" in tensors, **changes)
+    return config
+
+
+def _eagle3(head, state, target, engine):
     """EAGLE-3 layout, the same file for vLLM and SGLang: midlayer.*, norm, lm_head over the draft
     vocabulary, d2t (target id = i + d2t[i]) and t2d (which target ids are in the draft vocabulary)."""
     n = target.config.num_hidden_layers
@@ -106,19 +149,20 @@ def _eagle3(head, state, target):
                          "inside that range")
     tensors = {"fc.weight": state["fuse.weight"], "norm.weight": state["readout.norm.weight"],
                "lm_head.weight": state["readout.lm_head.weight"]}
-    for key in _EAGLE3_MIDLAYER:
-        tensors[f"midlayer.{key}"] = state[f"parts.layers.0.{key}"]
+    tensors.update({f"midlayer.{k}": v for k, v in _layer_tensors(state, _EAGLE3_MIDLAYER, target).items()})
+    if engine == "sglang" and "midlayer.self_attn.q_proj.bias" in tensors:
+        raise ValueError("this EAGLE-3 head's layer has q/k/v biases (a Qwen2 target's layer), and SGLang's EAGLE-3 "
+                         "layer has none: it would drop them without a word and draft from another layer. "
+                         "Export it with --engine vllm, whose EAGLE-3 layer takes them")
     ids = head.draft_token_ids.long().cpu()
     tensors["d2t"] = ids - torch.arange(len(ids))
     tensors["t2d"] = torch.zeros(head.config.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
-    config = target.config.to_dict()
-    config.pop("dtype", None)
-    config.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
-                  draft_vocab_size=len(ids), tie_word_embeddings=False,
-                  # vLLM: indices of the layers whose *input* is fused; SGLang: of the layers whose
-                  # *output* is fused (one less): both name the same states.
-                  eagle_aux_hidden_state_layer_ids=list(aux),
-                  eagle_config={"eagle_aux_hidden_state_layer_ids": [k - 1 for k in aux]})
+    config = _llama_config(target, tensors, "midlayer.", architectures=["LlamaForCausalLMEagle3"],
+                           draft_vocab_size=len(ids),
+                           # vLLM: indices of the layers whose *input* is fused; SGLang: of the layers
+                           # whose *output* is fused (one less): both name the same states.
+                           eagle_aux_hidden_state_layer_ids=list(aux),
+                           eagle_config={"eagle_aux_hidden_state_layer_ids": [k - 1 for k in aux]})
     return tensors, config
 
 

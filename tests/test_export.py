@@ -6,8 +6,10 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
+from draftsman import export as export_module
 from draftsman.cli import main
 from draftsman.export import expected_keys, export
 from draftsman.heads.feature_head import FeatureHead
@@ -26,42 +28,63 @@ def llama(tiny_models):
     return tiny_models["llama"][0], load_for_reference(tiny_models["llama"][0])
 
 
-@pytest.fixture(scope="module")
-def eagle_heads(llama, tmp_path_factory):
-    folder, target = llama
+def _small_target(arch: str, folder) -> torch.nn.Module:
+    """A 4-layer random target of `arch`, saved to `folder` (layers 1-3 are what the engines can
+    fuse for EAGLE-3). Mistral's has a sliding window and a head_dim that is not hidden / heads;
+    Qwen2's has q/k/v biases."""
     torch.manual_seed(0)
-    head = FeatureHead.for_target(target, "eagle")
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    if arch == "llama":
+        target = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        target = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    else:
+        target = MistralForCausalLM(MistralConfig(**common, head_dim=16, sliding_window=4))
+    target.eval().save_pretrained(folder)
+    return target
+
+
+def _perturbed(head):
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.05 * torch.randn_like(p))  # not the copied init: a head with its own weights
-    out = tmp_path_factory.mktemp("eagle")
-    head.save(out, target, dtype=torch.float32)
-    return out
+    return head
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_eagle_export_has_the_exact_layout_and_computes_the_same(llama, eagle_heads, tmp_path, engine):
-    folder, target = llama
-    out = export("eagle", str(eagle_heads), str(folder), engine, str(tmp_path / engine), dtype="float32")
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_eagle_export_has_the_exact_layout_and_computes_the_same(arch, engine, tmp_path):
+    target = _small_target(arch, tmp_path / "target")
+    _perturbed(FeatureHead.for_target(target, "eagle")).save(tmp_path / "heads", target, dtype=torch.float32)
+    out = export("eagle", str(tmp_path / "heads"), str(tmp_path / "target"), engine, str(tmp_path / engine),
+                 dtype="float32")
     tensors = _read(out / "model.safetensors")
-    assert set(tensors) == expected_keys("eagle", engine)
+    biased = arch == "qwen2"
+    assert set(tensors) == expected_keys("eagle", engine, attention_bias=biased)
     config = json.loads((out / "config.json").read_text())
     d = target.config.hidden_size
     assert config["num_hidden_layers"] == 1 and config["vocab_size"] == target.config.vocab_size
     assert config["architectures"] == [{"vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}[engine]]
+    assert config["model_type"] == "llama" and config["attention_bias"] == biased
+    assert config["head_dim"] == (16 if arch == "mistral" else 8) and "sliding_window" not in config
     assert tensors["fc.weight"].shape == (d, 2 * d)
     assert not any("input_layernorm" in k or k.startswith(("norm", "lm_head", "embed")) for k in tensors)
+    if biased:  # the engines' Llama layer takes an o_proj bias with the others: Qwen2 has none
+        assert not tensors["layers.0.self_attn.o_proj.bias"].any() and tensors["layers.0.self_attn.q_proj.bias"].any()
     # Rebuild as the engines do: fc over [embedding; hidden], one Llama layer with no input norm,
     # the target's LM head. Compare with our module on random features.
     layer_model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))
     layer_model.model.layers[0].input_layernorm = torch.nn.Identity()
     layer_model.model.norm = torch.nn.Identity()
-    layer_model.load_state_dict({f"model.{k}": v for k, v in tensors.items() if k.startswith("layers.")}, strict=False)
+    missing = layer_model.load_state_dict({f"model.{k}": v for k, v in tensors.items() if k.startswith("layers.")},
+                                          strict=False).missing_keys
+    assert all(k.startswith(("model.embed", "lm_head")) for k in missing)
     layer_model.lm_head = target.lm_head
     fc = torch.nn.Linear(2 * d, d, bias=engine == "sglang")
     fc.load_state_dict({k[3:]: v for k, v in tensors.items() if k.startswith("fc.")})
-    head, _ = FeatureHead.load(eagle_heads, target)
-    features, tokens = torch.randn(2, 6, d), torch.randint(0, target.config.vocab_size, (2, 6))
+    head, _ = FeatureHead.load(tmp_path / "heads", target)
+    features, tokens = torch.randn(2, 9, d), torch.randint(0, target.config.vocab_size, (2, 9))
     with torch.no_grad():
         fused = fc(torch.cat([target.model.embed_tokens(tokens), features], -1))
         rebuilt = layer_model(inputs_embeds=fused).logits
@@ -90,17 +113,32 @@ def test_medusa_export_has_the_exact_layout(llama, tmp_path, engine, share):
         assert config["medusa_num_heads"] == 3 and config["medusa_num_layers"] == 1
 
 
-def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys):
+def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys, monkeypatch):
     folder, target = llama
     with pytest.raises(ValueError, match="MTP module has input norms"):
         export("mtp", "x", str(folder), "vllm", str(tmp_path))
     with pytest.raises(ValueError, match=r"export to engines \['vllm', 'sglang'\]"):
         export("eagle", "x", str(folder), "tgi", str(tmp_path))
-    qwen = load_for_reference(tiny_models["qwen2"][0])
-    FeatureHead.for_target(qwen, "eagle").save(tmp_path / "q", qwen)
-    with pytest.raises(ValueError, match="supports Llama targets"):
-        export("eagle", str(tmp_path / "q"), str(tiny_models["qwen2"][0]), "vllm", str(tmp_path / "o"))
-    code = main(["export", "eagle", "--heads", str(tmp_path / "q"), "--target", str(folder), "--engine", "vllm",
+    gpt2 = load_for_reference(tiny_models["gpt2"][0])
+    FeatureHead.for_target(gpt2, "eagle").save(tmp_path / "g", gpt2)
+    with pytest.raises(ValueError, match="whose layer is a Llama layer .* This target is GPT2LMHeadModel"):
+        export("eagle", str(tmp_path / "g"), str(tiny_models["gpt2"][0]), "vllm", str(tmp_path / "o"))
+    qwen = _small_target("qwen2", tmp_path / "qwen")
+    FeatureHead.for_target(qwen, "eagle3").save(tmp_path / "q3", qwen)
+    with pytest.raises(ValueError, match="q/k/v biases .* SGLang's EAGLE-3 layer has none.*--engine vllm"):
+        export("eagle", str(tmp_path / "q3"), str(tmp_path / "qwen"), "sglang", str(tmp_path / "o"))
+    # The safety net under the list of targets: a layer with parts a Llama layer lacks (Qwen3's
+    # q/k norms) is refused by name even where its class were listed.
+    torch.manual_seed(0)
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)).eval()
+    qwen3.save_pretrained(tmp_path / "qwen3")
+    FeatureHead.for_target(qwen3, "eagle").save(tmp_path / "q3e", qwen3)
+    monkeypatch.setattr(export_module, "_LLAMA_LAYER_TARGETS", ("Qwen3ForCausalLM",))
+    with pytest.raises(ValueError, match=r"layer has \['self_attn.k_norm.weight', 'self_attn.q_norm.weight'\]"):
+        export("eagle", str(tmp_path / "q3e"), str(tmp_path / "qwen3"), "vllm", str(tmp_path / "o"))
+    monkeypatch.undo()
+    code = main(["export", "eagle", "--heads", str(tmp_path / "g"), "--target", str(folder), "--engine", "vllm",
                  "--out", str(tmp_path / "o")])
     assert code == 2 and "trained for another target" in capsys.readouterr().err
     # An EAGLE-3 head of a 2-layer target fuses hidden_states 0, 1, 2: the embedding output and the
@@ -120,15 +158,19 @@ def _eagle3_by_hand(t: dict, config: dict, embeddings, aux):
     residual h, MLP, norm, LM head over the draft vocabulary. One causal sequence, Llama RoPE."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    eps, heads, kv = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"]
-    hd = config["hidden_size"] // heads
+    eps, heads, kv, hd = (config[k] for k in ("rms_norm_eps", "num_attention_heads", "num_key_value_heads", "head_dim"))
     L = embeddings.shape[1]
+
+    def proj(x, name):  # with the bias the config's attention_bias asks for
+        out = x @ t[f"midlayer.self_attn.{name}.weight"].T
+        return out + t[f"midlayer.self_attn.{name}.bias"] if config["attention_bias"] else out
+
     h = aux @ t["fc.weight"].T
     x = torch.cat([_rms(embeddings, t["midlayer.input_layernorm.weight"], eps),
                    _rms(h, t["midlayer.hidden_norm.weight"], eps)], -1)
-    q = (x @ t["midlayer.self_attn.q_proj.weight"].T).view(1, L, heads, hd).transpose(1, 2)
-    k = (x @ t["midlayer.self_attn.k_proj.weight"].T).view(1, L, kv, hd).transpose(1, 2)
-    v = (x @ t["midlayer.self_attn.v_proj.weight"].T).view(1, L, kv, hd).transpose(1, 2)
+    q = proj(x, "q_proj").view(1, L, heads, hd).transpose(1, 2)
+    k = proj(x, "k_proj").view(1, L, kv, hd).transpose(1, 2)
+    v = proj(x, "v_proj").view(1, L, kv, hd).transpose(1, 2)
     cos, sin = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))(
         x, torch.arange(L)[None])
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -136,33 +178,28 @@ def _eagle3_by_hand(t: dict, config: dict, embeddings, aux):
     scores = (q @ k.transpose(-1, -2)) / hd ** 0.5
     scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
     attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, L, heads * hd)
-    h = h + attended @ t["midlayer.self_attn.o_proj.weight"].T
+    h = h + proj(attended, "o_proj")
     m = _rms(h, t["midlayer.post_attention_layernorm.weight"], eps)
     gate, up = m @ t["midlayer.mlp.gate_proj.weight"].T, m @ t["midlayer.mlp.up_proj.weight"].T
     h = h + (torch.nn.functional.silu(gate) * up) @ t["midlayer.mlp.down_proj.weight"].T
     return _rms(h, t["norm.weight"], eps) @ t["lm_head.weight"].T
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_eagle3_export_has_the_exact_layout_and_computes_the_same(tmp_path, engine):
-    """A 4-layer Llama target (its layers 1-3 are what the engines can fuse); the head's draft
-    vocabulary is 40 scattered token ids, so d2t / t2d are not trivial."""
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                          num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=64)).eval()
-    target.save_pretrained(tmp_path / "target")
+@pytest.mark.parametrize("engine,arch", [("vllm", "llama"), ("sglang", "llama"), ("vllm", "mistral"),
+                                         ("sglang", "mistral"), ("vllm", "qwen2")])
+def test_eagle3_export_has_the_exact_layout_and_computes_the_same(tmp_path, engine, arch):
+    """The head's draft vocabulary is 40 scattered token ids, so d2t / t2d are not trivial.
+    (A Qwen2 head to SGLang is refused: test_what_cannot_be_exported_is_refused_with_a_reason.)"""
+    target = _small_target(arch, tmp_path / "target")
     ids = torch.randperm(96)[:40].sort().values
-    head = FeatureHead.for_target(target, "eagle3", ids.tolist())
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    head = _perturbed(FeatureHead.for_target(target, "eagle3", ids.tolist()))
     head.save(tmp_path / "heads", target, dtype=torch.float32)
     out = export("eagle", str(tmp_path / "heads"), str(tmp_path / "target"), engine, str(tmp_path / engine),
                  dtype="float32")
     tensors = _read(out / "model.safetensors")
     config = json.loads((out / "config.json").read_text())
-    assert set(tensors) == expected_keys("eagle3", engine)
+    assert set(tensors) == expected_keys("eagle3", engine, attention_bias=arch == "qwen2")
+    assert config["attention_bias"] == (arch == "qwen2") and "sliding_window" not in config
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["draft_vocab_size"] == 40 and config["vocab_size"] == 96 and not config["tie_word_embeddings"]
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: layer inputs
