@@ -39,8 +39,15 @@ def _midlayer_forward(self, hidden_states, **kwargs):
     x = torch.cat([self.input_layernorm(embedding), self.hidden_norm(feature)], dim=-1)
     attended, _ = self.self_attn(hidden_states=x, **kwargs)
     h = feature + attended
-    out = self.mlp(self.post_attention_layernorm(h))
-    return h + (out[0] if isinstance(out, tuple) else out)  # an MoE block (GPT-OSS) also returns router scores
+    out = _mlp(self)(self.post_attention_layernorm(h))
+    out = out[0] if isinstance(out, tuple) else out  # an MoE block (GPT-OSS) also returns router scores
+    return h + out.view(h.shape)  # Llama 4's returns its tokens flattened
+
+
+def _mlp(layer: nn.Module) -> nn.Module | None:
+    """The layer's feed-forward block: `mlp`, or Llama 4's `feed_forward`."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if mlp is not None else getattr(layer, "feed_forward", None)
 
 
 def make_midlayer(layer: nn.Module) -> nn.Module:
@@ -49,7 +56,8 @@ def make_midlayer(layer: nn.Module) -> nn.Module:
     so Hugging Face still records its output as a hidden state."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")) \
-            or not all(hasattr(layer, p) for p in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            or not all(hasattr(layer, p) for p in ("input_layernorm", "post_attention_layernorm")) \
+            or _mlp(layer) is None:
         raise NotImplementedError(f"{type(layer).__name__}: an EAGLE-3 head needs a decoder layer with "
                                   "self_attn.q_proj/k_proj/v_proj, input_layernorm, post_attention_layernorm and mlp "
                                   "(Llama, Qwen2, Mistral family); use an EAGLE-1/2 head (kind eagle) for this target")

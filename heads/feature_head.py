@@ -55,8 +55,16 @@ class FeatureHeadConfig:
         return tuple(self.aux_layers) if self.kind == "eagle3" else (-1,)
 
 
-def _final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
+def _base(model: nn.Module) -> nn.Module:
+    """The model's decoder stack. Hugging Face's base_model falls back to the whole model where the
+    class's base_model_prefix names no attribute (Llama4ForCausalLM's says language_model; its
+    stack is `model`)."""
     base = model.base_model
+    return getattr(model, "model", base) if base is model else base
+
+
+def _final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
+    base = _base(model)
     for name in _FINAL_NORM_NAMES:
         if isinstance(getattr(base, name, None), nn.Module):
             return base, name
@@ -119,7 +127,7 @@ class FeatureHead(nn.Module):
         shared = {id(body.get_input_embeddings()), id(getattr(owner, norm_name))}
         # The body's own parts (decoder layer, rotary tables, GPT-2's position embeddings) are
         # registered here, so .to() and state_dict() reach them and nothing of the target.
-        self.parts = nn.ModuleDict({name: module for name, module in body.base_model.named_children()
+        self.parts = nn.ModuleDict({name: module for name, module in _base(body).named_children()
                                     if id(module) not in shared})
 
     @property
@@ -230,7 +238,7 @@ def _full_attention(config, target_name: str) -> None:
 
 
 def _decoder_layers(body: nn.Module) -> nn.ModuleList:
-    base = body.base_model
+    base = _base(body)
     for name in ("layers", "h", "layer", "blocks"):
         if isinstance(getattr(base, name, None), nn.ModuleList):
             return getattr(base, name)

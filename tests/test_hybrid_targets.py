@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, BambaConfig, FalconH1Config, Falc
 import draftsman
 from draftsman.drafters import DETERMINISTIC, IID, DraftTree, register
 from draftsman.verifier import hf_compat
-from draftsman.verifier.cached_model import CachedLM, _sliding_window
+from draftsman.verifier.cached_model import CachedLM, _local_attention
 from draftsman.verifier.tree import TreeBlock
 
 from tiny_models import greedy_targets, load_for_reference
@@ -300,7 +300,7 @@ def test_a_hybrid_draft_model_is_refused_where_it_cannot_go_back(hybrid_targets)
 
 def test_unsupported_hybrids_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="attention and a recurrent mixer in one layer"):
-        _sliding_window(FalconH1Config(num_hidden_layers=2))
+        _local_attention(FalconH1Config(num_hidden_layers=2))
 
 
 def test_a_model_of_recurrent_layers_only_has_no_context_limit():

@@ -1,19 +1,21 @@
 """Targets with sliding-window attention (verifier/cached_model.py): Mistral and Phi-3 (every layer
 in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed, Gemma
-2 with soft-capping), and Qwen3 beside them (full attention, a family the other tests lack). Their cache keeps every slot and the window is in the mask, so greedy output through
-trees, chains and ragged batches equals Hugging Face's own `generate`, long after the window."""
+2 with soft-capping), Llama 4 (chunked layers beside full NoPE ones, whose queries are scaled by
+position), and Qwen3 beside them (full attention, a family the other tests lack). Their cache
+keeps every slot and the window is in the mask, so greedy output through trees, chains and ragged
+batches equals Hugging Face's own `generate`, long after the window."""
 import pytest
 import torch
 from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig, MistralConfig, \
     Phi3Config, Qwen2Config, Qwen3Config
 
 import draftsman
-from draftsman.verifier.cached_model import _sliding_window
+from draftsman.verifier.cached_model import _local_attention
 
 from tiny_models import greedy_targets, load_for_reference
 
 WINDOW = 8
-ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "qwen3"]
+ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "llama4", "qwen3"]
 NEW = 40
 # Longer than the window, and repeating, so that ngram drafts trees that are partly rejected.
 PROMPTS = [[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 5, 9, 13, 17], [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 11]]
@@ -30,6 +32,11 @@ def config(arch: str, vocab_size: int, eos: int):
         return Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2, **common)
     if arch == "phi3":  # Phi-3 mini slides every layer (2047 tokens)
         return Phi3Config(sliding_window=WINDOW, **common)
+    if arch == "llama4":  # layers 0-2 attend in chunks of WINDOW with RoPE, layer 3 fully without; its
+        # query temperature steps every 4 positions (8192 in the real models), so slots that are not
+        # positions would show
+        return Llama4TextConfig(head_dim=16, num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
+                                attention_chunk_size=WINDOW, floor_scale=4, attn_scale=0.5, **common)
     if arch == "qwen3":  # full attention; its own q / k norms
         return Qwen3Config(head_dim=16, **common)
     if arch == "gemma2":
@@ -48,7 +55,8 @@ def sliding_targets(tmp_path_factory, tiny_tokenizer):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sliding_window_targets_give_their_own_greedy_output(sliding_targets, arch):
     folder, expected = sliding_targets[arch]
-    assert _sliding_window(load_for_reference(folder).config)[0] == (None if arch == "qwen3" else WINDOW)
+    kind = {"qwen3": None, "llama4": "chunked_attention"}.get(arch, "sliding_attention")
+    assert _local_attention(load_for_reference(folder).config)[:2] == (kind, None if arch == "qwen3" else WINDOW)
     # a chain, a copied tree, a model's chain, and a dynamic tree grown a depth a call (earlier
     # depths' slots pending: their positions go into the window too)
     for drafter in ({"name": "none"}, {"name": "ngram"}, {"name": "draft_model", "path": str(folder), "k": 4},
@@ -62,12 +70,13 @@ def test_sliding_window_targets_give_their_own_greedy_output(sliding_targets, ar
             assert out.stats.tau > 2.5, (drafter, out.stats.tau)
 
 
-def test_chunked_attention_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="chunked attention"):
-        _sliding_window(Llama4TextConfig(attention_chunk_size=8, num_hidden_layers=2))
+def test_sliding_and_chunked_layers_together_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="both sliding-window and chunked"):
+        _local_attention(Llama4TextConfig(attention_chunk_size=8, num_hidden_layers=2,
+                                          layer_types=["chunked_attention", "sliding_attention"]))
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "llama4"])
 def test_a_tree_grown_a_depth_a_call_sees_its_ancestors_in_the_window(sliding_targets, arch):
     """A dynamic tree (draft_model's top_k, EAGLE) runs each depth uncommitted on top of the earlier
     depths' slots: each node's logits equal a plain forward over prompt + its path, so the pending
@@ -100,7 +109,7 @@ def test_a_tree_grown_a_depth_a_call_sees_its_ancestors_in_the_window(sliding_ta
     assert lm.num_slots == len(prompt) and lm._pending_pos.shape[1] == 0
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "llama4"])
 def test_sampled_rows_follow_a_sliding_window_target(sliding_targets, arch, tmp_path):
     """T=1: 6000 rows of a 16-token prompt (twice the window), drafted by a perturbed copy of the
     target (drafts accepted and rejected), emit first and second tokens with the target's exact
@@ -122,12 +131,13 @@ def test_sampled_rows_follow_a_sliding_window_target(sliding_targets, arch, tmp_
     first = torch.tensor([t[0] for t in out.token_ids])
     second = torch.tensor([t[1] for t in out.token_ids if len(t) >= 2])
     assert fit_pvalue(first, p1) > ALPHA and fit_pvalue(second, p2) > ALPHA
-    reference.config.sliding_window = 10 ** 6  # power: the window changes what these rows emit
+    # power: the window changes what these rows emit
+    setattr(reference.config, "attention_chunk_size" if arch == "llama4" else "sliding_window", 10 ** 6)
     unwindowed, _ = exact_marginals(reference, prompt, SamplingParams(1.0), dec.engine.eos_token_ids)
     assert fit_pvalue(first, unwindowed) < ALPHA
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "llama4"])
 def test_heads_for_a_sliding_window_target_attend_fully_and_draft_exactly(sliding_targets, arch, tmp_path):
     """EAGLE, EAGLE-3 and MTP heads built for such a target: their one layer attends fully (as
     vLLM's EAGLE heads), so EAGLE-3's training-time test unrolls through its own cache (a sliding
@@ -141,7 +151,7 @@ def test_heads_for_a_sliding_window_target_attend_fully_and_draft_exactly(slidin
     target = load_for_reference(folder)
     for kind in ("eagle", "eagle3", "mtp"):
         head = FeatureHead.for_target(target, kind)
-        assert _sliding_window(head.body.config)[0] is None, kind
+        assert _local_attention(head.body.config)[0] is None, kind
         if kind == "eagle3":
             x = torch.tensor([PROMPTS[0]])
             aux, _, _ = aux_target_pass(target, x, head.config.aux_layers, contextlib.nullcontext)

@@ -14,12 +14,16 @@ lets a slot's place in the tensor differ from its position in the text.
 Sliding-window layers (Mistral, Gemma 2 / 3, Qwen2 with use_sliding_window, Phi-3) keep every
 slot, as full-attention ones do: a slot is dropped only when its draft is rejected, which a
 window that evicts by count cannot know. Their window is in the mask instead: a node sees a key
-at position k only if k > its own position - sliding_window, as Hugging Face masks it.
+at position k only if k > its own position - sliding_window, as Hugging Face masks it. Llama 4's
+chunked layers likewise: a node at position p sees keys of its own chunk, k // chunk == p // chunk
+(its NoPE layers' query temperature: verifier/query_temperature.py).
 
 Hybrid targets (Qwen3-Next, Qwen3.5, Nemotron-H, LFM2, ...) also have recurrent layers, whose
 state cannot skip a hole: verifier/recurrent_state.py keeps it per row. They verify chains only.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import transformers
@@ -27,6 +31,7 @@ from transformers import DynamicCache, cache_utils
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
 
 from .direct_forward import DirectForward
+from .query_temperature import QueryTemperature
 from . import hf_compat
 from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
 from .recurrent_state import RecurrentStates
@@ -96,9 +101,10 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
         self.cache_kwarg = cache_kwarg(model)  # 'cache' or 'past_key_values', by transformers release
-        # The window of its sliding-window layers (None: it has none), and whether its forward takes
-        # a mask per layer kind ({"full_attention": ..., "sliding_attention": ...}) or one for all.
-        self.sliding_window, self._masks_by_kind = _sliding_window(model.config)
+        # Its windowed layers' kind ("sliding_attention", "chunked_attention"; None: it has none) and
+        # window or chunk, and whether its forward takes a mask per layer kind or one for all.
+        self.local_kind, self.local_size, self._masks_by_kind = _local_attention(model.config)
+        self._temperature = QueryTemperature.for_model(model)  # Llama 4: None elsewhere
         # Recurrent layers (a hybrid model): it verifies chains only (module docstring).
         self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
         if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
@@ -113,7 +119,8 @@ class CachedLM:
                 "(linear attention, Mamba or convolutions), whose state cannot take back the drafts the target "
                 "rejects: such a hybrid model can be the target, not the draft model; draft with an attention-only "
                 "model, or with 'ngram' / 'suffix'")
-        self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct else None  # (None: sliding)
+        # (None: sliding layers, or queries scaled by position, which only the model's own forward hooks)
+        self.direct = DirectForward.for_model(model, self.cache_kwarg) if direct and not self._temperature else None
         self.reset(0)
 
     def reset(self, batch_size: int) -> None:
@@ -175,8 +182,8 @@ class CachedLM:
                 prefix_ok = prefix_ok | also_visible
             allowed = torch.cat([prefix_ok, block.ancestors], dim=-1)  # (B, T, S + T)
             mask = self._additive(allowed)
-            if self.sliding_window is not None:
-                mask = self._with_window(mask, allowed, position_ids)
+            if self.local_kind is not None:
+                mask = self._with_local(mask, allowed, position_ids)
         if logits_at is not None:
             logits_at = logits_at.to(self.device)
         if direct is not None:
@@ -189,8 +196,9 @@ class CachedLM:
         if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
             inputs["logits_to_keep"] = logits_at[:, None]
         inputs[self.cache_kwarg] = self.cache
-        out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
-                         use_cache=True, output_hidden_states=bool(hidden_layers))
+        with self._temperature.at(position_ids) if self._temperature else contextlib.nullcontext():
+            out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
+                             use_cache=True, output_hidden_states=bool(hidden_layers))
         self._add_pending(block, position_ids)
         hidden = {k: out.hidden_states[k] for k in hidden_layers} if hidden_layers else {}
         if logits_at is None:
@@ -208,18 +216,22 @@ class CachedLM:
         mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
 
-    def _with_window(self, full: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor):
-        """The masks of a model with sliding-window layers: theirs also hides keys at positions <=
-        the node's own - sliding_window."""
+    def _with_local(self, full: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor):
+        """The masks of a model with windowed layers: a sliding layer's also hides keys at
+        positions <= the node's own - window; a chunked layer's, keys of other chunks."""
         slots = self.slot_pos.clone()
         if self._pending_pos.shape[1]:  # uncommitted slots of earlier calls (a tree grown a depth a call)
             slots[:, slots.shape[1] - self._pending_pos.shape[1]:] = self._pending_pos
-        key_pos = torch.cat([slots, position_ids], dim=1)  # (B, S + T); holes are not allowed anyway
-        near = key_pos[:, None, :] > position_ids[:, :, None] - self.sliding_window
-        sliding = self._additive(allowed & near)
+        key_pos = torch.cat([slots, position_ids], dim=1)[:, None, :]  # (B, 1, S + T); holes are not allowed anyway
+        query_pos = position_ids[:, :, None]
+        if self.local_kind == "chunked_attention":
+            near = key_pos // self.local_size == query_pos // self.local_size
+        else:
+            near = key_pos > query_pos - self.local_size
+        local = self._additive(allowed & near)
         if not self._masks_by_kind:
-            return sliding
-        masks = {"full_attention": full, "sliding_attention": sliding}
+            return local
+        masks = {"full_attention": full, self.local_kind: local}
         if self.recurrent:  # its recurrent layers' kinds need an entry: None, they take no mask
             masks = {**dict.fromkeys(self.model.config.get_text_config().layer_types), **masks}
         return masks
@@ -398,29 +410,31 @@ _SCAN_RESTARTS = {"mamba", "falcon_mamba", "jamba"}
 _DUMMY_LAYER = getattr(cache_utils, "DummyLayer", DynamicLayer)  # holds nothing (an MLP-only layer); from 5.24
 
 
-def _sliding_window(config) -> tuple[int | None, bool]:
-    """(the sliding window of the model's sliding-window layers, or None where it has none;
-    whether its forward takes a mask per layer kind, as models with `layer_types` do). Layers
-    other than full and sliding attention and recurrent ones (verifier/recurrent_state.py) are
-    refused, naming what is not supported."""
+def _local_attention(config) -> tuple[str | None, int | None, bool]:
+    """(the kind of the model's windowed layers, "sliding_attention" or "chunked_attention", or None
+    where it has none; their window or chunk size; whether its forward takes a mask per layer
+    kind, as models with `layer_types` do). Layers other than full, sliding and chunked attention
+    and recurrent ones (verifier/recurrent_state.py) are refused, naming what is not supported."""
     text = config.get_text_config()
-    types = getattr(text, "layer_types", None)
-    if "chunked_attention" in (types or []) or getattr(text, "attention_chunk_size", None) is not None:
-        raise NotImplementedError("chunked attention (Llama 4's) is not supported yet: draftsman masks full "
-                                  "and sliding-window attention only")
+    types = getattr(text, "layer_types", None) or []
+    if "chunked_attention" in types and "sliding_attention" in types:
+        raise NotImplementedError("a model with both sliding-window and chunked attention layers is not supported yet")
     windows = set()
     for layer in DynamicCache(config=config).layers:
-        if type(layer) is DynamicSlidingWindowLayer:
+        if type(layer) is DynamicSlidingWindowLayer:  # Hugging Face's cache for chunked layers too
             windows.add(layer.sliding_window)
         elif type(layer) not in (DynamicLayer, LinearAttentionLayer, _DUMMY_LAYER):
             raise NotImplementedError(
                 f"cache layer {type(layer).__name__} (attention and a recurrent mixer in one layer, indexed "
                 "sparse attention, shared KV) is not supported yet: draftsman verifies on models whose layers "
-                "attend fully or through a sliding window, or are recurrent (linear attention, Mamba, convolution)")
+                "attend fully, through a sliding window or in chunks, or are recurrent (linear attention, Mamba, "
+                "convolution)")
+    if "chunked_attention" in types:
+        return "chunked_attention", text.attention_chunk_size, True
     if len(windows) > 1:
         raise NotImplementedError(f"sliding-window layers with different windows {sorted(windows)} are not "
                                   "supported yet")
-    return (windows.pop() if windows else None), types is not None
+    return ("sliding_attention" if windows else None), (windows.pop() if windows else None), bool(types)
 
 
 def _used(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
