@@ -11,11 +11,12 @@ writes whichever EAGLE generation the heads folder holds. The exporter writes ex
 module (its input norms and final norm have no place in the EAGLE-1 layout, and no engine loads a
 standalone MTP module for Llama-family targets) and EAGLE heads whose layer is not a Llama layer.
 
-An EAGLE head's layer is a layer of the target's own class. Both engines serve it as a Llama
-layer, so the targets whose layer *is* one are exported: Llama, Mistral, and Qwen2, whose q/k/v
-biases the engines' Llama layer takes when the config sets `attention_bias` (it then wants an
-o_proj bias as well: a zero one is written). SGLang's EAGLE-3 layer builds q/k/v without biases
-and drops them silently, so a Qwen2 EAGLE-3 head exports to vLLM only.
+Both engines serve an EAGLE head's layer as a Llama layer. A head trained with `layer: llama` has
+one, whatever its target; a head's layer of the target's own class exports where that class's
+layer *is* a Llama layer: Llama, Mistral, and Qwen2, whose q/k/v biases the engines' Llama layer
+takes when the config sets `attention_bias` (it then wants an o_proj bias as well: a zero one is
+written). SGLang's EAGLE-3 layer builds q/k/v without biases and drops them silently, so a Qwen2
+EAGLE-3 head exports to vLLM only.
 """
 from __future__ import annotations
 
@@ -91,12 +92,12 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
 def _eagle(heads_dir, target, engine):
     from .heads.feature_head import FeatureHead
 
-    if type(target).__name__ not in _LLAMA_LAYER_TARGETS:
-        raise ValueError("EAGLE export supports targets whose layer is a Llama layer "
-                         f"({', '.join(_LLAMA_LAYER_TARGETS)}): the engines serve an EAGLE head as one. "
-                         f"This target is {type(target).__name__}; "
-                         "serve its heads with draftsman, or train them for one of those targets")
     head, saved = FeatureHead.load(heads_dir, target, kind=("eagle", "eagle3"))
+    if type(head.body).__name__ not in _LLAMA_LAYER_TARGETS:
+        raise ValueError(f"this head's layer is a {type(target).__name__} layer, and the engines serve an EAGLE head "
+                         f"as a Llama layer: only the layers of {', '.join(_LLAMA_LAYER_TARGETS)} are one. "
+                         "Train the head with `layer: llama` (a Llama layer of the target's sizes) to export it, "
+                         "or serve it with draftsman")
     state = head.state_dict()
     if head.config.kind == "eagle3":
         return (*_eagle3(head, state, target, engine), "model.safetensors", "eagle3")
@@ -104,7 +105,7 @@ def _eagle(heads_dir, target, engine):
     tensors.update({f"layers.0.{k}": v for k, v in _layer_tensors(state, _LLAMA_LAYER, target).items()})
     if engine == "sglang":  # SGLang's fc has a bias (left random if absent); ours is trained without one
         tensors["fc.bias"] = torch.zeros(head.config.hidden_size)
-    config = _llama_config(target, tensors, "layers.0.", architectures=[
+    config = _llama_config(head, tensors, "layers.0.", architectures=[
         "LlamaForCausalLM" if engine == "vllm" else "LlamaForCausalLMEagle"])
     return tensors, config, "model.safetensors", "eagle"
 
@@ -125,15 +126,15 @@ def _layer_tensors(state: dict, names: list[str], target) -> dict:
     return out
 
 
-def _llama_config(target, tensors: dict, layer_prefix: str, **changes) -> dict:
-    """The target's config as the one-layer Llama config the engines read for a head."""
-    config = target.config.to_dict()
+def _llama_config(head, tensors: dict, layer_prefix: str, **changes) -> dict:
+    """The head's layer's config (the target's, one layer) as the Llama config the engines read."""
+    body = head.body.config
+    config = body.to_dict()
     for key in ("dtype",) + _WINDOW_KEYS:
         config.pop(key, None)
-    heads = target.config.num_attention_heads
     config.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
                   # SGLang reads head_dim with a default only when the key is absent, not null
-                  head_dim=getattr(target.config, "head_dim", None) or target.config.hidden_size // heads,
+                  head_dim=getattr(body, "head_dim", None) or body.hidden_size // body.num_attention_heads,
                   attention_bias=f"{layer_prefix}self_attn.q_proj.bias" in tensors, **changes)
     return config
 
@@ -157,7 +158,7 @@ def _eagle3(head, state, target, engine):
     ids = head.draft_token_ids.long().cpu()
     tensors["d2t"] = ids - torch.arange(len(ids))
     tensors["t2d"] = torch.zeros(head.config.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
-    config = _llama_config(target, tensors, "midlayer.", architectures=["LlamaForCausalLMEagle3"],
+    config = _llama_config(head, tensors, "midlayer.", architectures=["LlamaForCausalLMEagle3"],
                            draft_vocab_size=len(ids),
                            # vLLM: indices of the layers whose *input* is fused; SGLang: of the layers
                            # whose *output* is fused (one less): both name the same states.

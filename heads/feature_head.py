@@ -16,9 +16,11 @@ The fusion has no bias and takes the embedding first, and an eagle layer has no 
 layout vLLM and SGLang load for EAGLE drafters (../docs/training-heads.md, export).
 
 The layer is built as a one-layer Hugging Face model of the target's class whose embeddings, LM
-head (and, for mtp, final norm) *are* the target's modules. Drafting feeds it `inputs_embeds`
-through the same CachedLM as the target, so tree attention, rollback and ragged batches come
-from the verifier's code. Only the fusion layer, the input norms and the decoder layer are
+head (and, for mtp, final norm) *are* the target's modules. With `layer: llama` (eagle, eagle3) it
+is a Llama layer of the target's sizes and RoPE instead, whatever the target's class: the layer
+vLLM and SGLang serve EAGLE heads as, so heads of any target export (draftsman/export.py).
+Drafting feeds it `inputs_embeds` through the same CachedLM as the target, so tree attention,
+rollback and ragged batches come from the verifier's code. Only the fusion layer, the input norms and the decoder layer are
 trained and saved; the layer starts as a copy of the target's top layer.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from . import eagle3
 from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
 
 KINDS = ("eagle", "eagle3", "mtp")
+LAYERS = ("target", "llama")  # the head's decoder layer: of the target's class, or a Llama layer
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "embedding_norm", "norm_f")
 _INPUT_NORM_NAMES = ("input_layernorm", "ln_1", "operator_norm")
 _LAYER_INDEX = re.compile(r"\.(layers|h|layer|blocks)\.0\.")
@@ -48,6 +51,7 @@ class FeatureHeadConfig:
     vocab_size: int
     aux_layers: list[int] | None = None  # eagle3: target hidden_states indices fused, low to high
     draft_vocab_size: int | None = None  # eagle3: rows of its own LM head
+    layer: str = "target"  # one of LAYERS
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -87,16 +91,24 @@ class FeatureHead(nn.Module):
         super().__init__()
         if config.kind not in KINDS:
             raise ValueError(f"feature head kind must be one of {list(KINDS)}, got {config.kind!r}")
+        if config.layer not in LAYERS:
+            raise ValueError(f"a feature head's layer must be one of {list(LAYERS)}, got {config.layer!r}")
+        if config.layer == "llama" and config.kind == "mtp":
+            raise ValueError("an mtp head's layer is the target's own (it reads out through the target's final "
+                             "norm); layer: llama is for eagle and eagle3 heads")
         self.config = config
         d = config.hidden_size
         self.fuse = nn.Linear((3 if config.kind == "eagle3" else 2) * d, d, bias=False)
         if config.kind == "mtp":
             self.norm_hidden, self.norm_embed = RMSNorm(d), RMSNorm(d)
-        body_config = copy.deepcopy(target.config)
-        for key in ("num_hidden_layers", "n_layer"):
-            if hasattr(body_config, key):
-                setattr(body_config, key, 1)
-        _full_attention(body_config, type(target).__name__)
+        if config.layer == "llama":
+            body_config = _llama_layer_config(target.config)
+        else:
+            body_config = copy.deepcopy(target.config)
+            for key in ("num_hidden_layers", "n_layer"):
+                if hasattr(body_config, key):
+                    setattr(body_config, key, 1)
+            _full_attention(body_config, type(target).__name__)
         body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
         if config.kind == "eagle3":
             eagle3.make_midlayer(_decoder_layers(body)[0])
@@ -112,11 +124,11 @@ class FeatureHead(nn.Module):
         # Shared with the target, never trained or saved: embeddings, LM head, (mtp) final norm.
         # Kept out of this module's parameters so optimizers and state_dict see only the head.
         owner, norm_name = _final_norm_owner(body)
-        setattr(owner, norm_name, _final_norm_owner(target)[0].get_submodule(norm_name)
-                if config.kind == "mtp" else nn.Identity())
+        target_owner, target_norm_name = _final_norm_owner(target)
+        target_norm = target_owner.get_submodule(target_norm_name)
+        setattr(owner, norm_name, target_norm if config.kind == "mtp" else nn.Identity())
         body.set_input_embeddings(target.get_input_embeddings())
         if config.kind == "eagle3":  # its own norm and draft-vocabulary LM head, trained
-            target_norm = _final_norm_owner(target)[0].get_submodule(norm_name)
             self.readout = eagle3.DraftReadout(copy.deepcopy(target_norm).float(), d, config.draft_vocab_size)
             self.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
             body.set_output_embeddings(self.readout)
@@ -139,13 +151,15 @@ class FeatureHead(nn.Module):
         return self._shared["target"].get_input_embeddings()
 
     @classmethod
-    def for_target(cls, target: nn.Module, kind: str, draft_token_ids=None, aux_layers=None) -> "FeatureHead":
-        """A new head whose decoder layer starts as a copy of the target's top layer.
+    def for_target(cls, target: nn.Module, kind: str, draft_token_ids=None, aux_layers=None,
+                   layer: str = "target") -> "FeatureHead":
+        """A new head whose decoder layer starts as a copy of the target's top layer (layer: llama,
+        the parts whose names and shapes a Llama layer shares; the rest at random).
         eagle3: `draft_token_ids` = its draft vocabulary (default: all), `aux_layers` = the target's
         hidden_states it fuses (default: heads/eagle3.py default_aux_layers)."""
         lm_head = target.get_output_embeddings().weight
         V, d = lm_head.shape
-        config = FeatureHeadConfig(kind, d, V)
+        config = FeatureHeadConfig(kind, d, V, layer=layer)
         if kind == "eagle3":
             ids = torch.arange(V) if draft_token_ids is None else torch.as_tensor(sorted(set(draft_token_ids)))
             n = _num_layers(target)
@@ -221,6 +235,28 @@ class FeatureHead(nn.Module):
 def _num_layers(model: nn.Module) -> int:
     cfg = model.config
     return getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+
+
+def _llama_layer_config(target_config):
+    """A one-layer Llama config of the target's sizes and RoPE, for `layer: llama`. Its activation
+    is SiLU, as the engines' Llama MLP requires; a model with RoPE per layer kind (Gemma 3) gives
+    its full-attention layers'."""
+    from transformers import LlamaConfig
+
+    text = target_config.get_text_config()
+    heads = text.num_attention_heads
+    rope = copy.deepcopy(getattr(text, "rope_parameters", None))
+    if isinstance(rope, dict) and "full_attention" in rope:
+        rope = rope["full_attention"]
+    eps = next((getattr(text, k) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+                if getattr(text, k, None) is not None), 1e-6)
+    return LlamaConfig(vocab_size=text.vocab_size, hidden_size=text.hidden_size, num_hidden_layers=1,
+                       intermediate_size=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+                       num_attention_heads=heads,
+                       num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+                       head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, rms_norm_eps=eps,
+                       max_position_embeddings=getattr(text, "max_position_embeddings", 4096), hidden_act="silu",
+                       tie_word_embeddings=False, **({"rope_parameters": rope} if rope else {}))
 
 
 def _full_attention(config, target_name: str) -> None:

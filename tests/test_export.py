@@ -31,7 +31,7 @@ def llama(tiny_models):
 def _small_target(arch: str, folder) -> torch.nn.Module:
     """A 4-layer random target of `arch`, saved to `folder` (layers 1-3 are what the engines can
     fuse for EAGLE-3). Mistral's has a sliding window and a head_dim that is not hidden / heads;
-    Qwen2's has q/k/v biases."""
+    Qwen2's has q/k/v biases; Qwen3's q/k norms, so its heads export with `layer: llama` only."""
     torch.manual_seed(0)
     common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64)
@@ -39,6 +39,8 @@ def _small_target(arch: str, folder) -> torch.nn.Module:
         target = LlamaForCausalLM(LlamaConfig(**common))
     elif arch == "qwen2":
         target = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    elif arch == "qwen3":
+        target = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=8, rope_theta=1e6, tie_word_embeddings=False))
     else:
         target = MistralForCausalLM(MistralConfig(**common, head_dim=16, sliding_window=4))
     target.eval().save_pretrained(folder)
@@ -53,10 +55,13 @@ def _perturbed(head):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_eagle_export_has_the_exact_layout_and_computes_the_same(arch, engine, tmp_path):
+    """Qwen3's head has `layer: llama`; the others a layer of the target's class."""
     target = _small_target(arch, tmp_path / "target")
-    _perturbed(FeatureHead.for_target(target, "eagle")).save(tmp_path / "heads", target, dtype=torch.float32)
+    layer = "llama" if arch == "qwen3" else "target"
+    _perturbed(FeatureHead.for_target(target, "eagle", layer=layer)).save(tmp_path / "heads", target,
+                                                                          dtype=torch.float32)
     out = export("eagle", str(tmp_path / "heads"), str(tmp_path / "target"), engine, str(tmp_path / engine),
                  dtype="float32")
     tensors = _read(out / "model.safetensors")
@@ -121,7 +126,7 @@ def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tm
         export("eagle", "x", str(folder), "tgi", str(tmp_path))
     gpt2 = load_for_reference(tiny_models["gpt2"][0])
     FeatureHead.for_target(gpt2, "eagle").save(tmp_path / "g", gpt2)
-    with pytest.raises(ValueError, match="whose layer is a Llama layer .* This target is GPT2LMHeadModel"):
+    with pytest.raises(ValueError, match="this head.s layer is a GPT2LMHeadModel layer.*layer: llama"):
         export("eagle", str(tmp_path / "g"), str(tiny_models["gpt2"][0]), "vllm", str(tmp_path / "o"))
     qwen = _small_target("qwen2", tmp_path / "qwen")
     FeatureHead.for_target(qwen, "eagle3").save(tmp_path / "q3", qwen)
@@ -186,13 +191,16 @@ def _eagle3_by_hand(t: dict, config: dict, embeddings, aux):
 
 
 @pytest.mark.parametrize("engine,arch", [("vllm", "llama"), ("sglang", "llama"), ("vllm", "mistral"),
-                                         ("sglang", "mistral"), ("vllm", "qwen2")])
+                                         ("sglang", "mistral"), ("vllm", "qwen2"), ("vllm", "qwen3"),
+                                         ("sglang", "qwen3")])
 def test_eagle3_export_has_the_exact_layout_and_computes_the_same(tmp_path, engine, arch):
-    """The head's draft vocabulary is 40 scattered token ids, so d2t / t2d are not trivial.
+    """The head's draft vocabulary is 40 scattered token ids, so d2t / t2d are not trivial. Qwen3's
+    head has `layer: llama` (its RoPE base, 1e6, must reach the exported config).
     (A Qwen2 head to SGLang is refused: test_what_cannot_be_exported_is_refused_with_a_reason.)"""
     target = _small_target(arch, tmp_path / "target")
     ids = torch.randperm(96)[:40].sort().values
-    head = _perturbed(FeatureHead.for_target(target, "eagle3", ids.tolist()))
+    layer = "llama" if arch == "qwen3" else "target"
+    head = _perturbed(FeatureHead.for_target(target, "eagle3", ids.tolist(), layer=layer))
     head.save(tmp_path / "heads", target, dtype=torch.float32)
     out = export("eagle", str(tmp_path / "heads"), str(tmp_path / "target"), engine, str(tmp_path / engine),
                  dtype="float32")
@@ -200,6 +208,7 @@ def test_eagle3_export_has_the_exact_layout_and_computes_the_same(tmp_path, engi
     config = json.loads((out / "config.json").read_text())
     assert set(tensors) == expected_keys("eagle3", engine, attention_bias=arch == "qwen2")
     assert config["attention_bias"] == (arch == "qwen2") and "sliding_window" not in config
+    assert config["rope_parameters"]["rope_theta"] == target.config.rope_parameters["rope_theta"]
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["draft_vocab_size"] == 40 and config["vocab_size"] == 96 and not config["tie_word_embeddings"]
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: layer inputs

@@ -49,6 +49,10 @@ def untrained(tiny_models, tmp_path_factory):
         for kind in ("eagle", "mtp") + (("eagle3",) if arch == "qwen2" else ()):
             FeatureHead.for_target(target, kind).save(out / f"{arch}-{kind}", target, dtype=torch.float32)
             folders[arch, kind] = out / f"{arch}-{kind}"
+        for kind in ("eagle", "eagle3"):  # a Llama layer of the target's sizes (GPT-2 has no EAGLE-3 layer of its own)
+            FeatureHead.for_target(target, kind, layer="llama").save(out / f"{arch}-{kind}-llama", target,
+                                                                     dtype=torch.float32)
+            folders[arch, f"{kind}-llama"] = out / f"{arch}-{kind}-llama"
     return folders
 
 
@@ -168,11 +172,14 @@ def test_sampling_under_a_repetition_penalty_follows_the_target(trained, tiny_mo
 @pytest.mark.parametrize("arch,kind,extra", [("qwen2", "eagle", {}), ("qwen2", "mtp", {}), ("qwen2", "eagle3", {}),
                                              ("gpt2", "eagle", {}), ("gpt2", "mtp", {}),
                                              # biased q/k/v (Qwen2), GPT-2's Conv1D layers in int8
-                                             ("qwen2", "eagle3", {"quantize": "int8"}), ("gpt2", "eagle", {"quantize": "int8"})])
+                                             ("qwen2", "eagle3", {"quantize": "int8"}), ("gpt2", "eagle", {"quantize": "int8"}),
+                                             # layer: llama
+                                             ("gpt2", "eagle3-llama", {}), ("gpt2", "eagle-llama", {}),
+                                             ("qwen2", "eagle3-llama", {})])
 def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_models, arch, kind, extra):
     target = tiny_models[arch][0]
     plain = _decoder(target, device=target_device(extra)).generate(input_ids=PROMPTS, max_new_tokens=20)
-    dec = _decoder(target, {"name": "eagle" if kind == "eagle3" else kind, "path": str(untrained[arch, kind]), **extra})
+    dec = _decoder(target, {"name": "mtp" if kind == "mtp" else "eagle", "path": str(untrained[arch, kind]), **extra})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
 
 
@@ -462,6 +469,31 @@ def test_draft_vocab_needs_token_frequencies(untrained, tiny_models):
 def test_training_config_names_the_kinds(tiny_models, tmp_path):
     with pytest.raises(ValueError, match=r"kind must be one of \['medusa', 'eagle', 'eagle3', 'mtp'\]"):
         train({"kind": "hydra", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
+    with pytest.raises(ValueError, match="layer must be target .* or llama"):
+        train({"kind": "eagle", "layer": "qwen3", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
+    with pytest.raises(ValueError, match="layer: llama is for eagle and eagle3 heads"):
+        train({"kind": "mtp", "layer": "llama", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
+
+
+def test_an_eagle3_head_with_a_llama_layer_trains_for_a_gpt2_target(tiny_models, tiny_corpus, tmp_path):
+    """GPT-2's layer has no q/k/v of its own; `layer: llama` gives its EAGLE-3 head one, of its sizes:
+    it trains, the saved head loads as one and drafts GPT-2's greedy output. (Whether the loss falls
+    is test_training_lowers_the_loss_and_records_the_target's: this random GPT-2's distribution is
+    nearly flat, so the soft-label loss starts close to its floor.)"""
+    target = tiny_models["gpt2"][0]
+    metrics = train({"kind": "eagle3", "layer": "llama", "target": str(target), "out": str(tmp_path / "heads"),
+                     "work_dir": str(tmp_path / "work"), "corpus_root": str(tiny_corpus), "threads": 1,
+                     "mixed_precision": "no", "seq_len": 64, "batch_size": 4, "lr": 3e-3, "warmup_steps": 2,
+                     "max_steps": 40, "eval_tokens": 256, "eval_depths": 2, "draft_vocab": 200, "ttt_steps": 2})
+    assert len(metrics["curve"]) == 4 and all(0 < loss < 20 for _, loss, _ in metrics["curve"])
+    config = json.loads((tmp_path / "heads" / "config.json").read_text())
+    assert config["layer"] == "llama" and config["target"]["architecture"] == "GPT2LMHeadModel"
+    head, _ = FeatureHead.load(tmp_path / "heads", load_for_reference(target))
+    assert type(head.body).__name__ == "LlamaForCausalLM" and head.config.layer == "llama"
+    plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=20)
+    dec = _decoder(target, {"name": "eagle", "path": str(tmp_path / "heads")})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=20)
+    assert out.token_ids == plain.token_ids and out.stats.tau > 1.0
 
 
 def test_eagle3_drafting_reproduces_the_training_time_test(trained, tiny_models):

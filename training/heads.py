@@ -51,6 +51,7 @@ DEFAULTS = {
     "ttt_decay": 0.8,  # eagle3: step j's loss weighs ttt_decay ** j
     "draft_vocab": None,  # eagle3: rows of its LM head, the tokens the target picks most (None = all)
     "aux_layers": None,  # eagle3: target hidden_states indices fused, low to high (None = EAGLE-3's default)
+    "layer": "target",  # eagle / eagle3: the head's layer, of the target's class or "llama" (exports for any target)
     "seq_len": 512,
     "batch_size": 8,
     "lr": 1e-3,
@@ -94,6 +95,12 @@ def load_config(raw) -> dict:
     if cfg["assistant_only_loss"] and not cfg["data_file"]:
         raise ValueError("assistant_only_loss needs a data_file of conversations: a corpus has no assistant "
                          "replies. Set data_file, or set assistant_only_loss: false")
+    if cfg["layer"] not in ("target", "llama"):
+        raise ValueError(f"layer must be target (a layer of the target's class) or llama (a Llama layer of its "
+                         f"sizes, which vLLM and SGLang serve for any target), got {cfg['layer']!r}")
+    if cfg["layer"] == "llama" and cfg["kind"] not in ("eagle", "eagle3"):
+        raise ValueError(f"layer: llama is for eagle and eagle3 heads; a {cfg['kind']} head keeps the target's own "
+                         "layer: set layer: target")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
@@ -276,8 +283,8 @@ def build_heads(cfg: dict, target, frequent_order: list[int]):
         return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
     if cfg["kind"] == "eagle3":
         n = cfg["draft_vocab"] or len(frequent_order)
-        return FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"])
-    return FeatureHead.for_target(target, cfg["kind"])
+        return FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"], layer=cfg["layer"])
+    return FeatureHead.for_target(target, cfg["kind"], layer=cfg["layer"])
 
 
 def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_mask=None) -> dict:
