@@ -175,8 +175,8 @@ class FeatureHead(nn.Module):
                 source = _LAYER_INDEX.sub(lambda m: f".{m.group(1)}.{last}.", name)
                 if kind == "eagle3" and name.endswith("hidden_norm.weight"):
                     source = source.replace("hidden_norm", "input_layernorm")
-                if source not in target_state:
-                    continue
+                if source not in target_state or (layer == "llama" and name.endswith("norm.weight")):
+                    continue  # a Llama norm scales by w, some targets' by 1 + w (Gemma): it keeps its ones
                 if target_state[source].shape == tensor.shape:
                     tensor.copy_(target_state[source].float())
                 elif kind == "eagle3" and tensor.shape[-1] == 2 * d:  # widened q/k/v: the feature half

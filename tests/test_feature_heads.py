@@ -475,6 +475,25 @@ def test_training_config_names_the_kinds(tiny_models, tmp_path):
         train({"kind": "mtp", "layer": "llama", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
 
 
+def test_a_llama_layer_starts_from_the_targets_projections_and_its_own_norms():
+    """Gemma's norms scale by 1 + w and store w near 0: a Llama layer given those would start
+    silenced. Its projections come from the target's top layer, its norms stay ones, its RoPE is
+    the full-attention layers'."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    gemma = AutoModelForCausalLM.from_config(Gemma3TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"])).eval()
+    head = FeatureHead.for_target(gemma, "eagle3", layer="llama")
+    layer, top = head.body.model.layers[0], gemma.model.layers[-1]
+    assert torch.equal(layer.self_attn.q_proj.weight[:, 32:], top.self_attn.q_proj.weight)
+    assert torch.equal(layer.mlp.down_proj.weight, top.mlp.down_proj.weight)
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        assert torch.equal(getattr(layer, norm).weight, torch.ones(32)), norm
+    assert head.body.config.rope_parameters == gemma.config.rope_parameters["full_attention"]
+
+
 def test_an_eagle3_head_with_a_llama_layer_trains_for_a_gpt2_target(tiny_models, tiny_corpus, tmp_path):
     """GPT-2's layer has no q/k/v of its own; `layer: llama` gives its EAGLE-3 head one, of its sizes:
     it trains, the saved head loads as one and drafts GPT-2's greedy output. (Whether the loss falls
