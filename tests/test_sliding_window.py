@@ -10,6 +10,7 @@ from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig, Mistr
     Phi3Config, Qwen2Config, Qwen3Config
 
 import draftsman
+from draftsman.verifier import cached_model
 from draftsman.verifier.cached_model import _local_attention
 
 from tiny_models import greedy_targets, load_for_reference
@@ -43,6 +44,13 @@ def config(arch: str, vocab_size: int, eos: int):
         return Gemma2Config(head_dim=16, sliding_window=WINDOW, layer_types=mixed, final_logit_softcapping=30.0,
                             attn_logit_softcapping=50.0, **common)
     return Gemma3TextConfig(head_dim=16, sliding_window=WINDOW, layer_types=mixed, **common)
+
+
+@pytest.fixture(autouse=True)
+def trim_often(monkeypatch):
+    """The target's cache lets go of unseen slots from 1 on (64 by default): every test here trims,
+    through trees, compaction, rows joining and leaving."""
+    monkeypatch.setattr(cached_model, "TRIM_MIN_SLOTS", 1)
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +170,38 @@ def test_heads_for_a_sliding_window_target_attend_fully_and_draft_exactly(slidin
         out = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter}).generate(
             input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
         assert out.token_ids == expected, kind
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "llama4"])
+def test_rows_joining_a_trimmed_cache_generate_what_they_generate_alone(sliding_targets, arch):
+    """Rows join after the local layers let go of slots: they start after those slots, holes before
+    them in the full layers. Each prompt's tokens equal its own generation alone."""
+    starting, joining = PROMPTS, {3: [[50, 51, 52, 53, 54, 55, 56, 57, 58, 59]], 5: [[60, 61], [3, 4, 5, 6]]}
+    prompts = starting + [p for r in sorted(joining) for p in joining[r]]
+    folder = sliding_targets[arch][0]
+    for drafter in ({"name": "ngram"}, {"name": "draft_model", "path": str(folder), "k": 3}):
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter})
+        alone = [dec.generate(input_ids=[p], max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0).token_ids[0]
+                 for p in prompts]
+        target, trimmed_at_join, rounds, order = dec.engine.target, [], [0], list(range(len(starting)))
+        add_rows = target.add_rows
+
+        def recording(other):
+            trimmed_at_join.append(target.local_start)
+            for layer, local in target._layers():  # the local layers' storage did shrink
+                assert layer.keys.shape[2] == target.num_slots - (target.local_start if local else 0)
+            add_rows(other)
+
+        def join():
+            rounds[0] += 1
+            joined = joining.get(rounds[0] - 1, [])
+            order.extend(prompts.index(p) for p in joined)
+            return [(p, NEW) for p in joined]
+
+        target.add_rows = recording
+        tokens = {}
+        for row, chunk in dec.stream_batch(starting, joining=join, max_new_tokens=NEW, min_new_tokens=NEW,
+                                           temperature=0.0):
+            tokens.setdefault(order[row], []).extend(chunk.token_ids)
+        assert [tokens[i] for i in range(len(prompts))] == alone, drafter
+        assert len(trimmed_at_join) == 2 and all(trimmed_at_join), (drafter, trimmed_at_join)

@@ -16,7 +16,10 @@ slot, as full-attention ones do: a slot is dropped only when its draft is reject
 window that evicts by count cannot know. Their window is in the mask instead: a node sees a key
 at position k only if k > its own position - sliding_window, as Hugging Face masks it. Llama 4's
 chunked layers likewise: a node at position p sees keys of its own chunk, k // chunk == p // chunk
-(its NoPE layers' query temperature: verifier/query_temperature.py).
+(its NoPE layers' query temperature: verifier/query_temperature.py). With trim_windows (the
+engine's target cache), those layers then let go of the leading slots that no later token can see
+(`local_start`: their storage starts at that slot), so their memory and attention stay about a
+window long, as in Hugging Face's own window cache.
 
 Hybrid targets (Qwen3-Next, Qwen3.5, Nemotron-H, LFM2, ...) also have recurrent layers, whose
 state cannot skip a hole: verifier/recurrent_state.py keeps it per row. They verify chains only.
@@ -89,14 +92,17 @@ class SlotLayer(DynamicLayer):
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False,
-                 snapshots: bool = False):
+                 snapshots: bool = False, trim_windows: bool = False):
         """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
         head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so).
         direct: call the model's layers without Hugging Face's wrappers where its family allows
         (verifier/direct_forward.py); for drafters only, the target runs its own forward.
         snapshots: copy a hybrid model's recurrent states after each accept(), so that rollback()
         can return to the lengths accepted at (a draft model's cache); without, a drafter's cache
-        (direct) refuses a hybrid model."""
+        (direct) refuses a hybrid model.
+        trim_windows: sliding and chunked layers drop the slots no later token sees (module
+        docstring); such a cache cannot roll back (a draft model's may), nor take rows from a
+        trimmed one."""
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
@@ -105,6 +111,7 @@ class CachedLM:
         # window or chunk, and whether its forward takes a mask per layer kind or one for all.
         self.local_kind, self.local_size, self._masks_by_kind = _local_attention(model.config)
         self._temperature = QueryTemperature.for_model(model)  # Llama 4: None elsewhere
+        self.trim_windows = trim_windows and self.local_kind is not None
         # Recurrent layers (a hybrid model): it verifies chains only (module docstring).
         self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
         if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
@@ -125,6 +132,9 @@ class CachedLM:
 
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        # Hugging Face gives sliding and chunked layers its window cache: those are the local ones.
+        self._is_local = [type(layer) is DynamicSlidingWindowLayer for layer in self.cache.layers]
+        self.local_start = 0  # local layers hold slots local_start.. only (trim_windows)
         # Attention layers, sliding ones too, get slots (module docstring); recurrent ones stay.
         self.cache.layers = [SlotLayer() if isinstance(layer, DynamicLayer) else layer for layer in self.cache.layers]
         self.states = RecurrentStates([layer for layer in self.cache.layers if isinstance(layer, LinearAttentionLayer)],
@@ -140,9 +150,15 @@ class CachedLM:
         return self.slot_pos.shape[1]
 
     def _layers(self):
-        for layer in self.cache.layers:
+        """(layer, whether it is local) for each attention layer holding storage; a local layer's
+        storage starts at slot local_start (see _first)."""
+        for layer, local in zip(self.cache.layers, self._is_local):
             if isinstance(layer, SlotLayer) and _used(layer) is not None:
-                yield layer
+                yield layer, local
+
+    def _first(self, local: bool) -> int:
+        """The slot a layer's storage starts at."""
+        return self.local_start if local else 0
 
     @torch.no_grad()
     def forward(self, block: TreeBlock, hidden_layers: tuple[int, ...] = (),
@@ -171,7 +187,8 @@ class CachedLM:
             self.states.before_forward(T, keep_all)
         if not self._attends:  # no attention layer to mask (Mamba's would read a 4D mask as padding)
             mask = None
-        elif direct is None and also_visible is None and not self.recurrent and self._dense() and block.is_full_chain():
+        elif (direct is None and also_visible is None and not self.recurrent and not self.local_start
+              and self._dense() and block.is_full_chain()):
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask); its
             # sliding window too, as slot j is position j.
@@ -228,7 +245,7 @@ class CachedLM:
             near = key_pos // self.local_size == query_pos // self.local_size
         else:
             near = key_pos > query_pos - self.local_size
-        local = self._additive(allowed & near)
+        local = self._additive((allowed & near)[:, :, self.local_start:])  # the slots local layers hold
         if not self._masks_by_kind:
             return local
         masks = {"full_attention": full, self.local_kind: local}
@@ -277,12 +294,13 @@ class CachedLM:
             kept[b, : len(nodes)] = True
         index, kept = index.to(self.device), kept.to(self.device)
         counts = kept.sum(1)
-        for layer in self._layers():  # move the kept slots to the front of the block
+        for layer, local in self._layers():  # move the kept slots to the front of the block
+            first = self._first(local)
             for name in ("keys", "values"):
-                t = getattr(layer, name)  # (B, H, S, hd)
+                t = getattr(layer, name)  # (B, H, S - first, hd)
                 gather = index[:, None, :, None].expand(t.shape[0], t.shape[1], K, t.shape[3])
-                moved = t[:, :, start:].gather(2, gather)
-                t[:, :, start : start + K] = moved
+                moved = t[:, :, start - first:].gather(2, gather)
+                t[:, :, start - first : start - first + K] = moved
         self._crop_to(start + K)
         self.slot_pos[:, start:] = torch.where(
             kept, self.lengths[:, None] + torch.arange(K, device=self.device), torch.full_like(index, -1))
@@ -320,6 +338,9 @@ class CachedLM:
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
         new_lengths = new_lengths.to(self.device)
+        if self.local_start:
+            raise RuntimeError("rollback() on a cache whose sliding or chunked layers let go of slots "
+                               "(trim_windows): a draft model's cache must not trim")
         if self.recurrent:
             if not self._snapshots or self._pending is not None:
                 raise NotImplementedError("a model with recurrent layers cannot forget tokens: its state has folded "
@@ -334,7 +355,7 @@ class CachedLM:
 
     def select_rows(self, indices: list[int]) -> None:
         ix = torch.as_tensor(indices, dtype=torch.long, device=self.device)
-        for layer in self._layers():
+        for layer, _ in self._layers():
             layer.keys, layer.values = layer.keys[ix], layer.values[ix]
         self.states.select_rows(ix)
         self.slot_pos, self.lengths = self.slot_pos[ix], self.lengths[ix]
@@ -351,20 +372,27 @@ class CachedLM:
             joined_layers = [None] * len(self.cache.layers)
         else:
             assert other._pending is None, "add_rows() from a cache with a pending forward()"
+            assert not other.local_start, "add_rows() from a cache whose windowed layers were trimmed"
             joined_pos, joined_lengths = other.slot_pos, other.lengths
             joined_layers = [_used(layer) if isinstance(layer, SlotLayer) else None for layer in other.cache.layers]
         assert self._pending is None, "add_rows() between forward() and accept()"
+        # Where local layers let go of slots, the joining rows start after them: holes before.
+        shift = self.local_start
+        joined_pos = torch.cat([joined_pos.new_full((len(joined_pos), shift), -1), joined_pos], dim=1)
         S = max(self.num_slots, joined_pos.shape[1])
         rows = (self.slot_pos.shape[0], joined_pos.shape[0])
         self.states.add_rows(None if isinstance(other, int) else other.states, *rows)
-        for layer, theirs in zip(self.cache.layers, joined_layers):
+        for layer, theirs, local in zip(self.cache.layers, joined_layers, self._is_local):
             if not isinstance(layer, SlotLayer):
                 continue
             mine = _used(layer)
             if mine is None and theirs is None:
                 continue
             like = (mine or theirs)[0]
-            keys, values = (torch.cat([_holes_to(None if part is None else part[i], n, S, like)
+            first = self._first(local)  # local layers hold slots shift.. of both parts
+            if theirs is not None and not local and shift:
+                theirs = tuple(torch.cat([_holes_to(None, len(t), shift, t), t], dim=2) for t in theirs)
+            keys, values = (torch.cat([_holes_to(None if part is None else part[i], n, S - first, like)
                                        for part, n in zip((mine, theirs), rows)]) for i in (0, 1))
             if not layer.is_initialized:
                 layer.lazy_initialization(keys, values)
@@ -374,35 +402,66 @@ class CachedLM:
         self._pending_pos = self.slot_pos[:, :0]
 
     def _crop_to(self, num_slots: int) -> None:
-        for layer in self._layers():
-            layer.truncate(num_slots)
+        for layer, local in self._layers():
+            layer.truncate(num_slots - self._first(local))
         self.slot_pos = self.slot_pos[:, :num_slots]
 
     def _maybe_compact(self, slack: float = 0.25) -> None:
-        """Holes cost attention time; squeeze them out once they are a quarter of the cache."""
+        """Holes cost attention time; squeeze them out once they are a quarter of the cache. With
+        trim_windows, local layers let go of the leading slots no later token sees there too, or
+        on their own once those are a quarter of what they hold."""
         S = self.num_slots
         longest = int(self.lengths.max()) if self.lengths.numel() else 0
-        if S - longest <= max(16, int(slack * S)):
-            return
-        # Sort each row's slots by position (holes last): the cache becomes left-aligned again.
-        key = torch.where(self.slot_pos >= 0, self.slot_pos, S + torch.arange(S, device=self.device))
-        order = key.argsort(dim=1)[:, :longest]  # (B, longest)
-        for layer in self._layers():
+        if S - longest > max(16, int(slack * S)):
+            # Sort each row's slots by position (holes last): the cache becomes left-aligned again.
+            key = torch.where(self.slot_pos >= 0, self.slot_pos, S + torch.arange(S, device=self.device))
+            self._reorder(key.argsort(dim=1)[:, :longest])  # (B, longest)
+        elif self.trim_windows and self._pending is None:  # pending slots read as holes: never cut them
+            unseen = self._unseen_prefix(self.slot_pos)
+            if unseen - self.local_start >= max(TRIM_MIN_SLOTS, int(slack * (S - self.local_start))):
+                for layer, local in self._layers():  # a copy, so that the storage before is freed
+                    if local:
+                        cut = unseen - self.local_start
+                        layer.keys, layer.values = (t[:, :, cut:].contiguous() for t in (layer.keys, layer.values))
+                self.local_start = unseen
+
+    def _reorder(self, order: torch.Tensor) -> None:
+        """Slot j of each row b becomes old slot order[b, j]. With trim_windows, local layers then
+        hold the slots from the first one a later token may see. An old slot they no longer hold
+        lands only where no later token sees it (it was unseen, and stays so): any key fills it."""
+        slot_pos = self.slot_pos.gather(1, order)
+        start = self._unseen_prefix(slot_pos) if self.trim_windows else 0
+        for layer, local in self._layers():
+            index = (order[:, start:] - self.local_start).clamp_min(0) if local else order
             k, v = layer.keys, layer.values  # read both before assigning: assignment resizes the views
             # Keys and values may differ in heads and width (MLA caches two latents: 512 and 64 wide).
-            layer.keys, layer.values = (t.gather(2, order[:, None, :, None].expand(*t.shape[:2], longest, t.shape[3]))
-                                        for t in (k, v))
-        self.slot_pos = self.slot_pos.gather(1, order)
+            layer.keys, layer.values = (t.gather(2, index[:, None, :, None].expand(*t.shape[:2], index.shape[1],
+                                                                                   t.shape[3])) for t in (k, v))
+        self.slot_pos, self.local_start = slot_pos, start
+
+    def _unseen_prefix(self, slot_pos: torch.Tensor) -> int:
+        """How many leading slots no later token of any row sees through a local layer: holes, and
+        keys at positions k <= length - window (sliding), or in an earlier chunk (chunked). Later
+        tokens of row b sit at positions >= lengths[b]."""
+        lengths = self.lengths[:, None]
+        if self.local_kind == "chunked_attention":
+            unseen = slot_pos // self.local_size < lengths // self.local_size
+        else:
+            unseen = slot_pos <= lengths - self.local_size
+        unseen = (unseen | (slot_pos < 0)).all(0)
+        return int(unseen.long().cumprod(0).sum())
 
     def committed_kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(H, L, hd) keys and values of a row's committed slots in position order (for tests)."""
         lay = self.cache.layers[layer]
-        pos = self.slot_pos[row]
+        first = self.local_start if self._is_local[layer] else 0  # a trimmed local layer: the slots it holds
+        pos = self.slot_pos[row, first:]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
 
 
 FEED_RECORDED = 16  # CachedLM.feed: up to this many tokens a row, record the states in one pass
+TRIM_MIN_SLOTS = 64  # trim_windows: local layers let go of no fewer slots at a time (a copy each)
 # Model types whose multi-token scan ignores the cached state (verifier/recurrent_state.py)
 _SCAN_RESTARTS = {"mamba", "falcon_mamba", "jamba"}
 

@@ -102,7 +102,7 @@ def synchronize(device: torch.device) -> None:
 
 class SpeculativeEngine:
     def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int):
-        self.target = CachedLM(target)
+        self.target = CachedLM(target, trim_windows=True)  # its sliding / chunked layers hold about a window
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
