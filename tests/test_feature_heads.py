@@ -484,7 +484,8 @@ def test_a_llama_layer_starts_from_the_targets_projections_and_its_own_norms():
     torch.manual_seed(0)
     gemma = AutoModelForCausalLM.from_config(Gemma3TextConfig(
         vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"])).eval()
+        num_key_value_heads=2, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"])).eval()
     head = FeatureHead.for_target(gemma, "eagle3", layer="llama")
     layer, top = head.body.model.layers[0], gemma.model.layers[-1]
     assert torch.equal(layer.self_attn.q_proj.weight[:, 32:], top.self_attn.q_proj.weight)
