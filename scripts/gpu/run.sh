@@ -12,6 +12,8 @@
 #                masking cuda; seconds), into masks.md (default 0)
 #   HYBRID       1: a hybrid target's verify pass against an attention one's, by block length
 #                (scripts/hybrid_verify_cost.py cuda; a minute or two), into hybrid.md (default 0)
+#   WINDOWS      1: a sliding-window target's cache trimmed to its window against untrimmed, KV held
+#                and tokens/s (scripts/window_trim_cost.py cuda), into windows.md (default 0)
 # Measured on an H200 lease (2026-11-30): machine start + transfer ~40 s; the suite on 8 workers
 # passes ~85% of its tests in 100 s; bench-zoo-gpu.yaml at T=0 with 3 prompts per category and
 # batch sizes 1,4,16 takes 3.5 min, the whole config (T=0 and 1, 4 prompts, batch 1-16) ~7.5 min.
@@ -77,6 +79,12 @@ if [ "${HYBRID:-0}" = 1 ]; then
   stage "hybrid verify cost on the GPU"
   timeout 240 python3 scripts/hybrid_verify_cost.py cuda > "$LOG/hybrid.md" 2>&1
   echo "hybrid_verify_cost exit $?"; cat "$LOG/hybrid.md"
+fi
+
+if [ "${WINDOWS:-0}" = 1 ]; then
+  stage "sliding-window cache trimmed, on the GPU"
+  timeout 240 python3 scripts/window_trim_cost.py cuda > "$LOG/windows.md" 2>&1
+  echo "window_trim_cost exit $?"; cat "$LOG/windows.md"
 fi
 
 if [ "$LOAD_S" -gt 0 ]; then
