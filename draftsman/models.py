@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import LinearAttentionLayer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
@@ -66,8 +67,32 @@ def check_model_folder(path: str | os.PathLike, what: str) -> Path:
 
 def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
     p = check_model_folder(path, what)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype, device))
+    model = text_model(AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype, device)))
     return model.to(resolve_device(device)).eval()
+
+
+def text_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM of a multimodal checkpoint's text config, around the checkpoint's own language
+    model and LM head: AutoModelForCausalLM gives Gemma 3's and Gemma 4's image-text classes
+    (their forward masks for images, and their config keeps the text settings one level down);
+    draftsman drafts and verifies text. The vision tower is let go. Other models pass through."""
+    text_config = model.config.get_text_config()
+    language_model = getattr(getattr(model, "model", None), "language_model", None)
+    if text_config is model.config or language_model is None:
+        return model
+    text_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(text_config), None)
+    if text_class is None:
+        raise NotImplementedError(f"'{model.config.model_type}' is a multimodal model whose text config "
+                                  f"({type(text_config).__name__}) has no causal LM class to verify text with")
+    with torch.device("meta"):  # the modules are the checkpoint's: build the shell only
+        text = text_class(text_config)
+    text.model, text.lm_head = language_model, model.get_output_embeddings()
+    if any(p.is_meta for p in text.parameters()):
+        raise NotImplementedError(f"{text_class.__name__} has parts the multimodal '{model.config.model_type}' "
+                                  "checkpoint does not hold")
+    text.generation_config = model.generation_config  # its end tokens
+    text.config._name_or_path = model.config._name_or_path
+    return text
 
 
 def load_tokenizer(path):

@@ -205,3 +205,36 @@ def test_rows_joining_a_trimmed_cache_generate_what_they_generate_alone(sliding_
             tokens.setdefault(order[row], []).extend(chunk.token_ids)
         assert [tokens[i] for i in range(len(prompts))] == alone, drafter
         assert len(trimmed_at_join) == 2 and all(trimmed_at_join), (drafter, trimmed_at_join)
+
+
+def test_a_multimodal_gemma3_checkpoint_verifies_as_its_text_model(tiny_tokenizer, tmp_path):
+    """Gemma 3's released checkpoints are image-text ones, which AutoModelForCausalLM loads as
+    Gemma3ForConditionalGeneration. draftsman takes its text model around the same weights: greedy
+    output through ngram and an EAGLE head equals the checkpoint's own `generate`."""
+    from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration
+
+    from draftsman.heads.feature_head import FeatureHead
+    from draftsman.models import load_causal_lm
+
+    text = config("gemma3", len(tiny_tokenizer), tiny_tokenizer.eos_token_id).to_dict()
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(3)
+    checkpoint = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
+                                                             mm_tokens_per_image=4))
+    # as Gemma 3's: the end of a turn ends a reply too, said by the generation config only
+    checkpoint.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, 300]
+    checkpoint.save_pretrained(tmp_path / "mm")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "mm").eval()
+    assert type(reference).__name__ == "Gemma3ForConditionalGeneration"
+    expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                   do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+    target = load_causal_lm(tmp_path / "mm")
+    assert type(target).__name__ == "Gemma3ForCausalLM"
+    assert not any(name.startswith("model.vision") for name, _ in target.named_parameters())
+    FeatureHead.for_target(target, "eagle").save(tmp_path / "eagle", target, dtype=torch.float32)
+    for drafter in ({"name": "ngram"}, {"name": "eagle", "path": str(tmp_path / "eagle")}):
+        dec = draftsman.load({"target": {"path": str(tmp_path / "mm")}, "drafter": drafter})
+        assert 300 in dec.engine.eos_token_ids
+        out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, drafter

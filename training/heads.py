@@ -23,6 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
+from ..models import text_model
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
@@ -380,7 +381,7 @@ def evaluate_only(config) -> dict:
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
+    target = text_model(AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32)).to(acc.device).eval()
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
     ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream, masks=masks)
@@ -396,7 +397,7 @@ def train(config) -> dict:
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32).to(acc.device).eval()
+    target = text_model(AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32)).to(acc.device).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)
