@@ -1,12 +1,12 @@
 """Targets with sliding-window attention (verifier/cached_model.py): Mistral and Phi-3 (every layer
 in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed, Gemma
-2 with soft-capping), Llama 4 (chunked layers beside full NoPE ones, whose queries are scaled by
+2 with soft-capping, Gemma 4 with layers that share keys), Llama 4 (chunked layers beside full NoPE ones, whose queries are scaled by
 position), and Qwen3 beside them (full attention, a family the other tests lack). Their cache
 keeps every slot and the window is in the mask, so greedy output through trees, chains and ragged
 batches equals Hugging Face's own `generate`, long after the window."""
 import pytest
 import torch
-from transformers import Gemma2Config, Gemma3TextConfig, Llama4TextConfig, MistralConfig, \
+from transformers import Gemma2Config, Gemma3TextConfig, Gemma4TextConfig, Llama4TextConfig, MistralConfig, \
     Phi3Config, Qwen2Config, Qwen3Config
 
 import draftsman
@@ -16,7 +16,7 @@ from draftsman.verifier.cached_model import _local_attention
 from tiny_models import greedy_targets, load_for_reference
 
 WINDOW = 8
-ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "llama4", "qwen3"]
+ARCHS = ["mistral", "qwen2", "gemma2", "gemma3", "gemma4", "phi3", "llama4", "qwen3"]
 NEW = 40
 # Longer than the window, and repeating, so that ngram drafts trees that are partly rejected.
 PROMPTS = [[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 5, 9, 13, 17], [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 11]]
@@ -38,6 +38,9 @@ def config(arch: str, vocab_size: int, eos: int):
         # positions would show
         return Llama4TextConfig(head_dim=16, num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
                                 attention_chunk_size=WINDOW, floor_scale=4, attn_scale=0.5, **common)
+    if arch == "gemma4":  # per-layer input embeddings; its last two layers read earlier layers' keys
+        return Gemma4TextConfig(head_dim=16, sliding_window=WINDOW, layer_types=mixed, hidden_size_per_layer_input=16,
+                                vocab_size_per_layer_input=vocab_size, num_kv_shared_layers=2, **common)
     if arch == "qwen3":  # full attention; its own q / k norms
         return Qwen3Config(head_dim=16, **common)
     if arch == "gemma2":
