@@ -1,7 +1,7 @@
 """Targets with sliding-window attention (verifier/cached_model.py): Mistral and Phi-3 (every layer
-in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed, Gemma
-2 with soft-capping, Gemma 4 with layers that share keys), Llama 4 (chunked layers beside full NoPE ones, whose queries are scaled by
-position), and Qwen3 beside them (full attention, a family the other tests lack). Their cache
+in the window), Qwen2 with use_sliding_window and Gemma 2 / 3 / 4 (full and sliding layers mixed,
+Gemma 2 with soft-capping, Gemma 4 with layers that share keys), Llama 4 (chunked layers beside
+full NoPE ones, whose queries are scaled by position), and Qwen3 beside them (full attention, a family the other tests lack). Their cache
 keeps every slot and the window is in the mask, so greedy output through trees, chains and ragged
 batches equals Hugging Face's own `generate`, long after the window."""
 import pytest
