@@ -7,9 +7,9 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, DynamicCache
 from transformers.cache_utils import LinearAttentionLayer
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
@@ -67,15 +67,28 @@ def check_model_folder(path: str | os.PathLike, what: str) -> Path:
 
 def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
     p = check_model_folder(path, what)
-    model = text_model(AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype, device)))
-    return model.to(resolve_device(device)).eval()
+    return pretrained_text_model(p, resolve_dtype(dtype, device), what).to(resolve_device(device)).eval()
+
+
+def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> torch.nn.Module:
+    """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
+    config = AutoConfig.from_pretrained(folder)
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        loader = AutoModelForCausalLM
+    elif type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:  # Mistral 3, ...: its text model is taken below
+        loader = AutoModelForImageTextToText
+    else:
+        raise ValueError(f"{what}: '{folder}' holds a '{config.model_type}' model, which is neither a causal LM nor "
+                         "an image-text model around one: draftsman drafts and verifies with causal LMs")
+    return text_model(loader.from_pretrained(folder, dtype=dtype))
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
     """The causal LM of a multimodal checkpoint's text config, around the checkpoint's own language
-    model and LM head: AutoModelForCausalLM gives Gemma 3's and Gemma 4's image-text classes
-    (their forward masks for images, and their config keeps the text settings one level down);
-    draftsman drafts and verifies text. The vision tower is let go. Other models pass through."""
+    model and LM head: for image-text classes (Gemma 3's and Gemma 4's, which AutoModelForCausalLM
+    gives, Mistral 3's), whose forward masks for images and whose config keeps the text settings
+    one level down; draftsman drafts and verifies text. The vision tower is let go. Other models
+    pass through."""
     text_config = model.config.get_text_config()
     language_model = getattr(getattr(model, "model", None), "language_model", None)
     if text_config is model.config or language_model is None:
@@ -83,7 +96,9 @@ def text_model(model: torch.nn.Module) -> torch.nn.Module:
     text_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(text_config), None)
     if text_class is None:
         raise NotImplementedError(f"'{model.config.model_type}' is a multimodal model whose text config "
-                                  f"({type(text_config).__name__}) has no causal LM class to verify text with")
+                                  f"({type(text_config).__name__}) has no causal LM class to verify text with "
+                                  "(Qwen2.5-VL and Qwen3-VL's position their text in three dimensions): not "
+                                  "supported yet; verify with the family's text model (Qwen2.5, Qwen3)")
     with torch.device("meta"):  # the modules are the checkpoint's: build the shell only
         text = text_class(text_config)
     text.model, text.lm_head = language_model, model.get_output_embeddings()

@@ -475,6 +475,18 @@ def test_training_config_names_the_kinds(tiny_models, tmp_path):
         train({"kind": "mtp", "layer": "llama", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
 
 
+def test_a_corpus_with_no_held_out_file_is_named(tiny_models, tmp_path):
+    """Files are held out by a hash of their name: a small corpus may have none."""
+    from draftsman.training.corpus import is_heldout
+
+    names = [f"m{i}.py" for i in range(200) if not is_heldout(f"m{i}.py")][:5]
+    for name in names:
+        (tmp_path / name).write_text("x = 1\n" * 500)
+    with pytest.raises(ValueError, match="the heldout split has 0 tokens.*add documents"):
+        train({"kind": "eagle", "target": str(tiny_models["llama"][0]), "out": str(tmp_path / "out"),
+               "work_dir": str(tmp_path / "work"), "corpus_root": str(tmp_path), "max_steps": 1})
+
+
 def test_a_llama_layer_starts_from_the_targets_projections_and_its_own_norms():
     """Gemma's norms scale by 1 + w and store w near 0: a Llama layer given those would start
     silenced. Its projections come from the target's top layer, its norms stay ones, its RoPE is

@@ -210,34 +210,64 @@ def test_rows_joining_a_trimmed_cache_generate_what_they_generate_alone(sliding_
         assert len(trimmed_at_join) == 2 and all(trimmed_at_join), (drafter, trimmed_at_join)
 
 
-def test_a_multimodal_gemma3_checkpoint_verifies_as_its_text_model(tiny_tokenizer, tmp_path):
-    """Gemma 3's released checkpoints are image-text ones, which AutoModelForCausalLM loads as
-    Gemma3ForConditionalGeneration. draftsman takes its text model around the same weights: greedy
-    output through ngram and an EAGLE head equals the checkpoint's own `generate`."""
-    from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration
+def _image_text_checkpoint(arch: str, tokenizer, folder):
+    """A tiny image-text checkpoint of `arch` whose text model is this module's config of it."""
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Mistral3Config,
+                              Mistral3ForConditionalGeneration, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)
 
+    torch.manual_seed(3)
+    text_arch = {"mistral3": "mistral", "qwen2_5_vl": "qwen2"}.get(arch, arch)
+    text = config(text_arch, len(tokenizer), tokenizer.eos_token_id).to_dict()
+    if arch == "gemma3":
+        vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                      patch_size=14)
+        checkpoint = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
+                                                                 mm_tokens_per_image=4))
+    elif arch == "mistral3":
+        vision = dict(model_type="pixtral", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, image_size=28, patch_size=14, head_dim=16)
+        checkpoint = Mistral3ForConditionalGeneration(Mistral3Config(text_config=text, vision_config=vision))
+    else:
+        vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)
+        checkpoint = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+            text_config={**text, "model_type": "qwen2_5_vl_text"}, vision_config=vision))
+    # as Gemma 3's: the end of a turn ends a reply too, said by the generation config only
+    checkpoint.generation_config.eos_token_id = [tokenizer.eos_token_id, 300]
+    checkpoint.eval().save_pretrained(folder)
+    return checkpoint
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
+def test_an_image_text_checkpoint_verifies_as_its_text_model(tiny_tokenizer, tmp_path, arch):
+    """Gemma 3's and Mistral 3's released checkpoints are image-text ones (AutoModelForCausalLM
+    loads Gemma 3's as Gemma3ForConditionalGeneration; Mistral 3's only AutoModelForImageTextToText
+    does). draftsman takes the text model around the same weights: greedy output through ngram and
+    an EAGLE head equals the checkpoint's own `generate`."""
     from draftsman.heads.feature_head import FeatureHead
     from draftsman.models import load_causal_lm
 
-    text = config("gemma3", len(tiny_tokenizer), tiny_tokenizer.eos_token_id).to_dict()
-    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
-                  patch_size=14)
-    torch.manual_seed(3)
-    checkpoint = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
-                                                             mm_tokens_per_image=4))
-    # as Gemma 3's: the end of a turn ends a reply too, said by the generation config only
-    checkpoint.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, 300]
-    checkpoint.save_pretrained(tmp_path / "mm")
-    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "mm").eval()
-    assert type(reference).__name__ == "Gemma3ForConditionalGeneration"
-    expected = [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
-                                   do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+    checkpoint = _image_text_checkpoint(arch, tiny_tokenizer, tmp_path / "mm")
+    expected = [checkpoint.generate(input_ids=torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                    do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
     target = load_causal_lm(tmp_path / "mm")
-    assert type(target).__name__ == "Gemma3ForCausalLM"
-    assert not any(name.startswith("model.vision") for name, _ in target.named_parameters())
+    assert type(target).__name__ == {"gemma3": "Gemma3ForCausalLM", "mistral3": "MistralForCausalLM"}[arch]
+    assert not any("vision" in name for name, _ in target.named_parameters())
     FeatureHead.for_target(target, "eagle").save(tmp_path / "eagle", target, dtype=torch.float32)
     for drafter in ({"name": "ngram"}, {"name": "eagle", "path": str(tmp_path / "eagle")}):
         dec = draftsman.load({"target": {"path": str(tmp_path / "mm")}, "drafter": drafter})
         assert 300 in dec.engine.eos_token_ids
         out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
         assert out.token_ids == expected, drafter
+
+
+def test_models_without_a_text_causal_lm_are_refused_by_name(tiny_tokenizer, tmp_path):
+    from transformers import T5Config
+
+    from draftsman.models import load_causal_lm
+
+    _image_text_checkpoint("qwen2_5_vl", tiny_tokenizer, tmp_path / "vl")
+    with pytest.raises(NotImplementedError, match="'qwen2_5_vl' is a multimodal model.*Qwen2.5, Qwen3"):
+        load_causal_lm(tmp_path / "vl")
+    T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2, d_kv=16).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ValueError, match="holds a 't5' model, which is neither a causal LM nor an image-text model"):
+        load_causal_lm(tmp_path / "t5")

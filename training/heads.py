@@ -23,7 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
-from ..models import text_model
+from ..models import pretrained_text_model
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
@@ -107,6 +107,11 @@ def load_config(raw) -> dict:
     return cfg
 
 
+def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text; none for no texts (a split no file fell in: training_streams names it)."""
+    return tokenizer(texts)["input_ids"] if texts else []
+
+
 def training_streams(cfg: dict, tokenizer, check_heldout: bool = True):
     """(train, held-out, masks): token streams in the target's tokenizer, documents joined by EOS
     (cached as .npy), from the corpus_root files or the data_file's documents; masks, with
@@ -159,7 +164,7 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
         files = C.split_files(root)
         key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
         splits = lambda: files  # noqa: E731
-        encode = lambda paths: ((ids, None) for ids in tokenizer(list(C.iter_texts(paths)))["input_ids"])  # noqa: E731
+        encode = lambda paths: ((ids, None) for ids in _encode_texts(tokenizer, list(C.iter_texts(paths))))  # noqa: E731
     names = ("train", "heldout") + (("train-replies", "heldout-replies") if cfg["assistant_only_loss"] else ())
     work = Path(cfg["work_dir"])
     caches = {name: work / f"heads-{name}-{key}.npy" for name in names}
@@ -376,12 +381,12 @@ def evaluate_only(config) -> dict:
     this config's tree_budget, written back into the heads' config): the evaluation and
     calibration command, `draftsman train <kind> --config FILE --eval-only`."""
     from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = text_model(AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32)).to(acc.device).eval()
+    target = pretrained_text_model(cfg["target"], torch.float32, "target").to(acc.device).eval()
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
     ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream, masks=masks)
@@ -391,13 +396,13 @@ def evaluate_only(config) -> dict:
 def train(config) -> dict:
     """Train heads of `config['kind']` on a frozen target; write them to `out`; return metrics."""
     from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = text_model(AutoModelForCausalLM.from_pretrained(cfg["target"], dtype=torch.float32)).to(acc.device).eval()
+    target = pretrained_text_model(cfg["target"], torch.float32, "target").to(acc.device).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)

@@ -34,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str,
           data_file: str | None = None, assistant_only: bool = False) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from ..models import check_model_folder, text_model
+    from ..models import check_model_folder, pretrained_text_model
 
     folder = check_model_folder(target, "--target")
     if corpus_root and data_file:
@@ -51,7 +51,7 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     # Plain torch.autocast, not an Accelerator: its process-wide state would pin mixed precision
     # for any training later in the same process.
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
-    model = text_model(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)).to(device).eval()
+    model = pretrained_text_model(folder, torch.float32, "target").to(device).eval()
     train_stream, _, masks = training_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
     frequent = target_token_frequencies(cfg, model, train_stream, autocast, masks[0] if masks else None)
     where = " inside assistant replies" if assistant_only else ""
