@@ -164,7 +164,8 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
         files = C.split_files(root)
         key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
         splits = lambda: files  # noqa: E731
-        encode = lambda paths: ((ids, None) for ids in _encode_texts(tokenizer, list(C.iter_texts(paths))))  # noqa: E731
+        encode = lambda paths: ((ids, None)  # noqa: E731
+                                for ids in _encode_texts(tokenizer, list(C.iter_texts(paths))))
     names = ("train", "heldout") + (("train-replies", "heldout-replies") if cfg["assistant_only_loss"] else ())
     work = Path(cfg["work_dir"])
     caches = {name: work / f"heads-{name}-{key}.npy" for name in names}
