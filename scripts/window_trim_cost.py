@@ -2,14 +2,16 @@
 local layers trimmed to about a window (CachedLM trim_windows, the engine's default) and without.
 
 A random Gemma 3-shaped model (hidden 512, 12 layers: five sliding-window layers of 256 to one
-full layer, 32k vocabulary) generates NEW tokens after a PROMPT-token prompt, batch 1 and 4, with
-plain decoding and with `ngram` trees (holes, compaction). For each setting: the most KV storage
+full layer, 32k vocabulary) generates NEW tokens after a PROMPT-token prompt, batch 1 and 4, and
+after a ragged pair (PROMPT and 128 tokens), with plain decoding and with `ngram` trees (holes,
+compaction). For each setting: the most KV storage
 the target's cache held after any round (MB, its layers' capacity), and tokens/s, trimmed and
 untrimmed runs interleaved in one process (medians of REPEATS), their ratio, and whether both
 gave the same tokens.
 
     python scripts/window_trim_cost.py            # CPU
     python scripts/window_trim_cost.py cuda
+    python scripts/window_trim_cost.py cpu ragged # the ragged pair only
 """
 import statistics
 import sys
@@ -23,6 +25,7 @@ import draftsman
 from draftsman.verifier.cached_model import SlotLayer
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+ONLY = sys.argv[2] if len(sys.argv) > 2 else None
 PROMPT, NEW, REPEATS, WINDOW = 512, 512, 3, 256
 
 
@@ -77,11 +80,14 @@ def main():
     print("|---|---|---|---|---|---|")
     for name in ("none", "ngram"):
         dec = draftsman.load({"target": {"path": folder, "device": DEVICE}, "drafter": {"name": name}})
-        for batch in (1, 4):
+        for batch in ("1", "4", "ragged"):
+            if ONLY and batch != ONLY:
+                continue
+            rows = [prompts[0], prompts[1][:128]] if batch == "ragged" else prompts[:int(batch)]
             results = {True: [], False: []}
             for _ in range(REPEATS):
                 for trim in (True, False):
-                    results[trim].append(run(dec, prompts[:batch], trim))
+                    results[trim].append(run(dec, rows, trim))
             same = all(a[0] == b[0] for a, b in zip(results[True], results[False]))
             speed = {t: statistics.median(r[1] for r in results[t]) for t in results}
             most = {t: max(r[2] for r in results[t]) for t in results}
