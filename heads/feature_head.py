@@ -179,8 +179,8 @@ class FeatureHead(nn.Module):
                     continue  # a Llama norm scales by w, some targets' by 1 + w (Gemma): it keeps its ones
                 if target_state[source].shape == tensor.shape:
                     tensor.copy_(target_state[source].float())
-                elif kind == "eagle3" and tensor.shape[-1] == 2 * d:  # widened q/k/v: the feature half
-                    tensor[:, d:].copy_(target_state[source].float())
+                elif kind == "eagle3" and tensor.shape[1] == 2 * d and target_state[source].shape == (len(tensor), d):
+                    tensor[:, d:].copy_(target_state[source].float())  # widened q/k/v: the feature half
             # Start the fusion as "take the (top) feature" so a new head is not pure noise.
             head.fuse.weight.zero_()
             head.fuse.weight[:, -d:].copy_(torch.eye(d))
@@ -240,7 +240,8 @@ def _num_layers(model: nn.Module) -> int:
 def _llama_layer_config(target_config):
     """A one-layer Llama config of the target's sizes and RoPE, for `layer: llama`. Its activation
     is SiLU, as the engines' Llama MLP requires; a model with RoPE per layer kind (Gemma 3) gives
-    its full-attention layers'."""
+    its full-attention layers'; RoPE turns the whole head (no partial rotary, as Qwen3.5's, nor
+    multimodal sections)."""
     from transformers import LlamaConfig
 
     text = target_config.get_text_config()
@@ -248,6 +249,9 @@ def _llama_layer_config(target_config):
     rope = copy.deepcopy(getattr(text, "rope_parameters", None))
     if isinstance(rope, dict) and "full_attention" in rope:
         rope = rope["full_attention"]
+    if isinstance(rope, dict):  # the whole head_dim rotates, on one axis: what the engines' Llama layer does
+        rope = {k: v for k, v in rope.items()
+                if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}
     eps = next((getattr(text, k) for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
                 if getattr(text, k, None) is not None), 1e-6)
     return LlamaConfig(vocab_size=text.vocab_size, hidden_size=text.hidden_size, num_hidden_layers=1,

@@ -207,18 +207,24 @@ def test_sampled_rows_follow_a_hybrid_target(hybrid_targets, arch):
     assert fit_pvalue(first, p1) > ALPHA and fit_pvalue(second, p2) > ALPHA
 
 
-@pytest.mark.parametrize("arch,kinds", [("qwen3_5", ("eagle", "eagle3", "mtp")), ("lfm2", ("eagle", "mtp")),
-                                        ("nemotron_h", ("mtp",))])
+@pytest.mark.parametrize("arch,kinds", [("qwen3_5", ("eagle", "eagle3", "mtp", "eagle3-llama")),
+                                        ("lfm2", ("eagle", "mtp")),
+                                        ("nemotron_h", ("mtp", "eagle-llama", "eagle3-llama"))])
 def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, arch, kinds, tmp_path):
     """EAGLE, EAGLE-3 and MTP heads built for a hybrid target (their one layer attends) draft trees
-    of which the target verifies the first chain."""
+    of which the target verifies the first chain. "-llama": `layer: llama`, a Llama layer of the
+    target's sizes (Qwen3.5's partial RoPE and gated q_proj left out), which also gives Nemotron-H,
+    whose attention blocks have no input norm for EAGLE to drop, EAGLE and EAGLE-3 heads."""
     from draftsman.heads.feature_head import FeatureHead
 
     folder, expected = hybrid_targets[arch]
     target = load_for_reference(folder)
     for kind in kinds:
-        head = FeatureHead.for_target(target, kind)
+        head_kind, _, layer = kind.partition("-")
+        head = FeatureHead.for_target(target, head_kind, layer=layer or "target")
         assert not CachedLM(head.body).recurrent, kind
+        if layer:  # the engines' Llama layer turns the whole head: an export must not say otherwise
+            assert "partial_rotary_factor" not in (head.body.config.rope_parameters or {}), kind
         head.save(tmp_path / kind, target, dtype=torch.float32)
         drafter = {"name": "mtp" if kind == "mtp" else "eagle", "path": str(tmp_path / kind)}
         out = draftsman.load({"target": {"path": str(folder)}, "drafter": drafter}).generate(
