@@ -120,7 +120,8 @@ class FeatureHead(nn.Module):
                     break
             else:
                 raise NotImplementedError(f"{type(layer).__name__}: cannot find the input norm ({_INPUT_NORM_NAMES}) "
-                                          "an EAGLE head removes; an 'mtp' head keeps it: train one of those")
+                                          "an EAGLE head removes; an 'mtp' head keeps it, and `layer: llama` gives "
+                                          "the head a Llama layer: train one of those")
         # Shared with the target, never trained or saved: embeddings, LM head, (mtp) final norm.
         # Kept out of this module's parameters so optimizers and state_dict see only the head.
         owner, norm_name = _final_norm_owner(body)
@@ -245,7 +246,8 @@ def _llama_layer_config(target_config):
     from transformers import LlamaConfig
 
     text = target_config.get_text_config()
-    heads = text.num_attention_heads
+    # a model without attention (Mamba) gets heads of 64 wide, or one head
+    heads = getattr(text, "num_attention_heads", None) or max(1, text.hidden_size // 64)
     rope = copy.deepcopy(getattr(text, "rope_parameters", None))
     if isinstance(rope, dict) and "full_attention" in rope:
         rope = rope["full_attention"]
@@ -274,7 +276,9 @@ def _full_attention(config, target_name: str) -> None:
             config.sliding_window = None
     except AttributeError as e:  # a config that derives its layer kinds (Bamba's layers_block_type)
         raise NotImplementedError(f"{target_name}: a head's one layer must attend, and this config does not let "
-                                  f"its layer kinds be set ({e}); draft with 'draft_model' or 'ngram' instead") from e
+                                  f"its layer kinds be set ({e}); train an eagle or eagle3 head with `layer: llama` "
+                                  "(a Llama layer of the target's sizes), or draft with 'draft_model' or "
+                                  "'ngram'") from e
 
 
 def _decoder_layers(body: nn.Module) -> nn.ModuleList:

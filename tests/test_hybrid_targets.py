@@ -209,12 +209,15 @@ def test_sampled_rows_follow_a_hybrid_target(hybrid_targets, arch):
 
 @pytest.mark.parametrize("arch,kinds", [("qwen3_5", ("eagle", "eagle3", "mtp", "eagle3-llama")),
                                         ("lfm2", ("eagle", "mtp")),
-                                        ("nemotron_h", ("mtp", "eagle-llama", "eagle3-llama"))])
+                                        ("nemotron_h", ("mtp", "eagle-llama", "eagle3-llama")),
+                                        ("bamba", ("eagle-llama",)), ("olmo_hybrid", ("eagle-llama",)),
+                                        ("mamba", ("eagle-llama", "eagle3-llama"))])
 def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, arch, kinds, tmp_path):
     """EAGLE, EAGLE-3 and MTP heads built for a hybrid target (their one layer attends) draft trees
     of which the target verifies the first chain. "-llama": `layer: llama`, a Llama layer of the
-    target's sizes (Qwen3.5's partial RoPE and gated q_proj left out), which also gives Nemotron-H,
-    whose attention blocks have no input norm for EAGLE to drop, EAGLE and EAGLE-3 heads."""
+    target's sizes (Qwen3.5's partial RoPE and gated q_proj left out), which also gives EAGLE heads
+    to the targets whose own layer cannot be one: Nemotron-H and OLMo hybrid (no input norm in
+    their attention blocks), Bamba (derived layer kinds) and Mamba (no attention at all)."""
     from draftsman.heads.feature_head import FeatureHead
 
     folder, expected = hybrid_targets[arch]
@@ -238,10 +241,11 @@ def test_heads_a_hybrid_target_cannot_have_are_refused_by_name(hybrid_targets):
     bamba = load_for_reference(hybrid_targets["bamba"][0])  # its layer kinds derive from attn_layer_indices
     mamba = AutoModelForCausalLM.from_config(MambaConfig(num_hidden_layers=2, hidden_size=64, vocab_size=320))
     for target in (bamba, mamba):
-        with pytest.raises(NotImplementedError, match="one layer must attend.*'draft_model' or 'ngram'"):
+        with pytest.raises(NotImplementedError,
+                           match="one layer must attend.*`layer: llama`.*'draft_model' or 'ngram'"):
             FeatureHead.for_target(target, "mtp")
     nemotron = load_for_reference(hybrid_targets["nemotron_h"][0])  # its attention block has no input norm
-    with pytest.raises(NotImplementedError, match="cannot find the input norm.*'mtp' head keeps it"):
+    with pytest.raises(NotImplementedError, match="cannot find the input norm.*'mtp' head keeps it.*`layer: llama`"):
         FeatureHead.for_target(nemotron, "eagle")
 
 
