@@ -44,6 +44,7 @@ class DraftTree:
     kinds: torch.Tensor
     draft_probs: torch.Tensor | None = None
     _depths: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+    _parents: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         n = self.tokens.shape[0]
@@ -64,10 +65,16 @@ class DraftTree:
         engine, the packer and adaptive speculation all ask every round."""
         if self._depths is None:
             depth: list[int] = []
-            for p in self.parents.tolist():
+            for p in self.parent_list():
                 depth.append(1 if p < 0 else depth[p] + 1)
             self._depths = depth
         return self._depths
+
+    def parent_list(self) -> list[int]:
+        """`parents` as a list, read from the device once per tree."""
+        if self._parents is None:
+            self._parents = self.parents.tolist()
+        return self._parents
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "DraftTree":
@@ -108,7 +115,7 @@ class DraftTree:
         if self.is_chain():
             return self
         keep, parent = [], -1
-        for i, p in enumerate(self.parents.tolist()):
+        for i, p in enumerate(self.parent_list()):
             if p == parent:  # topological order: a node's first child is the first node naming it
                 keep.append(i)
                 parent = i

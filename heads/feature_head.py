@@ -20,8 +20,8 @@ head (and, for mtp, final norm) *are* the target's modules. With `layer: llama` 
 is a Llama layer of the target's sizes and RoPE instead, whatever the target's class: the layer
 vLLM and SGLang serve EAGLE heads as, so heads of any target export (draftsman/export.py).
 Drafting feeds it `inputs_embeds` through the same CachedLM as the target, so tree attention,
-rollback and ragged batches come from the verifier's code. Only the fusion layer, the input norms and the decoder layer are
-trained and saved; the layer starts as a copy of the target's top layer.
+rollback and ragged batches come from the verifier's code. Only the fusion layer, the input norms
+and the decoder layer are trained and saved; the layer starts as a copy of the target's top layer.
 """
 from __future__ import annotations
 

@@ -96,7 +96,9 @@ def load_config(raw) -> dict:
     if cfg["assistant_only_loss"] and not cfg["data_file"]:
         raise ValueError("assistant_only_loss needs a data_file of conversations: a corpus has no assistant "
                          "replies. Set data_file, or set assistant_only_loss: false")
-    if cfg["layer"] not in ("target", "llama"):
+    from ..heads.feature_head import LAYERS  # checked here too, before a target is loaded
+
+    if cfg["layer"] not in LAYERS:
         raise ValueError(f"layer must be target (a layer of the target's class) or llama (a Llama layer of its "
                          f"sizes, which vLLM and SGLang serve for any target), got {cfg['layer']!r}")
     if cfg["layer"] == "llama" and cfg["kind"] not in ("eagle", "eagle3"):

@@ -416,8 +416,10 @@ class CachedLM:
             # Sort each row's slots by position (holes last): the cache becomes left-aligned again.
             key = torch.where(self.slot_pos >= 0, self.slot_pos, S + torch.arange(S, device=self.device))
             self._reorder(key.argsort(dim=1)[:, :longest])  # (B, longest)
-        elif self.trim_windows and self._pending is None:  # pending slots read as holes: never cut them
-            unseen = self._unseen_prefix(self.slot_pos)
+        # (a cheap bound first: most rounds hold too few slots past local_start to let any go, and
+        # the count below costs tensor ops and a sync each round)
+        elif self.trim_windows and self._pending is None and S - self.local_start >= TRIM_MIN_SLOTS:
+            unseen = self._unseen_prefix(self.slot_pos)  # pending slots would read as holes: never then
             if unseen - self.local_start >= max(TRIM_MIN_SLOTS, int(slack * (S - self.local_start))):
                 for layer, local in self._layers():  # a copy, so that the storage before is freed
                     if local:
