@@ -93,13 +93,16 @@ class DraftTree:
 
     def truncated_to_depth(self, max_depth: int) -> "DraftTree":
         """Drop nodes deeper than max_depth (used when a row nears the context limit)."""
-        keep = [i for i, d in enumerate(self.depths()) if d <= max_depth]
+        return self._nodes([i for i, d in enumerate(self.depths()) if d <= max_depth])
+
+    def _nodes(self, keep: list[int]) -> "DraftTree":
+        """The tree of the nodes `keep` (ascending; each one's parent kept too)."""
         if len(keep) == self.size:
             return self
         # Surviving nodes keep their order, so a parent's new index is its rank among survivors.
         remap = {old: new for new, old in enumerate(keep)}
         idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
-        parents = [remap[p] if p >= 0 else -1 for p in self.parents[idx].tolist()]
+        parents = [remap[p] if p >= 0 else -1 for p in (self.parent_list()[i] for i in keep)]
         return DraftTree(self.tokens[idx], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),
                          self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
 
@@ -109,20 +112,40 @@ class DraftTree:
         return self.depths() == list(range(1, self.size + 1))
 
     def first_chain(self) -> "DraftTree":
-        """The chain of first children from the root: the tree a target with recurrent layers can
-        verify. Exact: a node's first child was drawn before its siblings, so alone it is a draw
-        from its draft_probs row (or a deterministic pick), as a chain's node is."""
+        """The chain of first children from the root (first_branches(1))."""
+        return self.first_branches(1)
+
+    def first_branches(self, count: int) -> "DraftTree":
+        """At most `count` root-to-leaf branches of the tree: what a target with recurrent layers
+        verifies, a branch a row (verifier/branches.py). The first is the chain of first children;
+        each next one leaves the branches kept at the shallowest node that has a next child, and
+        follows first children from there. Exact: which nodes are kept depends on the tree's
+        shape only, never on the tokens drawn, and every node keeps its first children, in the
+        order they were drawn; each kept child was drawn as it would be had its later siblings
+        never been (the verifier's tests of later siblings condition on the earlier ones only)."""
         if self.is_chain():
             return self
-        keep, parent = [], -1
+        children: list[list[int]] = [[] for _ in range(self.size + 1)]  # index 0: the root's
         for i, p in enumerate(self.parent_list()):
-            if p == parent:  # topological order: a node's first child is the first node naming it
-                keep.append(i)
-                parent = i
-        device = self.tokens.device
-        idx = torch.tensor(keep, dtype=torch.long, device=device)
-        return DraftTree(self.tokens[idx], torch.arange(-1, len(keep) - 1, dtype=torch.long, device=device),
-                         self.kinds[idx], None if self.draft_probs is None else self.draft_probs[idx])
+            children[p + 1].append(i)
+        depths = self.depths()
+        kept_children = [0] * (self.size + 1)  # per node (0: the root): how many of its first children are kept
+        keep: set[int] = set()
+
+        def follow(node: int) -> None:  # node's next child, then first children down to a leaf
+            while kept_children[node + 1] < len(children[node + 1]):
+                child = children[node + 1][kept_children[node + 1]]
+                kept_children[node + 1] += 1
+                keep.add(child)
+                node = child
+
+        follow(-1)
+        for _ in range(count - 1):
+            forks = [n for n in [-1, *sorted(keep)] if kept_children[n + 1] < len(children[n + 1])]
+            if not forks:
+                break
+            follow(min(forks, key=lambda n: (0 if n < 0 else depths[n], n)))
+        return self._nodes(sorted(keep))
 
 
 @dataclass

@@ -159,6 +159,7 @@ class Decoder:
         self.drafter = build_drafter(config["drafter"], info)
         self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer),
                                         context_length(self.target.config))
+        self.engine.recurrent_branches = t["recurrent_branches"]
         if self.tokenizer is not None:  # built when a request first asks for structured_output
             self.engine.grammars = GrammarCompiler(self.tokenizer, vocab, self.engine.eos_token_ids)
 
@@ -175,6 +176,7 @@ class Decoder:
         other.engine = SpeculativeEngine(self.target, other.drafter, self.engine.eos_token_ids,
                                          self.engine.max_context)
         other.engine.grammars = self.engine.grammars  # one compiler per tokenizer
+        other.engine.recurrent_branches = self.engine.recurrent_branches
         return other
 
     def save_drafter_memory(self) -> list[str]:

@@ -1,6 +1,7 @@
 """The run configuration: every default in one place, unknown keys rejected with the valid ones.
 
-    target:   {path: DIR, dtype: float32, device: auto}   # auto = cuda if available else cpu
+    target:   {path: DIR, dtype: float32, device: auto,   # auto = cuda if available else cpu
+               attn_implementation: null, recurrent_branches: 2}
     drafter:  {name: none, ...}                           # the drafter's own options (see its Options)
     sampling: {temperature: 0.0, top_k: null, top_p: null, top_h: null, min_p: null, typical_p: null,
                epsilon_cutoff: null, eta_cutoff: null, repetition_penalty: null, no_repeat_ngram_size: null,
@@ -29,6 +30,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "dtype": "float32",  # float32 | bfloat16 | float16 | float64 | auto (bfloat16 where native); verification math is float32+ anyway
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "attn_implementation": None,  # None = the model's default (sdpa where available)
+        # A target with recurrent layers (Qwen3-Next, Nemotron-H, Mamba, ...) reads a draft tree as its
+        # branches, a row each (verifier/branches.py): this many per pass, shared by the batch's rows
+        # (each reads max(1, N // rows)); 1 = every row its first chain only
+        "recurrent_branches": 2,
     },
     "drafter": {
         "name": "none",  # none | ngram | draft_model | ...; other keys are the drafter's own options
@@ -116,6 +121,9 @@ def merge(raw: dict) -> dict:
             if section != "drafter":
                 check_type(f"{section}.{key}", value, DEFAULTS[section][key])
             cfg[section][key] = value
+    if cfg["target"]["recurrent_branches"] < 1:
+        raise ValueError(f"target.recurrent_branches must be 1 or more (1: a tree's first chain only), got "
+                         f"{cfg['target']['recurrent_branches']}")
     check_stop_strings(cfg["generation"]["stop"], "generation.stop")
     ids = cfg["generation"]["stop_token_ids"]
     if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):

@@ -1,10 +1,10 @@
 """Targets with recurrent layers: hybrids, whose recurrent layers (Gated DeltaNet in Qwen3-Next and
 Qwen3.5, Mamba-2 in Nemotron-H and Bamba, Mamba in Jamba, short convolutions in LFM2) sit beside
-attention layers, and Mamba, Mamba-2 and Falcon Mamba, all recurrent. A recurrent
-state cannot skip a rejected draft, so each row keeps the state it had after its kept tokens
-(verifier/recurrent_state.py) and the target verifies chains. Greedy output equals Hugging Face's
-own `generate` through partial acceptance at every depth, ragged batches and joining rows; sampled
-rows keep the target's distribution."""
+attention layers, and Mamba, Mamba-2 and Falcon Mamba, all recurrent. A recurrent state cannot
+skip a rejected draft, so each row keeps the state it had after its kept tokens
+(verifier/recurrent_state.py) and the target reads a tree as its branches (test_hybrid_branches.py).
+Greedy output equals Hugging Face's own `generate` through partial acceptance at every depth, ragged
+batches and joining rows; sampled rows keep the target's distribution."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, BambaConfig, FalconH1Config, FalconMambaConfig, JambaConfig, \
@@ -64,7 +64,7 @@ KNOWN: dict[tuple[int, ...], list[int]] = {}  # prompt -> prompt + the target's 
 class NoisyOracle(ToyDrafter):
     """Drafts the target's greedy continuation with one token wrong, at a depth that moves each
     round (so rows accept 0..k drafts); the wrong chain is the root's first child, and a
-    second child holds the right first token (a tree: the hybrid target verifies its first chain)."""
+    second child holds the right first token (a tree: the hybrid target reads it as two branches)."""
     name = "hybrid_noisy_oracle"
     calls = 0
     can_add_rows = True  # no per-row state: a row's drafts follow from its context

@@ -22,7 +22,8 @@ engine's target cache), those layers then let go of the leading slots that no la
 window long, as in Hugging Face's own window cache.
 
 Hybrid targets (Qwen3-Next, Qwen3.5, Nemotron-H, LFM2, ...) also have recurrent layers, whose
-state cannot skip a hole: verifier/recurrent_state.py keeps it per row. They verify chains only.
+state cannot skip a hole: verifier/recurrent_state.py keeps it per row. They read a chain per row;
+a tree, as a row per branch (verifier/branches.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from .direct_forward import DirectForward
 from .query_temperature import QueryTemperature
 from . import hf_compat
 from .hf_compat import PER_ROW_LOGITS_TO_KEEP, cache_kwarg
+from .branches import Branches
 from .recurrent_state import RecurrentStates
 from .tree import TreeBlock
 
@@ -112,7 +114,7 @@ class CachedLM:
         self.local_kind, self.local_size, self._masks_by_kind = _local_attention(model.config)
         self._temperature = QueryTemperature.for_model(model)  # Llama 4: None elsewhere
         self.trim_windows = trim_windows and self.local_kind is not None
-        # Recurrent layers (a hybrid model): it verifies chains only (module docstring).
+        # Recurrent layers (a hybrid model): it reads chains only, a tree as its branches (verifier/branches.py).
         self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
         if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
             raise NotImplementedError(
@@ -143,6 +145,7 @@ class CachedLM:
         self.slot_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # committed per row
         self._pending: TreeBlock | None = None
+        self._branches: Branches | None = None  # the pending block was a tree, read as these branch rows
         self._pending_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
 
     @property
@@ -179,6 +182,11 @@ class CachedLM:
                          (its ancestors), besides the committed prefix
           depth_offset   added to block.depth for the position ids (the depth below the root)
         """
+        if self.recurrent and not _is_chains(block):
+            if also_visible is not None or inputs_embeds is not None or logits_at is not None or keep_all:
+                raise NotImplementedError("a model with recurrent layers reads a tree only as a target does: "
+                                          "tokens, no logits_at / inputs_embeds / also_visible / keep_all")
+            return self._forward_branches(block, hidden_layers)
         B, T = block.tokens.shape
         S = self.num_slots
         position_ids = self.lengths[:, None] + block.depth + depth_offset  # (B, T)
@@ -228,6 +236,16 @@ class CachedLM:
             return out.logits[:, 0], hidden
         return out.logits[torch.arange(B, device=self.device), logits_at], hidden
 
+    def _forward_branches(self, block: TreeBlock, hidden_layers: tuple[int, ...]):
+        """A tree block on a model with recurrent layers: each row's cache copied once per branch,
+        each copy reading its branch as a chain (verifier/branches.py); logits and states returned
+        per node of the block, as forward() returns them. accept() keeps one copy per row."""
+        branches = Branches.of(block)
+        self.select_rows(branches.owners)
+        logits, hidden = self.forward(branches.block, hidden_layers)
+        self._branches = branches
+        return branches.to_tree(logits), {k: branches.to_tree(h) for k, h in hidden.items()}
+
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """(B, 1, T, K) of the attention dtype: 0 where allowed, its lowest value elsewhere."""
         mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=self.dtype, device=self.device)
@@ -266,14 +284,20 @@ class CachedLM:
         """keep[b]: indices of the pending block's nodes to keep, root first, one per depth."""
         block = self._pending
         assert block is not None, "accept() without a pending forward()"
+        if self._branches is not None:  # each row goes on with the copy whose branch holds its path
+            kept, chosen = self._branches.kept(keep)
+            self._branches = None
+            self.accept(kept)
+            self.select_rows(chosen)
+            return
         B, T = block.tokens.shape
         start = self.num_slots - T
         K = max((len(k) for k in keep), default=0)
         prefixes = all(nodes == list(range(len(nodes))) for nodes in keep)
         if self.recurrent:
             if not prefixes:
-                raise RuntimeError("a target with recurrent layers keeps a prefix of each row's block (it "
-                                   f"verifies chains), not the nodes {keep}")
+                raise RuntimeError("a model with recurrent layers keeps a prefix of each row's chain (a tree is "
+                                   f"read as its branches), not the nodes {keep}")
             self.states.keep(torch.tensor([len(nodes) for nodes in keep]))
         if prefixes:
             # Each row keeps a prefix of its block (plain steps, chains): nothing moves.
@@ -354,6 +378,7 @@ class CachedLM:
         self._maybe_compact()
 
     def select_rows(self, indices: list[int]) -> None:
+        assert self._branches is None, "select_rows() between a tree's forward() and accept()"
         ix = torch.as_tensor(indices, dtype=torch.long, device=self.device)
         for layer, _ in self._layers():
             layer.keys, layer.values = layer.keys[ix], layer.values[ix]
@@ -460,6 +485,12 @@ class CachedLM:
         pos = self.slot_pos[row, first:]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
+
+
+def _is_chains(block: TreeBlock) -> bool:
+    """Every row of the block is a chain (padded at its end)."""
+    chain = torch.arange(-1, block.tokens.shape[1] - 1, device=block.parents.device)
+    return bool(((block.parents == chain) | ~block.valid).all())
 
 
 FEED_RECORDED = 16  # CachedLM.feed: up to this many tokens a row, record the states in one pass

@@ -133,6 +133,11 @@ class SpeculativeEngine:
         # Drafters draft within each row's grammar (Drafter.grammar); False leaves drafts free, to
         # measure what that buys (scripts/grammar_drafts_experiment.py). Exact either way.
         self.draft_within_grammar = True
+        # A target with recurrent layers reads each row's tree as its branches, a row each
+        # (verifier/branches.py): this many per round, shared by the rows (each reads max(1, N //
+        # rows)). Each costs a copy of its row's cache and a row of the pass: on a 2-core CPU two
+        # paid at batch 1 and lost at batch 4 (scripts/hybrid_branches_experiment.py).
+        self.recurrent_branches = 2
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
         if not prompts:
@@ -290,11 +295,12 @@ class SpeculativeEngine:
                 synchronize(self.device)
                 t0 = time.perf_counter()
                 trees = self.drafter.propose([contexts[r] for r in active])
+                branches = max(1, self.recurrent_branches // len(active))
                 for i, r in enumerate(active):
                     room = min(limits[r] - len(outputs[r]), self.max_context - len(contexts[r]))
                     trees[i] = trees[i].truncated_to_depth(room - 1)
-                    if self.target.recurrent:  # it verifies chains (verifier/recurrent_state.py)
-                        trees[i] = trees[i].first_chain()
+                    if self.target.recurrent:  # it reads a tree as its branches (verifier/branches.py)
+                        trees[i] = trees[i].first_branches(branches)
                 synchronize(self.device)
                 t1 = time.perf_counter()
 

@@ -14,6 +14,8 @@
 #                (scripts/hybrid_verify_cost.py cuda; a minute or two), into hybrid.md (default 0)
 #   WINDOWS      1: a sliding-window target's cache trimmed to its window against untrimmed, KV held
 #                and tokens/s (scripts/window_trim_cost.py cuda), into windows.md (default 0)
+#   BRANCHES     1: how many tree branches a hybrid target should read on the GPU (target.recurrent_branches;
+#                scripts/hybrid_branches_experiment.py --device cuda), into branches.md (default 0)
 # Measured on an H200 lease (2026-11-30): machine start + transfer ~40 s; the suite on 8 workers
 # passes ~85% of its tests in 100 s; bench-zoo-gpu.yaml at T=0 with 3 prompts per category and
 # batch sizes 1,4,16 takes 3.5 min, the whole config (T=0 and 1, 4 prompts, batch 1-16) ~7.5 min.
@@ -85,6 +87,13 @@ if [ "${WINDOWS:-0}" = 1 ]; then
   stage "sliding-window cache trimmed, on the GPU"
   timeout 240 python3 scripts/window_trim_cost.py cuda > "$LOG/windows.md" 2>&1
   echo "window_trim_cost exit $?"; cat "$LOG/windows.md"
+fi
+
+if [ "${BRANCHES:-0}" = 1 ]; then
+  stage "tree branches a hybrid target reads, on the GPU"
+  timeout 300 python3 scripts/hybrid_branches_experiment.py --device cuda --branches 1 2 4 8 --prompts 4 \
+    > "$LOG/branches.md" 2>&1
+  echo "hybrid_branches_experiment exit $?"; cat "$LOG/branches.md"
 fi
 
 if [ "$LOAD_S" -gt 0 ]; then
