@@ -83,7 +83,7 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
     ({"targt": {}}, r"unknown config key\(s\) \['targt'\]; valid top-level keys: "
                     r"\['drafter', 'generation', 'sampling', 'target'\]"),
     ({"target": {"dtyp": "float32"}}, r"unknown key\(s\) \['target.dtyp'\]; valid keys in 'target': "
-                                      r"\['attn_implementation', 'device', 'dtype', 'path'\]"),
+                                      r"\['attn_implementation', 'device', 'dtype', 'path', 'recurrent_branches'\]"),
     ({"sampling": {"temprature": 1.0}}, r"\['sampling.temprature'\].*\['bad_words_ids', 'epsilon_cutoff', 'eta_cutoff', "
                                         r"'frequency_penalty', 'logit_bias', 'lossy_typical_acceptance', 'min_p', "
                                         r"'no_repeat_ngram_size', 'presence_penalty', 'repetition_penalty', "
