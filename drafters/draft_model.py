@@ -103,7 +103,9 @@ class DraftModelDrafter(Drafter):
                 self.output_layers[False] = self.output_layers[True]
         if quantize:  # after counting: int8 layers hold no Parameters to count
             self._quantize(model)
-        self.lm = CachedLM(model, direct=True, snapshots=True)  # a hybrid's states return to accepted lengths
+        # A hybrid's states return to accepted lengths (snapshots); sliding and chunked layers keep
+        # about a window, plus the k positions a round's rollback may go back (trim_margin).
+        self.lm = CachedLM(model, direct=True, snapshots=True, trim_windows=True, trim_margin=self.k)
         if self.lm.recurrent and options.top_k > 1:
             raise ValueError(f"draft_model: top_k={options.top_k} grows a tree a depth at a time without accepting, "
                              f"which the recurrent layers of '{options.path}' cannot: set drafter.top_k to 1 (a chain)")

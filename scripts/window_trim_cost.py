@@ -12,6 +12,12 @@ gave the same tokens.
     python scripts/window_trim_cost.py            # CPU
     python scripts/window_trim_cost.py cuda
     python scripts/window_trim_cost.py cpu ragged # the ragged pair only
+    python scripts/window_trim_cost.py cpu draft  # the draft model's cache instead (below)
+
+`draft`: the same model drafts for itself (`draft_model`, k=4: every draft accepted, so the
+draft model runs as long as the target) and the draft model's cache is trimmed or not (it keeps
+k positions more than a window, as a round's rollback goes back so far; the target's is trimmed
+in both): the most KV storage the draft cache held, and tokens/s.
 """
 import statistics
 import sys
@@ -49,8 +55,8 @@ def held_mb(cache) -> float:
     return total / 2 ** 20
 
 
-def run(dec, prompts, trim: bool):
-    lm = dec.engine.target
+def run(dec, prompts, trim: bool, lm=None):
+    lm = lm or dec.engine.target
     lm.trim_windows = trim
     most = [0.0]
     compact = lm._maybe_compact
@@ -78,16 +84,19 @@ def main():
     print(f"device {DEVICE}, prompt {PROMPT}, new {NEW}, window {WINDOW}, median of {REPEATS}")
     print("| drafter | batch | most KV MB trimmed / untrimmed | tokens/s trimmed / untrimmed | ratio | same tokens |")
     print("|---|---|---|---|---|---|")
-    for name in ("none", "ngram"):
-        dec = draftsman.load({"target": {"path": folder, "device": DEVICE}, "drafter": {"name": name}})
+    drafters = [{"name": "draft_model", "path": folder, "k": 4}] if ONLY == "draft" else [{"name": "none"},
+                                                                                          {"name": "ngram"}]
+    for drafter in drafters:
+        name = drafter["name"] + (" (its cache)" if ONLY == "draft" else "")
+        dec = draftsman.load({"target": {"path": folder, "device": DEVICE}, "drafter": drafter})
         for batch in ("1", "4", "ragged"):
-            if ONLY and batch != ONLY:
+            if ONLY not in (None, "draft", batch) or (ONLY == "draft" and batch == "ragged"):
                 continue
             rows = [prompts[0], prompts[1][:128]] if batch == "ragged" else prompts[:int(batch)]
             results = {True: [], False: []}
             for _ in range(REPEATS):
                 for trim in (True, False):
-                    results[trim].append(run(dec, rows, trim))
+                    results[trim].append(run(dec, rows, trim, dec.drafter.lm if ONLY == "draft" else None))
             same = all(a[0] == b[0] for a, b in zip(results[True], results[False]))
             speed = {t: statistics.median(r[1] for r in results[t]) for t in results}
             most = {t: max(r[2] for r in results[t]) for t in results}

@@ -237,6 +237,60 @@ def _image_text_checkpoint(arch: str, tokenizer, folder):
     return checkpoint
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "llama4"])
+def test_a_sliding_window_draft_model_keeps_about_a_window_and_drafts_afresh(sliding_targets, arch, tmp_path):
+    """The draft model's cache lets go of unseen window slots too, keeping the k positions a
+    round's rollback goes back (trim_margin): every chain it proposes is its greedy continuation
+    of the row computed afresh, through partial acceptance (two copies) and full acceptance
+    (the target drafting for itself), in a ragged batch."""
+    from tiny_models import perturbed_copy
+    from toy_drafters import watching_proposals
+
+    folder, expected = sliding_targets[arch]
+    k = 4
+    kept = set()  # drafts the copies had accepted in a round
+    for draft in (perturbed_copy(folder, tmp_path / "close", noise=0.05),
+                  perturbed_copy(folder, tmp_path / "far", noise=0.3), folder):
+        draft_model = load_for_reference(draft)
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(draft),
+                                                                            "k": k}})
+        wrong, held = [], []
+
+        def afresh(contexts, trees):
+            lm = dec.drafter.lm
+            held.append((lm.num_slots, lm.num_slots - lm.local_start))  # all slots, those local layers hold
+            for context, tree in zip(contexts, trees):
+                own = draft_model.generate(torch.tensor([context]), max_new_tokens=tree.size,
+                                           min_new_tokens=tree.size, do_sample=False)[0, len(context):].tolist()
+                if own != tree.tokens.tolist():
+                    wrong.append((len(context), own, tree.tokens.tolist()))
+
+        with watching_proposals(dec, afresh):
+            out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected and not wrong, (draft.name, wrong[:2])
+        # Local layers held about a window (+ k, + a round's slots) while the cache grew past it.
+        assert max(all_slots for all_slots, _ in held) > len(PROMPTS[0]) + NEW // 2
+        assert held[-1][1] <= 2 * WINDOW + 2 * k, held[-1]
+        if draft == folder:
+            assert all(n == k for row in out.stats.accepted_per_round for n in row[:-1]), out.stats.accepted_per_round
+        kept |= {n for row in out.stats.accepted_per_round for n in row} if draft != folder else set()
+    assert len(kept) >= 3, kept  # rollbacks to several depths
+
+
+def test_a_trimmed_cache_refuses_to_go_back_further_than_its_margin(sliding_targets):
+    from draftsman.verifier.cached_model import CachedLM
+
+    lm = CachedLM(load_for_reference(sliding_targets["mistral"][0]), trim_windows=True, trim_margin=2)
+    lm.reset(1)
+    lm.feed([list(range(3, 40))])
+    assert lm.local_start > 0
+    lm.rollback(lm.lengths - 2)  # within the margin
+    lm.rollback(torch.zeros(1, dtype=torch.long))  # to 0: the row is fed afresh
+    lm.feed([list(range(3, 40))])
+    with pytest.raises(RuntimeError, match="rollback\\(\\) of 3 positions .* trim_margin 2"):
+        lm.rollback(lm.lengths - 3)
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
 def test_an_image_text_checkpoint_verifies_as_its_text_model(tiny_tokenizer, tmp_path, arch):
     """Gemma 3's and Mistral 3's released checkpoints are image-text ones (AutoModelForCausalLM

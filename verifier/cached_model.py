@@ -94,7 +94,7 @@ class SlotLayer(DynamicLayer):
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False,
-                 snapshots: bool = False, trim_windows: bool = False):
+                 snapshots: bool = False, trim_windows: bool = False, trim_margin: int = 0):
         """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
         head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so).
         direct: call the model's layers without Hugging Face's wrappers where its family allows
@@ -103,8 +103,10 @@ class CachedLM:
         can return to the lengths accepted at (a draft model's cache); without, a drafter's cache
         (direct) refuses a hybrid model.
         trim_windows: sliding and chunked layers drop the slots no later token sees (module
-        docstring); such a cache cannot roll back (a draft model's may), nor take rows from a
-        trimmed one."""
+        docstring); such a cache cannot take rows from a trimmed one.
+        trim_margin: with trim_windows, how far rollback() may go back (a draft model's drafts of a
+        round): those layers keep the keys the tokens this many positions back would see, and a
+        rollback goes back at most so far (or to 0, a row fed afresh)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
@@ -114,6 +116,7 @@ class CachedLM:
         self.local_kind, self.local_size, self._masks_by_kind = _local_attention(model.config)
         self._temperature = QueryTemperature.for_model(model)  # Llama 4: None elsewhere
         self.trim_windows = trim_windows and self.local_kind is not None
+        self.trim_margin = trim_margin
         # Recurrent layers (a hybrid model): it reads chains only, a tree as its branches (verifier/branches.py).
         self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
         if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
@@ -362,9 +365,12 @@ class CachedLM:
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
         new_lengths = new_lengths.to(self.device)
-        if self.local_start:
-            raise RuntimeError("rollback() on a cache whose sliding or chunked layers let go of slots "
-                               "(trim_windows): a draft model's cache must not trim")
+        if self.local_start:  # those layers let go of the keys a token further back would see
+            back = torch.where(new_lengths > 0, self.lengths - new_lengths, 0)
+            if bool((back > self.trim_margin).any()):
+                raise RuntimeError(f"rollback() of {int(back.max())} positions on a cache whose sliding or chunked "
+                                   f"layers let go of slots (trim_windows) with trim_margin {self.trim_margin}: "
+                                   "it may go back at most trim_margin positions, or to 0")
         if self.recurrent:
             if not self._snapshots or self._pending is not None:
                 raise NotImplementedError("a model with recurrent layers cannot forget tokens: its state has folded "
@@ -427,6 +433,8 @@ class CachedLM:
         self._pending_pos = self.slot_pos[:, :0]
 
     def _crop_to(self, num_slots: int) -> None:
+        # (cut below local_start, as a rollback of every row to 0 does, local layers hold nothing)
+        self.local_start = min(self.local_start, num_slots)
         for layer, local in self._layers():
             layer.truncate(num_slots - self._first(local))
         self.slot_pos = self.slot_pos[:, :num_slots]
@@ -469,8 +477,8 @@ class CachedLM:
     def _unseen_prefix(self, slot_pos: torch.Tensor) -> int:
         """How many leading slots no later token of any row sees through a local layer: holes, and
         keys at positions k <= length - window (sliding), or in an earlier chunk (chunked). Later
-        tokens of row b sit at positions >= lengths[b]."""
-        lengths = self.lengths[:, None]
+        tokens of row b sit at positions >= lengths[b] - trim_margin."""
+        lengths = self.lengths[:, None] - self.trim_margin  # a rollback may go back so far
         if self.local_kind == "chunked_attention":
             unseen = slot_pos // self.local_size < lengths // self.local_size
         else:
