@@ -211,13 +211,15 @@ def test_sampled_rows_follow_a_hybrid_target(hybrid_targets, arch):
                                         ("lfm2", ("eagle", "mtp")),
                                         ("nemotron_h", ("mtp", "eagle-llama", "eagle3-llama")),
                                         ("bamba", ("eagle-llama",)), ("olmo_hybrid", ("eagle-llama",)),
-                                        ("mamba", ("eagle-llama", "eagle3-llama"))])
+                                        ("mamba", ("eagle-llama", "eagle3-llama")), ("jamba", ("eagle-llama",)),
+                                        ("falcon_mamba", ("eagle-llama", "eagle3-llama"))])
 def test_heads_for_a_hybrid_target_draft_its_own_greedy_output(hybrid_targets, arch, kinds, tmp_path):
     """EAGLE, EAGLE-3 and MTP heads built for a hybrid target (their one layer attends) draft trees
-    of which the target verifies the first chain. "-llama": `layer: llama`, a Llama layer of the
-    target's sizes (Qwen3.5's partial RoPE and gated q_proj left out), which also gives EAGLE heads
-    to the targets whose own layer cannot be one: Nemotron-H and OLMo hybrid (no input norm in
-    their attention blocks), Bamba (derived layer kinds) and Mamba (no attention at all)."""
+    the target reads as branches. "-llama": `layer: llama`, a Llama layer of the target's sizes
+    (Qwen3.5's partial RoPE and gated q_proj left out), which also gives EAGLE heads to the targets
+    whose own layer cannot be one: Nemotron-H and OLMo hybrid (no input norm in their attention
+    blocks), Bamba (derived layer kinds), Jamba (its scan restarts from zero) and Mamba and Falcon
+    Mamba (no attention at all)."""
     from draftsman.heads.feature_head import FeatureHead
 
     folder, expected = hybrid_targets[arch]
