@@ -2,6 +2,7 @@
 errors that say what is wrong and how to fix it."""
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -74,6 +75,7 @@ def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> to
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
     config = AutoConfig.from_pretrained(folder)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        check_cache_support(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config.model_type, what)
         loader = AutoModelForCausalLM
     elif type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:  # Mistral 3, ...: its text model is taken below
         loader = AutoModelForImageTextToText
@@ -81,6 +83,28 @@ def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> to
         raise ValueError(f"{what}: '{folder}' holds a '{config.model_type}' model, which is neither a causal LM nor "
                          "an image-text model around one: draftsman drafts and verifies with causal LMs")
     return text_model(loader.from_pretrained(folder, dtype=dtype))
+
+
+def check_cache_support(model_class: type, model_type: str, what: str = "model") -> None:
+    """Refuse, by name, a model whose state lives outside the Hugging Face cache draftsman passes
+    it: that cache is what the verifier takes back to the accepted drafts, so such a model's
+    output could not be kept exact (RWKV's `state`, xLSTM's and MiniMax's caches of their own,
+    RecurrentGemma's recurrent blocks, which hold their state in the modules)."""
+    params = inspect.signature(model_class.forward).parameters
+    own = [name for name in ("state", "mems", "past_buckets_states") if name in params]
+    if "cache" not in params and "past_key_values" not in params:
+        problem = (f"keeps its state in an argument of its own (`{own[0]}`)" if own else
+                   "takes no cache at all (each pass would start from an empty context)")
+    elif not getattr(model_class, "_supports_default_dynamic_cache", lambda: True)():
+        problem = "keeps its state in a cache class of its own (Hugging Face's generate builds it one too)"
+    elif hasattr(model_class, "_setup_cache"):
+        problem = "keeps its state in its modules (they set it up and update it themselves)"
+    else:
+        return
+    raise NotImplementedError(f"{what}: '{model_type}' ({model_class.__name__}) {problem}; draftsman keeps a "
+                              "model's state in the Hugging Face cache it passes, and takes that back to the accepted "
+                              "drafts, so this model's output could not be kept exact: not supported; verify and "
+                              "draft with an attention, hybrid or Mamba model")
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
