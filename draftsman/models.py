@@ -75,7 +75,7 @@ def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> to
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
     config = AutoConfig.from_pretrained(folder)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        check_cache_support(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config.model_type, what)
+        check_cache_support(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config, what)
         loader = AutoModelForCausalLM
     elif type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:  # Mistral 3, ...: its text model is taken below
         loader = AutoModelForImageTextToText
@@ -85,11 +85,15 @@ def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> to
     return text_model(loader.from_pretrained(folder, dtype=dtype))
 
 
-def check_cache_support(model_class: type, model_type: str, what: str = "model") -> None:
+def check_cache_support(model_class: type, config, what: str = "model") -> None:
     """Refuse, by name, a model whose state lives outside the Hugging Face cache draftsman passes
     it: that cache is what the verifier takes back to the accepted drafts, so such a model's
     output could not be kept exact (RWKV's `state`, xLSTM's and MiniMax's caches of their own,
-    RecurrentGemma's recurrent blocks, which hold their state in the modules)."""
+    RecurrentGemma's recurrent blocks, which hold their state in the modules). Likewise a model
+    with attention that takes no position_ids (BART's and TrOCR's decoders, RoFormer): it numbers
+    positions by the cache's length, which in draftsman's cache (holes: rejected drafts, rows of
+    different lengths) is not a token's position."""
+    model_type = config.model_type
     params = inspect.signature(model_class.forward).parameters
     own = [name for name in ("state", "mems", "past_buckets_states") if name in params]
     if "cache" not in params and "past_key_values" not in params:
@@ -99,6 +103,13 @@ def check_cache_support(model_class: type, model_type: str, what: str = "model")
         problem = "keeps its state in a cache class of its own (Hugging Face's generate builds it one too)"
     elif hasattr(model_class, "_setup_cache"):
         problem = "keeps its state in its modules (they set it up and update it themselves)"
+    elif "position_ids" not in params and not all(type(layer) is LinearAttentionLayer
+                                                  for layer in DynamicCache(config=config).layers):
+        raise NotImplementedError(f"{what}: '{model_type}' ({model_class.__name__}) takes no position_ids, so it "
+                                  "cannot be told a token's position: it derives positions from its cache's length "
+                                  "or its attention mask, which in draftsman's cache (holes where drafts were "
+                                  "rejected or rows differ in length) do not give them, so its output could not be "
+                                  "kept exact: not supported")
     else:
         return
     raise NotImplementedError(f"{what}: '{model_type}' ({model_class.__name__}) {problem}; draftsman keeps a "

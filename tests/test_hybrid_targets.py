@@ -315,11 +315,14 @@ def test_unsupported_hybrids_are_refused_by_name():
         _local_attention(FalconH1Config(num_hidden_layers=2))
 
 
-@pytest.mark.parametrize("arch", ["rwkv", "xlstm", "minimax", "recurrent_gemma", "openai-gpt"])
+@pytest.mark.parametrize("arch", ["rwkv", "xlstm", "minimax", "recurrent_gemma", "openai-gpt", "bart", "trocr",
+                                  "roformer"])
 def test_models_whose_state_is_not_in_the_cache_are_refused_by_name(arch, tmp_path, tiny_tokenizer, tiny_models):
     """Their state lives outside the cache draftsman passes and takes back (RWKV's `state`, xLSTM's
-    and MiniMax's own caches, RecurrentGemma's modules; GPT-1 has no cache): a run would not
-    fail, it would be wrong. Refused at load, before the weights, naming where the state is."""
+    and MiniMax's own caches, RecurrentGemma's modules; GPT-1 has no cache), or they take no
+    position_ids (BART's and TrOCR's decoders, RoFormer: positions from the cache's length): a run
+    would not fail, it would be wrong (RWKV's always; the others' in ragged batches). Refused at
+    load, before the weights, naming where the state is."""
     import transformers
 
     small = dict(vocab_size=len(tiny_tokenizer), hidden_size=64, num_hidden_layers=2)
@@ -330,11 +333,15 @@ def test_models_whose_state_is_not_in_the_cache_are_refused_by_name(arch, tmp_pa
               "recurrent_gemma": lambda: transformers.RecurrentGemmaConfig(**small, num_attention_heads=4,
                                                                            lru_width=64, intermediate_size=64),
               "openai-gpt": lambda: transformers.OpenAIGPTConfig(vocab_size=len(tiny_tokenizer), n_embd=64, n_layer=2,
-                                                                 n_head=4)}[arch]()
+                                                                 n_head=4),
+              "bart": lambda: transformers.BartConfig(vocab_size=len(tiny_tokenizer), d_model=64),
+              "trocr": lambda: transformers.TrOCRConfig(vocab_size=len(tiny_tokenizer), d_model=64),
+              "roformer": lambda: transformers.RoFormerConfig(**small, is_decoder=True)}[arch]()
     config.save_pretrained(tmp_path)  # the config alone: the check comes before any weight is read
     tiny_tokenizer.save_pretrained(tmp_path)
     where = {"rwkv": r"an argument of its own \(`state`\)", "xlstm": "a cache class of its own",
-             "minimax": "a cache class of its own", "recurrent_gemma": "its modules", "openai-gpt": "takes no cache"}
+             "minimax": "a cache class of its own", "recurrent_gemma": "its modules", "openai-gpt": "takes no cache",
+             "bart": "takes no position_ids", "trocr": "takes no position_ids", "roformer": "takes no position_ids"}
     with pytest.raises(NotImplementedError, match=f"target.path: '{arch}' .*{where[arch]}.*could not be kept exact"):
         draftsman.load({"target": {"path": str(tmp_path)}})
     with pytest.raises(NotImplementedError, match=f"'{arch}' .*{where[arch]}"):  # nor as a draft model

@@ -81,6 +81,28 @@ def test_sliding_window_targets_give_their_own_greedy_output(sliding_targets, ar
             assert out.stats.tau > 2.5, (drafter, out.stats.tau)
 
 
+def test_gpt_neo_local_layers_are_refused_by_name(tiny_tokenizer, tmp_path):
+    """GPT-Neo's local layers window keys by cache slot, in a buffer of their own: in a ragged batch
+    (holes in the cache) they gave other output than the model's own. Its global layers are fine."""
+    from transformers import AutoModelForCausalLM, GPTNeoConfig
+
+    with pytest.raises(NotImplementedError, match="GPT-Neo's local attention layers mask keys by their slot"):
+        _local_attention(GPTNeoConfig(num_layers=2, attention_types=[[["global", "local"], 1]]))
+    eos = tiny_tokenizer.eos_token_id
+    config = GPTNeoConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, num_layers=2, num_heads=4,
+                          attention_types=[[["global"], 2]], max_position_embeddings=256, initializer_range=0.5,
+                          bos_token_id=eos, eos_token_id=eos)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    reference = load_for_reference(tmp_path)
+    expected = [reference.generate(torch.tensor([p]), max_new_tokens=20, min_new_tokens=20,
+                                   do_sample=False)[0, len(p):].tolist() for p in PROMPTS]
+    dec = draftsman.load({"target": {"path": str(tmp_path)}, "drafter": {"name": "ngram"}})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=20, min_new_tokens=20, temperature=0.0)
+    assert out.token_ids == expected  # a ragged batch, through trees
+
+
 def test_sliding_and_chunked_layers_together_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="both sliding-window and chunked"):
         _local_attention(Llama4TextConfig(attention_chunk_size=8, num_hidden_layers=2,

@@ -517,6 +517,12 @@ def _local_attention(config) -> tuple[str | None, int | None, bool]:
     and recurrent ones (verifier/recurrent_state.py) are refused, naming what is not supported."""
     text = config.get_text_config()
     types = getattr(text, "layer_types", None) or []
+    if "local" in (getattr(text, "attention_layers", None) or []) and text.model_type == "gpt_neo":
+        raise NotImplementedError(
+            "GPT-Neo's local attention layers mask keys by their slot in the cache (a causal buffer of their own), "
+            "not by position: draftsman's cache holds holes (rejected drafts, rows of different lengths), so their "
+            f"window of {text.window_size} would cut the wrong keys and the output would not be the model's own: "
+            "not supported; GPT-J (gptj) is the same family without local layers")
     if "chunked_attention" in types and "sliding_attention" in types:
         raise NotImplementedError("a model with both sliding-window and chunked attention layers is not supported yet")
     windows = set()
