@@ -87,35 +87,35 @@ def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> to
 
 def check_cache_support(model_class: type, config, what: str = "model") -> None:
     """Refuse, by name, a model whose state lives outside the Hugging Face cache draftsman passes
-    it: that cache is what the verifier takes back to the accepted drafts, so such a model's
-    output could not be kept exact (RWKV's `state`, xLSTM's and MiniMax's caches of their own,
-    RecurrentGemma's recurrent blocks, which hold their state in the modules). Likewise a model
-    with attention that takes no position_ids (BART's and TrOCR's decoders, RoFormer): it numbers
-    positions by the cache's length, which in draftsman's cache (holes: rejected drafts, rows of
-    different lengths) is not a token's position."""
-    model_type = config.model_type
+    it: that cache is what the verifier takes back to the accepted drafts (RWKV's `state`, xLSTM's
+    and MiniMax's caches of their own, RecurrentGemma's recurrent blocks, which hold their state in
+    the modules); or a model with attention that takes no position_ids (BART's and TrOCR's
+    decoders, RoFormer), which numbers positions by the cache's length, and in draftsman's cache
+    (holes: rejected drafts, rows of different lengths) that is not a token's position."""
+    problem = _state_problem(model_class, config)
+    if problem:
+        raise NotImplementedError(f"{what}: '{config.model_type}' ({model_class.__name__}) {problem}, so its output "
+                                  "could not be kept exact: not supported; verify and draft with an attention, "
+                                  "hybrid or Mamba model")
+
+
+def _state_problem(model_class: type, config) -> str | None:
+    """Why draftsman's cache cannot hold the model's state (check_cache_support), or None."""
     params = inspect.signature(model_class.forward).parameters
-    own = [name for name in ("state", "mems", "past_buckets_states") if name in params]
+    elsewhere = "not in the Hugging Face cache that draftsman passes and takes back to the accepted drafts"
     if "cache" not in params and "past_key_values" not in params:
-        problem = (f"keeps its state in an argument of its own (`{own[0]}`)" if own else
-                   "takes no cache at all (each pass would start from an empty context)")
-    elif not getattr(model_class, "_supports_default_dynamic_cache", lambda: True)():
-        problem = "keeps its state in a cache class of its own (Hugging Face's generate builds it one too)"
-    elif hasattr(model_class, "_setup_cache"):
-        problem = "keeps its state in its modules (they set it up and update it themselves)"
-    elif "position_ids" not in params and not all(type(layer) is LinearAttentionLayer
-                                                  for layer in DynamicCache(config=config).layers):
-        raise NotImplementedError(f"{what}: '{model_type}' ({model_class.__name__}) takes no position_ids, so it "
-                                  "cannot be told a token's position: it derives positions from its cache's length "
-                                  "or its attention mask, which in draftsman's cache (holes where drafts were "
-                                  "rejected or rows differ in length) do not give them, so its output could not be "
-                                  "kept exact: not supported")
-    else:
-        return
-    raise NotImplementedError(f"{what}: '{model_type}' ({model_class.__name__}) {problem}; draftsman keeps a "
-                              "model's state in the Hugging Face cache it passes, and takes that back to the accepted "
-                              "drafts, so this model's output could not be kept exact: not supported; verify and "
-                              "draft with an attention, hybrid or Mamba model")
+        own = [name for name in ("state", "mems", "past_buckets_states") if name in params]
+        return (f"keeps its state in an argument of its own (`{own[0]}`), {elsewhere}" if own else
+                "takes no cache at all: each pass would start from an empty context")
+    if not getattr(model_class, "_supports_default_dynamic_cache", lambda: True)():
+        return f"keeps its state in a cache class of its own (Hugging Face's generate builds it one too), {elsewhere}"
+    if hasattr(model_class, "_setup_cache"):
+        return f"keeps its state in its modules (they set it up and update it themselves), {elsewhere}"
+    if "position_ids" not in params and not all(type(layer) is LinearAttentionLayer
+                                                for layer in DynamicCache(config=config).layers):
+        return ("takes no position_ids: it derives positions from its cache's length or its attention mask, which "
+                "in draftsman's cache (holes where drafts were rejected or rows differ in length) are not positions")
+    return None
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
