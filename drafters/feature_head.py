@@ -38,9 +38,9 @@ class FeatureHeadDrafter(Drafter):
         """options: the subclass's Options (path, depth, draft_vocab, draft_vocab_sampling, dtype,
         quantize at least)."""
         self.options = options
-        path, draft_vocab = options.path, options.draft_vocab
+        path, draft_vocab = getattr(options, "path", None) or target.path, options.draft_vocab
         quantize = resolve_quantize(self.name, options.quantize, target.device)
-        self.head, self.head_config = FeatureHead.load(path, target.model, kind=self.head_kinds)
+        self.head, self.head_config = self.load_head(options, target)
         # The head may compute in another dtype than the target (bfloat16 reads half the bytes of
         # float32: a CPU head call ran ~3x faster), or around int8 products in float32 (faster
         # still on CPU: drafters/int8_linear.py). Drafts only: the verifier keeps output exact.
@@ -77,6 +77,10 @@ class FeatureHeadDrafter(Drafter):
             self._quantize()
         if self.output_layers is not None:
             self._use_head(greedy=True)
+
+    def load_head(self, options, target) -> tuple[FeatureHead, dict]:
+        """The head and its saved config: a trained heads folder at options.path."""
+        return FeatureHead.load(options.path, target.model, kind=self.head_kinds)
 
     def _lm_heads(self, path: str, draft_vocab: int | None, draft_vocab_sampling: bool, dtype: torch.dtype,
                   target_dtype: torch.dtype, copy: bool = False) -> dict:

@@ -87,7 +87,9 @@ class RMSNorm(nn.Module):
 
 
 class FeatureHead(nn.Module):
-    def __init__(self, config: FeatureHeadConfig, target: nn.Module):
+    def __init__(self, config: FeatureHeadConfig, target: nn.Module, body_config=None):
+        """body_config: the one-layer config of the decoder layer, where it is not built from the
+        target's (a native MTP layer's own layer kind: heads/native_mtp.py)."""
         super().__init__()
         if config.kind not in KINDS:
             raise ValueError(f"feature head kind must be one of {list(KINDS)}, got {config.kind!r}")
@@ -101,7 +103,9 @@ class FeatureHead(nn.Module):
         self.fuse = nn.Linear((3 if config.kind == "eagle3" else 2) * d, d, bias=False)
         if config.kind == "mtp":
             self.norm_hidden, self.norm_embed = RMSNorm(d), RMSNorm(d)
-        if config.layer == "llama":
+        if body_config is not None:
+            body_config = copy.deepcopy(body_config)
+        elif config.layer == "llama":
             body_config = _llama_layer_config(target.config)
         else:
             body_config = copy.deepcopy(target.config)

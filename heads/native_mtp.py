@@ -1,0 +1,80 @@
+"""A target's own multi-token-prediction layers, as its checkpoint ships them (DeepSeek-V3, GLM-4.5,
+Ernie 4.5, Mellum, ...), read into a FeatureHead of kind mtp so they draft like a trained one.
+
+Hugging Face loads them (transformers.modeling_layers.MtpModel: the checkpoint's MTP keys and each
+model's renamings); this file only moves the first MTP layer's modules into the head:
+
+    MtpLayer.enorm / hnorm   -> FeatureHead.norm_embed / norm_hidden
+    MtpLayer.eh_proj         -> FeatureHead.fuse   (input [embedding; hidden], as the head's)
+    MtpLayer.mtp_block       -> the head's decoder layer
+    MtpLayer.post_norm       -> the head's final norm (the model's shared_head.norm), before the
+                                target's own LM head
+
+A model with several MTP layers trained layer k for depth k + 1; the head chains the first one
+beyond depth 1, as it does for a trained `mtp` head. Drafts only: the verifier keeps output exact.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .feature_head import FeatureHead, FeatureHeadConfig, _decoder_layers, _final_norm_owner
+
+
+def num_mtp_layers(target: nn.Module) -> int:
+    """How many MTP layers the target's config says its checkpoint holds (0: none, or a config
+    Hugging Face does not read them from)."""
+    text = target.config.get_text_config()
+    return int(getattr(text, "num_mtp_layers", None) or 0)
+
+
+def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHead:
+    """The target's first MTP layer as an mtp FeatureHead, in float32 on the target's device."""
+    from transformers.modeling_layers import MtpModel
+
+    where = getattr(target.config, "name_or_path", "") or "the target folder"
+    if num_mtp_layers(target) == 0:
+        raise ValueError(
+            f"{drafter}: the target {type(target).__name__} in '{where}' has no MTP layers in its config "
+            "(num_mtp_layers / num_nextn_predict_layers is unset or 0), so its checkpoint ships none Hugging Face "
+            "can load (DeepSeek-V3, GLM-4.5, Ernie 4.5 MoE, Mellum and Nemotron-H configs name theirs). Train an "
+            "MTP module for it instead (`draftsman train mtp`, then drafter: mtp), or draft with 'eagle' or "
+            "'draft_model'")
+    try:
+        loaded = MtpModel.from_pretrained(target)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise ValueError(f"{drafter}: cannot load the MTP layers of '{where}': {e}. The config names "
+                         f"{num_mtp_layers(target)} MTP layer(s); the checkpoint must hold their weights (a "
+                         "checkpoint saved by Hugging Face's save_pretrained drops them)") from e
+    if getattr(loaded.config, "logits_mup_width_multiplier", None) is not None:
+        raise NotImplementedError(f"{drafter}: {type(target).__name__} scales its logits (muP) before the LM "
+                                  "head, which the head here does not; draft with 'eagle' or 'draft_model'")
+    mtp = loaded.layers[0]
+    d = target.get_output_embeddings().weight.shape[1]
+    head = FeatureHead(FeatureHeadConfig("mtp", d, target.get_output_embeddings().weight.shape[0]), target,
+                       body_config=_first_layer_config(loaded.config))
+    head.norm_embed, head.norm_hidden = mtp.enorm, mtp.hnorm
+    head.fuse = mtp.eh_proj
+    if getattr(loaded.config, "mtp_hidden_states_first", False):  # the input is [hidden; embedding]
+        with torch.no_grad():
+            head.fuse.weight.copy_(torch.cat([mtp.eh_proj.weight[:, d:], mtp.eh_proj.weight[:, :d]], dim=1))
+    _decoder_layers(head.body)[0] = mtp.mtp_block
+    post_norm = mtp.post_norm if mtp.post_norm is not None else getattr(loaded, "shared_post_norm", nn.Identity())
+    owner, norm_name = _final_norm_owner(head.body)
+    setattr(owner, norm_name, post_norm)
+    head.parts[norm_name] = post_norm  # the head's own: .to() and casts reach it, the target's norm stays
+    device = target.get_output_embeddings().weight.device
+    return head.float().to(device).eval()
+
+
+def _first_layer_config(mtp_config):
+    """The MTP config (the target's, with the MTP layers' kinds: Mellum's slides, with that kind's
+    RoPE) cut to its first layer: the head's body."""
+    config = copy.deepcopy(mtp_config)
+    config.num_hidden_layers = 1
+    for key in ("layer_types", "mlp_layer_types"):
+        if getattr(config, key, None) is not None:
+            setattr(config, key, list(getattr(config, key))[:1])
+    return config

@@ -1,0 +1,199 @@
+"""`native_mtp`: the MTP layers a target's own checkpoint ships, drafting through the shared
+verifier. Tiny random targets of two architectures whose configs name MTP layers (DeepSeek-V3 with
+MLA and a mixture of experts; Mellum, Qwen3-MoE-like with Qwen3-Next's `mtp.` layout), their MTP
+weights written in each checkpoint's own layout, loaded by Hugging Face's MtpModel."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig
+from transformers.modeling_layers import MtpModel
+
+import draftsman
+
+from test_engine_sampling import exact_marginals, fit_pvalue
+from tiny_models import load_for_reference
+from draftsman.verifier.sampling import SamplingParams
+
+PROMPTS = [[5, 17, 33, 40, 2, 9], [7, 8, 9, 10], [3, 3, 3], [11, 12, 13, 14, 15, 16, 17]]
+NEW = 16
+D = 32
+
+
+def _configs(vocab_size: int, eos: int, bos: int) -> dict:
+    common = dict(vocab_size=vocab_size, hidden_size=D, intermediate_size=64, moe_intermediate_size=16,
+                  num_attention_heads=4, num_mtp_layers=1, max_position_embeddings=256, eos_token_id=eos,
+                  bos_token_id=bos)
+    # DeepSeek-V3's MTP keys are model.layers.61.* (Hugging Face looks for that index): 61 layers.
+    deepseek = DeepseekV3Config(num_hidden_layers=61, num_key_value_heads=4, n_routed_experts=4,
+                                num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                                first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                qk_nope_head_dim=8, v_head_dim=8, **common)
+    # One sliding layer, as Mellum's: its MTP layer slides too (and needs that layer kind's RoPE).
+    mellum = MellumConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=8, num_experts=4,
+                          num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"], **common)
+    # Inkling's MTP checkpoints order the fused input [hidden; embedding]; Hugging Face reads this flag.
+    hidden_first = MellumConfig(**{**mellum.to_dict(), "mtp_hidden_states_first": True})
+    return {"deepseek_v3": deepseek, "mellum": mellum, "mellum_hidden_first": hidden_first}
+
+
+def _mtp_keys(arch: str, n_layers: int) -> tuple[str, dict[str, str]]:
+    """Where the checkpoint keeps its MTP layer: the decoder block's prefix, and its other parts."""
+    if arch == "deepseek_v3":
+        at = f"model.layers.{n_layers}."
+        return at, {"eh_proj": at + "eh_proj", "enorm": at + "enorm", "hnorm": at + "hnorm",
+                    "post_norm": at + "shared_head.norm"}
+    return "mtp.layers.0.", {"eh_proj": "mtp.fc", "enorm": "mtp.pre_fc_norm_embedding",
+                             "hnorm": "mtp.pre_fc_norm_hidden", "post_norm": "mtp.norm"}
+
+
+def write_mtp_weights(folder, arch: str, n_layers: int, seed: int) -> None:
+    """Add an MTP layer to a saved checkpoint, as the model's release ships it: its decoder block a
+    perturbed copy of the top layer (in the checkpoint's own key names), the rest random."""
+    tensors = load_file(folder / "model.safetensors")
+    block, parts = _mtp_keys(arch, n_layers)
+    g = torch.Generator().manual_seed(seed)
+    top = f"model.layers.{n_layers - 1}."
+    for key, value in list(tensors.items()):
+        if key.startswith(top):
+            tensors[block + key[len(top):]] = value + 0.02 * torch.randn(value.shape, generator=g)
+    tensors[parts["eh_proj"] + ".weight"] = 0.2 * torch.randn(D, 2 * D, generator=g)
+    for name in ("enorm", "hnorm", "post_norm"):
+        tensors[parts[name] + ".weight"] = 1 + 0.1 * torch.randn(D, generator=g)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory, tiny_tokenizer):
+    """{arch: (folder, greedy outputs of Hugging Face's generate for PROMPTS)}."""
+    out = {}
+    configs = _configs(len(tiny_tokenizer), tiny_tokenizer.eos_token_id, tiny_tokenizer.bos_token_id)
+    for i, (arch, config) in enumerate(configs.items()):
+        folder = tmp_path_factory.mktemp(arch)
+        tiny_tokenizer.save_pretrained(folder)
+        torch.manual_seed(40 + i)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
+        write_mtp_weights(folder, arch, config.num_hidden_layers, seed=50 + i)
+        reference = load_for_reference(folder)
+        out[arch] = (folder, [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                                                 do_sample=False)[0, len(p):].tolist() for p in PROMPTS])
+    return out
+
+
+def _decoder(folder, **options):
+    return draftsman.load({"target": {"path": str(folder), "device": "cpu"},
+                           "drafter": {"name": "native_mtp", **options}})
+
+
+def _hf_mtp_logits(folder, *text: int) -> torch.Tensor:
+    """Hugging Face's own MTP layer over `text`: its logits for the token two after the second last,
+    from the target's features of text[:-1] and the tokens text[1:]."""
+    target = load_for_reference(folder)
+    mtp = MtpModel.from_pretrained(target)
+    text = [t for part in text for t in (part if isinstance(part, list) else [part])]
+    with torch.no_grad():
+        features = target(input_ids=torch.tensor([text[:-1]]), output_hidden_states=True).hidden_states[-1]
+        _, logits, _ = mtp(input_ids=torch.tensor([text[1:]]), last_hidden_states=features, attention_mask=None,
+                           position_ids=torch.arange(1, len(text))[None], mtp_cache=None)
+    return logits[0, -1].float()
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum", "mellum_hidden_first"])
+def test_drafts_are_hugging_faces_mtp_predictions(targets, arch):
+    """Round 1's root is the prompt's last token; its depth-1 draft, made through the drafter's own
+    path (the head's cache, the verifier's features), is the argmax of the logits Hugging Face's
+    MtpModel gives from the features before it. Round 2's, after a verified round, too. The head's
+    training-path logits match Hugging Face's."""
+    folder, expected = targets[arch]
+    dec = _decoder(folder, depth=1)
+    drafts, contexts = [], []
+    propose = dec.drafter.propose
+    dec.drafter.propose = lambda rows: contexts.append([list(c) for c in rows]) or drafts.append(propose(rows)) \
+        or drafts[-1]
+    dec.generate(input_ids=PROMPTS, max_new_tokens=3, min_new_tokens=3, temperature=0.0)
+    for round in (0, 1):
+        for b, context in enumerate(contexts[round]):
+            hf = _hf_mtp_logits(folder, context[:-2], context[-2], context[-1])
+            assert drafts[round][b].tokens.tolist() == [int(hf.argmax())], (round, b)
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        features = load_for_reference(folder)(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+        _, logits = dec.drafter.head(features.hidden_states[-1].float(), torch.tensor([prompt[1:] + [expected[0][0]]]))
+    torch.testing.assert_close(logits[0, -1], _hf_mtp_logits(folder, prompt[:-1], prompt[-1], expected[0][0]),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum"])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_greedy_output_equals_the_targets_own(targets, arch, depth):
+    folder, expected = targets[arch]
+    for rows in (PROMPTS[:1], PROMPTS):  # batch 1 and a ragged batch of 4
+        out = _decoder(folder, depth=depth).generate(input_ids=rows, max_new_tokens=NEW, min_new_tokens=NEW,
+                                                     temperature=0.0)
+        assert out.token_ids == expected[: len(rows)]
+        assert out.stats.proposed_at_depth[depth - 1] > 0  # every depth was drafted
+
+
+@pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"},
+                                     {"draft_vocab": 64, "vocab_order": "order.json"}])
+def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tmp_path, options):
+    """The options a trained mtp head takes: another compute dtype, int8 weights, and drafting
+    among the target's N most frequent tokens (a token order file, as `draftsman vocab` writes)."""
+    folder, expected = targets["mellum"]
+    if "vocab_order" in options:
+        order = tmp_path / "order.json"
+        order.write_text(json.dumps({"tokens_by_frequency": list(range(319, -1, -1))}))
+        options = {**options, "vocab_order": str(order)}
+    dec = _decoder(folder, depth=3, **options)
+    if "draft_vocab" in options:  # greedy rounds read only the LM-head rows of tokens 256..319
+        assert dec.drafter.vocab_map.tolist() == list(range(256, 320))
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == expected
+
+
+def test_sampling_follows_the_target(targets, T=0.3):
+    """At T=1 a drafted token is drawn from the MTP layer's distribution q, returned with it: the
+    emitted first and second tokens follow the target's exact marginals."""
+    folder = targets["mellum"][0]
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    dec = _decoder(folder, depth=2)
+    # A random model's distributions are near uniform; a low temperature makes p and q peaked and
+    # unlike, so a wrong q (or a token not drawn from it) moves what is emitted.
+    out = dec.generate(input_ids=[prompt] * 3000, max_new_tokens=3, temperature=T, seed=5)
+    assert out.stats.tau > 1.0  # drafts were accepted, so the rejection path was exercised
+    p1, p2 = exact_marginals(load_for_reference(folder), prompt, SamplingParams(T), dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+
+
+def test_a_target_without_mtp_layers_is_refused_with_the_fix(tiny_models):
+    with pytest.raises(ValueError, match=r"no MTP layers in its config.*draftsman train mtp"):
+        _decoder(tiny_models["llama"][0])
+
+
+def test_a_checkpoint_missing_its_mtp_weights_is_named(targets, tmp_path):
+    """A config that names an MTP layer over a checkpoint without its weights (save_pretrained drops
+    them): refused at load, not drafted from random weights."""
+    source = targets["mellum"][0]
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (source / name).is_file():
+            (tmp_path / name).write_bytes((source / name).read_bytes())
+    tensors = {k: v for k, v in load_file(source / "model.safetensors").items() if not k.startswith("mtp.")}
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"cannot load the MTP layers .*must hold their weights"):
+        _decoder(tmp_path)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"depth": 0}, "depth must be >= 1"),
+    ({"draft_vocab": 64}, "draft_vocab needs vocab_order"),
+    ({"vocab_order": "x.json"}, "vocab_order only applies with draft_vocab"),
+    ({"path": "heads/"}, r"unknown option\(s\) \['path'\]"),
+])
+def test_bad_options_are_named(targets, options, message):
+    with pytest.raises(ValueError, match=message):
+        _decoder(targets["mellum"][0], **options)
