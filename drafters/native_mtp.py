@@ -1,6 +1,6 @@
 """`native_mtp`: a chain of up to `depth` tokens from the multi-token-prediction layers the target's
-own checkpoint ships (DeepSeek-V3, GLM-4.5, Ernie 4.5 MoE, Mellum, ...: heads/native_mtp.py), no
-training needed. It drafts as `mtp` does with a trained module: the first MTP layer, chained on its
+own checkpoint ships (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5, Mellum, ...: heads/native_mtp.py),
+no training needed. It drafts as `mtp` does with a trained module: the first MTP layer, chained on its
 own output features beyond depth 1; greedy tokens are its argmax, sampled ones are drawn from its
 distribution after the target's own processing and returned as q, so the verifier stays exact.
 """

@@ -1,5 +1,6 @@
 """A target's own multi-token-prediction layers, as its checkpoint ships them (DeepSeek-V3, GLM-4.5,
-Ernie 4.5, Mellum, ...), read into a FeatureHead of kind mtp so they draft like a trained one.
+Qwen3-Next, Qwen3.5, Ernie 4.5 MoE, Mellum, ...), read into a FeatureHead of kind mtp so they draft
+like a trained one.
 
 Hugging Face loads them (transformers.modeling_layers.MtpModel: the checkpoint's MTP keys and each
 model's renamings); this file only moves the first MTP layer's modules into the head:
@@ -15,6 +16,7 @@ beyond depth 1, as it does for a trained `mtp` head. Drafts only: the verifier k
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -24,10 +26,32 @@ from .feature_head import FeatureHead, FeatureHeadConfig, _decoder_layers, _fina
 
 
 def num_mtp_layers(target: nn.Module) -> int:
-    """How many MTP layers the target's config says its checkpoint holds (0: none, or a config
-    Hugging Face does not read them from)."""
+    """How many MTP layers the target's config says its checkpoint holds: num_mtp_layers (the key
+    Hugging Face reads, num_nextn_predict_layers in DeepSeek's config.json) or Qwen3-Next's and
+    Qwen3.5's mtp_num_hidden_layers, which transformers keeps but does not load from."""
     text = target.config.get_text_config()
-    return int(getattr(text, "num_mtp_layers", None) or 0)
+    keys = ("num_mtp_layers", "mtp_num_hidden_layers", "num_nextn_predict_layers")
+    return int(next((getattr(text, key) for key in keys if getattr(text, key, None)), 0))
+
+
+@contextlib.contextmanager
+def _qwen_mtp_named(text):
+    """Qwen3-Next and Qwen3.5 name their MTP layers mtp_num_hidden_layers, and their checkpoints keep
+    them in the `mtp.` layout Hugging Face's MtpModel reads (Mellum's): while it loads, the config
+    names them as MtpModel asks (num_mtp_layers; the MTP layers attend, as vLLM's Qwen3-Next MTP)."""
+    if getattr(text, "num_mtp_layers", None) or not getattr(text, "mtp_num_hidden_layers", None):
+        yield
+        return
+    n = int(text.mtp_num_hidden_layers)
+    added = ["num_mtp_layers"] + (["mtp_layer_types"] if getattr(text, "layer_types", None) is not None else [])
+    text.num_mtp_layers = n
+    if "mtp_layer_types" in added:
+        text.mtp_layer_types = ["full_attention"] * n
+    try:
+        yield
+    finally:
+        for key in added:
+            delattr(text, key)
 
 
 def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHead:
@@ -38,12 +62,25 @@ def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHe
     if num_mtp_layers(target) == 0:
         raise ValueError(
             f"{drafter}: the target {type(target).__name__} in '{where}' has no MTP layers in its config "
-            "(num_mtp_layers / num_nextn_predict_layers is unset or 0), so its checkpoint ships none Hugging Face "
-            "can load (DeepSeek-V3, GLM-4.5, Ernie 4.5 MoE, Mellum and Nemotron-H configs name theirs). Train an "
+            "(num_mtp_layers / num_nextn_predict_layers / mtp_num_hidden_layers is unset or 0), so its checkpoint "
+            "ships none to load (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5 and Mellum configs name theirs). Train an "
             "MTP module for it instead (`draftsman train mtp`, then drafter: mtp), or draft with 'eagle' or "
             "'draft_model'")
+    text = target.config.get_text_config()
+    if not getattr(text, "num_mtp_layers", None) and not getattr(text, "mtp_num_hidden_layers", None):
+        import transformers  # a config that names MTP layers under a key Hugging Face does not load them by
+
+        raise NotImplementedError(
+            f"{drafter}: the config of '{where}' names {num_mtp_layers(target)} MTP layer(s), but transformers "
+            f"{transformers.__version__} loads no MTP layers for {text.model_type} models; draft with 'eagle' or "
+            "'draft_model', or train an MTP module for it (`draftsman train mtp`, then drafter: mtp)")
+    if getattr(text, "mtp_use_dedicated_embeddings", False):
+        raise NotImplementedError(f"{drafter}: the MTP layers of '{where}' have embeddings of their own "
+                                  "(mtp_use_dedicated_embeddings), which Hugging Face's MtpModel does not load; "
+                                  "draft with 'eagle' or 'draft_model'")
     try:
-        loaded = MtpModel.from_pretrained(target)
+        with _qwen_mtp_named(text):
+            loaded = MtpModel.from_pretrained(target)
     except (RuntimeError, ValueError, OSError) as e:
         raise ValueError(f"{drafter}: cannot load the MTP layers of '{where}': {e}. The config names "
                          f"{num_mtp_layers(target)} MTP layer(s); the checkpoint must hold their weights (a "

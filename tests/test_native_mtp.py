@@ -1,13 +1,14 @@
 """`native_mtp`: the MTP layers a target's own checkpoint ships, drafting through the shared
-verifier. Tiny random targets of two architectures whose configs name MTP layers (DeepSeek-V3 with
-MLA and a mixture of experts; Mellum, Qwen3-MoE-like with Qwen3-Next's `mtp.` layout), their MTP
-weights written in each checkpoint's own layout, loaded by Hugging Face's MtpModel."""
+verifier. Tiny random targets whose configs name MTP layers (DeepSeek-V3 with MLA and a mixture of
+experts; Mellum, Qwen3-MoE-like; the hybrids Qwen3-Next and Qwen3.5), their MTP weights written in
+each checkpoint's own layout (DeepSeek's model.layers.N.*, the others' mtp.*), loaded by Hugging
+Face's MtpModel."""
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig, Qwen3_5TextConfig, Qwen3NextConfig
 from transformers.modeling_layers import MtpModel
 
 import draftsman
@@ -35,7 +36,15 @@ def _configs(vocab_size: int, eos: int, bos: int) -> dict:
                           num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"], **common)
     # Inkling's MTP checkpoints order the fused input [hidden; embedding]; Hugging Face reads this flag.
     hidden_first = MellumConfig(**{**mellum.to_dict(), "mtp_hidden_states_first": True})
-    return {"deepseek_v3": deepseek, "mellum": mellum, "mellum_hidden_first": hidden_first}
+    # Hybrids whose configs say mtp_num_hidden_layers (Hugging Face loads no MTP for them itself);
+    # the top of their 4 layers attends, the rest are linear attention.
+    hybrid = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, linear_num_value_heads=2,
+                  linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, mtp_num_hidden_layers=1,
+                  **{k: v for k, v in common.items() if k not in ("num_mtp_layers", "moe_intermediate_size")})
+    qwen3_next = Qwen3NextConfig(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
+                                 num_experts_per_tok=2, **hybrid)
+    return {"deepseek_v3": deepseek, "mellum": mellum, "mellum_hidden_first": hidden_first,
+            "qwen3_next": qwen3_next, "qwen3_5": Qwen3_5TextConfig(**hybrid)}
 
 
 def _mtp_keys(arch: str, n_layers: int) -> tuple[str, dict[str, str]]:
@@ -77,6 +86,7 @@ def targets(tmp_path_factory, tiny_tokenizer):
         model.save_pretrained(folder)
         model.generation_config.save_pretrained(folder)
         write_mtp_weights(folder, arch, config.num_hidden_layers, seed=50 + i)
+        assert arch == "deepseek_v3" or any(k.startswith("mtp.") for k in load_file(folder / "model.safetensors"))
         reference = load_for_reference(folder)
         out[arch] = (folder, [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
                                                  do_sample=False)[0, len(p):].tolist() for p in PROMPTS])
@@ -92,6 +102,9 @@ def _hf_mtp_logits(folder, *text: int) -> torch.Tensor:
     """Hugging Face's own MTP layer over `text`: its logits for the token two after the second last,
     from the target's features of text[:-1] and the tokens text[1:]."""
     target = load_for_reference(folder)
+    config = target.config.get_text_config()
+    if getattr(config, "mtp_num_hidden_layers", None):  # Qwen's key: named as MtpModel reads it
+        config.num_mtp_layers, config.mtp_layer_types = config.mtp_num_hidden_layers, ["full_attention"]
     mtp = MtpModel.from_pretrained(target)
     text = [t for part in text for t in (part if isinstance(part, list) else [part])]
     with torch.no_grad():
@@ -101,7 +114,7 @@ def _hf_mtp_logits(folder, *text: int) -> torch.Tensor:
     return logits[0, -1].float()
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum", "mellum_hidden_first"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum", "mellum_hidden_first", "qwen3_next", "qwen3_5"])
 def test_drafts_are_hugging_faces_mtp_predictions(targets, arch):
     """Round 1's root is the prompt's last token; its depth-1 draft, made through the drafter's own
     path (the head's cache, the verifier's features), is the argmax of the logits Hugging Face's
@@ -126,7 +139,7 @@ def test_drafts_are_hugging_faces_mtp_predictions(targets, arch):
                                atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum", "qwen3_next", "qwen3_5"])
 @pytest.mark.parametrize("depth", [1, 3])
 def test_greedy_output_equals_the_targets_own(targets, arch, depth):
     folder, expected = targets[arch]
@@ -154,6 +167,18 @@ def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tm
     assert out.token_ids == expected
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
+def test_qwens_mtp_key_is_read_and_the_targets_config_left_as_it_was(targets, arch):
+    """Qwen3-Next and Qwen3.5 name their MTP layers mtp_num_hidden_layers; the config is given the
+    key Hugging Face's MtpModel reads only while it loads (a saved target keeps its own config)."""
+    dec = _decoder(targets[arch][0])
+    config = dec.target.config.get_text_config()
+    assert config.mtp_num_hidden_layers == 1
+    assert not hasattr(config, "num_mtp_layers") and not hasattr(config, "mtp_layer_types")
+    saved = dec.target.config.to_json_string()
+    assert '"num_mtp_layers"' not in saved and '"mtp_layer_types"' not in saved and '"mtp_num_hidden_layers"' in saved
+
+
 def test_sampling_follows_the_target(targets, T=0.3):
     """At T=1 a drafted token is drawn from the MTP layer's distribution q, returned with it: the
     emitted first and second tokens follow the target's exact marginals."""
@@ -173,6 +198,19 @@ def test_sampling_follows_the_target(targets, T=0.3):
 def test_a_target_without_mtp_layers_is_refused_with_the_fix(tiny_models):
     with pytest.raises(ValueError, match=r"no MTP layers in its config.*draftsman train mtp"):
         _decoder(tiny_models["llama"][0])
+
+
+def test_mtp_layers_under_a_key_hugging_face_does_not_load_are_named(tiny_models, tmp_path):
+    """Nemotron-H's config says num_nextn_predict_layers, which transformers keeps but loads no MTP
+    for: named as such, not as "no MTP layers"."""
+    source = tiny_models["llama"][0]
+    for path in source.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    with pytest.raises(NotImplementedError, match=r"names 1 MTP layer\(s\), but transformers .* loads no MTP "
+                                                  r"layers for llama models"):
+        _decoder(tmp_path)
 
 
 def test_a_checkpoint_missing_its_mtp_weights_is_named(targets, tmp_path):
