@@ -24,7 +24,7 @@ from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import chain_trees, draw_step
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .first_feed import distinct_rows
-from .dynamic_tree import grow_level
+from .dynamic_tree import dynamic_tree, grow_level
 from .eos_ban import EosBan
 from .int8_linear import Int8Linear, quantize_linears, quantize_output_layers, resolve_quantize
 from .path_bans import PathBanRound
@@ -148,6 +148,17 @@ class FeatureHeadDrafter(Drafter):
         """Steps 2 and 3's drafting: from the root's predicted feature (B, d) and logits (B, n),
         grow up to `depth` levels; rows with ready[b] False get an empty tree."""
         raise NotImplementedError
+
+    def draft_chain_or_tree(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor,
+                            top_k: int, total_tokens: int, min_confidence: float,
+                            score_scale: float = 1.0) -> list[DraftTree]:
+        """An MTP module's drafts: a chain (top_k 1, and every sampled round: q known), or at T=0
+        with top_k > 1 the EAGLE-2 dynamic tree of its top-k guesses (drafters/dynamic_tree.py),
+        which costs the same `depth` head calls over wider levels."""
+        if top_k == 1 or not self.shape_sampling().greedy:
+            return self.draft_chain(feature, logits, depth, ready)
+        return dynamic_tree(self.lm, self.grow, logits, feature, depth, top_k, total_tokens, ready.tolist(),
+                            self.token_ids, score_scale, self.repeats, min_confidence, self.eos_ban, self.path_bans)
 
     def draft_chain(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor) -> list[DraftTree]:
         """A chain of `depth` tokens, the head fed its own output features beyond depth 1. Greedy:

@@ -114,6 +114,8 @@ def test_heads_for_another_target_or_kind_are_refused(trained, tiny_models):
     {"name": "mtp"},
     {"name": "mtp", "depth": 1},
     {"name": "mtp", "draft_vocab": 64},
+    {"name": "mtp", "top_k": 3, "depth": 4, "total_tokens": 9},  # the module's top-k tree
+    {"name": "mtp", "top_k": 2, "depth": 3, "total_tokens": 6, "draft_vocab": 64, "min_confidence": 0.3},
     {"name": "eagle", "heads": "eagle3"},  # the same tree from an EAGLE-3 head (own 200-token vocabulary)
     {"name": "eagle", "heads": "eagle3", "top_k": 1, "depth": 4, "total_tokens": 4},
     # Heads drafting in bfloat16 on a float32 target: own LM-head copy, shrunk or whole, and EAGLE-3
@@ -241,8 +243,10 @@ def test_sampling_follows_the_target(trained, tiny_models, kind, extra):
     assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
 
 
-def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
-    dec = _decoder(tiny_models["llama"][0], {"name": "eagle", "path": str(trained["eagle"][0]),
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models, kind):
+    """Also an MTP module's, with top_k > 1: a tree of its top-k guesses, not a chain."""
+    dec = _decoder(tiny_models["llama"][0], {"name": kind, "path": str(trained[kind][0]),
                                              "top_k": 3, "depth": 4, "total_tokens": 10}, device="cpu")
     drafter, target = dec.drafter, load_for_reference(tiny_models["llama"][0])
     contexts = [[5, 6, 7, 8, 9, 10], [1, 2, 3]]
@@ -255,6 +259,7 @@ def test_dynamic_tree_is_connected_and_within_budget(trained, tiny_models):
     for context, tree in zip(contexts, trees):
         assert tree.size == 10 and max(tree.depths()) <= 4
         parents = tree.parents.tolist()
+        assert parents.count(-1) >= 2  # the root has several children: a tree
         assert all(-1 <= p < i for i, p in enumerate(parents))  # connected, parents first
         # Depth 1 holds the head's best guesses: its argmax is the first node.
         with torch.no_grad():

@@ -151,10 +151,12 @@ def test_greedy_output_equals_the_targets_own(targets, arch, depth):
 
 
 @pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"},
-                                     {"draft_vocab": 64, "vocab_order": "order.json"}])
+                                     {"draft_vocab": 64, "vocab_order": "order.json"},
+                                     {"top_k": 3, "total_tokens": 8}])
 def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tmp_path, options):
-    """The options a trained mtp head takes: another compute dtype, int8 weights, and drafting
-    among the target's N most frequent tokens (a token order file, as `draftsman vocab` writes)."""
+    """The options a trained mtp head takes: another compute dtype, int8 weights, drafting among
+    the target's N most frequent tokens (a token order file, as `draftsman vocab` writes), and a
+    top-k tree instead of a chain."""
     folder, expected = targets["mellum"]
     if "vocab_order" in options:
         order = tmp_path / "order.json"
@@ -163,8 +165,13 @@ def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tm
     dec = _decoder(folder, depth=3, **options)
     if "draft_vocab" in options:  # greedy rounds read only the LM-head rows of tokens 256..319
         assert dec.drafter.vocab_map.tolist() == list(range(256, 320))
+    trees = []
+    propose = dec.drafter.propose
+    dec.drafter.propose = lambda rows: trees.extend(propose(rows)) or trees[len(trees) - len(rows):]
     out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
     assert out.token_ids == expected
+    root_children = [t.parents.tolist().count(-1) for t in trees if t.size]
+    assert max(root_children) == (3 if "top_k" in options else 1)  # a tree where asked, else chains
 
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
@@ -231,6 +238,8 @@ def test_a_checkpoint_missing_its_mtp_weights_is_named(targets, tmp_path):
     ({"draft_vocab": 64}, "draft_vocab needs vocab_order"),
     ({"vocab_order": "x.json"}, "vocab_order only applies with draft_vocab"),
     ({"path": "heads/"}, r"unknown option\(s\) \['path'\]"),
+    ({"top_k": 0}, "top_k must be >= 1"),
+    ({"min_confidence": 1.5}, "min_confidence"),
 ])
 def test_bad_options_are_named(targets, options, message):
     with pytest.raises(ValueError, match=message):
