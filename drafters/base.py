@@ -153,10 +153,16 @@ class TargetNeeds:
     """What a drafter asks of each target pass, so the verifier computes only that.
     hidden_state_layers: indices into HF `hidden_states` (0 = embeddings, -1 = last layer output).
     top_tokens: how many of the target's most likely next tokens to hand back after every token
-    of each round's block, the rejected drafts' included (the `recycling` drafter); 0 = none."""
+    of each round's block, the rejected drafts' included (the `recycling` drafter); 0 = none.
+    target_cache: the drafter attends to the target's own keys and values of the committed tokens
+    (the `gemma4_assistant` drafter): the engine sets its `target_lm`, the target's CachedLM, whose
+    rows are the drafter's rows at every propose(). target_cache_margin: how many positions
+    further back than the target's own sliding window it reads (the cache keeps them)."""
 
     hidden_state_layers: tuple[int, ...] = ()
     top_tokens: int = 0
+    target_cache: bool = False
+    target_cache_margin: int = 0
 
 
 @dataclass

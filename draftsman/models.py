@@ -93,6 +93,10 @@ def check_cache_support(model_class: type, config, what: str = "model") -> None:
     decoders, RoFormer), which numbers positions by the cache's length, and in draftsman's cache
     (holes: rejected drafts, rows of different lengths) that is not a token's position."""
     problem = _state_problem(model_class, config)
+    if problem and ("Gemma4Assistant" in model_class.__name__ or "Gemma4UnifiedAssistant" in model_class.__name__):
+        raise NotImplementedError(f"{what}: '{config.model_type}' is a Gemma 4 assistant, which drafts from its "
+                                  "target's own keys: use drafter: gemma4_assistant with path set to this folder "
+                                  "(gemma4_unified_assistant is not supported yet)")
     if problem:
         raise NotImplementedError(f"{what}: '{config.model_type}' ({model_class.__name__}) {problem}, so its output "
                                   "could not be kept exact: not supported; verify and draft with an attention, "

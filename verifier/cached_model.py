@@ -486,6 +486,14 @@ class CachedLM:
         unseen = (unseen | (slot_pos < 0)).all(0)
         return int(unseen.long().cumprod(0).sum())
 
+    def layer_slots(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's stored keys and values (B, H, n, hd) and each stored slot's position (B, n), -1
+        for a hole: what a drafter attending to the target's own keys reads (a trimmed local layer
+        holds the slots from local_start on)."""
+        lay = self.cache.layers[layer]
+        first = self.local_start if self._is_local[layer] else 0
+        return lay.keys, lay.values, self.slot_pos[:, first:]
+
     def committed_kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(H, L, hd) keys and values of a row's committed slots in position order (for tests)."""
         lay = self.cache.layers[layer]

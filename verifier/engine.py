@@ -102,7 +102,10 @@ def synchronize(device: torch.device) -> None:
 
 class SpeculativeEngine:
     def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int):
-        self.target = CachedLM(target, trim_windows=True)  # its sliding / chunked layers hold about a window
+        # Its sliding / chunked layers hold about a window (and what a drafter reading them needs).
+        self.target = CachedLM(target, trim_windows=True, trim_margin=drafter.needs.target_cache_margin)
+        if drafter.needs.target_cache:  # it reads the target's keys (drafters/base.py TargetNeeds)
+            drafter.target_lm = self.target
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
