@@ -176,6 +176,9 @@ def batch_bucket(batch: int) -> int:
 class AdaptiveDrafter(Drafter):
     """Wraps any drafter; forwards its lifecycle and chooses each round's depth."""
 
+    def attach_target_cache(self, target_lm):
+        self.inner.attach_target_cache(target_lm)
+
     def __init__(self, inner: Drafter, settings: AdaptiveSettings | None = None):
         self.inner = inner
         self.name = f"adaptive({inner.name})"

@@ -284,6 +284,10 @@ class Drafter:
     def keep_rows(self, indices: list[int]) -> None:
         pass
 
+    def attach_target_cache(self, target_lm) -> None:
+        """The engine hands over its target cache (needs.target_cache); wrappers pass it on."""
+        self.target_lm = target_lm
+
     # Whether add_rows() is implemented: a drafter that keeps per-row state must extend it for
     # joining rows, so the default is False (the engine then refuses to add rows) until it does.
     can_add_rows: bool = False

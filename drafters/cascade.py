@@ -55,7 +55,9 @@ class CascadeDrafter(Drafter):
         for child in self.children:
             layers += [n for n in child.needs.hidden_state_layers if n not in layers]
         self.needs = TargetNeeds(hidden_state_layers=tuple(layers),
-                                 top_tokens=max(child.needs.top_tokens for child in self.children))
+                                 top_tokens=max(child.needs.top_tokens for child in self.children),
+                                 target_cache=any(child.needs.target_cache for child in self.children),
+                                 target_cache_margin=max(child.needs.target_cache_margin for child in self.children))
         self.device = target.device if target is not None else "cpu"
         self._reset_counters()
 
@@ -116,6 +118,11 @@ class CascadeDrafter(Drafter):
     def keep_rows(self, indices):
         for child in self.children:
             child.keep_rows(indices)
+
+    def attach_target_cache(self, target_lm):
+        for child in self.children:
+            if child.needs.target_cache:
+                child.attach_target_cache(target_lm)
 
     def forget_outputs(self):
         for child in self.children:

@@ -109,7 +109,7 @@ class Gemma4AssistantDrafter(Drafter):
             return [DraftTree.empty(self.device) for _ in contexts]
         if self.target_lm is None:
             raise RuntimeError("gemma4_assistant drafts inside the engine, which hands it the target's cache "
-                               "(a cascade or other wrapper does not)")
+                               "(attach_target_cache); a wrapper holding it must pass that on")
         lengths = self.target_lm.lengths  # committed tokens per row: the root's position
         if len(lengths) != len(contexts):
             raise RuntimeError(f"gemma4_assistant: the target's cache holds {len(lengths)} rows, the round "

@@ -126,6 +126,21 @@ def test_greedy_output_equals_the_targets_own(pair, depth):
         assert out.stats.proposed_at_depth[depth - 1] > 0
 
 
+@pytest.mark.parametrize("wrapped", ["adaptive", "cascade"])
+def test_greedy_output_through_adaptive_speculation_and_a_cascade(pair, wrapped):
+    """Wrappers pass the target's cache on to the assistant they hold (and a cascade keeps the
+    keys its child reads when the target's cache trims)."""
+    target_dir, assistant_dir, _, expected = pair
+    assistant = {"name": "gemma4_assistant", "path": str(assistant_dir), "depth": 3}
+    drafter = ({**assistant, "adaptive": True} if wrapped == "adaptive" else
+               {"name": "cascade", "drafters": [{"name": "ngram"}, assistant]})
+    dec = draftsman.load({"target": {"path": str(target_dir), "device": "cpu"}, "drafter": drafter})
+    assert dec.engine.target.trim_margin == 2
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == expected
+    assert sum(out.stats.proposed_at_depth) > 0
+
+
 def test_rows_that_join_a_running_batch_draft_from_their_own_keys(pair):
     """Continuous batching: rows join after the first; the target cache's rows stay the drafter's."""
     target_dir, assistant_dir, _, expected = pair

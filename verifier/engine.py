@@ -105,7 +105,7 @@ class SpeculativeEngine:
         # Its sliding / chunked layers hold about a window (and what a drafter reading them needs).
         self.target = CachedLM(target, trim_windows=True, trim_margin=drafter.needs.target_cache_margin)
         if drafter.needs.target_cache:  # it reads the target's keys (drafters/base.py TargetNeeds)
-            drafter.target_lm = self.target
+            drafter.attach_target_cache(self.target)
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
