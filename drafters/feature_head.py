@@ -49,7 +49,7 @@ class FeatureHeadDrafter(Drafter):
         else:
             dtype = resolve_dtype(options.dtype, target.device) if options.dtype else target.dtype
         self.compute_dtype = dtype
-        if dtype != torch.float32:  # heads load in float32
+        if self.head.fuse.weight.dtype != dtype:  # trained heads load in float32, native ones in the target's
             self.head.cast_parameters(dtype)
         self.device = target.device
         self.vocab_size = target.vocab_size
@@ -150,15 +150,14 @@ class FeatureHeadDrafter(Drafter):
         raise NotImplementedError
 
     def draft_chain_or_tree(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor,
-                            top_k: int, total_tokens: int, min_confidence: float,
-                            score_scale: float = 1.0) -> list[DraftTree]:
+                            top_k: int, total_tokens: int, min_confidence: float) -> list[DraftTree]:
         """An MTP module's drafts: a chain (top_k 1, and every sampled round: q known), or at T=0
         with top_k > 1 the EAGLE-2 dynamic tree of its top-k guesses (drafters/dynamic_tree.py),
         which costs the same `depth` head calls over wider levels."""
         if top_k == 1 or not self.shape_sampling().greedy:
             return self.draft_chain(feature, logits, depth, ready)
         return dynamic_tree(self.lm, self.grow, logits, feature, depth, top_k, total_tokens, ready.tolist(),
-                            self.token_ids, score_scale, self.repeats, min_confidence, self.eos_ban, self.path_bans)
+                            self.token_ids, 1.0, self.repeats, min_confidence, self.eos_ban, self.path_bans)
 
     def draft_chain(self, feature: torch.Tensor, logits: torch.Tensor, depth: int, ready: torch.Tensor) -> list[DraftTree]:
         """A chain of `depth` tokens, the head fed its own output features beyond depth 1. Greedy:

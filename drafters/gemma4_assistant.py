@@ -28,8 +28,6 @@ from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import chain_trees, draw_step
 from .registry import register
 
-LAYER_KINDS = ("full_attention", "sliding_attention")
-
 
 @register
 class Gemma4AssistantDrafter(Drafter):
@@ -67,10 +65,10 @@ class Gemma4AssistantDrafter(Drafter):
         text = self.assistant.config.get_text_config()
         self.window = getattr(text, "sliding_window", None)
         self.kinds = sorted(set(text.layer_types))
-        # Hugging Face's assistant masks its sliding layers to the last window + 1 keys: the
-        # target's cache keeps the positions its own window would drop (window + 1 - its window).
+        # Its sliding layers see positions from L - window - 1 on (L: the root's), Hugging Face's
+        # mask; the target's trimmed cache keeps them from L - margin - its window + 1 on.
         target_window = getattr(target.model.config.get_text_config(), "sliding_window", None)
-        margin = self.window + 1 - target_window + 1 if self.window and target_window else 0
+        margin = self.window + 2 - target_window if self.window and target_window else 0
         self.needs = TargetNeeds(hidden_state_layers=(-1,), target_cache=True, target_cache_margin=max(0, margin))
         self.target_lm = None  # the engine sets it (needs.target_cache)
 

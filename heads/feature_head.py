@@ -25,12 +25,14 @@ and the decoder layer are trained and saved; the layer starts as a copy of the t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
 from dataclasses import asdict, dataclass
 
 import torch
+from accelerate import init_empty_weights
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -88,8 +90,9 @@ class RMSNorm(nn.Module):
 
 class FeatureHead(nn.Module):
     def __init__(self, config: FeatureHeadConfig, target: nn.Module, body_config=None):
-        """body_config: the one-layer config of the decoder layer, where it is not built from the
-        target's (a native MTP layer's own layer kind: heads/native_mtp.py)."""
+        """body_config: the one-layer config of a decoder layer the caller brings, where it is not
+        built from the target's (a native MTP layer, heads/native_mtp.py): the body is then built
+        without weights (its layer can be a 256-expert MoE), for the caller to fill."""
         super().__init__()
         if config.kind not in KINDS:
             raise ValueError(f"feature head kind must be one of {list(KINDS)}, got {config.kind!r}")
@@ -103,7 +106,8 @@ class FeatureHead(nn.Module):
         self.fuse = nn.Linear((3 if config.kind == "eagle3" else 2) * d, d, bias=False)
         if config.kind == "mtp":
             self.norm_hidden, self.norm_embed = RMSNorm(d), RMSNorm(d)
-        if body_config is not None:
+        brought = body_config is not None  # its layer comes from the caller: build no weights
+        if brought:
             body_config = copy.deepcopy(body_config)
         elif config.layer == "llama":
             body_config = _llama_layer_config(target.config)
@@ -113,7 +117,8 @@ class FeatureHead(nn.Module):
                 if hasattr(body_config, key):
                     setattr(body_config, key, 1)
             _full_attention(body_config, type(target).__name__)
-        body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
+        with init_empty_weights(include_buffers=False) if brought else contextlib.nullcontext():
+            body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
         if config.kind == "eagle3":
             eagle3.make_midlayer(_decoder_layers(body)[0])
         if config.kind == "eagle":  # EAGLE's layer reads the fused input without normalising it

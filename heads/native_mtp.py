@@ -55,7 +55,7 @@ def _qwen_mtp_named(text):
 
 
 def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHead:
-    """The target's first MTP layer as an mtp FeatureHead, in float32 on the target's device."""
+    """The target's first MTP layer as an mtp FeatureHead, in the target's dtype and on its device."""
     from transformers.modeling_layers import MtpModel
 
     where = getattr(target.config, "name_or_path", "") or "the target folder"
@@ -102,8 +102,12 @@ def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHe
     owner, norm_name = _final_norm_owner(head.body)
     setattr(owner, norm_name, post_norm)
     head.parts[norm_name] = post_norm  # the head's own: .to() and casts reach it, the target's norm stays
+    empty = [name for name, p in head.named_parameters() if p.is_meta]
+    if empty:  # a part of the body that is neither the MTP layer's nor the target's
+        raise NotImplementedError(f"{drafter}: {type(target).__name__}'s MTP layer leaves {empty} without weights; "
+                                  "draft with 'eagle' or 'draft_model'")
     device = target.get_output_embeddings().weight.device
-    return head.float().to(device).eval()
+    return head.to(device).eval()  # in the checkpoint's dtype: a float32 copy of a large MoE layer would not fit
 
 
 def _first_layer_config(mtp_config):

@@ -174,6 +174,42 @@ def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tm
     assert max(root_children) == (3 if "top_k" in options else 1)  # a tree where asked, else chains
 
 
+@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum"])
+def test_the_layer_is_used_as_the_checkpoint_holds_it(targets, arch, monkeypatch):
+    """The MTP layer drafts in the target's dtype, never copied to float32 (a DeepSeek-V3 MTP layer
+    holds 256 experts), and nothing of the head is left without weights; output equals plain
+    decoding's in that dtype."""
+    from draftsman.heads import feature_head
+    from draftsman.heads.native_mtp import load_native_mtp
+
+    folder = targets[arch][0]
+    empty = []  # per body built: whether its own weights were left unmade (meta)
+    build = feature_head.AutoModelForCausalLM.from_config
+
+    def recording(*args, **kwargs):
+        body = build(*args, **kwargs)
+        empty.append(all(p.is_meta for p in body.parameters()))
+        return body
+
+    monkeypatch.setattr(feature_head.AutoModelForCausalLM, "from_config", recording)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    head = load_native_mtp(target)
+    # bfloat16, but where Hugging Face keeps a weight in float32 in the target's own layers too
+    # (DeepSeek-V3's router): the drafter does not cast it either
+    top = f"model.layers.{target.config.num_hidden_layers - 1}."
+    kept = {name[len(top):]: p.dtype for name, p in target.named_parameters() if name.startswith(top)}
+    for name, p in head.named_parameters():
+        assert p.dtype == kept.get(name.removeprefix("parts.layers.0."), torch.bfloat16), name
+    assert empty == [True]  # every weight the head holds is the checkpoint's or the target's
+    plain = draftsman.load({"target": {"path": str(folder), "device": "cpu", "dtype": "bfloat16"}})
+    dec = draftsman.load({"target": {"path": str(folder), "device": "cpu", "dtype": "bfloat16"},
+                          "drafter": {"name": "native_mtp"}})
+    assert [p.dtype for p in dec.drafter.head.parameters()] == [p.dtype for p in head.parameters()]
+    expected = plain.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == expected.token_ids
+
+
 @pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
 def test_qwens_mtp_key_is_read_and_the_targets_config_left_as_it_was(targets, arch):
     """Qwen3-Next and Qwen3.5 name their MTP layers mtp_num_hidden_layers; the config is given the
