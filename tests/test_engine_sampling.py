@@ -41,6 +41,18 @@ def exact_marginals(model, prompt, params, eos_ids):
     return p1, p2 / p2.sum()
 
 
+def assert_sampled_marginals_fit(dec, target_folder, prompt, temperature, rows=3000, seed=5):
+    """Sample `rows` copies of prompt through dec (3 new tokens): drafts were accepted (so the
+    rejection path ran), and the first and second emitted tokens fit the target's exact marginals."""
+    out = dec.generate(input_ids=[prompt] * rows, max_new_tokens=3, temperature=temperature, seed=seed)
+    assert out.stats.tau > 1.0
+    p1, p2 = exact_marginals(load_for_reference(target_folder), prompt, SamplingParams(temperature),
+                             dec.engine.eos_token_ids)
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
+    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+
+
 def fit_pvalue(samples, probs):
     counts = torch.bincount(samples, minlength=probs.numel()).double()
     expected = probs * samples.numel()

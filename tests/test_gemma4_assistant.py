@@ -8,9 +8,8 @@ from transformers import AutoModelForCausalLM, Gemma4AssistantConfig, Gemma4Assi
 
 import draftsman
 from draftsman.verifier import cached_model
-from draftsman.verifier.sampling import SamplingParams
 
-from test_engine_sampling import exact_marginals, fit_pvalue
+from test_engine_sampling import assert_sampled_marginals_fit
 from tiny_models import load_for_reference
 
 WINDOW = 8
@@ -172,14 +171,7 @@ def test_sampling_follows_the_target(pair, T=0.3):
     """At T > 0 each drafted token is drawn from the assistant's distribution and returned with it
     (a random model's distributions are near uniform: a low temperature makes p and q peaked)."""
     target_dir, assistant_dir, _, _ = pair
-    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
-    dec = _decoder(target_dir, assistant_dir, depth=2)
-    out = dec.generate(input_ids=[prompt] * 3000, max_new_tokens=3, temperature=T, seed=5)
-    assert out.stats.tau > 1.0  # drafts were accepted, so the rejection path was exercised
-    p1, p2 = exact_marginals(load_for_reference(target_dir), prompt, SamplingParams(T), dec.engine.eos_token_ids)
-    first = torch.tensor([t[0] for t in out.token_ids])
-    second = torch.tensor([t[1] for t in out.token_ids if len(t) > 1])
-    assert fit_pvalue(first, p1) > 1e-6 and fit_pvalue(second, p2) > 1e-6
+    assert_sampled_marginals_fit(_decoder(target_dir, assistant_dir, depth=2), target_dir, [1, 2, 3, 4, 5, 1, 2, 3], T)
 
 
 def test_a_target_that_is_not_gemma_4_is_refused(pair, tiny_models):
