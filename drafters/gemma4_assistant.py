@@ -32,8 +32,7 @@ from .registry import register
 @register
 class Gemma4AssistantDrafter(Drafter):
     name = "gemma4_assistant"
-    needs = TargetNeeds(hidden_state_layers=(-1,), target_cache=True)
-    can_add_rows = True
+    can_add_rows = True  # (its needs, with the cache margin it reads, are set in __init__)
 
     @dataclass
     class Options:

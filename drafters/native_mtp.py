@@ -50,7 +50,7 @@ class NativeMTPDrafter(FeatureHeadDrafter):
 
     def load_head(self, options, target):
         head = load_native_mtp(target.model, self.name)
-        config = {"kind": "mtp", "native": True}
+        config = {"kind": "mtp"}  # what a trained head's config.json says; no token order unless given
         if options.draft_vocab is not None:
             config["tokens_by_frequency"] = read_token_order(options.vocab_order, target.vocab_size, self.name)
         return head, config

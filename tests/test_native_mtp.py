@@ -3,6 +3,7 @@ verifier. Tiny random targets whose configs name MTP layers (DeepSeek-V3 with ML
 experts; Mellum, Qwen3-MoE-like; the hybrids Qwen3-Next and Qwen3.5), their MTP weights written in
 each checkpoint's own layout (DeepSeek's model.layers.N.*, the others' mtp.*), loaded by Hugging
 Face's MtpModel."""
+import functools
 import json
 
 import pytest
@@ -97,14 +98,20 @@ def _decoder(folder, **options):
                            "drafter": {"name": "native_mtp", **options}})
 
 
-def _hf_mtp_logits(folder, *text: int) -> torch.Tensor:
-    """Hugging Face's own MTP layer over `text`: its logits for the token two after the second last,
-    from the target's features of text[:-1] and the tokens text[1:]."""
+@functools.lru_cache(maxsize=None)
+def _hf_target_and_mtp(folder):
+    """The target as Hugging Face loads it and its MtpModel, loaded once per folder."""
     target = load_for_reference(folder)
     config = target.config.get_text_config()
     if getattr(config, "mtp_num_hidden_layers", None):  # Qwen's key: named as MtpModel reads it
         config.num_mtp_layers, config.mtp_layer_types = config.mtp_num_hidden_layers, ["full_attention"]
-    mtp = MtpModel.from_pretrained(target)
+    return target, MtpModel.from_pretrained(target)
+
+
+def _hf_mtp_logits(folder, *text: int) -> torch.Tensor:
+    """Hugging Face's own MTP layer over `text`: its logits for the token two after the second last,
+    from the target's features of text[:-1] and the tokens text[1:]."""
+    target, mtp = _hf_target_and_mtp(folder)
     text = [t for part in text for t in (part if isinstance(part, list) else [part])]
     with torch.no_grad():
         features = target(input_ids=torch.tensor([text[:-1]]), output_hidden_states=True).hidden_states[-1]
