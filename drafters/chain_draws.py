@@ -8,12 +8,17 @@ row drafted as it will be verified accepts more.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..verifier.sampling import RowSampling, SamplingParams, draw, processed_probs
 from .base import DETERMINISTIC, IID, DraftTree
+
+if TYPE_CHECKING:
+    from .eos_ban import EosBan
+    from .path_bans import PathBanRound
+    from .repeats import DraftRepeats
 
 
 def greedy_rows(params: SamplingParams | RowSampling, rows: int) -> list[bool]:
@@ -49,3 +54,33 @@ def chain_trees(tokens: torch.Tensor, lengths: list[int], params: SamplingParams
             DraftTree.chain(tokens[b, : lengths[b]], DETERMINISTIC, device=device) if greedy[b] else
             DraftTree.chain(tokens[b, : lengths[b]], IID, q[b, : lengths[b]], device=device)
             for b in range(B)]
+
+
+class ChainRules:
+    """One round's rules over a chain's draft logits, step by step: the penalties (each token's
+    context is the committed one plus the drafts above it), the EOS ban up to min_new_tokens and
+    the bans that depend on the path (drafters/repeats.py, eos_ban.py, path_bans.py). Each is
+    None when the round has none. Drafts only: a sampled token's q is what it was drawn from."""
+
+    def __init__(self, repeats: "DraftRepeats | None", eos_ban: "EosBan | None", path_bans: "PathBanRound | None",
+                 rows: int):
+        self.repeats, self.eos_ban, self.path_bans = repeats, eos_ban, path_bans
+        self.state = None if repeats is None else repeats.root_state
+        self.paths = None if path_bans is None else [[] for _ in range(rows)]  # each row's drafts, under bans
+
+    def apply(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """(B, n) logits of the tokens at `depth` (1 = the first after the root), under the rules."""
+        if self.state is not None:  # penalised as the target's logits will be
+            logits = self.repeats.penalise(logits, self.state)
+        if self.eos_ban is not None:
+            logits = self.eos_ban.apply(logits, depth)
+        if self.paths is not None:
+            logits = self.path_bans.mask(logits, self.paths)
+        return logits
+
+    def drafted(self, index: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The step drew `index` (B,) into the logits, token ids `tokens` (B,)."""
+        if self.state is not None:
+            self.state = self.repeats.plus(self.state, index)
+        if self.paths is not None:
+            self.paths = [path + [t] for path, t in zip(self.paths, tokens.tolist())]

@@ -35,12 +35,12 @@ from .first_feed import distinct_rows
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree
 from .context_window import window_start
-from .chain_draws import chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees, draw_step
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .registry import register
-from .repeats import DraftContext, DraftRepeats
+from .repeats import DraftContext
 
 
 @register
@@ -193,21 +193,13 @@ class DraftModelDrafter(Drafter):
         # drafting ends when every row has stopped (as transformers' assisted generation does).
         tokens, probs = [], []
         length = torch.full((B,), k, dtype=torch.long, device=self.lm.device)
-        context_state = None if repeats is None else repeats.root_state
-        drafted = None if bans is None else [[] for _ in range(B)]  # each row's path, under bans
+        rules = ChainRules(repeats, eos_ban, bans, B)
         for step in range(k):
-            if context_state is not None:  # under penalties, as the target's logits will be
-                logits = repeats.penalise(logits, context_state)
-            if eos_ban is not None:
-                logits = eos_ban.apply(logits, step + 1)
-            if drafted is not None:
-                logits = bans.mask(logits[..., : self.vocab_size], drafted)
+            logits = rules.apply(logits[..., : self.vocab_size], step + 1)
             # Over the draft model's logits (all tokens, or draft_vocab's); index into them.
-            p, index = draw_step(logits[..., : self.vocab_size], sampling, self.generator)
-            context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
+            p, index = draw_step(logits, sampling, self.generator)
             tok = self.token_ids(index)
-            if drafted is not None:
-                drafted = [path + [t] for path, t in zip(drafted, tok.tolist())]
+            rules.drafted(index, tok)
             tokens.append(tok)
             probs.append(p)
             if self.options.min_confidence is not None:

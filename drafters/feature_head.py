@@ -21,7 +21,7 @@ from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree, TargetNeeds
-from .chain_draws import chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees, draw_step
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .first_feed import distinct_rows
 from .dynamic_tree import dynamic_tree, grow_level
@@ -169,21 +169,12 @@ class FeatureHeadDrafter(Drafter):
         sampling = self.draft_sampling()  # each row's own, when rows differ
         tokens, probs = [], []
         visible = None
-        context_state = None if self.repeats is None else self.repeats.root_state
-        drafted = None if self.path_bans is None else [[] for _ in range(B)]  # each row's path, under bans
+        rules = ChainRules(self.repeats, self.eos_ban, self.path_bans, B)
         for d in range(1, depth + 1):
-            if context_state is not None:  # under penalties, as the target's logits will be
-                logits = self.repeats.penalise(logits, context_state)
-            if self.eos_ban is not None:
-                logits = self.eos_ban.apply(logits, d)
-            if drafted is not None:
-                logits = self.path_bans.mask(logits, drafted)
             # Over the head's logits (all, or a draft vocabulary).
-            p, index = draw_step(logits, sampling, self.generator)
-            context_state = None if context_state is None else DraftRepeats.plus(context_state, index)
+            p, index = draw_step(rules.apply(logits, d), sampling, self.generator)
             token = self.token_ids(index)
-            if drafted is not None:
-                drafted = [path + [t] for path, t in zip(drafted, token.tolist())]
+            rules.drafted(index, token)
             tokens.append(token)
             probs.append(p)
             if d == depth:

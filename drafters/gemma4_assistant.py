@@ -13,7 +13,10 @@ committed positions and one more (as Hugging Face masks them), the full ones eve
 position.
 
 Greedy: each token is the assistant's argmax (deterministic). Sampling: each token is drawn from
-its distribution after the row's processing, returned as q: the verifier keeps output exact.
+its distribution after the row's processing, returned as q: the verifier keeps output exact. Its
+drafts follow the request's rules as the other model drafters' do (drafters/repeats.py): the
+logit_bias and one-token bad words, the penalties, the EOS ban up to min_new_tokens, and the
+bans that depend on the path (no_repeat_ngram_size, longer bad words, a grammar).
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from transformers import AutoModelForCausalLM
 
 from ..models import check_dtype_name, resolve_dtype
 from .base import Drafter, DraftTree, TargetNeeds
-from .chain_draws import chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees, draw_step
 from .registry import register
+from .repeats import DraftContext
 
 
 @register
@@ -64,6 +68,7 @@ class Gemma4AssistantDrafter(Drafter):
         text = self.assistant.config.get_text_config()
         self.window = getattr(text, "sliding_window", None)
         self.kinds = sorted(set(text.layer_types))
+        self.vocab_size = text.vocab_size  # the target's (_check_pair)
         # Its sliding layers see positions from L - window - 1 on (L: the root's), Hugging Face's
         # mask; the target's trimmed cache keeps them from L - margin - its window + 1 on.
         target_window = getattr(target.model.config.get_text_config(), "sliding_window", None)
@@ -80,6 +85,7 @@ class Gemma4AssistantDrafter(Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.features: list[torch.Tensor | None] = [None for _ in prompts]  # the state before each row's root
+        self.draft_context = DraftContext(prompts, self.vocab_size, self.device)  # the request's rules, per row
 
     def observe_prefill(self, target_hidden, first_row: int = 0):
         for b, hidden in enumerate(target_hidden, start=first_row):
@@ -92,10 +98,12 @@ class Gemma4AssistantDrafter(Drafter):
 
     def keep_rows(self, indices):
         self.features = [self.features[i] for i in indices]
+        self.draft_context.select_rows(indices)
 
     def add_rows(self, prompts, target_hidden):
         first = len(self.features)
         self.features += [None for _ in prompts]
+        self.draft_context.add_rows(prompts)
         self.observe_prefill(target_hidden, first)
 
     @torch.no_grad()
@@ -117,16 +125,24 @@ class Gemma4AssistantDrafter(Drafter):
         state = torch.stack([f if f is not None else none for f in self.features])[:, None]  # (B, 1, d_target)
         token = torch.tensor([[c[-1]] for c in contexts], device=self.device)
         position = lengths[:, None]
-        sampling = self.draft_sampling()
+        sampling, rules = self.draft_sampling(), self._rules(contexts)
         tokens, probs = [], []
-        for _ in range(depth):
+        for d in range(1, depth + 1):
             logits, state = self._step(token, state, position, kv, masks)
-            p, index = draw_step(logits.float(), sampling, self.generator)
+            logits = rules.apply(self.draft_context.biased(sampling, logits.float(), None), d)
+            p, index = draw_step(logits, sampling, self.generator)
+            rules.drafted(index, index)
             tokens.append(index)
             probs.append(p)
             token = index[:, None]
         chain = torch.stack(tokens, 1)
         return chain_trees(chain, [depth] * len(contexts), sampling, lambda: torch.stack(probs, 1), ready)
+
+    def _rules(self, contexts) -> ChainRules:
+        """This round's penalties, EOS ban and path bans over the assistant's logits (every token)."""
+        context, sampling, width = self.draft_context, self.draft_sampling(), self.vocab_size
+        return ChainRules(context.round(sampling, contexts, width, None), context.eos_ban(self, contexts, width, None),
+                          context.path_bans(sampling, contexts, None, self.grammar), len(contexts))
 
     def _step(self, token, state, position, kv, masks):
         """One assistant call: (B, 1) tokens and (B, 1, d_target) states -> logits (B, V) and the

@@ -174,6 +174,66 @@ def test_sampling_follows_the_target(pair, T=0.3):
     assert_sampled_marginals_fit(_decoder(target_dir, assistant_dir, depth=2), target_dir, [1, 2, 3, 4, 5, 1, 2, 3], T)
 
 
+def _processors(rule: str, eos: int, prompt_length: int) -> tuple[dict, dict, list]:
+    """Our generate()'s settings for one of the request's rules, Hugging Face's generate()'s, and
+    its processors that apply the rule to a context's logits (the reference the drafts meet)."""
+    from transformers.generation import logits_process as hf
+
+    if rule == "repetition_penalty":
+        settings = {"repetition_penalty": 4.0}
+        return settings, settings, [hf.RepetitionPenaltyLogitsProcessor(4.0)]
+    if rule == "no_repeat_ngram_size":  # 1: no token twice
+        settings = {"no_repeat_ngram_size": 1}
+        return settings, settings, [hf.NoRepeatNGramLogitsProcessor(1)]
+    if rule == "logit_bias":  # EOS favoured everywhere, and banned until min_new_tokens
+        return ({"logit_bias": {eos: 30.0}, "min_new_tokens": NEW - 2},
+                {"sequence_bias": {(eos,): 30.0}, "min_new_tokens": NEW - 2},
+                [hf.SequenceBiasLogitsProcessor({(eos,): 30.0}),
+                 hf.MinNewTokensLengthLogitsProcessor(prompt_length, NEW - 2, eos)])
+    raise ValueError(rule)
+
+
+@pytest.mark.parametrize("rule", ["repetition_penalty", "no_repeat_ngram_size", "logit_bias"])
+def test_drafts_follow_the_requests_rules(pair, rule, depth=6):
+    """Greedy: each drafted token is the argmax of the assistant's logits after Hugging Face's
+    processor for the request's rule, applied over the row's context and the drafts above it;
+    the rule changes some drafts (so this can fail), and output equals the target's own under it."""
+    target_dir, assistant_dir, _, _ = pair
+    dec = _decoder(target_dir, assistant_dir, depth=depth)
+    eos = min(dec.engine.eos_token_ids)
+    rows = PROMPTS[:2]
+    settings, theirs, _ = _processors(rule, eos, 0)
+    steps, step = [], dec.drafter._step
+
+    def recorded(*args):
+        logits, state = step(*args)
+        steps.append(logits.float().clone())
+        return logits, state
+
+    dec.drafter._step = recorded
+    rounds = _recording(dec)
+    out = dec.generate(input_ids=rows, max_new_tokens=NEW, temperature=0.0, **settings)
+    reference = load_for_reference(target_dir)
+    for b, prompt in enumerate(rows):
+        want = reference.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, **theirs)
+        assert out.token_ids[b] == want[0, len(prompt):].tolist()
+    checked = changed = 0
+    for contexts, trees, _ in rounds:
+        raw, steps = steps[:depth], steps[depth:]  # the round's chain: one assistant call per token
+        for b, (context, tree) in enumerate(zip(contexts, trees)):
+            drafted = tree.tokens.tolist()
+            _, _, processors = _processors(rule, eos, len(rows[b]))
+            for d, token in enumerate(drafted):
+                ids = torch.tensor([context + drafted[:d]])
+                scores = raw[d][b : b + 1].clone()
+                for processor in processors:
+                    scores = processor(ids, scores)
+                assert token == int(scores.argmax()), (rule, context, drafted, d)
+                changed += token != int(raw[d][b].argmax())
+                checked += 1
+    assert not steps and checked >= 12 and changed > 0
+
+
 def test_a_target_that_is_not_gemma_4_is_refused(pair, tiny_models):
     with pytest.raises(ValueError, match=r"is 'llama', not Gemma 4"):
         _decoder(tiny_models["llama"][0], pair[1])
