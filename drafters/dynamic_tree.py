@@ -56,18 +56,20 @@ def check_min_confidence(drafter: str, min_confidence: float) -> None:
                          f"got {min_confidence}")
 
 
-def dynamic_tree(lm: CachedLM, grow: Grow, root_logits: torch.Tensor, root_state: torch.Tensor | None,
+def dynamic_tree(lm: CachedLM | None, grow: Grow, root_logits: torch.Tensor, root_state: torch.Tensor | None,
                  depth: int, top_k: int, total_tokens: int, ready: list[bool],
                  token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
                  score_scale: float = 1.0, repeats: DraftRepeats | None = None,
                  min_confidence: float = 0.0, eos_ban: EosBan | None = None,
                  bans: PathBanRound | None = None) -> list[DraftTree]:
     """root_logits (B, n): the drafter's logits for depth 1; root_state (B, ...) what grow needs of
-    the root (EAGLE: its predicted feature) or None. token_ids maps logit indices to token ids (a
-    reduced draft vocabulary). Rows with ready[b] False get an empty tree. repeats: each node's
-    logits penalised for its own context under penalties (drafters/repeats.py). eos_ban: no EOS
-    node where min_new_tokens forbids it (drafters/eos_ban.py). bans: no node that its own path
-    makes a repeated n-gram or bad word (drafters/path_bans.py).
+    the root (EAGLE: its predicted feature) or None. lm: the cache grow adds the nodes to, or None
+    for a drafter whose nodes keep no cache (mlp_speculator: grow sees no slots). token_ids maps
+    logit indices to token ids (a reduced draft vocabulary). Rows with ready[b] False get an empty
+    tree. repeats: each node's logits penalised for its own context under penalties
+    (drafters/repeats.py). eos_ban: no EOS node where min_new_tokens forbids it
+    (drafters/eos_ban.py). bans: no node that its own path makes a repeated n-gram or bad word
+    (drafters/path_bans.py).
     min_confidence: drop nodes whose path confidence is below it, and stop growing once no
     frontier node reaches it (every row keeps at least its best node)."""
     min_score = math.log(min_confidence) if min_confidence > 0 else -math.inf
@@ -103,7 +105,7 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
     for d in range(1, depth):
         if _none_can_be_kept(score, all_scores, count, total_tokens, min_score):
             break
-        slots_before = lm.num_slots
+        slots_before = None if lm is None else lm.num_slots
         state, logits = grow(parent_state, token, d, visible)  # the frontier's outputs
         if frontier_held is not None:
             logits = repeats.penalise(logits, frontier_held)
@@ -133,6 +135,8 @@ def _expand(lm, grow, root_logits, root_state, depth, top_k, token_ids, score_sc
         if paths is not None:
             paths = [[paths[b][p] + [t] for p, t in zip(parent_row, token_row)]
                      for b, (parent_row, token_row) in enumerate(zip(parent_of_pick.tolist(), token.tolist()))]
+        if lm is None:  # no cache: no slots to see
+            continue
         S = lm.num_slots
         grown = torch.zeros(B, K, S, dtype=torch.bool, device=device)
         if visible is not None:

@@ -29,14 +29,13 @@ from transformers import AutoModelForCausalLM
 from ..models import check_dtype_name, resolve_dtype
 from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import ChainRules, chain_trees, draw_step
+from .last_hidden import LastHiddenRows
 from .registry import register
-from .repeats import DraftContext
 
 
 @register
-class Gemma4AssistantDrafter(Drafter):
-    name = "gemma4_assistant"
-    can_add_rows = True  # (its needs, with the cache margin it reads, are set in __init__)
+class Gemma4AssistantDrafter(LastHiddenRows, Drafter):
+    name = "gemma4_assistant"  # (its needs, with the cache margin it reads, are set in __init__)
 
     @dataclass
     class Options:
@@ -84,32 +83,12 @@ class Gemma4AssistantDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
-        self.features: list[torch.Tensor | None] = [None for _ in prompts]  # the state before each row's root
-        self.draft_context = DraftContext(prompts, self.vocab_size, self.device)  # the request's rules, per row
-
-    def observe_prefill(self, target_hidden, first_row: int = 0):
-        for b, hidden in enumerate(target_hidden, start=first_row):
-            if hidden:
-                self.features[b] = hidden[-1][-1]
-
-    def observe(self, feedback):
-        for b, hidden in enumerate(feedback.target_hidden):
-            self.features[b] = hidden[-1][-1]  # the last accepted node's: the one before the new root
-
-    def keep_rows(self, indices):
-        self.features = [self.features[i] for i in indices]
-        self.draft_context.select_rows(indices)
-
-    def add_rows(self, prompts, target_hidden):
-        first = len(self.features)
-        self.features += [None for _ in prompts]
-        self.draft_context.add_rows(prompts)
-        self.observe_prefill(target_hidden, first)
+        self.begin_rows(prompts, self.vocab_size)  # last_hidden: the state before each row's root
 
     @torch.no_grad()
     def propose(self, contexts):
         depth = self.options.depth if self.depth_limit is None else min(self.options.depth, self.depth_limit)
-        ready = [f is not None for f in self.features]
+        ready = [h is not None for h in self.last_hidden]
         if depth == 0 or not any(ready):
             return [DraftTree.empty(self.device) for _ in contexts]
         if self.target_lm is None:
@@ -122,7 +101,7 @@ class Gemma4AssistantDrafter(Drafter):
         kv, masks = self._target_keys(lengths)
         none = torch.zeros(self.assistant.config.backbone_hidden_size, device=self.device,
                            dtype=self.embed.weight.dtype)  # a one-token prompt's row drafts nothing
-        state = torch.stack([f if f is not None else none for f in self.features])[:, None]  # (B, 1, d_target)
+        state = torch.stack([h if h is not None else none for h in self.last_hidden])[:, None]  # (B, 1, d_target)
         token = torch.tensor([[c[-1]] for c in contexts], device=self.device)
         position = lengths[:, None]
         sampling, rules = self.draft_sampling(), self._rules(contexts)

@@ -20,17 +20,17 @@ import torch
 from ..heads.medusa import MedusaHeads
 from .base import DETERMINISTIC, Drafter, DraftTree, TargetNeeds
 from .draft_vocab import frequent_tokens, shrunk_linear
+from .last_hidden import LastHiddenRows
 from .path_bans import PathBanRound
 from .rank_trees import sorted_tree, tree_from_accuracies  # noqa: F401  (tree_from_accuracies: its old home)
 from .registry import register
-from .repeats import DraftContext
 
 # Used when the heads carry no measured accuracies: a main chain plus a few alternatives.
 DEFAULT_TREE = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 2)]
 
 
 @register
-class MedusaDrafter(Drafter):
+class MedusaDrafter(LastHiddenRows, Drafter):
     name = "medusa"
     needs = TargetNeeds(hidden_state_layers=(-1,))
 
@@ -111,27 +111,7 @@ class MedusaDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
-        self.last_hidden: list[torch.Tensor | None] = [None] * len(prompts)
-        self.draft_context = DraftContext(prompts, self.target_vocab_size, self.device)  # under penalties
-
-    def observe_prefill(self, target_hidden):
-        for b, hidden in enumerate(target_hidden):
-            if hidden:  # the prompt's second-to-last position predicted the root: draft in round 1 too
-                self.last_hidden[b] = hidden[-1][-1]
-
-    def observe(self, feedback):
-        for b, hidden in enumerate(feedback.target_hidden):
-            self.last_hidden[b] = hidden[-1][-1]  # the newest accepted position: it predicted the root
-
-    def keep_rows(self, indices):
-        self.last_hidden = [self.last_hidden[i] for i in indices]
-        self.draft_context.select_rows(indices)
-
-    can_add_rows = True
-
-    def add_rows(self, prompts, target_hidden):
-        self.last_hidden += [hidden[-1][-1] if hidden else None for hidden in target_hidden]
-        self.draft_context.add_rows(prompts)
+        self.begin_rows(prompts, self.target_vocab_size)
 
     @torch.no_grad()
     def propose(self, contexts):

@@ -8,7 +8,7 @@
     draftsman compare [--config bench.yaml] [--quick]   # drafters side by side (draftsman/bench/)
     draftsman audit --config cfg.yaml [--prompts FILE] [--json]   # is the drafter lossless? (exit 1 if not)
 
-    draftsman train medusa|eagle|eagle3|mtp --config training/configs/<kind>.yaml   # heads on a frozen target
+    draftsman train medusa|eagle|eagle3|mtp|mlp_speculator --config training/configs/<kind>.yaml   # a frozen target
     draftsman regenerate --target DIR --data-file IN.jsonl --out OUT.jsonl   # replies by the target itself
     draftsman export eagle|medusa --heads DIR --target DIR --engine vllm --out DIR   # for serving engines
 
@@ -629,7 +629,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
                 _add_compare_args, _run_compare),
     "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
               "exit 1 on a failure", _add_audit_args, _run_audit),
-    "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp --config FILE", None, _run_train),
+    "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp|mlp_speculator "
+              "--config FILE", None, _run_train),
     "vocab": ("count the tokens the target picks most, for a draft model's draft_vocab", _add_vocab_args,
               _run_vocab),
     "regenerate": ("write a data_file's assistant replies again with the target itself (self-distilled "

@@ -3,6 +3,7 @@ errors that say what is wrong and how to fix it."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import warnings
 from pathlib import Path
@@ -73,6 +74,11 @@ def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
 
 def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> torch.nn.Module:
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
+    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    if model_type == "mlp_speculator":  # no model class in transformers: AutoConfig would not know it
+        raise ValueError(f"{what}: '{folder}' holds an MLP speculator (model_type mlp_speculator), which drafts from "
+                         "a target's hidden states and is not a causal LM: use drafter: mlp_speculator with path set "
+                         "to this folder")
     config = AutoConfig.from_pretrained(folder)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         check_cache_support(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config, what)

@@ -1,4 +1,5 @@
-"""Train draft heads on a frozen target: `draftsman train medusa|eagle|eagle3|mtp --config training/configs/<kind>.yaml`.
+"""Train draft heads on a frozen target: `draftsman train medusa|eagle|eagle3|mtp|mlp_speculator --config
+training/configs/<kind>.yaml`.
 
 The target never trains and is never saved again; its hidden states are computed on the fly for
 each batch (no cached features). Labels are either the corpus's next tokens or, by default, the
@@ -23,14 +24,15 @@ import yaml
 from tqdm import tqdm
 
 from . import corpus as C
+from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import pretrained_text_model
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
-KINDS = ("medusa", "eagle", "eagle3", "mtp")
+KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
 DEFAULTS = {
-    "kind": "medusa",  # medusa | eagle | eagle3 | mtp
+    "kind": "medusa",  # medusa | eagle | eagle3 | mtp | mlp_speculator
     "target": None,  # local HF folder of the frozen target (required)
     "out": None,  # folder for the trained heads (required)
     "work_dir": "zoo/.work",  # token caches and resumable checkpoints
@@ -41,10 +43,13 @@ DEFAULTS = {
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
     "data_file": None,  # instead of corpus_root: JSONL of chat conversations or texts (training/documents.py)
     "assistant_only_loss": False,  # data_file: learn only where the next token is in an assistant's reply
-    "num_heads": 4,  # medusa
+    "num_heads": 4,  # medusa: heads; mlp_speculator: stages (its n_predict, the deepest draft)
     "num_layers": 1,  # medusa: residual blocks per head
     "share_lm_head": False,  # medusa: read out through the target's frozen LM head instead of copies
-    "loss_decay": 0.8,  # medusa: head i's loss weighs loss_decay ** i (far heads are less reliable)
+    "loss_decay": 0.8,  # medusa / mlp_speculator: head (stage) i's loss weighs loss_decay ** i
+    "inner_dim": 0,  # mlp_speculator: width of its state (0 = the target's hidden size)
+    "tie_weights": False,  # mlp_speculator: stages 1+ share weights (fewer parameters; drafts any depth)
+    "scale_input": True,  # mlp_speculator: RMS-normalise the target's state first (fms-extras' option)
     "feature_noise": 0.1,  # eagle: uniform noise U(-a, a) on the input features
     "ce_weight": 0.1,  # eagle: weight of the token loss next to the feature regression
     "eval_depths": 4,  # eagle / eagle3 / mtp: held-out agreement measured for draft depths 1..eval_depths
@@ -104,6 +109,9 @@ def load_config(raw) -> dict:
     if cfg["layer"] == "llama" and cfg["kind"] not in ("eagle", "eagle3"):
         raise ValueError(f"layer: llama is for eagle and eagle3 heads; a {cfg['kind']} head keeps the target's own "
                          "layer: set layer: target")
+    if cfg["kind"] == "mlp_speculator" and cfg["tie_weights"] and cfg["num_heads"] < 2:
+        raise ValueError("tie_weights shares stage 1's weights with the stages after it: set num_heads >= 2 or "
+                         "tie_weights: false")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
     return cfg
@@ -218,6 +226,13 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     return summed / (labels != -100).sum().clamp_min(1)
 
 
+def stage_inputs(x: torch.Tensor, stages: int) -> torch.Tensor:
+    """(B, L) tokens -> (B, L, stages): an MLP speculator's stage i at position t reads the token
+    at t + i + 1 (the root for stage 0); 0 past the window's end, where no label is learned."""
+    padded = torch.nn.functional.pad(x, (0, stages))
+    return torch.stack([padded[:, i + 1: i + 1 + x.shape[1]] for i in range(stages)], dim=-1)
+
+
 def learned_positions(in_reply: torch.Tensor | None) -> torch.Tensor | None:
     """(B, L) bool from a reply-mask window: whether position s's label (the token at s + 1) is
     learned. None (no assistant_only_loss): every label is."""
@@ -259,7 +274,7 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
     """Per head: top-1 / top-5 agreement with the target's greedy token on held-out text, and the
     accuracy of each candidate rank (for tree calibration). learned: learned_positions of the
     windows (only those positions are counted); None counts all."""
-    H = heads.config.num_heads
+    H = heads.n_predict if isinstance(heads, MLPSpeculator) else heads.config.num_heads
     hits = torch.zeros(H, ranks)
     top5 = torch.zeros(H)
     counts = torch.zeros(H)
@@ -268,7 +283,7 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
         x = windows[i:i + batch].to(device)
         keep = all_positions(x) if learned is None else learned[i:i + batch].to(device)
         hidden, greedy = target_pass(target, x, autocast)
-        logits = heads(hidden)
+        logits = heads(hidden, stage_inputs(x, H)) if isinstance(heads, MLPSpeculator) else heads(hidden)
         L = x.shape[1]
         for h in range(H):
             cand = logits[h, :, : L - h - 1].topk(ranks, dim=-1).indices  # (B, L', ranks)
@@ -290,6 +305,9 @@ def build_heads(cfg: dict, target, frequent_order: list[int]):
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
         return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
+    if cfg["kind"] == "mlp_speculator":
+        return MLPSpeculator.for_target(target, cfg["num_heads"], cfg["inner_dim"], cfg["tie_weights"],
+                                        cfg["scale_input"])
     if cfg["kind"] == "eagle3":
         n = cfg["draft_vocab"] or len(frequent_order)
         return FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"], layer=cfg["layer"])
@@ -320,6 +338,9 @@ def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, l
         labels = labels.masked_fill(~learned, -100)
     if cfg["kind"] == "medusa":
         return medusa_loss(heads(hidden), labels, cfg["loss_decay"])
+    if cfg["kind"] == "mlp_speculator":  # stage i at position t reads token t + i + 1, predicts t + i + 2
+        stages = getattr(heads, "module", heads).n_predict
+        return medusa_loss(heads(hidden, stage_inputs(x, stages)), labels, cfg["loss_decay"])
     from .feature_heads import feature_head_loss
     return feature_head_loss(heads, hidden, x, labels, cfg, generator)
 
@@ -339,6 +360,9 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
         ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
+    elif cfg["kind"] == "mlp_speculator":  # teacher-forced: each stage reads the text's tokens
+        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
+        extra = {"heldout_agreement": ev}
     elif cfg["kind"] == "eagle3":
         from .eagle3 import aux_target_pass, evaluate_eagle3, greedy_score_scale
         layers = heads.config.aux_layers
@@ -361,6 +385,8 @@ def load_heads(cfg: dict, folder, target):
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
         return MedusaHeads.load(folder, target)[0]
+    if cfg["kind"] == "mlp_speculator":
+        return load_mlp_speculator(folder, target, "train mlp_speculator")
     return FeatureHead.load(folder, target, kind=cfg["kind"])[0]
 
 

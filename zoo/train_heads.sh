@@ -9,6 +9,7 @@ python -m draftsman train eagle3 --config training/configs/eagle3.yaml > zoo/.wo
 # EAGLE-3's second stage: from the head above, cosine-decayed rate, 85 min (fp32; see its config).
 python -m draftsman train eagle3 --config training/configs/eagle3-continue.yaml > zoo/.work/eagle3-continue.log 2>&1
 python -m draftsman train medusa --config training/configs/medusa.yaml > zoo/.work/medusa.log 2>&1
+python -m draftsman train mlp_speculator --config training/configs/mlp_speculator.yaml > zoo/.work/mlp_speculator.log 2>&1
 # Corpus labels instead of self-distillation, same steps: the comparison in docs/training-heads.md.
 python -m draftsman train mtp --config training/configs/mtp.yaml --set labels=corpus \
     --set out=zoo/.work/python-mtp-corpus > zoo/.work/mtp-corpus.log 2>&1
