@@ -1,6 +1,7 @@
 """IBM's MLP speculator ("Accelerating Production LLMs with Combined Token/Embedding Speculators",
 arXiv 2404.19124; fms-extras' MLPSpeculator), as the released `*-accelerator` checkpoints hold it
-and vLLM and TGI serve it.
+(TGI and vLLM's model code read that layout; vLLM's V1 engine does not route the method,
+vllm-project/vllm#47825).
 
 A Medusa-like stack of `n_predict` stages with a running state, like an RNN: stage i reads the
 state and the token drafted before it, and predicts the next token.
@@ -14,10 +15,10 @@ ln_i is an RMS norm with a learned scale and shift (eps 1e-6), state_weight = 0.
 n_predict) and emb_weight = sqrt((1 - state_weight ** 2) * inner_dim / 2), fms-extras' constants.
 With tie_weights every stage shares stage 0's embedding, head and norm, and stages 2+ stage 1's
 projection (stage 0's reads the target's width): such a speculator can run more stages than it
-has, each one more of stage 1 (as vLLM runs it past n_predict).
+has, each one more of stage 1 (as vLLM's model code runs it past n_predict).
 
 `draftsman train mlp_speculator` trains one on a frozen target (training/heads.py) and saves it in
-this layout, with the target's fingerprint in config.json, so vLLM loads it as it is.
+this layout, with the target's fingerprint in config.json, so what reads the released ones reads it.
 """
 from __future__ import annotations
 
