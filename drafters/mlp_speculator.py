@@ -11,18 +11,21 @@ Greedy: a chain of its argmax tokens, or with `top_k` > 1 an EAGLE-2 dynamic tre
 guesses (drafters/dynamic_tree.py; every node carries its own state), deterministic either way.
 Sampling: a chain, each token drawn from its stage's distribution after the row's processing and
 returned as q. The verifier keeps output exact either way. Drafts follow the request's rules as
-the other model drafters' do (drafters/repeats.py).
+the other model drafters' do (drafters/repeats.py). `draft_vocab` shrinks its LM heads to the
+tokens the target picks most, as for the other heads (drafters/draft_vocab.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..heads.mlp_speculator import load_mlp_speculator
+from ..heads.mlp_speculator import load_mlp_speculator, read_config
 from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import ChainRules, chain_trees, draw_step
+from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import check_min_confidence, dynamic_tree
 from .last_hidden import LastHiddenRows
 from .registry import register
@@ -40,11 +43,16 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         top_k: int = 1  # > 1: at T=0 an EAGLE-2 dynamic tree, top_k children per expanded node (1: a chain)
         total_tokens: int = 10  # top_k > 1: nodes kept in the verified tree
         min_confidence: float = 0.0  # top_k > 1: keep only nodes whose path confidence reaches it
+        draft_vocab: int | None = None  # its LM heads keep the N tokens the target picks most (None = all)
+        vocab_order: str | None = None  # draft_vocab's order when its config.json has none (`draftsman vocab`)
+        draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
 
         def __post_init__(self):
             if not self.path:
                 raise ValueError("mlp_speculator: set drafter.path to the speculator's folder (e.g. a released "
                                  "*-accelerator checkpoint made for the target)")
+            check_needs_draft_vocab("mlp_speculator", self.draft_vocab, vocab_order=self.vocab_order,
+                                    draft_vocab_sampling=self.draft_vocab_sampling)
             for key in ("depth", "top_k", "total_tokens"):
                 if getattr(self, key) is not None and getattr(self, key) < 1:
                     raise ValueError(f"mlp_speculator: {key} must be >= 1, got {getattr(self, key)}")
@@ -61,9 +69,39 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         self.depth = options.depth or stages
         self.vocab_size = target.vocab_size
         self.device = target.device
+        self.readouts = self._readouts(options)
+
+    def _readouts(self, options) -> dict[bool, tuple[list, torch.Tensor | None]]:
+        """By round kind (greedy: True): each stage's LM head and its row -> token id map (None:
+        every token). Under draft_vocab a greedy round's heads keep only the rows of the N tokens
+        the target picks most (its 8192-row heads were most of a CPU drafting step, as the other
+        heads' were: docs/training-heads.md), sampled rounds' too with draft_vocab_sampling."""
+        stages = range(self.depth)
+        whole = ([self.speculator.readout(i) for i in stages], None)
+        if options.draft_vocab is None:
+            return {True: whole, False: whole}
+        if options.vocab_order:
+            order = read_token_order(options.vocab_order, self.vocab_size, self.name)
+        else:
+            order = read_config(Path(options.path).expanduser(), self.name).get("tokens_by_frequency")
+            if order is None:
+                raise ValueError(f"mlp_speculator: draft_vocab needs the target's token order, and the config.json "
+                                 f"in '{options.path}' has none (a released speculator's has not): set vocab_order "
+                                 "(write one with `draftsman vocab --target TARGET_FOLDER --out FILE`)")
+        keep = top_tokens(order, options.draft_vocab, self.vocab_size, self.name, self.device)
+        shrunk = {}  # a tied speculator's stages share one head: shrink it once
+        for i in stages:
+            head = self.speculator.readout(i)
+            shrunk.setdefault(id(head), shrunk_linear(head, keep))
+        few = ([shrunk[id(self.speculator.readout(i))] for i in stages], keep)
+        return {True: few, False: few if options.draft_vocab_sampling else whole}
 
     def max_depth(self) -> int:
         return self.depth
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Indices into this round's logits -> token ids (they differ under draft_vocab)."""
+        return indices if self.vocab_map is None else self.vocab_map[indices]
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.speculator.parameters())
@@ -71,6 +109,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
         self.begin_rows(prompts, self.vocab_size)
+        self.heads, self.vocab_map = self.readouts[sampling.greedy]
 
     @torch.no_grad()
     def propose(self, contexts):
@@ -81,33 +120,42 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         weight = self.speculator.proj[0].weight
         hidden = torch.stack([h if h is not None else weight.new_zeros(weight.shape[1]) for h in self.last_hidden])
         root = torch.tensor([c[-1] for c in contexts], device=self.device)
-        state, logits = self.speculator.step(0, self.speculator.first_state(hidden.to(weight.dtype)), root)
-        sampling, context = self.draft_sampling(), self.draft_context
-        logits = context.biased(sampling, logits.float(), None)
+        state, logits = self._grow(self.speculator.first_state(hidden.to(weight.dtype)), root, 0, None)
+        sampling, context, vocab_map = self.draft_sampling(), self.draft_context, self.vocab_map
         width = logits.shape[-1]
-        repeats = context.round(sampling, contexts, width, None)
-        eos_ban = context.eos_ban(self, contexts, width, None)
-        bans = context.path_bans(sampling, contexts, None, self.grammar)
+        repeats = context.round(sampling, contexts, width, vocab_map)
+        eos_ban = context.eos_ban(self, contexts, width, vocab_map)
+        bans = context.path_bans(sampling, contexts, vocab_map, self.grammar)
         o = self.options
         if o.top_k > 1 and self.shape_sampling().greedy:
             return dynamic_tree(None, self._grow, logits, state, depth, o.top_k, o.total_tokens, ready,
-                                repeats=repeats, min_confidence=o.min_confidence, eos_ban=eos_ban, bans=bans)
+                                self.token_ids, repeats=repeats, min_confidence=o.min_confidence, eos_ban=eos_ban,
+                                bans=bans)
         rules = ChainRules(repeats, eos_ban, bans, len(contexts))
         tokens, probs = [], []
         for d in range(1, depth + 1):
             p, index = draw_step(rules.apply(logits, d), sampling, self.generator)
-            rules.drafted(index, index)
-            tokens.append(index)
+            token = self.token_ids(index)
+            rules.drafted(index, token)
+            tokens.append(token)
             probs.append(p)
             if d < depth:
-                state, logits = self._grow(state, index, d, None)
+                state, logits = self._grow(state, token, d, None)
         chain = torch.stack(tokens, 1)
-        # q (B, depth, V): what each token was drawn from, zero past the speculator's vocabulary
-        return chain_trees(chain, [depth] * len(contexts), sampling,
-                           lambda: F.pad(torch.stack(probs, 1), (0, self.vocab_size - width)), ready)
+        return chain_trees(chain, [depth] * len(contexts), sampling, lambda: self._full_q(torch.stack(probs, 1)),
+                           ready)
 
     def _grow(self, states, tokens, depth, _visible):
-        """Stage `depth` on the nodes at that depth: their parents' states and their own tokens ->
-        their states and their children's logits (dynamic_tree's grow; the chain's next step)."""
-        state, logits = self.speculator.step(depth, states, tokens)
-        return state, self.draft_context.biased(self.draft_sampling(), logits.float(), None)
+        """Stage `depth` on the nodes at that depth (0: the roots): their parents' states and their
+        own tokens -> their states and their children's logits, biased (dynamic_tree's grow; the
+        chain's next step)."""
+        state = self.speculator.advance(depth, states, tokens)
+        logits = self.heads[depth](state).float()
+        return state, self.draft_context.biased(self.draft_sampling(), logits, self.vocab_map)
+
+    def _full_q(self, probs: torch.Tensor) -> torch.Tensor:
+        """(B, depth, width) distributions over this round's logits -> (B, depth, V): what each
+        token was drawn from, zero outside the draft vocabulary or past the speculator's."""
+        if self.vocab_map is not None:
+            return full_vocab(probs, self.vocab_map, self.vocab_size)
+        return F.pad(probs, (0, self.vocab_size - probs.shape[-1]))

@@ -110,14 +110,25 @@ class MLPSpeculator(nn.Module):
         """The target's hidden states (..., emb_dim) as stage 0 reads them."""
         return hidden if self.ln0 is None else self.ln0(hidden) / math.sqrt(2)
 
-    def step(self, stage: int, state: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage `stage` on states (..., width) and the tokens (...) drafted before it -> (the next
-        states (..., inner_dim), their logits (..., vocab)). A tied speculator's stages past its
-        last are its last (all stages from 1 on are the same)."""
-        stage = min(stage, self.n_predict - 1) if self.tied else stage
+    def advance(self, stage: int, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """Stage `stage` on states (..., width) and the tokens (...) drafted before it -> the next
+        states (..., inner_dim). A tied speculator's stages past its last are its last (all
+        stages from 1 on are the same)."""
+        stage = self._stored(stage)
         mixed = self.proj[stage](state) + self.emb[stage](token) * self.token_scale
-        state = nn.functional.gelu(self.ln[stage](mixed))
-        return state, self.head[stage](state)
+        return nn.functional.gelu(self.ln[stage](mixed))
+
+    def readout(self, stage: int) -> nn.Linear:
+        """The LM head that reads stage `stage`'s states."""
+        return self.head[self._stored(stage)]
+
+    def step(self, stage: int, state: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """advance(), then the stage's logits (..., vocab)."""
+        state = self.advance(stage, state, token)
+        return state, self.readout(stage)(state)
+
+    def _stored(self, stage: int) -> int:
+        return min(stage, self.n_predict - 1) if self.tied else stage
 
 
 def read_config(folder: Path, drafter: str) -> dict:

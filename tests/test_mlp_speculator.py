@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 import draftsman
 from draftsman.heads.mlp_speculator import MLPSpeculator
+from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import assert_sampled_marginals_fit
 from tiny_models import load_for_reference
@@ -187,10 +188,56 @@ def test_each_tree_node_is_a_top_k_child_of_its_own_path(tiny_models, speculator
     assert checked >= 40 and deep > 0
 
 
-def test_sampling_follows_the_target(tiny_models, speculators, T=0.3):
-    """At T > 0 each chain token is drawn from its stage's distribution and returned with it."""
+def test_a_draft_vocabulary_keeps_its_heads_rows_and_stays_exact(tiny_models, speculators, tmp_path):
+    """draft_vocab: greedy chains are fms-extras' best suffix with each stage's choice among the
+    kept tokens only (vocab_order: a released speculator's config.json has no token order);
+    output is the target's own; sampled rounds draft among all tokens unless
+    draft_vocab_sampling, and stay exact either way."""
+    folders, expected = speculators
+    V = load_for_reference(tiny_models["llama"][0]).config.vocab_size
+    order = torch.randperm(V, generator=torch.Generator().manual_seed(3)).tolist()
+    (tmp_path / "order.json").write_text(json.dumps({"tokens_by_frequency": order}))
+    kept = torch.tensor(sorted(order[:40]))
+    dec = _decoder(tiny_models, folders["plain"], draft_vocab=40, vocab_order=str(tmp_path / "order.json"))
+    rounds = _recording(dec)
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == expected
+    first, stage = _fms_stages(folders["plain"])
+    reference, checked = load_for_reference(tiny_models["llama"][0]), 0
+    for contexts, trees in rounds:
+        for context, tree in zip(contexts, trees):
+            if len(context) == 1:
+                continue
+            state, token, best = first(_root_state(reference, context)), torch.tensor([context[-1]]), []
+            for i in range(STAGES):
+                state, logprobs = stage(i, state, token)
+                token = kept[logprobs[:, kept].argmax(-1)]
+                best.append(int(token))
+            assert tree.tokens.tolist() == best[: tree.size], context
+            checked += 1
+    assert checked >= 12
+    sampled = dec.generate(input_ids=[PROMPTS[0]] * 8, max_new_tokens=8, temperature=1.0, seed=0)
+    assert sum(sampled.stats.proposed_at_depth) > 0
+    for sampling_too in (False, True):
+        drafter = _decoder(tiny_models, folders["plain"], draft_vocab=40, vocab_order=str(tmp_path / "order.json"),
+                           draft_vocab_sampling=sampling_too)
+        drafter.drafter.begin([PROMPTS[0]], SamplingParams(1.0), torch.Generator())
+        assert (drafter.drafter.vocab_map is not None) == sampling_too
+    with pytest.raises(ValueError, match="draft_vocab needs the target's token order.*set vocab_order"):
+        _decoder(tiny_models, folders["plain"], draft_vocab=40)
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True], ids=["all-tokens", "draft-vocab"])
+def test_sampling_follows_the_target(tiny_models, speculators, tmp_path, draft_vocab, T=0.3):
+    """At T > 0 each chain token is drawn from its stage's distribution and returned with it (with
+    draft_vocab_sampling: over the kept tokens, placed back in the whole vocabulary)."""
     folders, _ = speculators
-    assert_sampled_marginals_fit(_decoder(tiny_models, folders["plain"]), tiny_models["llama"][0],
+    options = {}
+    if draft_vocab:
+        V = load_for_reference(tiny_models["llama"][0]).config.vocab_size
+        (tmp_path / "order.json").write_text(json.dumps(list(range(V))[::-1]))
+        options = {"draft_vocab": V // 2, "vocab_order": str(tmp_path / "order.json"), "draft_vocab_sampling": True}
+    assert_sampled_marginals_fit(_decoder(tiny_models, folders["plain"], **options), tiny_models["llama"][0],
                                  [1, 2, 3, 4, 5, 1, 2, 3], T)
 
 
