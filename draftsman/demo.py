@@ -2,7 +2,7 @@
 
 Plain decoding (`none`), the drafters that need no training (`ngram`: prompt lookup; `recycling`:
 the target's own earlier candidates), the bundled draft model (`draft_model`) and the bundled heads
-(`medusa`, `eagle`, `eagle3`, `mtp`) run side by side on held-out Python prompts, interleaved
+(`medusa`, `eagle`, `eagle3`, `mtp`, `mlp_speculator`) run side by side on held-out Python prompts, interleaved
 prompt by prompt so machine noise hits them alike; the table gives tokens/s, speedup over plain (medians over repeats), tau and per-position
 acceptance, and checks that at temperature 0 every drafter's output equals plain decoding's.
 `draftsman compare` is the full version: categories, temperatures, peers, batch sweep, plots.

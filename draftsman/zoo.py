@@ -1,5 +1,6 @@
 """The bundled demo pair: zoo/python-target and zoo/python-draft (built by `make zoo`), and the
-heads trained for the target (zoo/python-medusa, python-eagle, python-eagle3, python-mtp; `zoo/train_heads.sh`).
+heads trained for the target (zoo/python-medusa, python-eagle, python-eagle3, python-mtp,
+python-mlp-speculator; `zoo/train_heads.sh`).
 
 Both are small Llamas pretrained on the Python stdlib (see zoo/README.md); held-out stdlib files
 (same deterministic split as training) give benchmark prompts the models never saw.
@@ -35,8 +36,8 @@ def draft_path() -> Path:
 
 
 def heads_path(folder: str) -> Path | None:
-    """A bundled heads folder (python-medusa, python-eagle, python-eagle3, python-mtp) if it exists, else None:
-    heads are optional extras of the demo pair (`zoo/train_heads.sh` trains them)."""
+    """A bundled heads folder (python-medusa, python-eagle, python-eagle3, python-mtp, python-mlp-speculator) if it
+    exists, else None: heads are optional extras of the demo pair (`zoo/train_heads.sh` trains them)."""
     p = zoo_dir() / folder
     return p if (p / "config.json").is_file() and (p / "model.safetensors").is_file() else None
 

@@ -1,6 +1,6 @@
 """IBM's MLP speculator ("Accelerating Production LLMs with Combined Token/Embedding Speculators",
 arXiv 2404.19124; fms-extras' MLPSpeculator), as the released `*-accelerator` checkpoints hold it
-(TGI and vLLM's model code read that layout; vLLM's V1 engine does not route the method,
+(vLLM's MLPSpeculator model reads that layout; its V1 engine does not route the method,
 vllm-project/vllm#47825).
 
 A Medusa-like stack of `n_predict` stages with a running state, like an RNN: stage i reads the

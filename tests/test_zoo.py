@@ -72,7 +72,7 @@ def test_zoo_folders_are_standard(zoo_pair):
     assert size <= 80e6
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp", "medusa", "mlp_speculator"])
 def test_bundled_heads_load_and_draft_exactly(zoo_pair, offline, kind):
     """Each bundled heads folder: small bf16 weights (EAGLE-3's draft-vocabulary ids exact, int64),
     metrics, a token-frequency order; it loads against the bundled target and its greedy output
@@ -80,9 +80,10 @@ def test_bundled_heads_load_and_draft_exactly(zoo_pair, offline, kind):
     import draftsman
     from draftsman import zoo
 
-    folder = zoo.heads_path(f"python-{kind}")
+    name = f"python-{kind.replace('_', '-')}"
+    folder = zoo.heads_path(name)
     if folder is None:
-        pytest.skip(f"zoo/python-{kind} not trained yet (zoo/train_heads.sh)")
+        pytest.skip(f"zoo/{name} not trained yet (zoo/train_heads.sh)")
     assert (folder / "metrics.json").is_file() and (folder / "model.safetensors").stat().st_size < 12e6
     tensors = load_file(folder / "model.safetensors")
     assert all(v.dtype == (torch.int64 if k == "draft_token_ids" else torch.bfloat16) for k, v in tensors.items())
@@ -90,7 +91,9 @@ def test_bundled_heads_load_and_draft_exactly(zoo_pair, offline, kind):
     base = draftsman.load({"target": {"path": str(zoo_pair[0])}})
     prompt = base.encode([zoo.heldout_files()[0].read_text()[:600]])  # held-out Python source
     plain = base.generate(input_ids=prompt, max_new_tokens=24)
-    options = {"name": "eagle"} if kind == "eagle3" else {"name": kind, "draft_vocab": 1024}  # eagle3: its own
+    # eagle3: its own draft vocabulary; mlp_speculator: its own LM heads, over every token
+    options = {"name": "eagle"} if kind == "eagle3" else {"name": kind} if kind == "mlp_speculator" else \
+        {"name": kind, "draft_vocab": 1024}
     out = base.with_drafter({**options, "path": str(folder)}).generate(input_ids=prompt, max_new_tokens=24)
     assert out.token_ids == plain.token_ids
 

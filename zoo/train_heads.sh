@@ -1,5 +1,5 @@
 #!/bin/sh
-# Train every bundled head for zoo/python-target, one after another (2-core CPU: about 3h05).
+# Train every bundled head for zoo/python-target, one after another (2-core CPU: about 3h25).
 # Logs: zoo/.work/<kind>.log. Each run resumes from its atomic checkpoint if interrupted.
 set -e
 cd "$(dirname "$0")/.."

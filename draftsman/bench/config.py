@@ -58,7 +58,8 @@ BUNDLED_DRAFTERS = [("draft_model", "python-draft", {"k": 4, "draft_vocab": 1024
                     ("eagle", "python-eagle", {"draft_vocab": 1024, "dtype": "auto"}),
                     # its own draft vocabulary
                     ("eagle", "python-eagle3", {"label": "eagle3", "quantize": "auto", "dtype": "auto"}),
-                    ("mtp", "python-mtp", {"draft_vocab": 1024, "quantize": "auto", "dtype": "auto"})]
+                    ("mtp", "python-mtp", {"draft_vocab": 1024, "quantize": "auto", "dtype": "auto"}),
+                    ("mlp_speculator", "python-mlp-speculator", {"draft_vocab": 1024})]
 # Where its levels are int8 (cheaper), the EAGLE-3 tree pays one level deeper; its sampled chains
 # stay 5 long (docs/benchmarks.md, session 16). Where each node widens a compute-bound target pass,
 # nodes with path confidence below 0.05 cost more than they bring (session 19).
