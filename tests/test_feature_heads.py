@@ -472,12 +472,16 @@ def test_draft_vocab_needs_token_frequencies(untrained, tiny_models):
 
 
 def test_training_config_names_the_kinds(tiny_models, tmp_path):
-    with pytest.raises(ValueError, match=r"kind must be one of \['medusa', 'eagle', 'eagle3', 'mtp'\]"):
+    kinds = r"\['medusa', 'eagle', 'eagle3', 'mtp', 'mlp_speculator'\]"
+    with pytest.raises(ValueError, match=r"kind must be one of " + kinds):
         train({"kind": "hydra", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
     with pytest.raises(ValueError, match="layer must be target .* or llama"):
         train({"kind": "eagle", "layer": "qwen3", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
     with pytest.raises(ValueError, match="layer: llama is for eagle and eagle3 heads"):
         train({"kind": "mtp", "layer": "llama", "target": str(tiny_models["llama"][0]), "out": str(tmp_path)})
+    with pytest.raises(ValueError, match="tie_weights shares stage 1's weights .* set num_heads >= 2"):
+        train({"kind": "mlp_speculator", "num_heads": 1, "tie_weights": True, "target": str(tiny_models["llama"][0]),
+               "out": str(tmp_path)})
 
 
 def test_a_corpus_with_no_held_out_file_is_named(tiny_models, tmp_path):
