@@ -339,3 +339,43 @@ def test_a_trained_speculator_for_another_target_is_refused(trained, tiny_models
     with pytest.raises(ValueError, match="trained for another target"):
         draftsman.load({"target": {"path": str(tiny_models["qwen2"][0])},
                         "drafter": {"name": "mlp_speculator", "path": str(folder)}})
+
+
+@pytest.mark.parametrize("wrapped", ["adaptive", "cascade"])
+def test_greedy_output_through_adaptive_speculation_and_a_cascade(tiny_models, speculators, wrapped):
+    folders, expected = speculators
+    speculator = {"name": "mlp_speculator", "path": str(folders["tied-scaled"]), "depth": 5}
+    drafter = ({**speculator, "adaptive": True} if wrapped == "adaptive" else
+               {"name": "cascade", "drafters": [{"name": "ngram", "min_ngram": 3}, speculator]})
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0]), "device": "cpu"}, "drafter": drafter})
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == expected and sum(out.stats.proposed_at_depth) > 0
+
+
+def test_rows_that_join_a_running_batch_draft_from_their_own_states(tiny_models, speculators):
+    """Continuous batching: rows join after the first; each drafts from its own hidden state (the
+    chain fms-extras' speculator gives for its context), and output is the target's own."""
+    folders, expected = speculators
+    dec = _decoder(tiny_models, folders["plain"])
+    rounds = _recording(dec)
+    waves, order = [[1, 2]], [0]
+
+    def joining():
+        if not waves or not rounds:
+            return []
+        wave = waves.pop(0)
+        order.extend(wave)
+        return [(PROMPTS[i], NEW) for i in wave]
+
+    tokens: dict[int, list[int]] = {}
+    for row, chunk in dec.stream_batch([PROMPTS[0]], joining=joining, max_new_tokens=NEW, min_new_tokens=NEW,
+                                       temperature=0.0):
+        tokens.setdefault(order[row], []).extend(chunk.token_ids)
+    assert [tokens[i] for i in range(3)] == expected
+    reference = load_for_reference(tiny_models["llama"][0])
+    joined = [(c, t) for contexts, trees in rounds if len(contexts) == 3 for c, t in zip(contexts, trees)][:6]
+    assert joined
+    for context, tree in joined:
+        if len(context) > 1:
+            best = _fms_suffixes(folders["plain"], _root_state(reference, context), context[-1], [1] * STAGES, 1)[0]
+            assert tree.tokens.tolist() == best[: tree.size], context
