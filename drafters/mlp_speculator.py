@@ -21,12 +21,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..heads.mlp_speculator import load_mlp_speculator, read_config
 from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import ChainRules, chain_trees, draw_step
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import check_min_confidence, dynamic_tree
+from .int8_linear import Int8Linear, check_quantize, resolve_quantize
 from .last_hidden import LastHiddenRows
 from .registry import register
 
@@ -46,6 +48,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         draft_vocab: int | None = None  # its LM heads keep the N tokens the target picks most (None = all)
         vocab_order: str | None = None  # draft_vocab's order when its config.json has none (`draftsman vocab`)
         draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
+        quantize: str | None = None  # "int8": int8 projections and LM heads, float32 around them (CPU); "auto"
 
         def __post_init__(self):
             if not self.path:
@@ -57,6 +60,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
                 if getattr(self, key) is not None and getattr(self, key) < 1:
                     raise ValueError(f"mlp_speculator: {key} must be >= 1, got {getattr(self, key)}")
             check_min_confidence("mlp_speculator", self.min_confidence)
+            check_quantize("mlp_speculator", self.quantize, None)
 
     def __init__(self, options, target):
         self.options = options
@@ -69,7 +73,13 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         self.depth = options.depth or stages
         self.vocab_size = target.vocab_size
         self.device = target.device
+        quantize = resolve_quantize(self.name, options.quantize, target.device)
+        if quantize:
+            self.speculator.float()  # around its int8 products
         self.readouts = self._readouts(options)
+        self._parameters = sum(p.numel() for p in self.speculator.parameters())  # (int8 layers hold none)
+        if quantize:
+            self._quantize()
 
     def _readouts(self, options) -> dict[bool, tuple[list, torch.Tensor | None]]:
         """By round kind (greedy: True): each stage's LM head and its row -> token id map (None:
@@ -89,12 +99,23 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
                                  f"in '{options.path}' has none (a released speculator's has not): set vocab_order "
                                  "(write one with `draftsman vocab --target TARGET_FOLDER --out FILE`)")
         keep = top_tokens(order, options.draft_vocab, self.vocab_size, self.name, self.device)
-        shrunk = {}  # a tied speculator's stages share one head: shrink it once
+        shrunk = {}  # a tied speculator's stages share one head's weight: shrink it once
         for i in stages:
             head = self.speculator.readout(i)
-            shrunk.setdefault(id(head), shrunk_linear(head, keep))
-        few = ([shrunk[id(self.speculator.readout(i))] for i in stages], keep)
+            shrunk.setdefault(id(head.weight), shrunk_linear(head, keep))
+        few = ([shrunk[id(self.speculator.readout(i).weight)] for i in stages], keep)
         return {True: few, False: few if options.draft_vocab_sampling else whole}
+
+    def _quantize(self) -> None:
+        """int8 weights for every product a stage computes: its projection and the LM heads it
+        reads out through, each weight converted once (a tied speculator's stages share theirs)."""
+        converted: dict[int, Int8Linear] = {}
+
+        def int8(layer):
+            return converted.setdefault(id(layer.weight), Int8Linear.of(layer))
+
+        self.speculator.proj = nn.ModuleList(int8(layer) for layer in self.speculator.proj)
+        self.readouts = {kind: ([int8(head) for head in heads], ids) for kind, (heads, ids) in self.readouts.items()}
 
     def max_depth(self) -> int:
         return self.depth
@@ -104,7 +125,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         return indices if self.vocab_map is None else self.vocab_map[indices]
 
     def extra_parameters(self) -> int:
-        return sum(p.numel() for p in self.speculator.parameters())
+        return self._parameters
 
     def begin(self, prompts, sampling, generator):
         super().begin(prompts, sampling, generator)
@@ -117,10 +138,11 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         ready = [h is not None for h in self.last_hidden]  # a one-token prompt's row has none in round 1
         if depth == 0 or not any(ready):
             return [DraftTree.empty(self.device) for _ in contexts]
-        weight = self.speculator.proj[0].weight
-        hidden = torch.stack([h if h is not None else weight.new_zeros(weight.shape[1]) for h in self.last_hidden])
+        dtype = self.speculator.emb[0].weight.dtype
+        none = torch.zeros(self.speculator.config["emb_dim"], dtype=dtype, device=self.device)  # (drafts nothing)
+        hidden = torch.stack([h if h is not None else none for h in self.last_hidden]).to(dtype)
         root = torch.tensor([c[-1] for c in contexts], device=self.device)
-        state, logits = self._grow(self.speculator.first_state(hidden.to(weight.dtype)), root, 0, None)
+        state, logits = self._grow(self.speculator.first_state(hidden), root, 0, None)
         sampling, context, vocab_map = self.draft_sampling(), self.draft_context, self.vocab_map
         width = logits.shape[-1]
         repeats = context.round(sampling, contexts, width, vocab_map)

@@ -379,3 +379,29 @@ def test_rows_that_join_a_running_batch_draft_from_their_own_states(tiny_models,
         if len(context) > 1:
             best = _fms_suffixes(folders["plain"], _root_state(reference, context), context[-1], [1] * STAGES, 1)[0]
             assert tree.tokens.tolist() == best[: tree.size], context
+
+
+def test_int8_weights_draft_what_float_weights_mostly_draft_and_stay_exact(tiny_models, speculators):
+    """quantize: int8 (CPU): int8 projections and LM heads, each tied weight converted once; the
+    chains agree with the float speculator's on most tokens, and output is the target's own."""
+    from draftsman.drafters.int8_linear import int8_runs_on
+
+    if not int8_runs_on(torch.device("cpu")):
+        pytest.skip("this PyTorch build has no int8 CPU engine")
+    folders, expected = speculators
+    drafted = {}
+    for quantize in (None, "int8"):
+        dec = _decoder(tiny_models, folders["tied-scaled"], depth=5, draft_vocab=None, quantize=quantize)
+        rounds = _recording(dec)
+        assert dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW,
+                            temperature=0.0).token_ids == expected
+        drafted[quantize] = [t.tokens.tolist() for _, trees in rounds for t in trees]
+        if quantize:  # stage 0's projection and stage 1's, shared by stages 1-4; one LM head for all five
+            speculator = dec.drafter.speculator
+            assert len({id(layer) for layer in speculator.proj}) == 2
+            assert len({id(head) for head in dec.drafter.readouts[True][0]}) == 1
+            assert dec.drafter.extra_parameters() == sum(p.numel() for p in speculator.parameters()) + sum(
+                layer.in_features * layer.out_features for layer in {id(x): x for x in speculator.proj}.values())
+    same = sum(a == b for x, y in zip(drafted[None], drafted["int8"]) for a, b in zip(x, y))
+    total = sum(len(x) for x in drafted[None])
+    assert drafted[None] != [] and same >= 0.8 * total
