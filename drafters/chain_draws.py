@@ -84,3 +84,22 @@ class ChainRules:
             self.state = self.repeats.plus(self.state, index)
         if self.paths is not None:
             self.paths = [path + [t] for path, t in zip(self.paths, tokens.tolist())]
+
+    def draw_chain(self, logits: torch.Tensor, depth: int, grow: Callable[[torch.Tensor, int], torch.Tensor],
+                   sampling: SamplingParams | RowSampling, generator: torch.Generator,
+                   token_ids: Callable[[torch.Tensor], torch.Tensor] = lambda index: index
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A chain drafter's loop: `depth` draws, the first from `logits` (B, n), each under the
+        rules and its row's own processing (draw_step); grow(token ids (B,), d) gives the logits
+        after the tokens at depth d. token_ids maps logit indices to token ids (a draft
+        vocabulary). Returns the tokens (B, depth) and what each depth was drawn from, (B, n) each."""
+        tokens, probs = [], []
+        for d in range(1, depth + 1):
+            p, index = draw_step(self.apply(logits, d), sampling, generator)
+            token = token_ids(index)
+            self.drafted(index, token)
+            tokens.append(token)
+            probs.append(p)
+            if d < depth:
+                logits = grow(token, d)
+        return torch.stack(tokens, 1), probs

@@ -21,7 +21,7 @@ from ..models import resolve_dtype
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree, TargetNeeds
-from .chain_draws import ChainRules, chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees
 from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
 from .first_feed import distinct_rows
 from .dynamic_tree import dynamic_tree, grow_level
@@ -167,29 +167,25 @@ class FeatureHeadDrafter(Drafter):
         sampling stays exact. A batch may hold both kinds of row (drafters/chain_draws.py)."""
         B = feature.shape[0]
         sampling = self.draft_sampling()  # each row's own, when rows differ
-        tokens, probs = [], []
         visible = None
-        rules = ChainRules(self.repeats, self.eos_ban, self.path_bans, B)
-        for d in range(1, depth + 1):
-            # Over the head's logits (all, or a draft vocabulary).
-            p, index = draw_step(rules.apply(logits, d), sampling, self.generator)
-            token = self.token_ids(index)
-            rules.drafted(index, token)
-            tokens.append(token)
-            probs.append(p)
-            if d == depth:
-                break
+
+        def grow(token, d):  # the head on its own output feature and the token just drafted
+            nonlocal feature, visible
             slots_before = self.lm.num_slots
             feature, logits = self.grow(feature[:, None], token[:, None], d, visible)
-            feature, logits = feature[:, 0], logits[:, 0]
+            feature = feature[:, 0]
             seen = torch.zeros(B, 1, self.lm.num_slots, dtype=torch.bool, device=self.device)
             if visible is not None:
                 seen[..., : visible.shape[-1]] = visible
             seen[:, 0, slots_before] = True  # the next token sees this one (and its ancestors)
             visible = seen
-        chain = torch.stack(tokens, 1)  # (B, depth)
+            return logits[:, 0]
+
+        # Over the head's logits (all, or a draft vocabulary).
+        rules = ChainRules(self.repeats, self.eos_ban, self.path_bans, B)
+        chain, probs = rules.draw_chain(logits, depth, grow, sampling, self.generator, self.token_ids)
         # q (B, depth, V): what each token was drawn from
-        return chain_trees(chain, [chain.shape[1]] * B, sampling, lambda: self.full_vocab(torch.stack(probs, 1)),
+        return chain_trees(chain, [depth] * B, sampling, lambda: self.full_vocab(torch.stack(probs, 1)),
                            ready.tolist())
 
     def extra_parameters(self) -> int:

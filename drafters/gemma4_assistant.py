@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from ..models import check_dtype_name, resolve_dtype
 from .base import Drafter, DraftTree, TargetNeeds
-from .chain_draws import ChainRules, chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees
 from .last_hidden import LastHiddenRows
 from .registry import register
 
@@ -102,19 +102,16 @@ class Gemma4AssistantDrafter(LastHiddenRows, Drafter):
         none = torch.zeros(self.assistant.config.backbone_hidden_size, device=self.device,
                            dtype=self.embed.weight.dtype)  # a one-token prompt's row drafts nothing
         state = torch.stack([h if h is not None else none for h in self.last_hidden])[:, None]  # (B, 1, d_target)
-        token = torch.tensor([[c[-1]] for c in contexts], device=self.device)
+        root = torch.tensor([c[-1] for c in contexts], device=self.device)
         position = lengths[:, None]
-        sampling, rules = self.draft_sampling(), self._rules(contexts)
-        tokens, probs = [], []
-        for d in range(1, depth + 1):
-            logits, state = self._step(token, state, position, kv, masks)
-            logits = rules.apply(self.draft_context.biased(sampling, logits.float(), None), d)
-            p, index = draw_step(logits, sampling, self.generator)
-            rules.drafted(index, index)
-            tokens.append(index)
-            probs.append(p)
-            token = index[:, None]
-        chain = torch.stack(tokens, 1)
+        sampling = self.draft_sampling()
+
+        def grow(token, _depth):  # the assistant on its own projected state and the token after it
+            nonlocal state
+            logits, state = self._step(token[:, None], state, position, kv, masks)
+            return self.draft_context.biased(sampling, logits.float(), None)
+
+        chain, probs = self._rules(contexts).draw_chain(grow(root, 0), depth, grow, sampling, self.generator)
         return chain_trees(chain, [depth] * len(contexts), sampling, lambda: torch.stack(probs, 1), ready)
 
     def _rules(self, contexts) -> ChainRules:

@@ -17,15 +17,14 @@ tokens the target picks most, as for the other heads (drafters/draft_vocab.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..heads.mlp_speculator import load_mlp_speculator, read_config
+from ..heads.mlp_speculator import load_mlp_speculator
 from .base import Drafter, DraftTree, TargetNeeds
-from .chain_draws import ChainRules, chain_trees, draw_step
+from .chain_draws import ChainRules, chain_trees
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import check_min_confidence, dynamic_tree
 from .int8_linear import Int8Linear, check_quantize, resolve_quantize
@@ -64,7 +63,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
 
     def __init__(self, options, target):
         self.options = options
-        self.speculator = load_mlp_speculator(options.path, target.model, self.name)
+        self.speculator, config = load_mlp_speculator(options.path, target.model, self.name)
         stages = self.speculator.n_predict
         if options.depth is not None and options.depth > stages and not self.speculator.tied:
             raise ValueError(f"mlp_speculator: depth {options.depth} is more than the speculator's {stages} stages "
@@ -76,12 +75,12 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         quantize = resolve_quantize(self.name, options.quantize, target.device)
         if quantize:
             self.speculator.float()  # around its int8 products
-        self.readouts = self._readouts(options)
+        self.readouts = self._readouts(options, config.get("tokens_by_frequency"))
         self._parameters = sum(p.numel() for p in self.speculator.parameters())  # (int8 layers hold none)
         if quantize:
             self._quantize()
 
-    def _readouts(self, options) -> dict[bool, tuple[list, torch.Tensor | None]]:
+    def _readouts(self, options, saved_order: list[int] | None) -> dict[bool, tuple[list, torch.Tensor | None]]:
         """By round kind (greedy: True): each stage's LM head and its row -> token id map (None:
         every token). Under draft_vocab a greedy round's heads keep only the rows of the N tokens
         the target picks most (its 8192-row heads were most of a CPU drafting step, as the other
@@ -93,7 +92,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
         if options.vocab_order:
             order = read_token_order(options.vocab_order, self.vocab_size, self.name)
         else:
-            order = read_config(Path(options.path).expanduser(), self.name).get("tokens_by_frequency")
+            order = saved_order  # the target's order, recorded when draftsman trained it
             if order is None:
                 raise ValueError(f"mlp_speculator: draft_vocab needs the target's token order, and the config.json "
                                  f"in '{options.path}' has none (a released speculator's has not): set vocab_order "
@@ -153,17 +152,14 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
             return dynamic_tree(None, self._grow, logits, state, depth, o.top_k, o.total_tokens, ready,
                                 self.token_ids, repeats=repeats, min_confidence=o.min_confidence, eos_ban=eos_ban,
                                 bans=bans)
+
+        def grow(token, d):
+            nonlocal state
+            state, logits = self._grow(state, token, d, None)
+            return logits
+
         rules = ChainRules(repeats, eos_ban, bans, len(contexts))
-        tokens, probs = [], []
-        for d in range(1, depth + 1):
-            p, index = draw_step(rules.apply(logits, d), sampling, self.generator)
-            token = self.token_ids(index)
-            rules.drafted(index, token)
-            tokens.append(token)
-            probs.append(p)
-            if d < depth:
-                state, logits = self._grow(state, token, d, None)
-        chain = torch.stack(tokens, 1)
+        chain, probs = rules.draw_chain(logits, depth, grow, sampling, self.generator, self.token_ids)
         return chain_trees(chain, [depth] * len(contexts), sampling, lambda: self._full_q(torch.stack(probs, 1)),
                            ready)
 

@@ -144,9 +144,10 @@ def read_config(folder: Path, drafter: str) -> dict:
     return config
 
 
-def load_mlp_speculator(folder: str | Path, target: nn.Module, drafter: str = "mlp_speculator") -> MLPSpeculator:
+def load_mlp_speculator(folder: str | Path, target: nn.Module,
+                        drafter: str = "mlp_speculator") -> tuple[MLPSpeculator, dict]:
     """The speculator in `folder` (config.json + model.safetensors or pytorch_model.bin), checked
-    against the target it drafts for, in the target's dtype and on its device."""
+    against the target it drafts for, in the target's dtype and on its device; and its config.json."""
     folder = Path(folder).expanduser()
     config = read_config(folder, drafter)
     hidden, vocab = target.config.get_text_config().hidden_size, target.get_output_embeddings().weight.shape[0]
@@ -163,7 +164,7 @@ def load_mlp_speculator(folder: str | Path, target: nn.Module, drafter: str = "m
     model = MLPSpeculator(config)
     model.load_state_dict(_weights(folder, model, drafter))
     weight = target.get_output_embeddings().weight
-    return model.to(device=weight.device, dtype=weight.dtype).eval()
+    return model.to(device=weight.device, dtype=weight.dtype).eval(), config
 
 
 def _weights(folder: Path, model: MLPSpeculator, drafter: str) -> dict[str, torch.Tensor]:

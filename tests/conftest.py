@@ -42,15 +42,18 @@ def tiny_models(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def fresh_heads(tiny_models, tmp_path_factory):
     """Freshly initialised heads for the tiny Llama target, one folder each: eagle, mtp, eagle3,
-    medusa (for tests of drafting mechanics, which need no trained heads)."""
+    medusa, mlp_speculator (for tests of drafting mechanics, which need no trained heads)."""
     from draftsman.heads.feature_head import FeatureHead
     from draftsman.heads.medusa import MedusaHeads
+    from draftsman.heads.mlp_speculator import MLPSpeculator
 
     out = tmp_path_factory.mktemp("fresh-heads")
     target = load_for_reference(tiny_models["llama"][0])
     for kind in ("eagle", "mtp", "eagle3"):
         FeatureHead.for_target(target, kind).save(out / kind, target, dtype=torch.float32)
     MedusaHeads.for_target(target, num_heads=4).save(out / "medusa", target, dtype=torch.float32)
+    MLPSpeculator.for_target(target, n_predict=3, inner_dim=32, tie_weights=True).save(
+        out / "mlp_speculator", target, dtype=torch.float32)
     return out
 
 

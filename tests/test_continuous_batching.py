@@ -48,6 +48,8 @@ def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
         "eagle": {"name": "eagle", "path": str(fresh_heads / "eagle"), "depth": 3, "top_k": 2, "total_tokens": 6},
         "eagle3": {"name": "eagle", "path": str(fresh_heads / "eagle3"), "depth": 3, "top_k": 2, "total_tokens": 6},
         "mtp": {"name": "mtp", "path": str(fresh_heads / "mtp")},
+        "mlp_speculator": {"name": "mlp_speculator", "path": str(fresh_heads / "mlp_speculator"), "top_k": 2,
+                           "total_tokens": 6},
         "cascade": {"name": "cascade", "drafters": [{"name": "ngram", "k": 3},
                                                    {"name": "draft_model", "path": str(close_draft), "k": 3}]},
         "draft_model_adaptive": {"name": "draft_model", "path": str(close_draft), "k": 4, "adaptive": True},
@@ -105,7 +107,8 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
 
 
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "recycling", "draft_model", "draft_model_tree", "medusa", "eagle",
-                                  "eagle3", "mtp", "cascade", "draft_model_adaptive", "cross_tokenizer"])
+                                  "eagle3", "mtp", "mlp_speculator", "cascade", "draft_model_adaptive",
+                                  "cross_tokenizer"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
 def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
                                                        name, chunk):

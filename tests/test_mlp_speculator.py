@@ -352,35 +352,6 @@ def test_greedy_output_through_adaptive_speculation_and_a_cascade(tiny_models, s
     assert out.token_ids == expected and sum(out.stats.proposed_at_depth) > 0
 
 
-def test_rows_that_join_a_running_batch_draft_from_their_own_states(tiny_models, speculators):
-    """Continuous batching: rows join after the first; each drafts from its own hidden state (the
-    chain fms-extras' speculator gives for its context), and output is the target's own."""
-    folders, expected = speculators
-    dec = _decoder(tiny_models, folders["plain"])
-    rounds = _recording(dec)
-    waves, order = [[1, 2]], [0]
-
-    def joining():
-        if not waves or not rounds:
-            return []
-        wave = waves.pop(0)
-        order.extend(wave)
-        return [(PROMPTS[i], NEW) for i in wave]
-
-    tokens: dict[int, list[int]] = {}
-    for row, chunk in dec.stream_batch([PROMPTS[0]], joining=joining, max_new_tokens=NEW, min_new_tokens=NEW,
-                                       temperature=0.0):
-        tokens.setdefault(order[row], []).extend(chunk.token_ids)
-    assert [tokens[i] for i in range(3)] == expected
-    reference = load_for_reference(tiny_models["llama"][0])
-    joined = [(c, t) for contexts, trees in rounds if len(contexts) == 3 for c, t in zip(contexts, trees)][:6]
-    assert joined
-    for context, tree in joined:
-        if len(context) > 1:
-            best = _fms_suffixes(folders["plain"], _root_state(reference, context), context[-1], [1] * STAGES, 1)[0]
-            assert tree.tokens.tolist() == best[: tree.size], context
-
-
 def test_int8_weights_draft_what_float_weights_mostly_draft_and_stay_exact(tiny_models, speculators):
     """quantize: int8 (CPU): int8 projections and LM heads, each tied weight converted once; the
     chains agree with the float speculator's on most tokens, and output is the target's own."""

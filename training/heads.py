@@ -386,7 +386,7 @@ def load_heads(cfg: dict, folder, target):
     if cfg["kind"] == "medusa":
         return MedusaHeads.load(folder, target)[0]
     if cfg["kind"] == "mlp_speculator":
-        return load_mlp_speculator(folder, target, "train mlp_speculator")
+        return load_mlp_speculator(folder, target, "train mlp_speculator")[0]
     return FeatureHead.load(folder, target, kind=cfg["kind"])[0]
 
 
