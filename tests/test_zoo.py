@@ -91,9 +91,7 @@ def test_bundled_heads_load_and_draft_exactly(zoo_pair, offline, kind):
     base = draftsman.load({"target": {"path": str(zoo_pair[0])}})
     prompt = base.encode([zoo.heldout_files()[0].read_text()[:600]])  # held-out Python source
     plain = base.generate(input_ids=prompt, max_new_tokens=24)
-    # eagle3: its own draft vocabulary; mlp_speculator: its own LM heads, over every token
-    options = {"name": "eagle"} if kind == "eagle3" else {"name": kind} if kind == "mlp_speculator" else \
-        {"name": kind, "draft_vocab": 1024}
+    options = {"name": "eagle"} if kind == "eagle3" else {"name": kind, "draft_vocab": 1024}  # eagle3: its own
     out = base.with_drafter({**options, "path": str(folder)}).generate(input_ids=prompt, max_new_tokens=24)
     assert out.token_ids == plain.token_ids
 
