@@ -434,6 +434,69 @@ def test_head_cache_matches_recomputation(trained, tiny_models, kind, temperatur
         assert out.stats.tau > 1.0  # multi-token rounds happened, so catch-up fed several entries
 
 
+@pytest.mark.parametrize("kind,temperature,options", [
+    ("mtp", 0.0, {"depth": 5}), ("mtp", 1.0, {"depth": 5}),
+    ("eagle", 0.0, {"depth": 5, "top_k": 3, "total_tokens": 30}), ("eagle3", 1.0, {"depth": 4})])
+def test_every_grown_node_matches_recomputing_its_path(trained, tiny_models, kind, temperature, options):
+    """Beyond depth 1 the head runs on its own outputs, uncommitted: a node at depth d must see the
+    committed entries and exactly its d - 1 ancestors (the visibility that draft_chain and
+    dynamic_tree build, call by call). Each grown node's feature and logits equal running the head
+    from scratch over its row's context entries followed by the node's path. A node's parent is
+    found by its input feature, which is its parent's output, not by the masks under test."""
+    target_dir = tiny_models["llama"][0]
+    name = "eagle" if kind == "eagle3" else kind
+    dec = _decoder(target_dir, {"name": name, "path": str(trained[kind][0]), **options}, device="cpu")
+    drafter, target = dec.drafter, load_for_reference(target_dir)
+    calls = []  # per grow call: its input features and tokens, output features and logits
+    grow = drafter.grow
+
+    def recording_grow(features, tokens, depth, visible):
+        out, logits = grow(features, tokens, depth, visible)
+        calls.append((features.clone(), tokens.clone(), out.clone(), logits.clone()))
+        return out, logits
+
+    drafter.grow = recording_grow
+    contexts = [[5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3]]  # ragged: the rows' positions differ
+    layers = drafter.needs.hidden_state_layers
+    with torch.no_grad():
+        entries = [drafter._features({k: states[k][0] for k in layers}) for states in
+                   (target(input_ids=torch.tensor([c[:-1]]), output_hidden_states=True).hidden_states
+                    for c in contexts)]
+    drafter.begin(contexts, SamplingParams(temperature), torch.Generator().manual_seed(0))
+    drafter.observe_prefill([{layers[0]: e} for e in entries] if len(layers) == 1 else
+                            [dict(zip(layers, e.split(e.shape[-1] // len(layers), -1))) for e in entries])
+    drafter.propose(contexts)
+    assert len(calls) == options["depth"] - 1  # every level was grown: depth 5 reaches depth-4 nodes
+    checked_depths = set()
+    for b, context in enumerate(contexts):
+        paths = [[]]  # per node of the previous call: its path of (input feature, token) from depth 1
+        for depth, (features, tokens, out, logits) in enumerate(calls, start=1):
+            level_paths = []
+            for k in range(tokens.shape[1]):
+                parent_outputs = calls[depth - 2][2][b] if depth > 1 else None
+                parents = [j for j in range(len(paths))
+                           if depth == 1 or torch.equal(features[b, k], parent_outputs[j])]
+                assert len(parents) == 1, parents
+                path = paths[parents[0]] + [(features[b, k], int(tokens[b, k]))]
+                with torch.no_grad():
+                    fresh = CachedLM(drafter.head.body)
+                    fresh.reset(1)
+                    block = TreeBlock.chains([context[1:] + [t for _, t in path]], "cpu")
+                    n = len(context) - 1
+                    embeds = torch.cat([drafter.head.fused_inputs(entries[b][None], block.tokens[:, :n]),
+                                        drafter.head.fused_inputs(torch.stack([f for f, _ in path])[None],
+                                                                  block.tokens[:, n:])], dim=1)
+                    scratch_logits, hidden = fresh.forward(block, (-1,), inputs_embeds=embeds,
+                                                           logits_at=torch.tensor([block.tokens.shape[1] - 1]))
+                torch.testing.assert_close(out[b, k], hidden[-1][0, -1], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(logits[b, k], scratch_logits[0, : logits.shape[-1]].float(),
+                                           atol=1e-4, rtol=1e-4)
+                level_paths.append(path)
+                checked_depths.add(depth)
+            paths = level_paths
+    assert checked_depths == set(range(1, options["depth"]))
+
+
 def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     target = tiny_models["llama"][0]
     plain = _decoder(target).generate(input_ids=PROMPTS, max_new_tokens=30)
