@@ -17,6 +17,11 @@ those N are never drafted; the target still emits them. Sampled rounds keep the 
 `draft_vocab_sampling` is set: the order counts greedy picks, and sampled tokens spread beyond
 them (T=1 on the bundled pair: first-draft acceptance 0.59 -> 0.48, speedup 0.92x -> 0.85x).
 
+With `parallel_drafting: true`, a parallel draft model (PARD: AMD's checkpoints, or one adapted
+with `draftsman train pard`) drafts the chain in one pass over the context and k - 1 mask tokens
+instead of k passes (drafters/parallel_draft.py); its masks' keys are forgotten at once, so no
+rollback follows the round.
+
 With `quantize: int8` (or `auto`: int8 on a CPU), every linear layer of the draft model and its LM
 head run with int8 weights (drafters/int8_linear.py), float32 around them; sampled rounds draw from
 what the int8 model computes, so q is still known exactly. It pays most in sampled rounds, which
@@ -39,6 +44,7 @@ from .chain_draws import ChainRules, chain_trees, draw_step
 from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
+from .parallel_draft import check_parallel_options, feed_with_masks, mask_token
 from .registry import register
 from .repeats import DraftContext
 
@@ -62,6 +68,8 @@ class DraftModelDrafter(Drafter):
         # The penalty depends on raw logit values, so this helps a draft whose logits are on the
         # target's scale (the target itself, a distilled copy); the bundled draft model's tau did not rise.
         penalise_drafts: bool = False  # under penalties, penalise the drafts too (drafters/repeats.py)
+        parallel_drafting: bool = False  # PARD: all k drafts from one pass over context + k - 1 masks (vLLM's key)
+        mask_token_id: int | None = None  # parallel_drafting's mask (default: config.json's pard_token / ptd_token_id)
 
         def __post_init__(self):
             if not self.path:
@@ -74,6 +82,7 @@ class DraftModelDrafter(Drafter):
                 raise ValueError(f"draft_model: min_confidence must be in [0, 1], got {self.min_confidence}")
             check_needs_draft_vocab("draft_model", self.draft_vocab, vocab_order=self.vocab_order,
                                     draft_vocab_sampling=self.draft_vocab_sampling)
+            check_parallel_options(self)
 
     def __init__(self, options: "DraftModelDrafter.Options", target):
         self.options = options
@@ -109,6 +118,10 @@ class DraftModelDrafter(Drafter):
         if self.lm.recurrent and options.top_k > 1:
             raise ValueError(f"draft_model: top_k={options.top_k} grows a tree a depth at a time without accepting, "
                              f"which the recurrent layers of '{options.path}' cannot: set drafter.top_k to 1 (a chain)")
+        if options.parallel_drafting and self.lm.recurrent:
+            raise ValueError(f"draft_model: parallel_drafting feeds mask tokens and then forgets them, which the "
+                             f"recurrent layers of '{options.path}' cannot: leave parallel_drafting unset")
+        self.mask_token = mask_token(options, model) if options.parallel_drafting else None
         self._use_head(greedy=True)
         self.context = context_length(model.config)
         if self.k >= self.context:
@@ -166,15 +179,11 @@ class DraftModelDrafter(Drafter):
         starts = self._windows(contexts)
         cached = self.lm.lengths.tolist()
         unseen = [ctx[start + n:] for ctx, start, n in zip(contexts, starts, cached)]
-        # An empty cache (the first round) fed the same prompt in several rows: feed it once.
-        repeated = distinct_rows([tuple(u) for u in unseen]) if self.lm.num_slots == 0 else None
-        if repeated is not None:
-            self.lm.select_rows(repeated[0])
-            unseen = [unseen[row] for row in repeated[0]]
-        logits = self.lm.feed(unseen)  # (B, V)
-        if repeated is not None:
-            self.lm.select_rows(repeated[1])
-            logits = logits[torch.tensor(repeated[1], device=logits.device)]
+        if self.mask_token is not None:  # every draft's logits from this one pass
+            parallel = feed_with_masks(self.lm, unseen, self.mask_token, k)  # (B, k, V)
+            logits = parallel[:, 0]
+        else:
+            logits = self._feed(unseen)
         logits = self.draft_context.biased(self.draft_sampling(), logits[..., : self.vocab_size], self.vocab_map)
         repeats = (self.draft_context.round(self.draft_sampling(), contexts, logits.shape[-1], self.vocab_map)
                    if self.options.penalise_drafts else None)
@@ -186,7 +195,8 @@ class DraftModelDrafter(Drafter):
                                  min_confidence=self.options.min_confidence or 0.0, eos_ban=eos_ban, bans=bans)
             self.lm.rollback(self.lm.lengths.clone())  # drop the grown slots; accepted ones are re-fed next round
             return trees
-        self.round_start = torch.tensor([len(c) - start for c, start in zip(contexts, starts)])  # cache positions
+        if self.mask_token is None:  # the drafts will be fed, and the rejected ones forgotten in observe()
+            self.round_start = torch.tensor([len(c) - start for c, start in zip(contexts, starts)])  # cache positions
         sampling = self.draft_sampling()  # each row's own, when rows differ
         # 2. Draft k tokens one at a time; with min_confidence, a row stops after a token the draft
         # model itself gave less than that probability (its next guesses are rarely accepted), and
@@ -209,7 +219,10 @@ class DraftModelDrafter(Drafter):
                 length = torch.where(unsure, step + 1, length)
                 if bool((length < k).all()):
                     break
-            if step < k - 1:
+            if step < k - 1 and self.mask_token is not None:
+                logits = self.draft_context.biased(self.draft_sampling(), parallel[:, step + 1, : self.vocab_size],
+                                                   self.vocab_map)
+            elif step < k - 1:
                 logits, _ = self.lm.forward(TreeBlock.column(tok))
                 self.lm.accept([[0]] * B)
                 logits = self.draft_context.biased(self.draft_sampling(), logits[:, 0], self.vocab_map)
@@ -218,6 +231,17 @@ class DraftModelDrafter(Drafter):
         # q (B, drafted, V): what each token was drawn from
         return chain_trees(tokens_bk, n, sampling, lambda: full_vocab(torch.stack(probs, 1), self.vocab_map,
                                                                       self.vocab_size))
+
+    def _feed(self, unseen: list[list[int]]) -> torch.Tensor:
+        """Commit each row's unseen tokens; the logits after its last one (B, V). An empty cache (the
+        first round) fed the same prompt in several rows feeds it once."""
+        repeated = distinct_rows([tuple(u) for u in unseen]) if self.lm.num_slots == 0 else None
+        if repeated is None:
+            return self.lm.feed(unseen)
+        self.lm.select_rows(repeated[0])
+        logits = self.lm.feed([unseen[row] for row in repeated[0]])
+        self.lm.select_rows(repeated[1])
+        return logits[torch.tensor(repeated[1], device=logits.device)]
 
     def _windows(self, contexts: list[list[int]]) -> list[int]:
         """Each row's first token in the draft cache (drafters/context_window.py): 0 while the row

@@ -630,7 +630,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
     "audit": ("check that a drafter is lossless on your target: greedy argmax and sampling chi-square; "
               "exit 1 on a failure", _add_audit_args, _run_audit),
     "train": ("train draft heads on a frozen target: draftsman train medusa|eagle|eagle3|mtp|mlp_speculator "
-              "--config FILE", None, _run_train),
+              "--config FILE (pard: adapt a draft model for parallel drafting)", None, _run_train),
     "vocab": ("count the tokens the target picks most, for a draft model's draft_vocab", _add_vocab_args,
               _run_vocab),
     "regenerate": ("write a data_file's assistant replies again with the target itself (self-distilled "

@@ -152,6 +152,24 @@ def test_logits_at_one_position_per_row(tiny_models, arch):
     torch.testing.assert_close(picked, all_logits[torch.arange(3), last], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch,direct", [("llama", True), ("llama", False), ("qwen2", True), ("gpt2", False)])
+def test_logits_at_several_positions_per_row(tiny_models, arch, direct):
+    """A parallel draft model reads its last k positions per row: (B, k) indices give (B, k, V),
+    the rows' own positions (ragged prompts), through the direct forward and Hugging Face's."""
+    model = load_for_reference(tiny_models[arch][0])
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3], [3, 4, 5, 6]]
+    full = CachedLM(model)
+    full.reset(3)
+    all_logits, _ = full.forward(TreeBlock.chains(prompts, "cpu"))
+    some = CachedLM(model, direct=direct)
+    assert (some.direct is not None) == direct
+    some.reset(3)
+    at = torch.tensor([[len(p) - 3 + j for j in range(3)] for p in prompts])
+    picked, _ = some.forward(TreeBlock.chains(prompts, "cpu"), logits_at=at)
+    assert picked.shape == (3, 3, all_logits.shape[-1])
+    torch.testing.assert_close(picked, all_logits[torch.arange(3)[:, None], at], atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_the_cache_goes_by_the_name_the_installed_model_takes(tiny_models, arch):
     """transformers 5.x renamed `past_key_values` to `cache`; an older release silently ignores

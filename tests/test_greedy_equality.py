@@ -60,6 +60,11 @@ def drafter_configs(arch, tiny_models, close_drafts):
         "draft_model_int8": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 5, "quantize": "int8"},
         "draft_model_int8_tree": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4, "top_k": 3,
                                   "total_tokens": 8, "quantize": "int8"},
+        # One pass over the context and 3 masks (an untrained mask: depth 1 is what gets accepted),
+        # the masks' keys dropped, the emitted tokens fed next round; GPT-2 reads them through
+        # Hugging Face's forward.
+        "draft_model_parallel": {"name": "draft_model", "path": str(close_drafts[arch]), "k": 4,
+                                 "parallel_drafting": True, "mask_token_id": 5},
     }
 
 
@@ -78,6 +83,7 @@ def test_greedy_equals_target_generate(arch, tiny_models, close_drafts, referenc
     # The close drafter must actually exercise multi-token acceptance, or this test proves little.
     assert taus["draft_model_close"] > 2.0 and taus["draft_model_tree"] > 2.0, taus
     assert taus["draft_model_int8"] > 2.0, taus  # int8 drafts still mostly agree with the target
+    assert taus["draft_model_parallel"] > 1.5, taus
     assert taus["none"] == 1.0
     assert taus["suffix"] > 4.0, taus  # the batched run drafted from the cache
     assert taus["recycling"] > 1.05, taus  # drafts from the matrix were accepted (random tiny models: few)

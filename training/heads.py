@@ -1,5 +1,5 @@
 """Train draft heads on a frozen target: `draftsman train medusa|eagle|eagle3|mtp|mlp_speculator --config
-training/configs/<kind>.yaml`.
+training/configs/<kind>.yaml` (`draftsman train pard` adapts a draft model instead: training/pard.py).
 
 The target never trains and is never saved again; its hidden states are computed on the fly for
 each batch (no cached features). Labels are either the corpus's next tokens or, by default, the
@@ -503,8 +503,14 @@ def train(config) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="draftsman train", description="Train draft heads on a frozen target.")
-    ap.add_argument("kind", choices=list(KINDS))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pard"]:  # a draft model adapted for parallel drafting: no target, its own trainer
+        from .pard import main as train_pard
+
+        return train_pard(argv[1:])
+    ap = argparse.ArgumentParser(prog="draftsman train", description="Train draft heads on a frozen target "
+                                 "(or, with kind pard, adapt a draft model for parallel drafting).")
+    ap.add_argument("kind", choices=list(KINDS) + ["pard"])
     ap.add_argument("--config", required=True, help="YAML file (see training/configs/<kind>.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, value parsed as YAML (repeatable)")

@@ -175,6 +175,7 @@ class CachedLM:
 
         logits_at (B,) block index per row: return only those logits, (B, V). A prefill needs one
         row of logits, not T: the LM head over a long prompt costs more than the step itself.
+        (B, m) indices: m positions per row, (B, m, V) (a parallel draft model's last k).
         keep_all: each row will keep all of its block's tokens or none (a prefill); recurrent
         layers then need not record the states in between.
 
@@ -221,8 +222,9 @@ class CachedLM:
             self._add_pending(block, position_ids)
             return logits, {-1: last} if hidden_layers else {}
         inputs = {"input_ids": block.tokens} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on one position per row only
-            inputs["logits_to_keep"] = logits_at[:, None]
+        several = logits_at is not None and logits_at.dim() == 2
+        if logits_at is not None and PER_ROW_LOGITS_TO_KEEP:  # the LM head runs on those positions only
+            inputs["logits_to_keep"] = logits_at if several else logits_at[:, None]
         inputs[self.cache_kwarg] = self.cache
         with self._temperature.at(position_ids) if self._temperature else contextlib.nullcontext():
             out = self.model(**inputs, attention_mask=mask, position_ids=position_ids,
@@ -232,12 +234,14 @@ class CachedLM:
         if logits_at is None:
             return out.logits, hidden
         if PER_ROW_LOGITS_TO_KEEP:
-            if out.logits.shape[:2] != (B, 1):  # the feature test in hf_compat guessed wrong
-                raise RuntimeError(f"logits_to_keep with one position per row gave logits of shape "
-                                   f"{tuple(out.logits.shape)}, not ({B}, 1, V): this transformers release "
+            m = logits_at.shape[1] if several else 1
+            if out.logits.shape[:2] != (B, m):  # the feature test in hf_compat guessed wrong
+                raise RuntimeError(f"logits_to_keep with {m} position(s) per row gave logits of shape "
+                                   f"{tuple(out.logits.shape)}, not ({B}, {m}, V): this transformers release "
                                    "needs verifier/hf_compat.PER_ROW_LOGITS_TO_KEEP = False")
-            return out.logits[:, 0], hidden
-        return out.logits[torch.arange(B, device=self.device), logits_at], hidden
+            return (out.logits if several else out.logits[:, 0]), hidden
+        rows = torch.arange(B, device=self.device)
+        return out.logits[rows[:, None] if several else rows, logits_at], hidden
 
     def _forward_branches(self, block: TreeBlock, hidden_layers: tuple[int, ...]):
         """A tree block on a model with recurrent layers: each row's cache copied once per branch,

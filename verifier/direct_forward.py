@@ -49,8 +49,8 @@ class DirectForward:
     def __call__(self, cache, mask: torch.Tensor, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None,
                  logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """mask: the (B, 1, T, S + T) additive 4D mask (never None: no causal shortcut here).
-        Returns logits (B, T, V), or (B, V) at logits_at, and the last hidden state (B, T, d) after
-        the final norm, as Hugging Face's hidden_states[-1]."""
+        Returns logits (B, T, V), or (B, V) at logits_at ((B, m, V) at (B, m) indices), and the last
+        hidden state (B, T, d) after the final norm, as Hugging Face's hidden_states[-1]."""
         base = self.base
         h = base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         position_embeddings = base.rotary_emb(h, position_ids)
@@ -59,5 +59,6 @@ class DirectForward:
             h = layer(h, attention_mask=mask, position_ids=position_ids, use_cache=True,
                       position_embeddings=position_embeddings, **cache)
         h = base.norm(h)
-        read = h if logits_at is None else h[torch.arange(h.shape[0], device=h.device), logits_at]
+        rows = torch.arange(h.shape[0], device=h.device)
+        read = h if logits_at is None else h[rows[:, None] if logits_at.dim() == 2 else rows, logits_at]
         return self.model.lm_head(read), h

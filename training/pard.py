@@ -1,0 +1,227 @@
+"""Adapt a draft model for parallel drafting (PARD): `draftsman train pard --config
+training/configs/pard.yaml`.
+
+A parallel draft model reads k - 1 mask tokens after the context and predicts the k next tokens
+in one pass (drafters/parallel_draft.py). Training keeps its causal-LM loss (depth 1) and teaches
+the masks in the same forward: the window of L tokens is followed by k - 1 groups of L mask
+tokens, group g - 1 holding, at position p, the g-th draft of a context that ends at p - g + 1.
+Each such element sees that context's tokens and the masks of its own chain (groups 1..g - 1 at
+the positions before it), through a 4D mask and explicit position ids, and learns the text's
+token after p. So one pass over k * L tokens trains every depth at every position, and an element
+computes exactly what the drafter computes for that context (tests/test_parallel_draft.py).
+
+No target is read: PARD is target-independent. For labels that follow a target, train on text it
+wrote (`draftsman regenerate`, then data_file). The mask token is a new embedding row past the
+tokenizer's ids (config.json `pard_token`, where vLLM and AMD's PARD checkpoints keep it), so it
+is never a drafted token. Checkpoints are replaced atomically and a rerun resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from .heads import masked_cross_entropy, training_streams
+from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
+
+DEFAULTS = {
+    "draft": None,  # local HF folder of the causal draft model to adapt (required)
+    "out": None,  # folder for the parallel draft model (required)
+    "k": 4,  # tokens drafted per pass: the context's next token and one per mask (k - 1 masks)
+    "work_dir": "zoo/.work",  # token caches and the resumable checkpoint
+    "seed": 0,
+    "threads": 2,  # torch.set_num_threads on CPU
+    "corpus_root": None,  # None = the stdlib of this interpreter, train split only
+    "data_file": None,  # instead of corpus_root: JSONL of texts or conversations (e.g. `draftsman regenerate`'s)
+    "seq_len": 128,  # L: each step reads k * L positions
+    "batch_size": 8,
+    "lr": 5e-4,
+    "warmup_steps": 20,
+    "max_steps": 1000,
+    "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
+    "checkpoint_minutes": 3.0,
+    "eval_tokens": 16384,  # held-out tokens for the final per-depth accuracy
+}
+
+
+def load_config(raw) -> dict:
+    if not isinstance(raw, dict):
+        raw = yaml.safe_load(Path(raw).read_text()) or {}
+    raw = {key: value for key, value in raw.items() if key != "kind"}
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in the pard training config; valid keys: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **raw}
+    for key in ("draft", "out"):
+        if not cfg[key]:
+            raise ValueError(f"pard training config: '{key}' is required")
+    if not Path(cfg["draft"], "config.json").is_file():
+        raise FileNotFoundError(f"pard training config: no config.json in draft '{cfg['draft']}': point draft at the "
+                                "local Hugging Face folder of a causal LM that shares the target's tokenizer")
+    if not isinstance(cfg["k"], int) or cfg["k"] < 2:
+        raise ValueError(f"pard training config: k must be an integer >= 2 (k - 1 masks), got {cfg['k']!r}")
+    if cfg["data_file"] and cfg["corpus_root"]:
+        raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
+                         "source files), not both")
+    return cfg
+
+
+def add_mask_token(model: torch.nn.Module) -> int:
+    """The model's mask token: config.pard_token if it has one, else a new embedding row (the
+    mean of the others) past every id, named there."""
+    if getattr(model.config, "pard_token", None) is not None:
+        return int(model.config.pard_token)
+    rows = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(rows + 1, mean_resizing=True)
+    model.config.pard_token = rows
+    return rows
+
+
+@functools.lru_cache(maxsize=4)
+def parallel_layout(L: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a window of L tokens and k - 1 mask groups: position ids (k * L,), which element each
+    element sees (k * L, k * L) bool, and which elements have a context at all (k * L,): the
+    element of group g - 1 at position p drafts from the context ending at p - g + 1 >= 0."""
+    p = torch.arange(L)
+    depth = torch.arange(k).repeat_interleave(L) + 1  # 1 for the text itself, g for group g - 1
+    position = p.repeat(k)
+    end = position - depth + 1  # the last context token of each element's chain
+    q_depth, k_depth = depth[:, None], depth[None, :]
+    q_end, k_end, k_pos = end[:, None], end[None, :], position[None, :]
+    text_key = (k_depth == 1) & (k_pos <= q_end)  # the context
+    own_chain = (k_depth > 1) & (k_end == q_end) & (k_depth <= q_depth)  # the masks before it, and itself
+    valid = end >= 0
+    seen = (text_key | own_chain) & valid[:, None]
+    seen |= torch.eye(k * L, dtype=torch.bool)  # an element without a context sees itself (no empty softmax row)
+    return position, seen, valid
+
+
+def parallel_logits(model, x: torch.Tensor, mask_token: int, k: int) -> torch.Tensor:
+    """(B, L) windows -> logits (k, B, L, V): [d, :, p] predicts the token after p from the context
+    ending at p - d (depth d + 1), through d masks."""
+    B, L = x.shape
+    position, seen, _ = parallel_layout(L, k)
+    inputs = torch.cat([x, torch.full((B, (k - 1) * L), mask_token, dtype=x.dtype, device=x.device)], dim=1)
+    dtype = next(model.parameters()).dtype
+    additive = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+    out = model(input_ids=inputs, position_ids=position.to(x.device)[None].expand(B, -1),
+                attention_mask=additive.to(x.device)[None, None].expand(B, 1, -1, -1))
+    return out.logits.view(B, k, L, -1).transpose(0, 1)
+
+
+def depth_losses(logits: torch.Tensor, x: torch.Tensor, vocab: int) -> tuple[torch.Tensor, list[float]]:
+    """Mean over depths of each depth's cross-entropy against the text's next tokens (positions
+    with a context and a next token), and each depth's top-1 accuracy. The mask row is no label."""
+    k, B, L, _ = logits.shape
+    _, _, valid = parallel_layout(L, k)
+    next_token = torch.cat([x[:, 1:], torch.full_like(x[:, :1], -100)], dim=1)  # (B, L)
+    total, accuracy = 0.0, []
+    for d in range(k):
+        labels = torch.where(valid.view(k, L)[d].to(x.device)[None], next_token, -100)
+        total = total + masked_cross_entropy(logits[d, ..., :vocab], labels) / k
+        counted = labels != -100
+        hits = (logits[d, ..., :vocab].argmax(-1) == labels) & counted
+        accuracy.append(hits.sum().item() / max(1, counted.sum().item()))
+    return total, accuracy
+
+
+@torch.no_grad()
+def evaluate(model, windows: torch.Tensor, mask_token: int, k: int, vocab: int, batch: int = 8) -> list[float]:
+    """Held-out top-1 accuracy of each depth (1 = the causal LM's own next token)."""
+    hits, counts = torch.zeros(k), torch.zeros(k)
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch]
+        _, accuracy = depth_losses(parallel_logits(model, x, mask_token, k), x, vocab)
+        n = len(x)
+        hits += torch.tensor(accuracy) * n
+        counts += n
+    return (hits / counts.clamp_min(1)).tolist()
+
+
+def train(config) -> dict:
+    """Adapt cfg['draft'] into a parallel draft model in cfg['out']; return its metrics."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(config)
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(cfg["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(cfg["draft"])
+    vocab = len(tokenizer)
+    streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
+    train_stream, held_stream, _ = training_streams(streams_cfg, tokenizer)
+    model = load_fp32(cfg["draft"]).train()
+    mask_token = add_mask_token(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    state = {"step": 0, "elapsed": 0.0, "curve": []}
+    ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if saved["config"] == cfg:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+            state = saved["state"]
+            print(f"[pard] resumed from step {state['step']}")
+    t_start, last_ckpt = time.time() - state["elapsed"], time.time()
+    pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc="pard",
+                mininterval=1 if sys.stderr.isatty() else 30)
+    while state["step"] < cfg["max_steps"]:
+        if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
+            break
+        step = state["step"]
+        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"], cfg["seq_len"])
+        for group in opt.param_groups:
+            group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
+        loss, accuracy = depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["elapsed"] = time.time() - t_start
+        if state["step"] % 10 == 0:
+            state["curve"].append([state["step"], round(loss.item(), 4), [round(a, 3) for a in accuracy]])
+        pbar.update(1)
+        pbar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in accuracy), refresh=False)
+        if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
+            atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "state": state}, ckpt)
+            last_ckpt = time.time()
+    pbar.close()
+    model.eval()
+    heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]), mask_token,
+                       cfg["k"], vocab)
+    save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
+    metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
+               "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"],
+               "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,
+               "curve": state["curve"], "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
+    (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    ckpt.unlink(missing_ok=True)
+    return metrics
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="draftsman train pard",
+                                 description="Adapt a draft model for parallel drafting (PARD).")
+    ap.add_argument("--config", required=True, help="YAML file (see training/configs/pard.yaml)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, value parsed as YAML (repeatable)")
+    args = ap.parse_args(argv)
+    raw = yaml.safe_load(Path(args.config).read_text()) or {}
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        raw[key] = yaml.safe_load(value)
+    metrics = train(raw)
+    print(json.dumps({k: metrics[k] for k in ("steps", "tokens_seen", "train_minutes",
+                                              "heldout_accuracy_by_depth")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
