@@ -36,8 +36,9 @@ def draft_path() -> Path:
 
 
 def heads_path(folder: str) -> Path | None:
-    """A bundled heads folder (python-medusa, python-eagle, python-eagle3, python-mtp, python-mlp-speculator) if it
-    exists, else None: heads are optional extras of the demo pair (`zoo/train_heads.sh` trains them)."""
+    """A bundled heads folder (python-medusa, python-eagle, python-eagle3, python-mtp, python-mlp-speculator) or the
+    parallel draft model (python-pard) if it exists, else None: optional extras of the demo pair
+    (`zoo/train_heads.sh` trains them)."""
     p = zoo_dir() / folder
     return p if (p / "config.json").is_file() and (p / "model.safetensors").is_file() else None
 

@@ -96,6 +96,29 @@ def test_bundled_heads_load_and_draft_exactly(zoo_pair, offline, kind):
     assert out.token_ids == plain.token_ids
 
 
+def test_bundled_parallel_draft_model_drafts_exactly_in_one_pass(zoo_pair, offline):
+    """zoo/python-pard (`draftsman train pard` from the bundled draft model): its mask token in
+    config.json, the target's token order beside it, metrics per depth; drafting as the demo
+    configs run it (4 per pass, 1024-row head), its greedy output equals plain decoding."""
+    import draftsman
+    from draftsman import zoo
+
+    folder = zoo.heads_path("python-pard")
+    if folder is None:
+        pytest.skip("zoo/python-pard not trained yet (training/configs/pard.yaml)")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["pard_token"] == config["vocab_size"] - 1 == 8192  # a row past the tokenizer's ids
+    assert len(json.loads((folder / "metrics.json").read_text())["heldout_accuracy_by_depth"]) == 4
+    assert (folder / "tokens_by_frequency.json").is_file()
+    base = draftsman.load({"target": {"path": str(zoo_pair[0])}})
+    prompt = base.encode([zoo.heldout_files()[0].read_text()[:600]])
+    plain = base.generate(input_ids=prompt, max_new_tokens=24)
+    dec = base.with_drafter({"name": "draft_model", "path": str(folder), "k": 4, "parallel_drafting": True,
+                             "draft_vocab": 1024})
+    out = dec.generate(input_ids=prompt, max_new_tokens=24)
+    assert out.token_ids == plain.token_ids and out.stats.tau > 1.2
+
+
 def test_zoo_tokenizer_roundtrips_heldout_files(zoo_models):
     from draftsman import zoo
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -197,6 +198,9 @@ def train(config) -> dict:
     heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]), mask_token,
                        cfg["k"], vocab)
     save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
+    order = Path(cfg["draft"], "tokens_by_frequency.json")  # the target's picks (draft_vocab): still this model's
+    if order.is_file():
+        shutil.copyfile(order, Path(cfg["out"], order.name))
     metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
                "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"],
                "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Train every bundled head for zoo/python-target, one after another (2-core CPU: about 3h25).
+# Train every bundled head for zoo/python-target, one after another, then the parallel draft model
+# (2-core CPU: about 4h10).
 # Logs: zoo/.work/<kind>.log. Each run resumes from its atomic checkpoint if interrupted.
 set -e
 cd "$(dirname "$0")/.."
@@ -13,3 +14,5 @@ python -m draftsman train mlp_speculator --config training/configs/mlp_speculato
 # Corpus labels instead of self-distillation, same steps: the comparison in docs/training-heads.md.
 python -m draftsman train mtp --config training/configs/mtp.yaml --set labels=corpus \
     --set out=zoo/.work/python-mtp-corpus > zoo/.work/mtp-corpus.log 2>&1
+# The parallel draft model (PARD) adapted from python-draft: not a head (no target read), 45 min.
+python -m draftsman train pard --config training/configs/pard.yaml > zoo/.work/pard.log 2>&1
