@@ -108,7 +108,8 @@ def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
     ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\] for drafter 'ngram'; valid options: "
                                  r"\['adaptive', 'branches', 'k', 'max_ngram', 'min_ngram'\]"),
     ({"name": "none", "k": 3}, r"unknown option\(s\) \['k'\] for drafter 'none'; valid options: \['adaptive'\]"),
-    ({"name": "draft_model", "path": "x", "depth": 3}, r"\['depth'\] for drafter 'draft_model'.*'k', 'min_confidence', 'path'"),
+    ({"name": "draft_model", "path": "x", "depth": 3},
+     r"\['depth'\] for drafter 'draft_model'.*'k', 'mask_token_id', 'min_confidence', 'parallel_drafting', 'path'"),
     ({"name": "draft_model"}, "set drafter.path"),
     ({"name": "draft_model", "path": "x", "quantize": "int4"}, r"draft_model: quantize must be one of \['int8', 'auto'\]"),
     ({"name": "draft_model", "path": "x", "quantize": "int8", "dtype": "bfloat16"}, "int8 products in float32"),

@@ -157,8 +157,10 @@ def train(config) -> dict:
     vocab = len(tokenizer)
     streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
     train_stream, held_stream, _ = training_streams(streams_cfg, tokenizer)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_fp32(cfg["draft"]).train()
     mask_token = add_mask_token(model)
+    model.to(device)  # before the optimizer: a resumed state is loaded onto its parameters' device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
     state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
@@ -176,7 +178,7 @@ def train(config) -> dict:
         if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
             break
         step = state["step"]
-        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"], cfg["seq_len"])
+        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"], cfg["seq_len"]).to(device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
         loss, accuracy = depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
@@ -195,8 +197,8 @@ def train(config) -> dict:
             last_ckpt = time.time()
     pbar.close()
     model.eval()
-    heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]), mask_token,
-                       cfg["k"], vocab)
+    heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device),
+                       mask_token, cfg["k"], vocab)
     save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
     order = Path(cfg["draft"], "tokens_by_frequency.json")  # the target's picks (draft_vocab): still this model's
     if order.is_file():
