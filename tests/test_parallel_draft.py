@@ -117,6 +117,37 @@ def test_training_lowers_the_loss_and_writes_a_folder_the_drafter_loads(tiny_mod
             plain.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids)
 
 
+def test_a_killed_training_run_resumes_to_the_same_model(tiny_models, tiny_corpus, tmp_path, monkeypatch):
+    """Checkpoints every step (checkpoint_minutes 0); a run killed after step 7 and started again
+    with the same config ends with the weights of a run never stopped (windows are drawn by step)."""
+    import draftsman.training.pard as pard
+    from safetensors.torch import load_file
+
+    def config(out):
+        return {"draft": str(tiny_models["llama"][1]), "out": str(tmp_path / out), "k": 3, "threads": 1,
+                "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
+                "lr": 3e-3, "warmup_steps": 2, "max_steps": 12, "eval_tokens": 128, "checkpoint_minutes": 0}
+
+    whole = train(config("whole"))
+    record = pard.record_step
+
+    def killed_after_7(state, *rest):
+        if state["step"] == 7:
+            raise KeyboardInterrupt
+        record(state, *rest)
+
+    monkeypatch.setattr(pard, "record_step", killed_after_7)
+    with pytest.raises(KeyboardInterrupt):
+        train(config("resumed"))
+    assert (tmp_path / "w" / "ckpt-pard-resumed.pt").is_file()
+    monkeypatch.setattr(pard, "record_step", record)
+    resumed = train(config("resumed"))
+    assert resumed["steps"] == whole["steps"] == 12 and resumed["curve"] == whole["curve"]
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "w" / "ckpt-pard-resumed.pt").exists()  # removed once the run ended
+
+
 @pytest.mark.parametrize("options,message", [
     ({"mask_token_id": 3}, "mask_token_id is parallel_drafting's mask token; set parallel_drafting: true"),
     ({"parallel_drafting": True, "top_k": 2}, "drafts one chain per pass, not a tree .top_k=2.: set drafter.top_k"),

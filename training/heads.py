@@ -390,6 +390,29 @@ def load_heads(cfg: dict, folder, target):
     return FeatureHead.load(folder, target, kind=cfg["kind"])[0]
 
 
+def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt, say) -> dict:
+    """The training state of the checkpoint a run of this very config left (module[key] and the
+    optimizer restored in place, say(step) called), else a fresh one."""
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if saved["config"] == cfg:
+            module.load_state_dict(saved[key])
+            opt.load_state_dict(saved["optimizer"])
+            say(saved["state"]["step"])
+            return saved["state"]
+    return {"step": 0, "elapsed": 0.0, "curve": []}
+
+
+def record_step(state: dict, t_start: float, loss: float, accuracy: list[float], pbar) -> None:
+    """One step done: the step count and clock, the curve every 10 steps, the progress bar."""
+    state["step"] += 1
+    state["elapsed"] = time.time() - t_start
+    if state["step"] % 10 == 0:
+        state["curve"].append([state["step"], round(loss, 4), [round(a, 3) for a in accuracy]])
+    pbar.update(1)
+    pbar.set_postfix(loss=f"{loss:.3f}", acc=" ".join(f"{a:.2f}" for a in accuracy), refresh=False)
+
+
 def learning_rate_factor(cfg: dict, step: int, elapsed_seconds: float) -> float:
     """Multiplier of cfg['lr'] at `step`: linear warmup, then constant or cosine. The cosine's
     progress is the larger of the step and wall-clock fractions, so a run cut by max_minutes still
@@ -444,15 +467,9 @@ def train(config) -> dict:
     else:
         heads = build_heads(cfg, target, frequent["order"])
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if saved["config"] == cfg:
-            heads.load_state_dict(saved["heads"])
-            opt.load_state_dict(saved["optimizer"])
-            state = saved["state"]
-            acc.print(f"[{cfg['kind']}] resumed from step {state['step']}")
+    state = resumed_state(ckpt, cfg, heads, "heads", opt,
+                          lambda step: acc.print(f"[{cfg['kind']}] resumed from step {step}"))
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
     noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1)
@@ -477,12 +494,7 @@ def train(config) -> dict:
         acc.backward(loss)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        state["step"] += 1
-        state["elapsed"] = time.time() - t_start
-        if state["step"] % 10 == 0:
-            state["curve"].append([state["step"], round(loss.item(), 4), [round(a, 3) for a in head_acc]])
-        pbar.update(1)
-        pbar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in head_acc), refresh=False)
+        record_step(state, t_start, loss.item(), head_acc, pbar)
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             if acc.is_main_process:
                 atomic_torch_save({"config": cfg, "heads": raw.state_dict(), "optimizer": opt.state_dict(),

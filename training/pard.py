@@ -29,7 +29,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .heads import masked_cross_entropy, training_streams
+from .heads import masked_cross_entropy, record_step, resumed_state, training_streams
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 
 DEFAULTS = {
@@ -162,15 +162,8 @@ def train(config) -> dict:
     mask_token = add_mask_token(model)
     model.to(device)  # before the optimizer: a resumed state is loaded onto its parameters' device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "curve": []}
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if saved["config"] == cfg:
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-            state = saved["state"]
-            print(f"[pard] resumed from step {state['step']}")
+    state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: print(f"[pard] resumed from step {step}"))
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc="pard",
                 mininterval=1 if sys.stderr.isatty() else 30)
@@ -185,12 +178,7 @@ def train(config) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        state["step"] += 1
-        state["elapsed"] = time.time() - t_start
-        if state["step"] % 10 == 0:
-            state["curve"].append([state["step"], round(loss.item(), 4), [round(a, 3) for a in accuracy]])
-        pbar.update(1)
-        pbar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in accuracy), refresh=False)
+        record_step(state, t_start, loss.item(), accuracy, pbar)
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
                                "state": state}, ckpt)
