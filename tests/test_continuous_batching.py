@@ -53,6 +53,9 @@ def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
         "cascade": {"name": "cascade", "drafters": [{"name": "ngram", "k": 3},
                                                    {"name": "draft_model", "path": str(close_draft), "k": 3}]},
         "draft_model_adaptive": {"name": "draft_model", "path": str(close_draft), "k": 4, "adaptive": True},
+        # Joined rows' caches hold their context only: each round feeds what was emitted, then masks.
+        "draft_model_parallel": {"name": "draft_model", "path": str(close_draft), "k": 4, "parallel_drafting": True,
+                                 "mask_token_id": 5},
         "cross_tokenizer": {"name": "cross_tokenizer", "path": str(shuffled_draft), "k": 4},
     }
 
@@ -108,7 +111,7 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
 
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "recycling", "draft_model", "draft_model_tree", "medusa", "eagle",
                                   "eagle3", "mtp", "mlp_speculator", "cascade", "draft_model_adaptive",
-                                  "cross_tokenizer"])
+                                  "draft_model_parallel", "cross_tokenizer"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
 def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
                                                        name, chunk):
