@@ -41,7 +41,8 @@ from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree
 from .context_window import window_start
 from .chain_draws import ChainRules, chain_trees, draw_step
-from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
+from .draft_vocab import (ShrunkHeadIds, check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear,
+                          top_tokens)
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .parallel_draft import check_parallel_options, feed_with_masks, mask_token
@@ -50,7 +51,7 @@ from .repeats import DraftContext
 
 
 @register
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(ShrunkHeadIds, Drafter):
     name = "draft_model"
 
     @dataclass
@@ -163,10 +164,6 @@ class DraftModelDrafter(Drafter):
         self.lm.add_rows(len(prompts))  # empty: the next propose() feeds each whole prompt
         self.window_starts += [0] * len(prompts)
         self.draft_context.add_rows(prompts)
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices into the draft model's logits -> token ids (they differ under draft_vocab)."""
-        return indices if self.vocab_map is None else self.vocab_map[indices]
 
     def propose(self, contexts):
         B = len(contexts)

@@ -68,6 +68,17 @@ def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:
     return order
 
 
+class ShrunkHeadIds:
+    """Mixed in by drafters whose logits may cover a draft vocabulary only: `vocab_map` (set per
+    round kind; None = every token) maps their logits' indices to token ids."""
+
+    vocab_map: torch.Tensor | None = None
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Indices into this round's logits -> token ids (they differ under draft_vocab)."""
+        return indices if self.vocab_map is None else self.vocab_map[indices]
+
+
 def full_vocab(probs: torch.Tensor, vocab_map: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
     """(..., n) probabilities over a shrunk LM head's rows -> (..., vocab_size), zero elsewhere: the
     q a sampled draft was drawn from, as the verifier reads it."""

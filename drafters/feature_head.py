@@ -22,7 +22,7 @@ from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import ChainRules, chain_trees
-from .draft_vocab import frequent_tokens, full_vocab, shrunk_linear
+from .draft_vocab import ShrunkHeadIds, frequent_tokens, full_vocab, shrunk_linear
 from .first_feed import distinct_rows
 from .dynamic_tree import dynamic_tree, grow_level
 from .eos_ban import EosBan
@@ -31,7 +31,7 @@ from .path_bans import PathBanRound
 from .repeats import DraftContext, DraftRepeats
 
 
-class FeatureHeadDrafter(Drafter):
+class FeatureHeadDrafter(ShrunkHeadIds, Drafter):
     head_kinds: tuple[str, ...] = ()  # the kinds of heads folder this drafter loads
 
     def __init__(self, options, target):
@@ -118,10 +118,6 @@ class FeatureHeadDrafter(Drafter):
     def _use_head(self, greedy: bool) -> None:
         layer, self.vocab_map = self.output_layers[greedy]
         self.head.body.set_output_embeddings(layer)
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices into the head's logits -> token ids (they differ under draft_vocab)."""
-        return indices if self.vocab_map is None else self.vocab_map[indices]
 
     def full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., n) probabilities over the head's logits -> (..., V) over the target's vocabulary."""

@@ -25,7 +25,8 @@ from torch import nn
 from ..heads.mlp_speculator import load_mlp_speculator
 from .base import Drafter, DraftTree, TargetNeeds
 from .chain_draws import ChainRules, chain_trees
-from .draft_vocab import check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear, top_tokens
+from .draft_vocab import (ShrunkHeadIds, check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear,
+                          top_tokens)
 from .dynamic_tree import check_min_confidence, dynamic_tree
 from .int8_linear import Int8Linear, check_quantize, resolve_quantize
 from .last_hidden import LastHiddenRows
@@ -33,7 +34,7 @@ from .registry import register
 
 
 @register
-class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
+class MLPSpeculatorDrafter(LastHiddenRows, ShrunkHeadIds, Drafter):
     name = "mlp_speculator"
     needs = TargetNeeds(hidden_state_layers=(-1,))
 
@@ -118,10 +119,6 @@ class MLPSpeculatorDrafter(LastHiddenRows, Drafter):
 
     def max_depth(self) -> int:
         return self.depth
-
-    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices into this round's logits -> token ids (they differ under draft_vocab)."""
-        return indices if self.vocab_map is None else self.vocab_map[indices]
 
     def extra_parameters(self) -> int:
         return self._parameters

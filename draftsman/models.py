@@ -74,7 +74,8 @@ def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
 
 def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> torch.nn.Module:
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
-    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    folder = check_model_folder(folder, what)  # (training reads targets through here, not load_causal_lm)
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     if model_type == "mlp_speculator":  # no model class in transformers: AutoConfig would not know it
         raise ValueError(f"{what}: '{folder}' holds an MLP speculator (model_type mlp_speculator), which drafts from "
                          "a target's hidden states and is not a causal LM: use drafter: mlp_speculator with path set "

@@ -142,6 +142,16 @@ def test_a_folder_without_config_json_is_not_a_model(tmp_path):
         draftsman.load(config(tmp_path))
 
 
+def test_a_training_run_names_a_missing_target_folder(tmp_path, tiny_corpus):
+    """Heads training reads its target without draftsman.load; the same error names the folder."""
+    from draftsman.training.heads import train
+
+    missing = tmp_path / "no-such-target"
+    with pytest.raises(FileNotFoundError, match=f"target: model folder '{missing}' does not exist"):
+        train({"kind": "medusa", "target": str(missing), "out": str(tmp_path / "out"), "threads": 1,
+               "mixed_precision": "no", "corpus_root": str(tiny_corpus), "work_dir": str(tmp_path / "w")})
+
+
 def test_missing_drafter_folder_is_named(llama, tmp_path):
     missing = tmp_path / "no-such-draft"
     with pytest.raises(FileNotFoundError, match=f"drafter.path: model folder '{missing}' does not exist"):

@@ -233,6 +233,15 @@ def stage_inputs(x: torch.Tensor, stages: int) -> torch.Tensor:
     return torch.stack([padded[:, i + 1: i + 1 + x.shape[1]] for i in range(stages)], dim=-1)
 
 
+def heads_logits(heads, hidden: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Every head's (stage's) logits (H, B, L, V) on the target's states: Medusa heads read those
+    alone, an MLP speculator's stages each the text's token before them too (stage_inputs)."""
+    raw = getattr(heads, "module", heads)  # (wrapped by accelerate on several processes)
+    if isinstance(raw, MLPSpeculator):
+        return heads(hidden, stage_inputs(x, raw.n_predict))
+    return heads(hidden)
+
+
 def learned_positions(in_reply: torch.Tensor | None) -> torch.Tensor | None:
     """(B, L) bool from a reply-mask window: whether position s's label (the token at s + 1) is
     learned. None (no assistant_only_loss): every label is."""
@@ -283,7 +292,7 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
         x = windows[i:i + batch].to(device)
         keep = all_positions(x) if learned is None else learned[i:i + batch].to(device)
         hidden, greedy = target_pass(target, x, autocast)
-        logits = heads(hidden, stage_inputs(x, H)) if isinstance(heads, MLPSpeculator) else heads(hidden)
+        logits = heads_logits(heads, hidden, x)
         L = x.shape[1]
         for h in range(H):
             cand = logits[h, :, : L - h - 1].topk(ranks, dim=-1).indices  # (B, L', ranks)
@@ -336,11 +345,8 @@ def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, l
     labels = labels_for(cfg, x, greedy)
     if learned is not None:
         labels = labels.masked_fill(~learned, -100)
-    if cfg["kind"] == "medusa":
-        return medusa_loss(heads(hidden), labels, cfg["loss_decay"])
-    if cfg["kind"] == "mlp_speculator":  # stage i at position t reads token t + i + 1, predicts t + i + 2
-        stages = getattr(heads, "module", heads).n_predict
-        return medusa_loss(heads(hidden, stage_inputs(x, stages)), labels, cfg["loss_decay"])
+    if cfg["kind"] in ("medusa", "mlp_speculator"):  # head (stage) i at position t predicts t + i + 2
+        return medusa_loss(heads_logits(heads, hidden, x), labels, cfg["loss_decay"])
     from .feature_heads import feature_head_loss
     return feature_head_loss(heads, hidden, x, labels, cfg, generator)
 
