@@ -45,7 +45,7 @@ from .draft_vocab import (ShrunkHeadIds, check_needs_draft_vocab, full_vocab, re
                           top_tokens)
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
-from .parallel_draft import check_parallel_options, feed_with_masks, mask_token
+from .parallel_draft import check_parallel_options, feed_with_masks, mask_token, warn_if_deeper_than_trained
 from .registry import register
 from .repeats import DraftContext
 
@@ -123,6 +123,8 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
             raise ValueError(f"draft_model: parallel_drafting feeds mask tokens and then forgets them, which the "
                              f"recurrent layers of '{options.path}' cannot: leave parallel_drafting unset")
         self.mask_token = mask_token(options, model) if options.parallel_drafting else None
+        if options.parallel_drafting:
+            warn_if_deeper_than_trained(options, model)
         self._use_head(greedy=True)
         self.context = context_length(model.config)
         if self.k >= self.context:

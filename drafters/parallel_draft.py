@@ -12,12 +12,15 @@ proposal for rejection sampling however it ignores the drafts above it (it costs
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..verifier.cached_model import CachedLM
 from ..verifier.tree import TreeBlock
 
 MASK_TOKEN_KEYS = ("pard_token", "ptd_token_id")  # where PARD checkpoints (and vLLM) find the mask
+TRAINED_K_KEY = "pard_k"  # config.json: the k `draftsman train pard` trained (AMD's checkpoints name none)
 
 
 def check_parallel_options(options) -> None:
@@ -44,6 +47,17 @@ def mask_token(options, model: torch.nn.Module) -> int:
     if not 0 <= int(token) < rows:
         raise ValueError(f"draft_model: mask token {token} is outside the {rows}-row embedding of '{options.path}'")
     return int(token)
+
+
+def warn_if_deeper_than_trained(options, model: torch.nn.Module) -> None:
+    """Drafts past the masks a model was trained with are untrained guesses: exact still, but they
+    cost a pass position and are rarely accepted, so say so once, at load."""
+    trained = getattr(model.config, TRAINED_K_KEY, None)
+    if trained is not None and options.k > int(trained):
+        warnings.warn(f"draft_model: k={options.k} drafts {options.k - 1} masks, but '{options.path}' was trained "
+                      f"with k={trained} (config.json {TRAINED_K_KEY}), so its drafts past depth {trained} are "
+                      f"untrained and rarely accepted: set drafter.k to {trained}, or retrain with "
+                      f"`draftsman train pard --set k={options.k}`", stacklevel=3)
 
 
 def feed_with_masks(lm: CachedLM, unseen: list[list[int]], mask: int, k: int) -> torch.Tensor:

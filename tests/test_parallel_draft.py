@@ -109,7 +109,7 @@ def test_training_lowers_the_loss_and_writes_a_folder_the_drafter_loads(tiny_mod
     assert len(accuracy) == 3 and all(0 <= a <= 1 for a in accuracy)
     assert accuracy[1] > 0.1  # the masks learned the tiny corpus's repeats
     config = json.loads((out / "config.json").read_text())
-    assert config["pard_token"] == metrics["pard_token"] == 320
+    assert config["pard_token"] == metrics["pard_token"] == 320 and config["pard_k"] == 3
     target = tiny_models["llama"][0]
     dec = _decoder(target, {"name": "draft_model", "path": str(out), "k": 3, "parallel_drafting": True})
     plain = _decoder(target, {"name": "none"})
@@ -146,6 +146,27 @@ def test_a_killed_training_run_resumes_to_the_same_model(tiny_models, tiny_corpu
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not (tmp_path / "w" / "ckpt-pard-resumed.pt").exists()  # removed once the run ended
+
+
+def test_drafting_deeper_than_the_model_was_trained_warns_at_load(tiny_models, pard_draft, tmp_path):
+    """A folder `train pard` wrote records its k (config.json pard_k); drafting with more masks
+    than that is allowed (still exact) but named. AMD's checkpoints record none: no warning."""
+    import warnings
+
+    folder, _ = pard_draft
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    for f in folder.iterdir():
+        (trained / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (trained / "config.json").write_text(json.dumps({**config, "pard_k": 3}))
+    target = tiny_models["llama"][0]
+    with pytest.warns(UserWarning, match=r"k=5 drafts 4 masks, but .* was trained with k=3 .*set drafter.k to 3"):
+        _decoder(target, {"name": "draft_model", "path": str(trained), "k": 5, "parallel_drafting": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _decoder(target, {"name": "draft_model", "path": str(trained), "k": 3, "parallel_drafting": True})
+        _decoder(target, {"name": "draft_model", "path": str(folder), "k": 5, "parallel_drafting": True})
 
 
 @pytest.mark.parametrize("options,message", [

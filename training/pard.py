@@ -30,6 +30,7 @@ import yaml
 from tqdm import tqdm
 
 from .heads import masked_cross_entropy, record_step, resumed_state, training_streams
+from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 
 DEFAULTS = {
@@ -187,6 +188,7 @@ def train(config) -> dict:
     model.eval()
     heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device),
                        mask_token, cfg["k"], vocab)
+    setattr(model.config, TRAINED_K_KEY, cfg["k"])  # the drafter warns when asked to draft deeper
     save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
     order = Path(cfg["draft"], "tokens_by_frequency.json")  # the target's picks (draft_vocab): still this model's
     if order.is_file():
