@@ -5,4 +5,4 @@ from .base import (DETERMINISTIC, IID, WITHOUT_REPLACEMENT, Drafter, DraftTree, 
 from .registry import TargetInfo, available, build_drafter, register  # noqa: F401
 # registration side effect:
 from . import (none, ngram, retrieval, suffix, recycling, draft_model, cross_tokenizer, cascade, medusa,  # noqa: F401,E402
-               eagle, mtp, native_mtp, gemma4_assistant, mlp_speculator)
+               eagle, mtp, native_mtp, gemma4_assistant, mlp_speculator, layer_skip)

@@ -89,15 +89,7 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
         self.options = options
         self.k = options.k
         quantize = resolve_quantize(self.name, options.quantize, target.device)
-        # int8 products take float32 inputs: the rest of the draft model computes in float32.
-        dtype = "float32" if quantize else options.dtype or str(target.dtype).replace("torch.", "")
-        model = load_causal_lm(options.path, dtype, target.device, what="drafter.path")
-        problem = vocab_mismatch(target.tokenizer, load_tokenizer(options.path), target.vocab_size,
-                                 model.get_output_embeddings().weight.shape[0])
-        if problem:
-            raise ValueError(f"draft model '{options.path}' cannot draft for target '{target.path}': {problem}. "
-                             "A draft model must use the target's tokenizer (same vocabulary and special tokens); "
-                             "one with a tokenizer of its own drafts through text as drafter `cross_tokenizer`.")
+        model = self._load_model(options, target, quantize)
         self.vocab_size = target.vocab_size
         self._parameters = sum(p.numel() for p in model.parameters())  # as loaded: the whole head, tied or not
         # LM heads by round kind: (output layer, row -> token id or None). Under draft_vocab the
@@ -130,6 +122,19 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
         if self.k >= self.context:
             raise ValueError(f"draft_model: k={self.k} leaves no room in the draft model's context of "
                              f"{self.context} positions: set drafter.k below it")
+
+    def _load_model(self, options, target, quantize: str | None) -> torch.nn.Module:
+        """The draft model from options.path, checked against the target's tokenizer."""
+        # int8 products take float32 inputs: the rest of the draft model computes in float32.
+        dtype = "float32" if quantize else options.dtype or str(target.dtype).replace("torch.", "")
+        model = load_causal_lm(options.path, dtype, target.device, what="drafter.path")
+        problem = vocab_mismatch(target.tokenizer, load_tokenizer(options.path), target.vocab_size,
+                                 model.get_output_embeddings().weight.shape[0])
+        if problem:
+            raise ValueError(f"draft model '{options.path}' cannot draft for target '{target.path}': {problem}. "
+                             "A draft model must use the target's tokenizer (same vocabulary and special tokens); "
+                             "one with a tokenizer of its own drafts through text as drafter `cross_tokenizer`.")
+        return model
 
     def _quantize(self, model: torch.nn.Module) -> None:
         """int8 weights for the decoder layers and for each LM head a round may read out through

@@ -115,8 +115,9 @@ def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
     ({"name": "draft_model", "path": "x", "quantize": "int8", "dtype": "bfloat16"}, "int8 products in float32"),
     ({"name": "ngram", "k": 0}, "k and branches must be >= 1"),
     ({"name": "no_such_drafter"}, r"unknown drafter 'no_such_drafter'; available drafters: \['cascade', "
-                                  r"'cross_tokenizer', 'draft_model', 'eagle', 'gemma4_assistant', 'medusa', "
-                                  r"'mlp_speculator', 'mtp', 'native_mtp', 'ngram', 'none', 'recycling', 'retrieval', "
+                                  r"'cross_tokenizer', 'draft_model', 'eagle', 'gemma4_assistant', 'layer_skip', "
+                                  r"'medusa', 'mlp_speculator', 'mtp', 'native_mtp', 'ngram', 'none', 'recycling', "
+                                  r"'retrieval', "
                                   r"'suffix'\]"),
 ])
 def test_bad_drafter_settings_name_the_problem(llama, drafter, message):

@@ -176,8 +176,9 @@ def test_min_new_tokens_fixes_every_contenders_length(tiny_models, tmp_path, cap
         data["eos_token_id"] = eos
         path.write_text(json.dumps(data))
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
-    config = {"target": {"path": str(target)}, "drafters": [{"name": "none"}, {"name": "ngram", "k": 3}],
-              "prompts": "prompts.jsonl", "temperatures": [0]}
+    config = {"target": {"path": str(target)}, "drafters": [{"name": "none"}, {"name": "ngram", "k": 3},
+                                                            {"name": "layer_skip", "exit_layer": 1, "k": 3}],
+              "prompts": "prompts.jsonl", "temperatures": [0], "sweep_drafters": ["ngram"]}
 
     def run(out, *flags):
         (tmp_path / "bench.yaml").write_text(yaml.safe_dump({**config, "out": str(tmp_path / out)}))
@@ -190,7 +191,7 @@ def test_min_new_tokens_fixes_every_contenders_length(tiny_models, tmp_path, cap
     assert "16 new tokens (fixed length: EOS masked until then)" in stdout
     assert fixed["config"]["min_new_tokens"] == 16
     assert all(c["new_tokens"] == 2 * 16 and c["mismatches"] == 0 for c in fixed["cells"])  # 2 prompts a category
-    assert {p["peer"] for p in fixed["peers"]} == {"hf_generate", "hf_prompt_lookup"}
+    assert {p["peer"] for p in fixed["peers"]} == {"hf_generate", "hf_prompt_lookup", "hf_early_exit"}
     assert all(p["same_as_ours"] == p["prompts"] for p in fixed["peers"])
     # --quick: batch sizes 1 and 2, one timed batch each
     assert all(p["new_tokens"] == 16 * p["batch_size"] for p in fixed["batch_sweep"]["points"])

@@ -198,7 +198,7 @@ def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts
     t = tallies[p.label]
     div = _divergences(target, prompts, ids, plain.outputs, t.outputs)
     counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram",
-                        "hf_universal_assisted": "cross_tokenizer"}[p.label]
+                        "hf_universal_assisted": "cross_tokenizer", "hf_early_exit": "layer_skip"}[p.label]
     # Every drafter of ours with the same name (say draft_model fixed and adaptive): the first is
     # `counterpart` (kept for scripts that read it), all of them are in `counterparts`.
     mine_all = [o.label for o in ours if o.name == counterpart_name]

@@ -5,6 +5,7 @@
     hf_prompt_lookup     model.generate(..., prompt_lookup_num_tokens=k)       their n-gram lookup
     hf_universal_assisted  model.generate(..., assistant_model=<draft model>, tokenizer=...,
                          assistant_tokenizer=...)                             theirs with another tokenizer
+    hf_early_exit        model.generate(..., assistant_early_exit=n)          their self-speculation (LayerSkip)
 
 Each runs with transformers' own defaults for everything not set here (assisted: up to
 `num_assistant_tokens` drafts per round, cut short when the assistant's confidence falls below
@@ -70,7 +71,8 @@ def build_peers(decoder, drafters: list[dict], min_new_tokens: int = 0) -> tuple
     """The peers for this target, and notes on any that cannot run. The assistant is the first
     `draft_model` drafter's model; the lookup length is the first `ngram` drafter's k (its
     default if unset or if there is none); a `cross_tokenizer` drafter lends its model and
-    tokenizer to universal assisted generation. Every peer runs with `min_new_tokens`, as ours do."""
+    tokenizer to universal assisted generation; a `layer_skip` drafter's exit_layer is their early
+    exit's. Every peer runs with `min_new_tokens`, as ours do."""
     from ..drafters.ngram import NgramDrafter
 
     model = decoder.target
@@ -97,6 +99,10 @@ def build_peers(decoder, drafters: list[dict], min_new_tokens: int = 0) -> tuple
                  "assistant_tokenizer": load_tokenizer(cross["path"])}
         peers.append(HFPeer("hf_universal_assisted", model, extra, sum(p.numel() for p in assistant.parameters()),
                             pad, min_new_tokens))
+    early = next((d for d in drafters if d["name"] == "layer_skip" and d.get("exit_layer") is not None), None)
+    if early is not None:  # the target drafts with its own first exit_layer layers, as our layer_skip does
+        peers.append(HFPeer("hf_early_exit", model, {"assistant_early_exit": int(early["exit_layer"])},
+                            pad_token_id=pad, min_new_tokens=min_new_tokens))
     default_k = NgramDrafter.Options.k
     k = next((int(d.get("k", default_k)) for d in drafters if d["name"] == "ngram"), default_k)
     peers.append(HFPeer("hf_prompt_lookup", model, {"prompt_lookup_num_tokens": k}, pad_token_id=pad,

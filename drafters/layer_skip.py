@@ -1,0 +1,135 @@
+"""`layer_skip`: self-speculative decoding. The target drafts for itself with part of its own
+decoder layers, then its final norm and LM head: the first `exit_layer` layers (early exit, as
+LayerSkip models are trained for and as transformers' `assistant_early_exit` runs them), or all but
+`skip_layers` (Draft & Verify, SWIFT). No second model and no extra weights: the drafting model is
+a view that shares the target's modules, so it needs no training, no tokenizer check and no memory
+beyond its own KV cache.
+
+It drafts as `draft_model` does (drafters/draft_model.py: a chain of k, or with `top_k > 1` a
+dynamic tree at T=0; `min_confidence`, `draft_vocab`, penalties), from that view. Each draft's q is
+what the view computes, so the shared verifier keeps the target's distribution whatever layers are
+skipped: skipping more costs acceptance, never correctness. A target not trained for early exit
+reads its middle layers poorly through its last norm: on the bundled 6-layer target, the greedy
+token of the first 4 layers agreed with the whole model's on 49% of held-out positions, skipping
+layer 4 alone on 72%. It pays on deep targets, where skipping a third of the layers keeps most of
+the agreement, and on checkpoints trained with an early-exit loss (LayerSkip).
+
+The view keeps the target's config, so its KV cache has a slot list for every layer and each kept
+layer writes to its own index (a skipped layer's stays empty): the layers carry their index in the
+model they came from.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from torch import nn
+
+from .draft_model import DraftModelDrafter
+from .draft_vocab import check_needs_draft_vocab
+from .registry import register
+
+
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
+    """(base model, attribute name) of the ModuleList holding the model's decoder layers: Llama's
+    and Qwen2's `layers`, GPT-2's `h`."""
+    count = model.config.get_text_config().num_hidden_layers
+    base = model.base_model
+    names = [name for name, child in base.named_children() if isinstance(child, nn.ModuleList) and len(child) == count]
+    if len(names) != 1:
+        raise ValueError(f"layer_skip: cannot tell which list of '{model.config.model_type}' holds its {count} decoder "
+                         f"layers (candidates: {names or 'none'}): this model family is not supported")
+    return base, names[0]
+
+
+def shallow_view(module: nn.Module) -> nn.Module:
+    """A copy of `module` that shares its parameters, buffers and children, and whose children can be
+    replaced without touching the original."""
+    view = copy.copy(module)
+    view._modules = dict(module._modules)
+    return view
+
+
+def layer_view(model: nn.Module, keep: list[int]) -> nn.Module:
+    """The causal LM `model` running only the decoder layers `keep` (in order): embeddings, final
+    norm and LM head are the model's own objects, so are the kept layers."""
+    base, name = decoder_layers(model)
+    layers = getattr(base, name)
+    view_base = shallow_view(base)
+    setattr(view_base, name, nn.ModuleList([layers[i] for i in keep]))
+    view = shallow_view(model)
+    setattr(view, model.base_model_prefix, view_base)
+    return view
+
+
+def kept_layers(exit_layer: int | None, skip_layers: list[int] | None, count: int) -> list[int]:
+    """The layers the view runs, checked against the target's `count`."""
+    if exit_layer is not None:
+        if not 1 <= exit_layer < count:
+            raise ValueError(f"layer_skip: exit_layer={exit_layer} must be in 1..{count - 1} (the target has {count} "
+                             f"decoder layers; the drafts run the first exit_layer of them)")
+        return list(range(exit_layer))
+    outside = sorted(i for i in skip_layers if not 0 <= i < count)
+    if outside:
+        raise ValueError(f"layer_skip: skip_layers {outside} are not layers of the target, whose decoder layers are "
+                         f"0..{count - 1}")
+    keep = [i for i in range(count) if i not in set(skip_layers)]
+    if not keep:
+        raise ValueError(f"layer_skip: skip_layers skips all {count} decoder layers: keep one at least")
+    return keep
+
+
+@register
+class LayerSkipDrafter(DraftModelDrafter):
+    name = "layer_skip"
+
+    @dataclass
+    class Options:
+        exit_layer: int | None = None  # draft with the target's first N decoder layers (early exit, LayerSkip)
+        skip_layers: list[int] | None = None  # or: draft with all the target's layers but these (Draft & Verify)
+        k: int = 4  # tokens drafted per round
+        min_confidence: float | None = None  # a chain stops after a token drawn with prob < this (as draft_model)
+        top_k: int = 1  # greedy rounds: > 1 drafts a dynamic tree of depth k instead of a chain
+        total_tokens: int = 10  # nodes kept in that tree
+        draft_vocab: int | None = None  # draft among the N tokens the target picks most (None = all)
+        vocab_order: str | None = None  # where draft_vocab's order is: a JSON file or folder (None = the target's)
+        draft_vocab_sampling: bool = False  # sampled rounds draft among those N tokens too (costs acceptance)
+        penalise_drafts: bool = False  # under penalties, penalise the drafts too (drafters/repeats.py)
+        # draft_model's options that a view of the target fixes (class attributes, not config keys):
+        # the target's own weights and dtype, one token per pass.
+        path = None
+        dtype = None
+        quantize = None
+        parallel_drafting = False
+        mask_token_id = None
+
+        def __post_init__(self):
+            if (self.exit_layer is None) == (self.skip_layers is None):
+                raise ValueError("layer_skip: set exactly one of exit_layer (draft with the target's first N layers) "
+                                 "and skip_layers (draft with all its layers but these)")
+            for key in ("k", "top_k", "total_tokens"):
+                if getattr(self, key) < 1:
+                    raise ValueError(f"layer_skip: {key} must be >= 1, got {getattr(self, key)}")
+            if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
+                raise ValueError(f"layer_skip: min_confidence must be in [0, 1], got {self.min_confidence}")
+            check_needs_draft_vocab("layer_skip", self.draft_vocab, vocab_order=self.vocab_order,
+                                    draft_vocab_sampling=self.draft_vocab_sampling)
+
+    def __init__(self, options: "LayerSkipDrafter.Options", target):
+        if options.draft_vocab is not None and options.vocab_order is None:
+            # draft_vocab's order: the target's own picks, counted in its folder by `draftsman vocab`.
+            options = dataclasses.replace(options, vocab_order=target.path)
+        super().__init__(options, target)
+        if self.lm.recurrent:
+            raise ValueError(f"layer_skip: '{target.path}' has recurrent layers, whose states a view of part of its "
+                             "layers cannot keep apart from the target's: draft with another drafter")
+        # Only draft_vocab's copy of the LM head's rows is the drafter's own; the rest is the target's.
+        self._parameters -= self._shared
+
+    def _load_model(self, options, target, quantize):
+        count = target.model.config.get_text_config().num_hidden_layers
+        self.keep = kept_layers(options.exit_layer, options.skip_layers, count)
+        view = layer_view(target.model, self.keep)
+        self._shared = sum(p.numel() for p in view.parameters())
+        return view
