@@ -9,14 +9,16 @@ It drafts as `draft_model` does (drafters/draft_model.py: a chain of k, or with 
 dynamic tree at T=0; `min_confidence`, `draft_vocab`, penalties), from that view. Each draft's q is
 what the view computes, so the shared verifier keeps the target's distribution whatever layers are
 skipped: skipping more costs acceptance, never correctness. A target not trained for early exit
-reads its middle layers poorly through its last norm: on the bundled 6-layer target, the greedy
-token of the first 4 layers agreed with the whole model's on 49% of held-out positions, skipping
-layer 4 alone on 72%. It pays on deep targets, where skipping a third of the layers keeps most of
-the agreement, and on checkpoints trained with an early-exit loss (LayerSkip).
+reads its middle layers poorly through its last norm, and a drafted token costs most of a target
+pass: on the bundled 6-layer target the first 4 layers drafted with first-token acceptance 0.68,
+all but layer 4 with 0.83 (tau 3.18), and both ran slower than plain decoding (0.60x, 0.72x at
+T=0; docs/benchmarks.md). It is for deep targets, where skipping a third of the layers keeps most
+of the agreement, and for checkpoints trained with an early-exit loss (LayerSkip).
 
-The view keeps the target's config, so its KV cache has a slot list for every layer and each kept
-layer writes to its own index (a skipped layer's stays empty): the layers carry their index in the
-model they came from.
+The view's causal LM keeps the target's config, so its KV cache has a slot list for every layer and
+each kept layer writes to its own index (a skipped layer's stays empty): the layers carry their
+index in the model they came from. Its base model reads a config of the kept layers only (their
+per-layer lists in their order: each layer's mask kind).
 """
 from __future__ import annotations
 
@@ -31,16 +33,17 @@ from .draft_vocab import check_needs_draft_vocab
 from .registry import register
 
 
-def decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
-    """(base model, attribute name) of the ModuleList holding the model's decoder layers: Llama's
-    and Qwen2's `layers`, GPT-2's `h`."""
+def decoder_layers_path(model: nn.Module) -> list[str]:
+    """The attribute path to the ModuleList of the model's decoder layers: Llama's `model.layers`,
+    GPT-2's `transformer.h` (the shortest list as long as the config's layer count)."""
     count = model.config.get_text_config().num_hidden_layers
-    base = model.base_model
-    names = [name for name, child in base.named_children() if isinstance(child, nn.ModuleList) and len(child) == count]
-    if len(names) != 1:
+    paths = [path for path, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+    depth = min((path.count(".") for path in paths), default=None)
+    shortest = [path for path in paths if path.count(".") == depth]
+    if len(shortest) != 1:
         raise ValueError(f"layer_skip: cannot tell which list of '{model.config.model_type}' holds its {count} decoder "
-                         f"layers (candidates: {names or 'none'}): this model family is not supported")
-    return base, names[0]
+                         f"layers (candidates: {shortest or 'none'}): this model family is not supported")
+    return shortest[0].split(".")
 
 
 def shallow_view(module: nn.Module) -> nn.Module:
@@ -51,16 +54,34 @@ def shallow_view(module: nn.Module) -> nn.Module:
     return view
 
 
+def kept_layers_config(config, keep: list[int]):
+    """The config as a model of only the layers `keep` reads it: Gemma's, Qwen2's and Llama 4's
+    forwards pick the i-th layer's mask by config.layer_types[i], so every per-layer list is read
+    in the kept layers' order. (The causal LM's config, which sizes the KV cache, stays the
+    target's: each kept layer writes at its own index.)"""
+    count = config.num_hidden_layers
+    view = copy.copy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, list) and len(value) == count:
+            setattr(view, key, [value[i] for i in keep])
+    view.num_hidden_layers = len(keep)
+    return view
+
+
 def layer_view(model: nn.Module, keep: list[int]) -> nn.Module:
     """The causal LM `model` running only the decoder layers `keep` (in order): embeddings, final
     norm and LM head are the model's own objects, so are the kept layers."""
-    base, name = decoder_layers(model)
-    layers = getattr(base, name)
-    view_base = shallow_view(base)
-    setattr(view_base, name, nn.ModuleList([layers[i] for i in keep]))
-    view = shallow_view(model)
-    setattr(view, model.base_model_prefix, view_base)
-    return view
+    *holders, name = decoder_layers_path(model)
+    originals = [model]
+    for attribute in holders:
+        originals.append(getattr(originals[-1], attribute))
+    views = [shallow_view(m) for m in originals]
+    layers = getattr(originals[-1], name)
+    setattr(views[-1], name, nn.ModuleList([layers[i] for i in keep]))
+    for parent, attribute, child in zip(views, holders, views[1:]):
+        setattr(parent, attribute, child)
+    views[-1].config = kept_layers_config(originals[-1].config, keep)  # the base model, which runs the layers
+    return views[0]
 
 
 def kept_layers(exit_layer: int | None, skip_layers: list[int] | None, count: int) -> list[int]:
@@ -128,7 +149,13 @@ class LayerSkipDrafter(DraftModelDrafter):
         self._parameters -= self._shared
 
     def _load_model(self, options, target, quantize):
-        count = target.model.config.get_text_config().num_hidden_layers
+        config = target.model.config.get_text_config()
+        if getattr(config, "hidden_size_per_layer_input", None) or getattr(config, "num_kv_shared_layers", None):
+            raise ValueError(f"layer_skip: '{target.path}' ({config.model_type}) gives each layer an input embedding "
+                             "of its own and has layers that read earlier layers' keys, which a view of part of its "
+                             "layers cannot keep: draft with another drafter (for Gemma 4, its assistant: "
+                             "gemma4_assistant)")
+        count = config.num_hidden_layers
         self.keep = kept_layers(options.exit_layer, options.skip_layers, count)
         view = layer_view(target.model, self.keep)
         self._shared = sum(p.numel() for p in view.parameters())

@@ -57,6 +57,8 @@ def drafters(tiny_models, close_draft, fresh_heads, shuffled_draft=None):
         "draft_model_parallel": {"name": "draft_model", "path": str(close_draft), "k": 4, "parallel_drafting": True,
                                  "mask_token_id": 5},
         "cross_tokenizer": {"name": "cross_tokenizer", "path": str(shuffled_draft), "k": 4},
+        # The target's first layer as the draft model: a view sharing the target's modules.
+        "layer_skip": {"name": "layer_skip", "exit_layer": 1, "k": 3},
     }
 
 
@@ -111,7 +113,7 @@ def joined_run(decoder, joins=JOINS, starting=STARTING, **settings):
 
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "recycling", "draft_model", "draft_model_tree", "medusa", "eagle",
                                   "eagle3", "mtp", "mlp_speculator", "cascade", "draft_model_adaptive",
-                                  "draft_model_parallel", "cross_tokenizer"])
+                                  "draft_model_parallel", "cross_tokenizer", "layer_skip"])
 @pytest.mark.parametrize("chunk", [None, 2], ids=["whole-prefill", "chunked-prefill"])
 def test_joined_rows_generate_what_they_generate_alone(tiny_models, close_draft, fresh_heads, shuffled_close_draft,
                                                        name, chunk):

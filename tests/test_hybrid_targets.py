@@ -385,3 +385,11 @@ def test_first_chain_keeps_each_first_child_as_drawn():
     assert torch.equal(chain.draft_probs, probs[[0, 2, 4]])
     plain = DraftTree.chain([1, 2, 3])
     assert plain.first_chain() is plain
+
+
+def test_layer_skip_refuses_a_hybrid_target_by_name(hybrid_targets):
+    """A view of part of a hybrid's layers would carry recurrent states beside the target's: refused
+    before any drafting, with the reason."""
+    with pytest.raises(ValueError, match="layer_skip: .* has recurrent layers, whose states a view of part of its"):
+        draftsman.load({"target": {"path": str(hybrid_targets["qwen3_5"][0])},
+                        "drafter": {"name": "layer_skip", "exit_layer": 1}})

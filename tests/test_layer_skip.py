@@ -53,9 +53,13 @@ def model_of_layers(folder, keep: list[int]):
     the target's weights: what drafting from those layers must compute, built without the view."""
     whole = load_for_reference(folder)
     config = AutoConfig.from_pretrained(folder)
+    count = config.num_hidden_layers
+    for key, value in list(vars(config).items()):  # layer_types, Llama 4's no_rope_layers, ...: one per layer
+        if isinstance(value, list) and len(value) == count:
+            setattr(config, key, [value[i] for i in keep])
+    if getattr(config, "moe_layers", None) is not None:  # Llama 4: indices of its mixture-of-experts layers
+        config.moe_layers = [keep.index(i) for i in config.moe_layers if i in keep]
     setattr(config, "n_layer" if config.model_type == "gpt2" else "num_hidden_layers", len(keep))
-    if getattr(config, "layer_types", None):
-        config.layer_types = [config.layer_types[i] for i in keep]
     model = AutoModelForCausalLM.from_config(config).eval()
     prefix = "transformer.h." if config.model_type == "gpt2" else "model.layers."
     weights = {}
@@ -88,10 +92,15 @@ def test_drafts_are_what_a_model_of_the_kept_layers_computes(arch, options, keep
     """Every round, every row of a ragged batch: the greedy chain is what a model built from only
     the kept layers drafts from scratch on the row's context. Keeping other layers, in another
     order, or a cache that kept rejected drafts or lost the emitted tokens, drafts otherwise."""
-    k = 3
-    dec = _decoder(deep_targets[arch], {"name": "layer_skip", "k": k, **options})
-    reference = model_of_layers(deep_targets[arch], keep)
-    propose, checked = dec.drafter.propose, []
+    dec = _decoder(deep_targets[arch], {"name": "layer_skip", "k": 3, **options})
+    checked, out = check_drafts_against(dec, model_of_layers(deep_targets[arch], keep), PROMPTS, 20)
+    assert checked > 4 * 5 and out.stats.tau > 1.5  # many rounds, several tokens accepted per round
+
+
+def check_drafts_against(dec, reference, prompts, new_tokens, **generate):
+    """Generate greedily through dec, asserting that every round's chain of every row is the
+    reference's greedy continuation of that row's context. Returns (rows checked, output)."""
+    propose, checked, k = dec.drafter.propose, [], dec.drafter.k
 
     def checked_propose(contexts):
         trees = propose(contexts)
@@ -99,13 +108,13 @@ def test_drafts_are_what_a_model_of_the_kept_layers_computes(arch, options, keep
             with torch.no_grad():
                 chain = reference.generate(torch.tensor([context]), max_new_tokens=k, min_new_tokens=k,
                                            do_sample=False)[0, len(context):]
-            assert tree.tokens.tolist() == chain.tolist()
+            assert tree.tokens.tolist() == chain.tolist(), context
             checked.append(len(context))
         return trees
 
     dec.drafter.propose = checked_propose
-    out = dec.generate(input_ids=PROMPTS, max_new_tokens=20, temperature=0.0)
-    assert len(checked) > 4 * 5 and out.stats.tau > 1.5  # many rounds, several tokens accepted per round
+    out = dec.generate(input_ids=prompts, max_new_tokens=new_tokens, temperature=0.0, **generate)
+    return len(checked), out
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -347,3 +347,26 @@ def test_models_without_a_text_causal_lm_are_refused_by_name(tiny_tokenizer, tmp
     T5Config(num_layers=1, d_model=32, d_ff=64, num_heads=2, d_kv=16).save_pretrained(tmp_path / "t5")
     with pytest.raises(ValueError, match="holds a 't5' model, which is neither a causal LM nor an image-text model"):
         load_causal_lm(tmp_path / "t5")
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma2", "gemma3", "phi3", "llama4", "qwen3"])
+def test_layer_skip_drafts_what_the_kept_layers_compute(sliding_targets, arch):
+    """The target drafting with layers 0, 2 and 3 of its 4 (`layer_skip`): each kept layer attends
+    with its own kind (sliding, chunked or full), so every round's drafts are what a model of only
+    those layers computes, and the output is the target's own. A view that read the layer kinds
+    by position among the kept layers (as the model's forward indexes them) drafts otherwise."""
+    from test_layer_skip import check_drafts_against, model_of_layers
+
+    folder, expected = sliding_targets[arch]
+    dec = draftsman.load({"target": {"path": str(folder)},
+                          "drafter": {"name": "layer_skip", "skip_layers": [1], "k": 3}})
+    checked, out = check_drafts_against(dec, model_of_layers(folder, [0, 2, 3]), PROMPTS, NEW, min_new_tokens=NEW)
+    assert checked > 10 and out.token_ids == expected
+
+
+def test_layer_skip_refuses_gemma4_by_name(sliding_targets):
+    """Gemma 4 feeds each layer an embedding of its own and its last layers read earlier layers'
+    keys: a view of part of its layers would fail inside the model, so it is refused first."""
+    with pytest.raises(ValueError, match=r"gemma4_text\) gives each layer an input embedding .*gemma4_assistant"):
+        draftsman.load({"target": {"path": str(sliding_targets["gemma4"][0])},
+                        "drafter": {"name": "layer_skip", "exit_layer": 2}})
