@@ -50,6 +50,17 @@ from .registry import register
 from .repeats import DraftContext
 
 
+def check_chain_options(drafter: str, options) -> None:
+    """The options of a chain or tree drafted a token per pass (draft_model, layer_skip)."""
+    for key in ("k", "top_k", "total_tokens"):
+        if getattr(options, key) < 1:
+            raise ValueError(f"{drafter}: {key} must be >= 1, got {getattr(options, key)}")
+    if options.min_confidence is not None and not 0 <= options.min_confidence <= 1:
+        raise ValueError(f"{drafter}: min_confidence must be in [0, 1], got {options.min_confidence}")
+    check_needs_draft_vocab(drafter, options.draft_vocab, vocab_order=options.vocab_order,
+                            draft_vocab_sampling=options.draft_vocab_sampling)
+
+
 @register
 class DraftModelDrafter(ShrunkHeadIds, Drafter):
     name = "draft_model"
@@ -76,13 +87,7 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
             if not self.path:
                 raise ValueError("draft_model: set drafter.path to the draft model's local folder")
             check_quantize("draft_model", self.quantize, self.dtype)
-            for key in ("k", "top_k", "total_tokens"):
-                if getattr(self, key) < 1:
-                    raise ValueError(f"draft_model: {key} must be >= 1, got {getattr(self, key)}")
-            if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
-                raise ValueError(f"draft_model: min_confidence must be in [0, 1], got {self.min_confidence}")
-            check_needs_draft_vocab("draft_model", self.draft_vocab, vocab_order=self.vocab_order,
-                                    draft_vocab_sampling=self.draft_vocab_sampling)
+            check_chain_options("draft_model", self)
             check_parallel_options(self)
 
     def __init__(self, options: "DraftModelDrafter.Options", target):

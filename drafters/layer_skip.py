@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .draft_model import DraftModelDrafter
-from .draft_vocab import check_needs_draft_vocab
+from .draft_model import DraftModelDrafter, check_chain_options
 from .registry import register
 
 
@@ -129,13 +128,7 @@ class LayerSkipDrafter(DraftModelDrafter):
             if (self.exit_layer is None) == (self.skip_layers is None):
                 raise ValueError("layer_skip: set exactly one of exit_layer (draft with the target's first N layers) "
                                  "and skip_layers (draft with all its layers but these)")
-            for key in ("k", "top_k", "total_tokens"):
-                if getattr(self, key) < 1:
-                    raise ValueError(f"layer_skip: {key} must be >= 1, got {getattr(self, key)}")
-            if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:
-                raise ValueError(f"layer_skip: min_confidence must be in [0, 1], got {self.min_confidence}")
-            check_needs_draft_vocab("layer_skip", self.draft_vocab, vocab_order=self.vocab_order,
-                                    draft_vocab_sampling=self.draft_vocab_sampling)
+            check_chain_options("layer_skip", self)
 
     def __init__(self, options: "LayerSkipDrafter.Options", target):
         if options.draft_vocab is not None and options.vocab_order is None:

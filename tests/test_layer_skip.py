@@ -168,6 +168,8 @@ def test_the_target_stays_whole_and_the_drafter_owns_no_weights(deep_targets):
     ({"exit_layer": 0}, r"exit_layer=0 must be in 1..3"),
     ({"skip_layers": [1, 7]}, r"skip_layers \[7\] are not layers of the target, whose decoder layers are 0..3"),
     ({"skip_layers": [0, 1, 2, 3]}, "skips all 4 decoder layers"),
+    ({"exit_layer": 2, "k": 0}, "layer_skip: k must be >= 1, got 0"),
+    ({"exit_layer": 2, "min_confidence": 2}, r"layer_skip: min_confidence must be in \[0, 1\], got 2"),
     ({"exit_layer": 2, "vocab_order": "x"}, "vocab_order only applies with draft_vocab"),
     ({"exit_layer": 2, "path": "x"}, r"unknown option\(s\) \['path'\] for drafter 'layer_skip'; valid options"),
     ({"exit_layer": 2, "quantize": "int8"}, r"unknown option\(s\) \['quantize'\]"),
