@@ -3,7 +3,7 @@ decoder layers, then its final norm and LM head: the first `exit_layer` layers (
 LayerSkip models are trained for and as transformers' `assistant_early_exit` runs them), or all but
 `skip_layers` (Draft & Verify, SWIFT). No second model and no extra weights: the drafting model is
 a view that shares the target's modules, so it needs no training, no tokenizer check and no memory
-beyond its own KV cache.
+beyond its own KV cache (and, under `draft_vocab`, its copy of those LM head rows).
 
 It drafts as `draft_model` does (drafters/draft_model.py: a chain of k, or with `top_k > 1` a
 dynamic tree at T=0; `min_confidence`, `draft_vocab`, penalties), from that view. Each draft's q is
