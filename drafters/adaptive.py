@@ -288,12 +288,17 @@ class AdaptiveDrafter(Drafter):
         bucket = batch_bucket(batch)
         measured = [b for b, fit in self.draft_costs.items() if fit.seen]
         if not measured:
-            return OnlineLinearFit(self.settings.decay, proportional=True)  # nothing measured yet
+            return self._draft_fit()  # nothing measured yet
         return self.draft_costs[min(measured, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))]
 
     def record_draft_cost(self, batch: int, depth: int, seconds: float) -> None:
-        self.draft_costs.setdefault(batch_bucket(batch), OnlineLinearFit(self.settings.decay, proportional=True)).add(
-            depth, seconds)
+        self.draft_costs.setdefault(batch_bucket(batch), self._draft_fit()).add(depth, seconds)
+
+    def _draft_fit(self) -> OnlineLinearFit:
+        """A fit of drafting seconds by depth: through the origin while one depth is measured where
+        each level is a pass, flat where one pass drafts every depth (a parallel draft model, whose
+        depth 1 costs what its depth k does)."""
+        return OnlineLinearFit(self.settings.decay, proportional=self.inner.drafting_cost_grows_with_depth)
 
     def observe_prefill(self, target_hidden):
         self.inner.observe_prefill(target_hidden)

@@ -318,6 +318,11 @@ class Drafter:
         """Deepest tree this drafter may propose (the engine reserves context room for it)."""
         return 0
 
+    # How a round's drafting cost grows with its depth: about d times one level where each level
+    # is a pass (draft models, chained heads), about flat where one pass drafts every depth (a
+    # parallel draft model). Adaptive speculation prices depths it has not measured by it.
+    drafting_cost_grows_with_depth: bool = True
+
     def extra_parameters(self) -> int:
         """Parameters the drafter adds on top of the target (for reports)."""
         return 0

@@ -120,6 +120,7 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
             raise ValueError(f"draft_model: parallel_drafting feeds mask tokens and then forgets them, which the "
                              f"recurrent layers of '{options.path}' cannot: leave parallel_drafting unset")
         self.mask_token = mask_token(options, model) if options.parallel_drafting else None
+        self.drafting_cost_grows_with_depth = self.mask_token is None  # one pass drafts every depth
         if options.parallel_drafting:
             warn_if_deeper_than_trained(options, model)
         self._use_head(greedy=True)

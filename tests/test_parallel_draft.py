@@ -148,6 +148,19 @@ def test_a_killed_training_run_resumes_to_the_same_model(tiny_models, tiny_corpu
     assert not (tmp_path / "w" / "ckpt-pard-resumed.pt").exists()  # removed once the run ended
 
 
+def test_adaptive_speculation_prices_a_parallel_draft_flat_in_depth(tiny_models, pard_draft):
+    """One pass drafts every depth: once a round at depth 4 is measured, adaptive speculation prices
+    depth 1 the same (a sequential draft model's depth 1 at a quarter of it), so it does not bet
+    shallow on a price the parallel model never pays."""
+    target = tiny_models["llama"][0]
+    for parallel, depth_one in ((True, 0.004), (False, 0.001)):
+        dec = _decoder(target, {"name": "draft_model", "path": str(pard_draft[0]), "k": 4, "adaptive": True,
+                                "parallel_drafting": parallel})
+        dec.drafter.record_draft_cost(1, 4, 0.004)
+        assert dec.drafter.draft_cost(1).predict(1) == pytest.approx(depth_one)
+        assert dec.drafter.draft_cost(2).predict(1) == pytest.approx(depth_one)  # a batch borrowing it
+
+
 def test_drafting_deeper_than_the_model_was_trained_warns_at_load(tiny_models, pard_draft, tmp_path):
     """A folder `train pard` wrote records its k (config.json pard_k); drafting with more masks
     than that is allowed (still exact) but named. AMD's checkpoints record none: no warning."""
