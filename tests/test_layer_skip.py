@@ -147,8 +147,8 @@ def test_sampled_output_follows_the_target(deep_targets):
 
 def test_the_target_stays_whole_and_the_drafter_owns_no_weights(deep_targets):
     """The view shares the target's modules and replaces only its own lists: after drafting, the
-    target still runs all its layers through its own LM head, and only draft_vocab's copy of LM
-    head rows counts as the drafter's."""
+    target still runs all its layers through its own LM head, and the drafter counts none of its
+    weights as its own."""
     dec = _decoder(deep_targets["llama"], {"name": "layer_skip", "skip_layers": [1, 2], "k": 3})
     dec.generate(input_ids=PROMPTS, max_new_tokens=8, temperature=0.0)
     whole = load_for_reference(deep_targets["llama"])
@@ -159,6 +159,29 @@ def test_the_target_stays_whole_and_the_drafter_owns_no_weights(deep_targets):
         torch.testing.assert_close(target(input_ids=x).logits, whole(input_ids=x).logits)
     assert dec.drafter.extra_parameters() == 0
     assert all(any(p is q for q in target.parameters()) for p in dec.drafter.lm.model.parameters())
+
+
+def test_draft_vocab_reads_the_targets_order_and_owns_only_its_rows(deep_targets, tmp_path):
+    """draft_vocab's order defaults to the target's folder (`draftsman vocab` writes it there); the
+    copy of those LM head rows is the only weight the drafter owns; output stays the target's."""
+    import json
+    import shutil
+
+    target = shutil.copytree(deep_targets["llama"], tmp_path / "target")
+    (target / "tokens_by_frequency.json").write_text(json.dumps({"tokens_by_frequency": list(range(319, -1, -1))}))
+    dec = _decoder(target, {"name": "layer_skip", "exit_layer": 3, "k": 3, "draft_vocab": 100})
+    assert dec.drafter.extra_parameters() == 100 * 64  # 100 rows of the 64-wide LM head
+    propose, drafted = dec.drafter.propose, set()
+
+    def recording_propose(contexts):
+        trees = propose(contexts)
+        drafted.update(t for tree in trees for t in tree.tokens.tolist())
+        return trees
+
+    dec.drafter.propose = recording_propose
+    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW_TOKENS, temperature=0.0)
+    assert out.token_ids == reference_greedy(target, PROMPTS)
+    assert drafted and all(t >= 220 for t in drafted)  # only the order's first 100 ids are drafted
 
 
 @pytest.mark.parametrize("options,message", [
