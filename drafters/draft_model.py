@@ -96,7 +96,7 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
         quantize = resolve_quantize(self.name, options.quantize, target.device)
         model = self._load_model(options, target, quantize)
         self.vocab_size = target.vocab_size
-        self._parameters = sum(p.numel() for p in model.parameters())  # as loaded: the whole head, tied or not
+        self._parameters = self._own_parameters(model)
         # LM heads by round kind: (output layer, row -> token id or None). Under draft_vocab the
         # greedy one keeps N rows; the whole head stays for sampled rounds.
         whole = (model.get_output_embeddings(), None)
@@ -141,6 +141,10 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
                              "A draft model must use the target's tokenizer (same vocabulary and special tokens); "
                              "one with a tokenizer of its own drafts through text as drafter `cross_tokenizer`.")
         return model
+
+    def _own_parameters(self, model: torch.nn.Module) -> int:
+        """The draft model's parameters as loaded (the whole LM head, tied or not): all its own."""
+        return sum(p.numel() for p in model.parameters())
 
     def _quantize(self, model: torch.nn.Module) -> None:
         """int8 weights for the decoder layers and for each LM head a round may read out through

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..verifier.cached_model import has_recurrent_layers
 from .draft_model import DraftModelDrafter, check_chain_options
 from .registry import register
 
@@ -135,13 +136,14 @@ class LayerSkipDrafter(DraftModelDrafter):
             # draft_vocab's order: the target's own picks, counted in its folder by `draftsman vocab`.
             options = dataclasses.replace(options, vocab_order=target.path)
         super().__init__(options, target)
-        if self.lm.recurrent:
-            raise ValueError(f"layer_skip: '{target.path}' has recurrent layers, whose states a view of part of its "
-                             "layers cannot keep apart from the target's: draft with another drafter")
-        # Only draft_vocab's copy of the LM head's rows is the drafter's own; the rest is the target's.
-        self._parameters -= self._shared
+
+    def _own_parameters(self, model):
+        return 0  # the view's weights are the target's; draft_vocab's copy of LM head rows is counted apart
 
     def _load_model(self, options, target, quantize):
+        if has_recurrent_layers(target.model.config):
+            raise ValueError(f"layer_skip: '{target.path}' has recurrent layers, whose states a view of part of its "
+                             "layers cannot keep apart from the target's: draft with another drafter")
         config = target.model.config.get_text_config()
         if getattr(config, "hidden_size_per_layer_input", None) or getattr(config, "num_kv_shared_layers", None):
             raise ValueError(f"layer_skip: '{target.path}' ({config.model_type}) gives each layer an input embedding "
@@ -149,7 +151,4 @@ class LayerSkipDrafter(DraftModelDrafter):
                              "layers cannot keep: draft with another drafter (for Gemma 4, its assistant: "
                              "gemma4_assistant)")
         count = config.num_hidden_layers
-        self.keep = kept_layers(options.exit_layer, options.skip_layers, count)
-        view = layer_view(target.model, self.keep)
-        self._shared = sum(p.numel() for p in view.parameters())
-        return view
+        return layer_view(target.model, kept_layers(options.exit_layer, options.skip_layers, count))

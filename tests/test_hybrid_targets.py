@@ -389,7 +389,8 @@ def test_first_chain_keeps_each_first_child_as_drawn():
 
 def test_layer_skip_refuses_a_hybrid_target_by_name(hybrid_targets):
     """A view of part of a hybrid's layers would carry recurrent states beside the target's: refused
-    before any drafting, with the reason."""
+    before any drafting, with the reason (also before draft_model's own refusal of a tree, which
+    could not name the model: a view has no path)."""
     with pytest.raises(ValueError, match="layer_skip: .* has recurrent layers, whose states a view of part of its"):
         draftsman.load({"target": {"path": str(hybrid_targets["qwen3_5"][0])},
-                        "drafter": {"name": "layer_skip", "exit_layer": 1}})
+                        "drafter": {"name": "layer_skip", "exit_layer": 1, "top_k": 2}})

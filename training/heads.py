@@ -74,16 +74,32 @@ DEFAULTS = {
 }
 
 
-def load_config(raw) -> dict:
+def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> dict:
+    """A training config (a dict, or a YAML file's path) over its defaults; unknown keys (with the
+    valid ones) and missing required ones are named, `what` saying which trainer's."""
     if not isinstance(raw, dict):
         raw = yaml.safe_load(Path(raw).read_text()) or {}
-    unknown = sorted(set(raw) - set(DEFAULTS))
+    unknown = sorted(set(raw) - set(defaults))
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in the heads training config; valid keys: {sorted(DEFAULTS)}")
-    cfg = {**DEFAULTS, **raw}
-    for key in ("target", "out"):
+        raise ValueError(f"unknown key(s) {unknown} in the {what}; valid keys: {sorted(defaults)}")
+    cfg = {**defaults, **raw}
+    for key in required:
         if not cfg[key]:
-            raise ValueError(f"heads training config: '{key}' is required")
+            raise ValueError(f"{what}: '{key}' is required")
+    return cfg
+
+
+def config_with_overrides(path: str, overrides: list[str]) -> dict:
+    """The YAML config at `path` with each `--set KEY=VALUE` applied (VALUE parsed as YAML)."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        raw[key] = yaml.safe_load(value)
+    return raw
+
+
+def load_config(raw) -> dict:
+    cfg = merged_config(raw, DEFAULTS, "heads training config", ("target", "out"))
     if cfg["kind"] not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
@@ -536,10 +552,7 @@ def main(argv=None) -> int:
                     help="evaluate the heads already in `out` on held-out text (Medusa: and recalibrate "
                          "its tree with tree_budget) instead of training")
     args = ap.parse_args(argv)
-    raw = yaml.safe_load(Path(args.config).read_text()) or {}
-    for item in args.overrides:
-        key, _, value = item.partition("=")
-        raw[key] = yaml.safe_load(value)
+    raw = config_with_overrides(args.config, args.overrides)
     raw.setdefault("kind", args.kind)
     if raw["kind"] != args.kind:
         raise ValueError(f"the config trains {raw['kind']!r} heads but the command asked for {args.kind!r}")

@@ -118,7 +118,7 @@ class CachedLM:
         self.trim_windows = trim_windows and self.local_kind is not None
         self.trim_margin = trim_margin
         # Recurrent layers (a hybrid model): it reads chains only, a tree as its branches (verifier/branches.py).
-        self.recurrent = any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=model.config).layers)
+        self.recurrent = has_recurrent_layers(model.config)
         if self.recurrent and not hf_compat.RECORDS_RECURRENT_STATES:
             raise NotImplementedError(
                 f"'{model.config._name_or_path or model.config.model_type}' has recurrent layers; verifying drafts "
@@ -505,6 +505,12 @@ class CachedLM:
         pos = self.slot_pos[row, first:]
         order = pos.argsort()[(pos < 0).sum():]
         return lay.keys[row][:, order], lay.values[row][:, order]
+
+
+def has_recurrent_layers(config) -> bool:
+    """Whether a model of this config has recurrent layers (linear attention, Mamba, convolutions:
+    a hybrid), as Hugging Face's cache lays them out."""
+    return any(type(layer) is LinearAttentionLayer for layer in DynamicCache(config=config).layers)
 
 
 def _is_chains(block: TreeBlock) -> bool:
