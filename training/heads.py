@@ -10,6 +10,7 @@ atomically every few minutes and a rerun resumes. Accelerate runs the same comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -30,6 +31,12 @@ from .documents import data_file_digest, document_ids, document_ids_and_reply_ma
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
+
+# How each optimizer step is taken; shared by every trainer (training/pard.py too).
+STEP_DEFAULTS = {
+    "grad_accum_steps": 1,  # micro-batches of batch_size per optimizer step (effective batch: their product)
+    "grad_clip": None,  # clip the gradient's total norm to this before each step (EAGLE's recipe: 0.5; None = off)
+}
 
 DEFAULTS = {
     "kind": "medusa",  # medusa | eagle | eagle3 | mtp | mlp_speculator
@@ -65,7 +72,8 @@ DEFAULTS = {
     "lr_schedule": "constant",  # after warmup: constant | cosine (down to lr * min_lr_ratio at the end)
     "min_lr_ratio": 0.1,  # cosine: the final learning rate as a fraction of lr
     "init_from": None,  # a heads folder of this kind and target to continue from (its shape wins; None = fresh)
-    "max_steps": 2000,
+    **STEP_DEFAULTS,
+    "max_steps": 2000,  # optimizer steps
     "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
     "checkpoint_minutes": 3.0,
     "eval_tokens": 32768,  # held-out tokens for the final per-head agreement
@@ -86,7 +94,42 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
     for key in required:
         if not cfg[key]:
             raise ValueError(f"{what}: '{key}' is required")
+    check_step_keys(cfg, what)
     return cfg
+
+
+def check_step_keys(cfg: dict, what: str) -> None:
+    """grad_accum_steps (a whole number >= 1) and grad_clip (None or a norm > 0), where a config has them."""
+    steps = cfg.get("grad_accum_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{what}: grad_accum_steps must be a whole number >= 1 (micro-batches per optimizer "
+                         f"step), got {steps!r}")
+    clip = cfg.get("grad_clip")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        raise ValueError(f"{what}: grad_clip must be a gradient norm > 0 (e.g. 0.5) or null for no clipping, "
+                         f"got {clip!r}")
+
+
+def micro_batches(windows: torch.Tensor, learned: torch.Tensor | None, count: int):
+    """One step's draw of windows (and its learned-position mask) cut into `count` equal micro-batches,
+    so an accumulated step sees the same windows as one batch of their total size."""
+    parts = windows.chunk(count)
+    return zip(parts, learned.chunk(count) if learned is not None else [None] * count)
+
+
+def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple[float, list[float]]:
+    """Backward of the mean of the micro-batches' losses, one micro-batch at a time (gradients summed
+    in place; `no_sync` keeps several processes from syncing them before the last); returns the
+    mean loss and the mean of each accuracy. Averaging micro-batch means equals one batch's mean
+    when every micro-batch learns as many positions (always, unless assistant_only_loss masks some)."""
+    losses, accuracies = [], []
+    for i, (x, learned) in enumerate(micro):
+        with no_sync() if i < count - 1 else contextlib.nullcontext():
+            loss, accuracy = loss_of(x, learned)
+            backward(loss / count)
+        losses.append(loss.item())
+        accuracies.append(accuracy)
+    return sum(losses) / count, [sum(a) / count for a in zip(*accuracies)]
 
 
 def config_with_overrides(path: str, overrides: list[str]) -> dict:
@@ -417,7 +460,8 @@ def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt,
     optimizer restored in place, say(step) called), else a fresh one."""
     if ckpt.exists():
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if saved["config"] == cfg:
+        # A checkpoint from before the step keys existed trained with their defaults.
+        if {**STEP_DEFAULTS, **saved["config"]} == cfg:
             module.load_state_dict(saved[key])
             opt.load_state_dict(saved["optimizer"])
             say(saved["state"]["step"])
@@ -499,24 +543,29 @@ def train(config) -> dict:
     def lr_at(step):
         return cfg["lr"] * learning_rate_factor(cfg, step, time.time() - t_start)
 
+    def loss_of(x, learned):
+        return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
+
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
                 mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
     while state["step"] < cfg["max_steps"]:
         if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
             break
-        step = state["step"]
-        draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"], cfg["seq_len"])
+        step, count = state["step"], cfg["grad_accum_steps"]
+        draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"])
         x = train_batch(train_stream, *draw).to(acc.device)
         # The mask is as long as the stream, so the same draw gives the same windows of it.
         learned = None if train_mask is None else learned_positions(train_batch(train_mask, *draw)).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss, head_acc = batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
-        acc.backward(loss)
+        loss, head_acc = accumulated_backward(micro_batches(x, learned, count), loss_of, acc.backward,
+                                              lambda: acc.no_sync(heads), count)
+        if cfg["grad_clip"]:
+            acc.clip_grad_norm_(heads.parameters(), cfg["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
-        record_step(state, t_start, loss.item(), head_acc, pbar)
+        record_step(state, t_start, loss, head_acc, pbar)
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             if acc.is_main_process:
                 atomic_torch_save({"config": cfg, "heads": raw.state_dict(), "optimizer": opt.state_dict(),
@@ -528,7 +577,8 @@ def train(config) -> dict:
     if acc.is_main_process:
         ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream, frequent, masks)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
-                   "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"] * acc.num_processes,
+                   "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"]
+                   * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
                    "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
         (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))

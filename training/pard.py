@@ -18,6 +18,7 @@ is never a drafted token. Checkpoints are replaced atomically and a rerun resume
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import shutil
@@ -29,8 +30,8 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .heads import (config_with_overrides, masked_cross_entropy, merged_config, record_step, resumed_state,
-                    training_streams)
+from .heads import (STEP_DEFAULTS, accumulated_backward, config_with_overrides, masked_cross_entropy,
+                    merged_config, micro_batches, record_step, resumed_state, training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 
@@ -47,7 +48,8 @@ DEFAULTS = {
     "batch_size": 8,
     "lr": 5e-4,
     "warmup_steps": 20,
-    "max_steps": 1000,
+    **STEP_DEFAULTS,  # grad_accum_steps (1) and grad_clip (None), as for heads
+    "max_steps": 1000,  # optimizer steps
     "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
     "checkpoint_minutes": 3.0,
     "eval_tokens": 16384,  # held-out tokens for the final per-depth accuracy
@@ -159,20 +161,26 @@ def train(config) -> dict:
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
     state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: print(f"[pard] resumed from step {step}"))
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
+
+    def loss_of(x, _learned):  # every position is learned: the text has no user turns to skip
+        return depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
+
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc="pard",
                 mininterval=1 if sys.stderr.isatty() else 30)
     while state["step"] < cfg["max_steps"]:
         if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
             break
-        step = state["step"]
-        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"], cfg["seq_len"]).to(device)
+        step, count = state["step"], cfg["grad_accum_steps"]
+        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"]).to(device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
-        loss, accuracy = depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
-        loss.backward()
+        loss, accuracy = accumulated_backward(micro_batches(x, None, count), loss_of, torch.Tensor.backward,
+                                              contextlib.nullcontext, count)
+        if cfg["grad_clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
-        record_step(state, t_start, loss.item(), accuracy, pbar)
+        record_step(state, t_start, loss, accuracy, pbar)
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
                                "state": state}, ckpt)
@@ -187,7 +195,7 @@ def train(config) -> dict:
     if order.is_file():
         shutil.copyfile(order, Path(cfg["out"], order.name))
     metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
-               "tokens_seen": state["step"] * cfg["batch_size"] * cfg["seq_len"],
+               "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"],
                "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,
                "curve": state["curve"], "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
     (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))

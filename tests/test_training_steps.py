@@ -1,0 +1,138 @@
+"""Optimizer steps of the trainers (`draftsman train <heads kind>` and `train pard`): gradient
+accumulation gives the gradient of one batch of the micro-batches' total size, and a run with it
+ends where the run with that batch ends; grad_clip bounds the gradient each step takes; bad
+values of either key are named."""
+import contextlib
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsman.training import heads as heads_training, pard as pard_training
+from draftsman.training.heads import accumulated_backward, micro_batches
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_accumulated_micro_batches_give_the_whole_batchs_gradient(count):
+    """The mean of the micro-batches' losses, backward one at a time, is the whole batch's gradient;
+    each micro-batch gets its rows of the learned mask, and all but the last run unsynced."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    rows = torch.randn(8, 9)  # inputs (6 columns) and targets (3)
+    learned = torch.rand(8, 3) > 0.3
+    masks_seen, unsynced = [], []
+
+    def loss_of(batch, mask):
+        masks_seen.append(mask)
+        loss = ((model(batch[:, :6]) - batch[:, 6:]) ** 2).mean()
+        return loss, [loss.item()]
+
+    whole_loss, _ = loss_of(rows, None)
+    whole_loss.backward()
+    whole = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    @contextlib.contextmanager
+    def no_sync():
+        unsynced.append(True)
+        yield
+
+    loss, accuracy = accumulated_backward(micro_batches(rows, learned, count), loss_of, torch.Tensor.backward,
+                                          no_sync, count)
+    assert loss == pytest.approx(whole_loss.item(), rel=1e-5) and accuracy == [pytest.approx(loss, rel=1e-6)]
+    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), whole))
+    assert torch.equal(torch.cat(masks_seen[1:]), learned) and len(unsynced) == count - 1
+
+
+def _heads_config(tiny_models, tiny_corpus, work, out, **keys):
+    return {"target": str(tiny_models["llama"][0]), "out": str(work / out), "work_dir": str(work / "w"),
+            "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "num_heads": 2, "seq_len": 32,
+            "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "max_steps": 3, "eval_tokens": 64, "tree_budget": 2,
+            **keys}
+
+
+def _max_difference(a_folder, b_folder, name="model.safetensors"):
+    a, b = load_file(a_folder / name), load_file(b_folder / name)
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_heads_trained_with_accumulation_match_the_whole_batch(tiny_models, tiny_corpus, tmp_path):
+    """batch 4 in one step, and batch 2 twice per step: the same windows, the same weights after 3
+    steps (up to float sums; a step per micro-batch or other windows move them by about lr)."""
+    whole = heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "whole"))
+    accumulated = heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "accumulated",
+                                                     batch_size=2, grad_accum_steps=2))
+    assert accumulated["tokens_seen"] == whole["tokens_seen"] == 3 * 4 * 32
+    assert _max_difference(tmp_path / "whole", tmp_path / "accumulated") < 1e-5
+
+
+def test_grad_clip_bounds_each_step(tiny_models, tiny_corpus, tmp_path):
+    """With the gradient clipped to a norm far below Adam's epsilon the heads barely move from their
+    initial weights (max_steps 0 writes those); unclipped, the same 3 steps move them by about lr."""
+    heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "init", max_steps=0))
+    heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "clipped", grad_clip=1e-12))
+    heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "free"))
+    lr = 3e-3
+    assert _max_difference(tmp_path / "init", tmp_path / "clipped") < 0.01 * lr
+    assert _max_difference(tmp_path / "init", tmp_path / "free") > 0.5 * lr
+
+
+def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tiny_corpus, tmp_path, monkeypatch):
+    """As for heads, read in float32 as trained (the folder is written in bfloat16); grad_clip too."""
+    weights, save = {}, pard_training.save_hf_folder
+
+    def kept_and_saved(model, tok_dir, out_dir):
+        weights[out_dir.name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        save(model, tok_dir, out_dir)
+
+    monkeypatch.setattr(pard_training, "save_hf_folder", kept_and_saved)
+
+    def train(out, **keys):
+        return pard_training.train({
+            "draft": str(tiny_models["llama"][1]), "out": str(tmp_path / out), "k": 3, "threads": 1,
+            "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
+            "lr": 3e-3, "warmup_steps": 1, "max_steps": 3, "eval_tokens": 64, **keys})
+
+    def max_difference(a, b):
+        return max((weights[a][k] - weights[b][k]).abs().max().item() for k in weights[a])
+
+    whole, accumulated = train("whole"), train("accumulated", batch_size=2, grad_accum_steps=2)
+    for out, keys in [("init", {"max_steps": 0}), ("clipped", {"grad_clip": 1e-12})]:
+        train(out, **keys)
+    assert accumulated["tokens_seen"] == whole["tokens_seen"] == 3 * 4 * 32
+    assert max_difference("whole", "accumulated") < 1e-5
+    assert max_difference("init", "clipped") < 0.01 * 3e-3 < 0.5 * 3e-3 < max_difference("init", "whole")
+
+
+@pytest.mark.parametrize("keys,message", [
+    ({"grad_accum_steps": 0}, "grad_accum_steps must be a whole number >= 1"),
+    ({"grad_accum_steps": 1.5}, "grad_accum_steps must be a whole number >= 1"),
+    ({"grad_accum_steps": True}, "grad_accum_steps must be a whole number >= 1"),
+    ({"grad_clip": 0}, r"grad_clip must be a gradient norm > 0 \(e.g. 0.5\) or null"),
+    ({"grad_clip": "big"}, r"grad_clip must be a gradient norm > 0"),
+])
+@pytest.mark.parametrize("trainer", ["heads", "pard"])
+def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
+    if trainer == "heads":
+        config, load = {"target": str(tiny_models["llama"][0]), "out": "x"}, heads_training.load_config
+    else:
+        config, load = {"draft": str(tiny_models["llama"][1]), "out": "x"}, pard_training.load_config
+    with pytest.raises(ValueError, match=f"{trainer} training config: {message}"):
+        load({**config, **keys})
+
+
+def test_a_checkpoint_from_before_the_step_keys_resumes(tmp_path):
+    """Its config has no grad_accum_steps / grad_clip: it trained with their defaults, so a run of
+    the same config resumes from it; one that changes them starts afresh."""
+    module = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(module.parameters())
+    cfg = dict(heads_training.DEFAULTS, target="t", out="o")
+    older = {k: v for k, v in cfg.items() if k not in heads_training.STEP_DEFAULTS}
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"config": older, "heads": module.state_dict(), "optimizer": opt.state_dict(),
+                "state": {"step": 7, "elapsed": 1.0, "curve": []}}, ckpt)
+    said = []
+    assert heads_training.resumed_state(ckpt, cfg, module, "heads", opt, said.append)["step"] == 7 and said == [7]
+    changed = {**cfg, "grad_accum_steps": 2}
+    assert heads_training.resumed_state(ckpt, changed, module, "heads", opt, said.append)["step"] == 0
