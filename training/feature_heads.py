@@ -19,9 +19,11 @@ from .heads import all_positions, masked_cross_entropy
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
                       generator: torch.Generator | None = None):
-    """Returns the loss and [depth-1 top-1 accuracy against the labels]."""
+    """Returns the loss and [depth-1 top-1 accuracy against the labels]. head: the head, or the
+    wrapper several processes train it in (DistributedDataParallel: its config is on .module)."""
+    kind = getattr(head, "module", head).config.kind
     f_in = features[:, :-1]
-    if head.config.kind == "eagle" and cfg["feature_noise"] > 0:
+    if kind == "eagle" and cfg["feature_noise"] > 0:
         noise = torch.rand(f_in.shape, generator=generator, device=f_in.device) * 2 - 1
         f_in = f_in + cfg["feature_noise"] * noise
     predicted, logits = head(f_in, x[:, 1:])
@@ -29,7 +31,7 @@ def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: tor
     learned = target_tokens != -100  # the feature at i + 1 is learned where its token is
     ce = masked_cross_entropy(logits, target_tokens)
     loss = ce
-    if head.config.kind == "eagle":
+    if kind == "eagle":
         regression = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1)
         loss = (regression * learned).sum() / learned.sum().clamp_min(1) + cfg["ce_weight"] * ce
     accuracy = ((logits.argmax(-1) == target_tokens) & learned).float().sum() / learned.sum().clamp_min(1)

@@ -257,7 +257,8 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.stem + ".tmp.npy")
+    # Per process: several training processes may write the same cache at once on a first run.
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)
     os.replace(tmp, path)
 
@@ -538,7 +539,8 @@ def train(config) -> dict:
                           lambda step: acc.print(f"[{cfg['kind']}] resumed from step {step}"))
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
-    noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1)
+    # EAGLE's feature noise: each process its own stream (process 0's is a single process's).
+    noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1 + acc.process_index)
 
     def lr_at(step):
         return cfg["lr"] * learning_rate_factor(cfg, step, time.time() - t_start)

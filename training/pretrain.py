@@ -109,7 +109,7 @@ def token_stream(files, tok_dir: Path, cache: Path) -> np.ndarray:
     dtype = np.uint16 if tok.get_vocab_size() <= 65535 else np.uint32
     arr = np.asarray(ids, dtype=dtype)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npy")
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp.npy")  # per process: several may write it at once
     np.save(tmp, arr)
     os.replace(tmp, cache)
     return arr
