@@ -141,19 +141,19 @@ def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
 
 
 def test_a_checkpoint_from_before_the_step_keys_resumes(tmp_path):
-    """Its config has no grad_accum_steps / grad_clip: it trained with their defaults, so a run of
-    the same config resumes from it; one that changes them starts afresh."""
+    """Its config has no grad_accum_steps / grad_clip / target_dtype: it trained with the values
+    those runs had, so a run of the same config resumes from it; one that changes them starts afresh."""
     module = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(module.parameters())
     cfg = dict(heads_training.DEFAULTS, target="t", out="o")
-    older = {k: v for k, v in cfg.items() if k not in heads_training.STEP_DEFAULTS}
+    older = {k: v for k, v in cfg.items() if k not in heads_training.LATER_KEYS}
     ckpt = tmp_path / "ckpt.pt"
     torch.save({"config": older, "heads": module.state_dict(), "optimizer": opt.state_dict(),
                 "state": {"step": 7, "elapsed": 1.0, "curve": []}}, ckpt)
     said = []
     assert heads_training.resumed_state(ckpt, cfg, module, "heads", opt, said.append)["step"] == 7 and said == [7]
-    changed = {**cfg, "grad_accum_steps": 2}
-    assert heads_training.resumed_state(ckpt, changed, module, "heads", opt, said.append)["step"] == 0
+    for changed in ({**cfg, "grad_accum_steps": 2}, {**cfg, "target_dtype": "bfloat16"}):
+        assert heads_training.resumed_state(ckpt, changed, module, "heads", opt, said.append)["step"] == 0
 
 
 @pytest.mark.parametrize("kind", ["medusa", "mtp", "eagle3"])

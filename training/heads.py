@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from . import corpus as C
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
-from ..models import pretrained_text_model
+from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
@@ -37,6 +37,8 @@ STEP_DEFAULTS = {
     "grad_accum_steps": 1,  # micro-batches of batch_size per optimizer step (effective batch: their product)
     "grad_clip": None,  # clip the gradient's total norm to this before each step (EAGLE's recipe: 0.5; None = off)
 }
+# Keys added after checkpoints were written without them, with the value those runs had.
+LATER_KEYS = {**STEP_DEFAULTS, "target_dtype": "float32"}
 
 DEFAULTS = {
     "kind": "medusa",  # medusa | eagle | eagle3 | mtp | mlp_speculator
@@ -46,6 +48,7 @@ DEFAULTS = {
     "seed": 0,
     "threads": 2,  # torch.set_num_threads on CPU
     "mixed_precision": "auto",  # autocast for the frozen target's forward: "no", "bf16", or "auto" (bf16 where native)
+    "target_dtype": "float32",  # the frozen target's weights: float32 | bfloat16 | float16 | auto (bf16 where native)
     "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
     "data_file": None,  # instead of corpus_root: JSONL of chat conversations or texts (training/documents.py)
@@ -147,6 +150,8 @@ def load_config(raw) -> dict:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
+    if cfg["target_dtype"] != "auto" and cfg["target_dtype"] not in DTYPES:
+        raise ValueError(f"target_dtype must be one of {sorted(DTYPES) + ['auto']}, got {cfg['target_dtype']!r}")
     if cfg["lr_schedule"] not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule must be constant or cosine, got {cfg['lr_schedule']!r}")
     if cfg["init_from"] and not Path(cfg["init_from"], "config.json").is_file():
@@ -367,20 +372,44 @@ def evaluate_heads(heads, target, windows: torch.Tensor, ranks: int, autocast, b
             "rank_accuracy": rank_accuracy}
 
 
+def frozen_target(cfg: dict, device) -> torch.nn.Module:
+    """The target in target_dtype on `device`, never trained (a 7B one is 28 GB in float32, 14 in
+    bfloat16: the heads still train in float32, reading its hidden states as float32)."""
+    target = pretrained_text_model(cfg["target"], resolve_dtype(cfg["target_dtype"], device), "target")
+    return target.to(device).eval().requires_grad_(False)
+
+
+def in_float32(heads, target):
+    """Heads train and are evaluated in float32 whatever the target's dtype. An eagle / mtp head
+    reads out through the target's LM head: for a target in another dtype it gets a frozen float32
+    copy (never saved: a head's checkpoint holds none of the target)."""
+    from ..heads.feature_head import FeatureHead
+    heads = heads.float()
+    lm_head = target.get_output_embeddings()
+    if isinstance(heads, FeatureHead) and heads.config.kind != "eagle3" and lm_head.weight.dtype != torch.float32:
+        readout = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
+                                  device=lm_head.weight.device)
+        readout.load_state_dict({k: v.float() for k, v in lm_head.state_dict().items()})
+        heads.body.set_output_embeddings(readout.requires_grad_(False))
+    return heads
+
+
 def build_heads(cfg: dict, target, frequent_order: list[int]):
-    """New heads of cfg['kind']; an EAGLE-3 head's draft vocabulary is the start of
+    """New heads of cfg['kind'], in float32; an EAGLE-3 head's draft vocabulary is the start of
     `frequent_order` (target_token_frequencies)."""
     from ..heads.feature_head import FeatureHead
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
-        return MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
-    if cfg["kind"] == "mlp_speculator":
-        return MLPSpeculator.for_target(target, cfg["num_heads"], cfg["inner_dim"], cfg["tie_weights"],
-                                        cfg["scale_input"])
-    if cfg["kind"] == "eagle3":
+        heads = MedusaHeads.for_target(target, cfg["num_heads"], cfg["num_layers"], cfg["share_lm_head"])
+    elif cfg["kind"] == "mlp_speculator":
+        heads = MLPSpeculator.for_target(target, cfg["num_heads"], cfg["inner_dim"], cfg["tie_weights"],
+                                         cfg["scale_input"])
+    elif cfg["kind"] == "eagle3":
         n = cfg["draft_vocab"] or len(frequent_order)
-        return FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"], layer=cfg["layer"])
-    return FeatureHead.for_target(target, cfg["kind"], layer=cfg["layer"])
+        heads = FeatureHead.for_target(target, "eagle3", frequent_order[:n], cfg["aux_layers"], layer=cfg["layer"])
+    else:
+        heads = FeatureHead.for_target(target, cfg["kind"], layer=cfg["layer"])
+    return in_float32(heads, target)
 
 
 def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_mask=None) -> dict:
@@ -446,14 +475,16 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
 
 
 def load_heads(cfg: dict, folder, target):
-    """Heads of cfg['kind'] saved in `folder`, refused if they were trained for another target."""
+    """Heads of cfg['kind'] saved in `folder`, in float32, refused if they were trained for another target."""
     from ..heads.feature_head import FeatureHead
     from ..heads.medusa import MedusaHeads
     if cfg["kind"] == "medusa":
-        return MedusaHeads.load(folder, target)[0]
-    if cfg["kind"] == "mlp_speculator":
-        return load_mlp_speculator(folder, target, "train mlp_speculator")[0]
-    return FeatureHead.load(folder, target, kind=cfg["kind"])[0]
+        heads = MedusaHeads.load(folder, target)[0]
+    elif cfg["kind"] == "mlp_speculator":
+        heads = load_mlp_speculator(folder, target, "train mlp_speculator")[0]
+    else:
+        heads = FeatureHead.load(folder, target, kind=cfg["kind"])[0]
+    return in_float32(heads, target)
 
 
 def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt, say) -> dict:
@@ -461,8 +492,8 @@ def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt,
     optimizer restored in place, say(step) called), else a fresh one."""
     if ckpt.exists():
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        # A checkpoint from before the step keys existed trained with their defaults.
-        if {**STEP_DEFAULTS, **saved["config"]} == cfg:
+        # A checkpoint from before a key existed trained with the value it had then.
+        if {**{k: v for k, v in LATER_KEYS.items() if k in cfg}, **saved["config"]} == cfg:
             module.load_state_dict(saved[key])
             opt.load_state_dict(saved["optimizer"])
             say(saved["state"]["step"])
@@ -505,7 +536,7 @@ def evaluate_only(config) -> dict:
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = pretrained_text_model(cfg["target"], torch.float32, "target").to(acc.device).eval()
+    target = frozen_target(cfg, acc.device)
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
     ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream, masks=masks)
@@ -521,8 +552,7 @@ def train(config) -> dict:
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
     acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
-    target = pretrained_text_model(cfg["target"], torch.float32, "target").to(acc.device).eval()
-    target.requires_grad_(False)
+    target = frozen_target(cfg, acc.device)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)
     train_mask = masks[0] if masks else None
