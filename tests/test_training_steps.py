@@ -156,7 +156,7 @@ def test_a_checkpoint_from_before_the_step_keys_resumes(tmp_path):
         assert heads_training.resumed_state(ckpt, changed, module, "heads", opt, said.append)["step"] == 0
 
 
-@pytest.mark.parametrize("kind", ["medusa", "mtp", "eagle3"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])  # the feature-head loss and the training-time test
 def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, tiny_corpus, tmp_path, monkeypatch):
     """Several processes (torchrun, gloo on CPU; accelerate's multi-GPU path) each draw their own
     windows and average their gradients: 2 processes x 2 micro-batches of 1 window end with the
