@@ -179,3 +179,20 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     reported = json.loads(run.stdout.strip().splitlines()[-1])
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.parametrize("kind", ["medusa", "mtp", "eagle3"])  # the three evaluators
+def test_eval_every_records_the_heldout_agreement_during_training(kind, tiny_models, tiny_corpus, tmp_path):
+    """eval_every 2 in 4 steps: checks at steps 2 and 4, on the final evaluation's windows, so the
+    check at the last step is the final top-1 agreement."""
+    metrics = heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "heads", kind=kind,
+                                                 max_steps=4, eval_every=2, ttt_steps=2))
+    checks = metrics["heldout_during_training"]
+    final = [round(a, 4) for a in metrics["heldout_agreement"]["top1"]]
+    assert [step for step, _ in checks] == [2, 4] and checks[-1][1] == final
+    assert len(checks[0][1]) == len(final) and all(0 <= a <= 1 for a in checks[0][1])
+
+
+def test_a_bad_eval_every_is_named(tiny_models):
+    with pytest.raises(ValueError, match="eval_every must be a whole number of steps >= 0"):
+        heads_training.load_config({"target": str(tiny_models["llama"][0]), "out": "x", "eval_every": -1})

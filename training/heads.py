@@ -38,7 +38,7 @@ STEP_DEFAULTS = {
     "grad_clip": None,  # clip the gradient's total norm to this before each step (EAGLE's recipe: 0.5; None = off)
 }
 # Keys added after checkpoints were written without them, with the value those runs had.
-LATER_KEYS = {**STEP_DEFAULTS, "target_dtype": "float32"}
+LATER_KEYS = {**STEP_DEFAULTS, "target_dtype": "float32", "eval_every": 0}
 
 DEFAULTS = {
     "kind": "medusa",  # medusa | eagle | eagle3 | mtp | mlp_speculator
@@ -80,6 +80,7 @@ DEFAULTS = {
     "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
     "checkpoint_minutes": 3.0,
     "eval_tokens": 32768,  # held-out tokens for the final per-head agreement
+    "eval_every": 0,  # optimizer steps between held-out agreement checks during training (0 = at the end only)
     "eval_ranks": 10,  # accuracy is measured for candidate ranks 0..eval_ranks-1 (tree calibration)
     "tree_budget": 16,  # nodes of the calibrated Medusa tree stored with the heads
 }
@@ -152,6 +153,9 @@ def load_config(raw) -> dict:
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
     if cfg["target_dtype"] != "auto" and cfg["target_dtype"] not in DTYPES:
         raise ValueError(f"target_dtype must be one of {sorted(DTYPES) + ['auto']}, got {cfg['target_dtype']!r}")
+    if isinstance(cfg["eval_every"], bool) or not isinstance(cfg["eval_every"], int) or cfg["eval_every"] < 0:
+        raise ValueError(f"eval_every must be a whole number of steps >= 0 (0: evaluate at the end only), "
+                         f"got {cfg['eval_every']!r}")
     if cfg["lr_schedule"] not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule must be constant or cosine, got {cfg['lr_schedule']!r}")
     if cfg["init_from"] and not Path(cfg["init_from"], "config.json").is_file():
@@ -440,6 +444,22 @@ def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, l
     return feature_head_loss(heads, hidden, x, labels, cfg, generator)
 
 
+def heldout_agreement(cfg: dict, heads, target, windows: torch.Tensor, learned: torch.Tensor | None,
+                      autocast) -> dict:
+    """The heads' agreement with the target's greedy tokens on held-out windows: top-1 and top-5
+    per head (Medusa, the MLP speculator's stages, teacher-forced; with each candidate rank's
+    accuracy) or per draft depth (EAGLE, EAGLE-3, MTP, chained on their own features)."""
+    from .feature_heads import evaluate_feature_head
+    if cfg["kind"] in ("medusa", "mlp_speculator"):
+        return evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
+    if cfg["kind"] == "eagle3":
+        from .eagle3 import aux_target_pass, evaluate_eagle3
+        run_aux = lambda x: aux_target_pass(target, x, heads.config.aux_layers, autocast)  # noqa: E731
+        return evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"], learned=learned)
+    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
+    return evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"], learned=learned)
+
+
 def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None,
                       masks=None) -> dict:
     """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation).
@@ -447,27 +467,18 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
     (train, held-out): agreement is then measured inside replies only."""
     from ..drafters.rank_trees import tree_from_accuracies
     train_mask, held_mask = masks or (None, None)
-    windows, learned = sample_windows(held_stream, held_mask, cfg)
-    from .feature_heads import evaluate_feature_head
-    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
     frequent = frequent or target_token_frequencies(cfg, target, train_stream, autocast, train_mask)
+    ev = heldout_agreement(cfg, heads, target, *sample_windows(held_stream, held_mask, cfg), autocast)
     if cfg["kind"] == "medusa":
-        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
-    elif cfg["kind"] == "mlp_speculator":  # teacher-forced: each stage reads the text's tokens
-        ev = evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
-        extra = {"heldout_agreement": ev}
     elif cfg["kind"] == "eagle3":
-        from .eagle3 import aux_target_pass, evaluate_eagle3, greedy_score_scale
-        layers = heads.config.aux_layers
-        run_aux = lambda x: aux_target_pass(target, x, layers, autocast)  # noqa: E731
-        ev = evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"], learned=learned)
+        from .eagle3 import aux_target_pass, greedy_score_scale
+        run_aux = lambda x: aux_target_pass(target, x, heads.config.aux_layers, autocast)  # noqa: E731
         # Confidence calibration for greedy trees, fitted on training text (training/eagle3.py).
         scale = greedy_score_scale(heads, run_aux, *sample_windows(train_stream, train_mask, cfg), cfg["ttt_steps"])
         extra = {"heldout_agreement": ev, "greedy_score_scale": scale}
     else:
-        ev = evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"], learned=learned)
         extra = {"heldout_agreement": ev}
     ev["draft_vocab_coverage"] = frequent["coverage"]
     heads.save(cfg["out"], target, extra={**extra, "tokens_by_frequency": frequent["order"]})
@@ -509,6 +520,14 @@ def record_step(state: dict, t_start: float, loss: float, accuracy: list[float],
         state["curve"].append([state["step"], round(loss, 4), [round(a, 3) for a in accuracy]])
     pbar.update(1)
     pbar.set_postfix(loss=f"{loss:.3f}", acc=" ".join(f"{a:.2f}" for a in accuracy), refresh=False)
+
+
+def record_heldout(state: dict, agreement: dict, pbar) -> None:
+    """A held-out check during training: [step, top-1 per head or depth] on the curve of checks,
+    and a line above the progress bar."""
+    top1 = [round(a, 4) for a in agreement["top1"]]
+    state["evals"].append([state["step"], top1])
+    pbar.write(f"step {state['step']}: held-out top-1 " + " ".join(f"{a:.3f}" for a in top1))
 
 
 def learning_rate_factor(cfg: dict, step: int, elapsed_seconds: float) -> float:
@@ -579,6 +598,8 @@ def train(config) -> dict:
         return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
 
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
+    held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)  # the final evaluation's windows
+    state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
                 mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
     while state["step"] < cfg["max_steps"]:
@@ -598,6 +619,9 @@ def train(config) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         record_step(state, t_start, loss, head_acc, pbar)
+        if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0 and acc.is_main_process:
+            record_heldout(state, heldout_agreement(cfg, raw.eval(), target, *held_sample, acc.autocast), pbar)
+            raw.train()
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             if acc.is_main_process:
                 atomic_torch_save({"config": cfg, "heads": raw.state_dict(), "optimizer": opt.state_dict(),
@@ -612,6 +636,7 @@ def train(config) -> dict:
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"]
                    * acc.num_processes,
                    "train_minutes": round(state["elapsed"] / 60, 2), "heldout_agreement": ev, "curve": state["curve"],
+                   "heldout_during_training": state["evals"],
                    "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
         (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
         ckpt.unlink(missing_ok=True)
