@@ -4,6 +4,7 @@ ends where the run with that batch ends, in one process or two; grad_clip bounds
 values of either key are named."""
 import contextlib
 import json
+import os
 import subprocess
 import sys
 
@@ -169,12 +170,14 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
         return torch.cat([draw(stream, step, r, seed, batch // 2, seq_len) for r in (0, 1)])
 
     monkeypatch.setattr(heads_training, "train_batch", both_processes)
+    # Both on the CPU, also on a machine with one GPU (two processes cannot share it).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     single = heads_training.train(one)  # first: it writes the token caches both processes read
     two = {**one, "out": str(tmp_path / "two"), "batch_size": 1, "grad_accum_steps": 2}
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(two))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "draftsman.cli", "train", kind, "--config", str(tmp_path / "two.yaml")],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stderr[-3000:]
     reported = json.loads(run.stdout.strip().splitlines()[-1])
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
