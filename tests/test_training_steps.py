@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,23 @@ def test_eval_every_records_the_heldout_agreement_during_training(kind, tiny_mod
 def test_a_bad_eval_every_is_named(tiny_models):
     with pytest.raises(ValueError, match="eval_every must be a whole number of steps >= 0"):
         heads_training.load_config({"target": str(tiny_models["llama"][0]), "out": "x", "eval_every": -1})
+
+
+def test_a_token_cache_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Written through this process's own temporary file (several processes may write one cache
+    at once), which an interrupted write removes, leaving the cache as it was."""
+    import numpy as np
+
+    from draftsman.training import pretrain
+
+    cache = tmp_path / "heads-train.npy"
+    pretrain.atomic_np_save(cache, np.arange(3))
+
+    def interrupted(file, array):
+        Path(file).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain.np, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.atomic_np_save(cache, np.arange(5))
+    assert np.load(cache).tolist() == [0, 1, 2] and list(tmp_path.iterdir()) == [cache]

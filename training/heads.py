@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from . import corpus as C
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
-from .pretrain import atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
+from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -259,17 +258,10 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
                 if doc_mask is not None:
                     in_reply.extend(doc_mask)
                     in_reply.append(0)  # the separator belongs to no reply
-            _atomic_save(caches[split], np.asarray(ids, dtype=np.int32))
+            atomic_np_save(caches[split], np.asarray(ids, dtype=np.int32))
             if cfg["assistant_only_loss"]:
-                _atomic_save(caches[f"{split}-replies"], np.asarray(in_reply, dtype=np.uint8))
+                atomic_np_save(caches[f"{split}-replies"], np.asarray(in_reply, dtype=np.uint8))
     return {name: np.load(cache, mmap_mode="r") for name, cache in caches.items()}
-
-
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    # Per process: several training processes may write the same cache at once on a first run.
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
 
 
 def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):

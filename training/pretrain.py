@@ -109,10 +109,19 @@ def token_stream(files, tok_dir: Path, cache: Path) -> np.ndarray:
     dtype = np.uint16 if tok.get_vocab_size() <= 65535 else np.uint32
     arr = np.asarray(ids, dtype=dtype)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp.npy")  # per process: several may write it at once
-    np.save(tmp, arr)
-    os.replace(tmp, cache)
+    atomic_np_save(cache, arr)
     return arr
+
+
+def atomic_np_save(path: Path, array: np.ndarray) -> None:
+    """np.save through a temporary file of this process's own (several training processes may write
+    the same token cache at once on a first run), removed if the write fails or is interrupted."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+    try:
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def heldout_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> torch.Tensor:
