@@ -131,6 +131,8 @@ def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tin
     ({"grad_accum_steps": True}, "grad_accum_steps must be a whole number >= 1"),
     ({"grad_clip": 0}, r"grad_clip must be a gradient norm > 0 \(e.g. 0.5\) or null"),
     ({"grad_clip": "big"}, r"grad_clip must be a gradient norm > 0"),
+    ({"eval_every": -1}, r"eval_every must be a whole number of steps >= 0"),
+    ({"eval_every": 2.5}, r"eval_every must be a whole number of steps >= 0"),
 ])
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
 def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
@@ -197,9 +199,14 @@ def test_eval_every_records_the_heldout_agreement_during_training(kind, tiny_mod
     assert len(checks[0][1]) == len(final) and all(0 <= a <= 1 for a in checks[0][1])
 
 
-def test_a_bad_eval_every_is_named(tiny_models):
-    with pytest.raises(ValueError, match="eval_every must be a whole number of steps >= 0"):
-        heads_training.load_config({"target": str(tiny_models["llama"][0]), "out": "x", "eval_every": -1})
+def test_pard_eval_every_records_the_heldout_accuracy_during_training(tiny_models, tiny_corpus, tmp_path):
+    metrics = pard_training.train({
+        "draft": str(tiny_models["llama"][1]), "out": str(tmp_path / "pard"), "k": 3, "threads": 1,
+        "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
+        "lr": 3e-3, "warmup_steps": 1, "max_steps": 4, "eval_tokens": 256, "eval_every": 2})
+    checks = metrics["heldout_during_training"]
+    final = [round(a, 4) for a in metrics["heldout_accuracy_by_depth"]]
+    assert [step for step, _ in checks] == [2, 4] and checks[-1][1] == final and len(checks[0][1]) == 3
 
 
 def test_a_token_cache_is_written_whole_or_not_at_all(tmp_path, monkeypatch):

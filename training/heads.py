@@ -102,7 +102,8 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
 
 
 def check_step_keys(cfg: dict, what: str) -> None:
-    """grad_accum_steps (a whole number >= 1) and grad_clip (None or a norm > 0), where a config has them."""
+    """grad_accum_steps (a whole number >= 1), grad_clip (None or a norm > 0) and eval_every (a whole
+    number >= 0), where a config has them."""
     steps = cfg.get("grad_accum_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"{what}: grad_accum_steps must be a whole number >= 1 (micro-batches per optimizer "
@@ -111,6 +112,10 @@ def check_step_keys(cfg: dict, what: str) -> None:
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
         raise ValueError(f"{what}: grad_clip must be a gradient norm > 0 (e.g. 0.5) or null for no clipping, "
                          f"got {clip!r}")
+    every = cfg.get("eval_every", 0)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"{what}: eval_every must be a whole number of steps >= 0 (0: evaluate at the end only), "
+                         f"got {every!r}")
 
 
 def micro_batches(windows: torch.Tensor, learned: torch.Tensor | None, count: int):
@@ -152,9 +157,6 @@ def load_config(raw) -> dict:
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
     if cfg["target_dtype"] != "auto" and cfg["target_dtype"] not in DTYPES:
         raise ValueError(f"target_dtype must be one of {sorted(DTYPES) + ['auto']}, got {cfg['target_dtype']!r}")
-    if isinstance(cfg["eval_every"], bool) or not isinstance(cfg["eval_every"], int) or cfg["eval_every"] < 0:
-        raise ValueError(f"eval_every must be a whole number of steps >= 0 (0: evaluate at the end only), "
-                         f"got {cfg['eval_every']!r}")
     if cfg["lr_schedule"] not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule must be constant or cosine, got {cfg['lr_schedule']!r}")
     if cfg["init_from"] and not Path(cfg["init_from"], "config.json").is_file():

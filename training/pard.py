@@ -31,7 +31,7 @@ import yaml
 from tqdm import tqdm
 
 from .heads import (STEP_DEFAULTS, accumulated_backward, config_with_overrides, masked_cross_entropy,
-                    merged_config, micro_batches, record_step, resumed_state, training_streams)
+                    merged_config, micro_batches, record_heldout, record_step, resumed_state, training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 
@@ -53,6 +53,7 @@ DEFAULTS = {
     "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
     "checkpoint_minutes": 3.0,
     "eval_tokens": 16384,  # held-out tokens for the final per-depth accuracy
+    "eval_every": 0,  # optimizer steps between held-out accuracy checks during training (0 = at the end only)
 }
 
 
@@ -161,6 +162,8 @@ def train(config) -> dict:
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
     state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: print(f"[pard] resumed from step {step}"))
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
+    held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device)
+    state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
 
     def loss_of(x, _learned):  # every position is learned: the text has no user turns to skip
         return depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
@@ -181,14 +184,16 @@ def train(config) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         record_step(state, t_start, loss, accuracy, pbar)
+        if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0:
+            record_heldout(state, {"top1": evaluate(model.eval(), held_windows, mask_token, cfg["k"], vocab)}, pbar)
+            model.train()
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
                                "state": state}, ckpt)
             last_ckpt = time.time()
     pbar.close()
     model.eval()
-    heldout = evaluate(model, heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device),
-                       mask_token, cfg["k"], vocab)
+    heldout = evaluate(model, held_windows, mask_token, cfg["k"], vocab)
     setattr(model.config, TRAINED_K_KEY, cfg["k"])  # the drafter warns when asked to draft deeper
     save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
     order = Path(cfg["draft"], "tokens_by_frequency.json")  # the target's picks (draft_vocab): still this model's
@@ -197,7 +202,7 @@ def train(config) -> dict:
     metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
                "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"],
                "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,
-               "curve": state["curve"], "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
+               "curve": state["curve"], "heldout_during_training": state["evals"], "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
     (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
     ckpt.unlink(missing_ok=True)
     return metrics
