@@ -202,7 +202,8 @@ def train(config) -> dict:
     metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
                "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"],
                "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,
-               "curve": state["curve"], "heldout_during_training": state["evals"], "config": cfg, "command": " ".join(sys.argv), "versions": versions()}
+               "curve": state["curve"], "heldout_during_training": state["evals"], "config": cfg,
+               "command": " ".join(sys.argv), "versions": versions()}
     (Path(cfg["out"]) / "metrics.json").write_text(json.dumps(metrics, indent=1))
     ckpt.unlink(missing_ok=True)
     return metrics
