@@ -72,12 +72,15 @@ def _assert_same_weights(a_folder, b_folder):
     assert off <= total // 1000, f"{off} of {total} elements differ"
 
 
-def test_heads_trained_with_accumulation_match_the_whole_batch(tiny_models, tiny_corpus, tmp_path):
+def test_heads_trained_with_accumulation_match_the_whole_batch(tiny_models, tiny_corpus, tmp_path, capsys):
     """batch 4 in one step, and batch 2 twice per step: the same windows, the same weights after 3
-    steps (up to float sums; a step per micro-batch or other windows move them by about lr)."""
+    steps (up to float sums; a step per micro-batch or other windows move them by about lr). The
+    run says what a step reads."""
     whole = heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "whole"))
     accumulated = heads_training.train(_heads_config(tiny_models, tiny_corpus, tmp_path, "accumulated",
                                                      batch_size=2, grad_accum_steps=2))
+    assert ("[medusa] each step: 2 window(s) x 2 micro-batch(es) x 1 process(es) = 4 windows of 32 tokens; "
+            "the target in torch.float32") in capsys.readouterr().out
     assert accumulated["tokens_seen"] == whole["tokens_seen"] == 3 * 4 * 32
     _assert_same_weights(tmp_path / "whole", tmp_path / "accumulated")
 
@@ -184,6 +187,7 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     assert run.returncode == 0, run.stderr[-3000:]
     reported = json.loads(run.stdout.strip().splitlines()[-1])
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
+    assert "each step: 1 window(s) x 2 micro-batch(es) x 2 process(es) = 4 windows of 32 tokens" in run.stdout
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
 
 

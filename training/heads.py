@@ -516,6 +516,14 @@ def record_step(state: dict, t_start: float, loss: float, accuracy: list[float],
     pbar.set_postfix(loss=f"{loss:.3f}", acc=" ".join(f"{a:.2f}" for a in accuracy), refresh=False)
 
 
+def step_size_line(what: str, cfg: dict, processes: int) -> str:
+    """What one optimizer step reads, said once at the start: the effective batch is easy to get
+    wrong when micro-batches and processes multiply it."""
+    windows = cfg["batch_size"] * cfg["grad_accum_steps"] * processes
+    return (f"[{what}] each step: {cfg['batch_size']} window(s) x {cfg['grad_accum_steps']} micro-batch(es) x "
+            f"{processes} process(es) = {windows} windows of {cfg['seq_len']} tokens")
+
+
 def record_heldout(state: dict, agreement: dict, pbar) -> None:
     """A held-out check during training: [step, top-1 per head or depth] on the curve of checks,
     and a line above the progress bar."""
@@ -582,6 +590,7 @@ def train(config) -> dict:
                           lambda step: acc.print(f"[{cfg['kind']}] resumed from step {step}"))
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
+    acc.print(step_size_line(cfg["kind"], cfg, acc.num_processes) + f"; the target in {target.dtype}")
     # EAGLE's feature noise: each process its own stream (process 0's is a single process's).
     noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1 + acc.process_index)
 

@@ -31,7 +31,8 @@ import yaml
 from tqdm import tqdm
 
 from .heads import (STEP_DEFAULTS, accumulated_backward, config_with_overrides, masked_cross_entropy,
-                    merged_config, micro_batches, record_heldout, record_step, resumed_state, training_streams)
+                    merged_config, micro_batches, record_heldout, record_step, resumed_state, step_size_line,
+                    training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 
@@ -161,6 +162,7 @@ def train(config) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
     state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: print(f"[pard] resumed from step {step}"))
+    print(step_size_line("pard", cfg, 1))
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device)
     state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
