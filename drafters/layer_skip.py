@@ -95,7 +95,8 @@ def kept_layers(exit_layer: int | None, skip_layers: list[int] | None, count: in
     if outside:
         raise ValueError(f"layer_skip: skip_layers {outside} are not layers of the target, whose decoder layers are "
                          f"0..{count - 1}")
-    keep = [i for i in range(count) if i not in set(skip_layers)]
+    skipped = set(skip_layers)
+    keep = [i for i in range(count) if i not in skipped]
     if not keep:
         raise ValueError(f"layer_skip: skip_layers skips all {count} decoder layers: keep one at least")
     return keep

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 import draftsman
 from draftsman.training import heads as heads_training
 
+from test_training_steps import _heads_config
 from tiny_models import load_for_reference
 
 PROMPTS = [[5, 6, 7, 8], [1, 2, 3, 1, 2, 3]]
@@ -17,10 +18,7 @@ DRAFTER = {"medusa": "medusa", "eagle": "eagle", "mtp": "mtp", "eagle3": "eagle"
 
 
 def _train(tiny_models, tiny_corpus, tmp_path, out, **keys):
-    cfg = {"target": str(tiny_models["llama"][0]), "out": str(tmp_path / out), "work_dir": str(tmp_path / "w"),
-           "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "num_heads": 2, "seq_len": 32,
-           "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "max_steps": 3, "eval_tokens": 64, "tree_budget": 2,
-           "ttt_steps": 2, **keys}
+    cfg = _heads_config(tiny_models, tiny_corpus, tmp_path, out, ttt_steps=2, **keys)
     with warnings.catch_warnings():  # bfloat16 on a CPU without native bfloat16 math: slow, not wrong
         warnings.simplefilter("ignore")
         return heads_training.train(cfg)

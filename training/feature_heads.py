@@ -19,9 +19,9 @@ from .heads import all_positions, masked_cross_entropy
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
                       generator: torch.Generator | None = None):
-    """Returns the loss and [depth-1 top-1 accuracy against the labels]. head: the head, or the
-    wrapper several processes train it in (DistributedDataParallel: its config is on .module)."""
-    kind = getattr(head, "module", head).config.kind
+    """Returns the loss and [depth-1 top-1 accuracy against the labels]. The kind is the config's:
+    `head` may be the wrapper several processes train it in (DistributedDataParallel)."""
+    kind = cfg["kind"]
     f_in = features[:, :-1]
     if kind == "eagle" and cfg["feature_noise"] > 0:
         noise = torch.rand(f_in.shape, generator=generator, device=f_in.device) * 2 - 1

@@ -135,9 +135,9 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
         with no_sync() if i < count - 1 else contextlib.nullcontext():
             loss, accuracy = loss_of(x, learned)
             backward(loss / count)
-        losses.append(loss.item())
+        losses.append(loss.detach())
         accuracies.append(accuracy)
-    return sum(losses) / count, [sum(a) / count for a in zip(*accuracies)]
+    return torch.stack(losses).mean().item(), [sum(a) / count for a in zip(*accuracies)]
 
 
 def config_with_overrides(path: str, overrides: list[str]) -> dict:
@@ -443,15 +443,23 @@ def heldout_agreement(cfg: dict, heads, target, windows: torch.Tensor, learned: 
     """The heads' agreement with the target's greedy tokens on held-out windows: top-1 and top-5
     per head (Medusa, the MLP speculator's stages, teacher-forced; with each candidate rank's
     accuracy) or per draft depth (EAGLE, EAGLE-3, MTP, chained on their own features)."""
+    from .eagle3 import evaluate_eagle3
     from .feature_heads import evaluate_feature_head
     if cfg["kind"] in ("medusa", "mlp_speculator"):
         return evaluate_heads(heads, target, windows, cfg["eval_ranks"], autocast, learned=learned)
+    run_target = evaluation_pass(cfg, heads, target, autocast)
     if cfg["kind"] == "eagle3":
-        from .eagle3 import aux_target_pass, evaluate_eagle3
-        run_aux = lambda x: aux_target_pass(target, x, heads.config.aux_layers, autocast)  # noqa: E731
-        return evaluate_eagle3(heads, run_aux, windows, cfg["eval_depths"], learned=learned)
-    run_target = lambda x: target_pass(target, x.to(target.device), autocast)  # noqa: E731
+        return evaluate_eagle3(heads, run_target, windows, cfg["eval_depths"], learned=learned)
     return evaluate_feature_head(heads, run_target, windows, autocast, cfg["eval_depths"], learned=learned)
+
+
+def evaluation_pass(cfg: dict, heads, target, autocast):
+    """The frozen target's pass a feature head's evaluation reads: EAGLE-3's fused layers, else the
+    last hidden states (with the greedy tokens)."""
+    if cfg["kind"] == "eagle3":
+        from .eagle3 import aux_target_pass
+        return lambda x: aux_target_pass(target, x, heads.config.aux_layers, autocast)
+    return lambda x: target_pass(target, x.to(target.device), autocast)
 
 
 def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None,
@@ -467,10 +475,10 @@ def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_str
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
     elif cfg["kind"] == "eagle3":
-        from .eagle3 import aux_target_pass, greedy_score_scale
-        run_aux = lambda x: aux_target_pass(target, x, heads.config.aux_layers, autocast)  # noqa: E731
+        from .eagle3 import greedy_score_scale
         # Confidence calibration for greedy trees, fitted on training text (training/eagle3.py).
-        scale = greedy_score_scale(heads, run_aux, *sample_windows(train_stream, train_mask, cfg), cfg["ttt_steps"])
+        scale = greedy_score_scale(heads, evaluation_pass(cfg, heads, target, autocast),
+                                   *sample_windows(train_stream, train_mask, cfg), cfg["ttt_steps"])
         extra = {"heldout_agreement": ev, "greedy_score_scale": scale}
     else:
         extra = {"heldout_agreement": ev}
@@ -524,10 +532,10 @@ def step_size_line(what: str, cfg: dict, processes: int) -> str:
             f"{processes} process(es) = {windows} windows of {cfg['seq_len']} tokens")
 
 
-def record_heldout(state: dict, agreement: dict, pbar) -> None:
+def record_heldout(state: dict, top1: list[float], pbar) -> None:
     """A held-out check during training: [step, top-1 per head or depth] on the curve of checks,
     and a line above the progress bar."""
-    top1 = [round(a, 4) for a in agreement["top1"]]
+    top1 = [round(a, 4) for a in top1]
     state["evals"].append([state["step"], top1])
     pbar.write(f"step {state['step']}: held-out top-1 " + " ".join(f"{a:.3f}" for a in top1))
 
@@ -623,7 +631,7 @@ def train(config) -> dict:
         opt.zero_grad(set_to_none=True)
         record_step(state, t_start, loss, head_acc, pbar)
         if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0 and acc.is_main_process:
-            record_heldout(state, heldout_agreement(cfg, raw.eval(), target, *held_sample, acc.autocast), pbar)
+            record_heldout(state, heldout_agreement(cfg, raw.eval(), target, *held_sample, acc.autocast)["top1"], pbar)
             raw.train()
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             if acc.is_main_process:

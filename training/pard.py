@@ -187,7 +187,7 @@ def train(config) -> dict:
         opt.zero_grad(set_to_none=True)
         record_step(state, t_start, loss, accuracy, pbar)
         if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0:
-            record_heldout(state, {"top1": evaluate(model.eval(), held_windows, mask_token, cfg["k"], vocab)}, pbar)
+            record_heldout(state, evaluate(model.eval(), held_windows, mask_token, cfg["k"], vocab), pbar)
             model.train()
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
             atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
