@@ -711,7 +711,7 @@ def test_dtype_auto_takes_bfloat16_only_where_it_is_native(monkeypatch):
     with pytest.raises(ValueError, match="unknown dtype 'bf16'.*'auto'"):
         models.resolve_dtype("bf16")
     # Training's autocast follows the same rule.
-    from draftsman.training.pretrain import resolve_mixed_precision
+    from draftsman.training.processes import resolve_mixed_precision
     assert resolve_mixed_precision("auto") == "bf16"
     monkeypatch.setattr(models, "native_bfloat16", lambda device: False)
     assert resolve_mixed_precision("auto") == "no"

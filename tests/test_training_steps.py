@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from draftsman.training import heads as heads_training, pard as pard_training
@@ -73,6 +74,12 @@ def _assert_same_weights(a_folder, b_folder):
     assert off <= total // 1000, f"{off} of {total} elements differ"
 
 
+def _pard_config(tiny_models, tiny_corpus, work, out, **keys):
+    return {"draft": str(tiny_models["llama"][1]), "out": str(work / out), "k": 3, "threads": 1,
+            "work_dir": str(work / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
+            "lr": 3e-3, "warmup_steps": 1, "max_steps": 3, "eval_tokens": 64, **keys}
+
+
 @pytest.fixture
 def trained_weights(monkeypatch) -> dict:
     """{out folder name: the heads' float32 weights as trained}, kept as each run saves them (the
@@ -127,10 +134,7 @@ def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tin
     monkeypatch.setattr(pard_training, "save_hf_folder", kept_and_saved)
 
     def train(out, **keys):
-        return pard_training.train({
-            "draft": str(tiny_models["llama"][1]), "out": str(tmp_path / out), "k": 3, "threads": 1,
-            "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
-            "lr": 3e-3, "warmup_steps": 1, "max_steps": 3, "eval_tokens": 64, **keys})
+        return pard_training.train(_pard_config(tiny_models, tiny_corpus, tmp_path, out, **keys))
 
     whole, accumulated = train("whole"), train("accumulated", batch_size=2, grad_accum_steps=2)
     for out, keys in [("init", {"max_steps": 0}), ("clipped", {"grad_clip": 1e-12})]:
@@ -140,6 +144,29 @@ def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tin
     lr = 3e-3
     assert _max_difference(weights["init"], weights["clipped"]) < 0.01 * lr
     assert _max_difference(weights["init"], weights["whole"]) > 0.5 * lr
+
+
+@pytest.mark.parametrize("mixed_precision,dtype", [("no", torch.float32), ("bf16", torch.bfloat16)])  # autocast's
+def test_pard_mixed_precision_runs_the_model_under_autocast(mixed_precision, dtype, tiny_models, tiny_corpus,
+                                                            tmp_path, monkeypatch):
+    """mixed_precision bf16 (for GPUs): the training and evaluation forwards run under autocast;
+    "no" (the default, as the bundled model was trained) keeps them in float32."""
+    seen, logits_of = [], pard_training.parallel_logits
+
+    def recorded(model, x, *args):
+        device = x.device.type
+        seen.append(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32)
+        return logits_of(model, x, *args)
+
+    monkeypatch.setattr(pard_training, "parallel_logits", recorded)
+    # Accelerate keeps one mixed-precision setting per process: the other tests' is "no".
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        pard_training.train(_pard_config(tiny_models, tiny_corpus, tmp_path, "pard", max_steps=1, eval_tokens=32,
+                                         mixed_precision=mixed_precision))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert len(seen) == 2 and set(seen) == {dtype}  # one step, one held-out batch
 
 
 @pytest.mark.parametrize("keys,message", [
@@ -161,38 +188,50 @@ def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
         load({**config, **keys})
 
 
-def test_a_checkpoint_from_before_the_step_keys_resumes(tmp_path):
-    """Its config has no grad_accum_steps / grad_clip / target_dtype: it trained with the values
-    those runs had, so a run of the same config resumes from it; one that changes them starts afresh."""
+@pytest.mark.parametrize("trainer", ["heads", "pard"])
+def test_a_checkpoint_from_before_the_step_keys_resumes(trainer, tmp_path):
+    """Its config has none of the later keys (grad_accum_steps, grad_clip, eval_every; heads:
+    target_dtype; PARD: mixed_precision): it trained with the values those runs had, so a run of
+    the same config resumes from it; one that changes them starts afresh."""
     module = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(module.parameters())
-    cfg = dict(heads_training.DEFAULTS, target="t", out="o")
-    older = {k: v for k, v in cfg.items() if k not in heads_training.LATER_KEYS}
+    added = ["grad_accum_steps", "grad_clip", "eval_every"]
+    if trainer == "heads":
+        cfg, later, key = dict(heads_training.DEFAULTS, target="t", out="o"), heads_training.LATER_KEYS, "heads"
+        added, changes = added + ["target_dtype"], ({"grad_accum_steps": 2}, {"target_dtype": "bfloat16"})
+    else:
+        cfg, later, key = dict(pard_training.DEFAULTS, draft="d", out="o"), pard_training.LATER_KEYS, "model"
+        added, changes = added + ["mixed_precision"], ({"grad_accum_steps": 2}, {"mixed_precision": "bf16"})
+    older = {k: v for k, v in cfg.items() if k not in added}
     ckpt = tmp_path / "ckpt.pt"
-    torch.save({"config": older, "heads": module.state_dict(), "optimizer": opt.state_dict(),
+    torch.save({"config": older, key: module.state_dict(), "optimizer": opt.state_dict(),
                 "state": {"step": 7, "elapsed": 1.0, "curve": []}}, ckpt)
     said = []
-    assert heads_training.resumed_state(ckpt, cfg, module, "heads", opt, said.append)["step"] == 7 and said == [7]
-    for changed in ({**cfg, "grad_accum_steps": 2}, {**cfg, "target_dtype": "bfloat16"}):
-        assert heads_training.resumed_state(ckpt, changed, module, "heads", opt, said.append)["step"] == 0
+    assert heads_training.resumed_state(ckpt, cfg, module, key, opt, said.append, later)["step"] == 7 and said == [7]
+    for change in changes:
+        assert heads_training.resumed_state(ckpt, {**cfg, **change}, module, key, opt, said.append, later)["step"] == 0
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])  # the feature-head loss and the training-time test
+# The feature-head loss, the training-time test, and PARD's own trainer.
+@pytest.mark.parametrize("kind", ["mtp", "eagle3", "pard"])
 def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, tiny_corpus, tmp_path, monkeypatch):
     """Several processes (torchrun, gloo on CPU; accelerate's multi-GPU path) each draw their own
     windows and average their gradients: 2 processes x 2 micro-batches of 1 window end with the
     weights of one process that takes both processes' windows as one batch of 4. A process that
     drew its peer's windows, or gradients left unsynced, would not (each moves the weights ~lr)."""
-    one = _heads_config(tiny_models, tiny_corpus, tmp_path, "one", kind=kind, ttt_steps=2)
-    draw = heads_training.train_batch
+    if kind == "pard":
+        trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one")
+    else:
+        trainer, one = heads_training, _heads_config(tiny_models, tiny_corpus, tmp_path, "one", kind=kind, ttt_steps=2)
+    draw = trainer.train_batch
 
     def both_processes(stream, step, rank, seed, batch, seq_len):
         return torch.cat([draw(stream, step, r, seed, batch // 2, seq_len) for r in (0, 1)])
 
-    monkeypatch.setattr(heads_training, "train_batch", both_processes)
+    monkeypatch.setattr(trainer, "train_batch", both_processes)
     # Both on the CPU, also on a machine with one GPU (two processes cannot share it).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    single = heads_training.train(one)  # first: it writes the token caches both processes read
+    single = trainer.train(one)  # first: it writes the token caches both processes read
     two = {**one, "out": str(tmp_path / "two"), "batch_size": 1, "grad_accum_steps": 2}
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(two))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -203,6 +242,34 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
     assert "each step: 1 window(s) x 2 micro-batch(es) x 2 process(es) = 4 windows of 32 tokens" in run.stdout
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
+
+
+def two_processes_with_a_fast_clock_on_one(module: str, *args) -> subprocess.CompletedProcess:
+    """torchrun, 2 processes on the CPU: module.main(args), process 1's clock 1000x fast."""
+    launch = Path(__file__).with_name("fast_clock_launch.py")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(launch), module, *map(str, args)],  # a hang, where a process waits alone: 120 s
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.parametrize("trainer", ["heads", "pard"])
+def test_two_processes_stop_together_when_the_main_process_runs_out_of_time(trainer, tiny_models, tiny_corpus,
+                                                                            tmp_path):
+    """max_minutes under several processes: the main process's clock decides for all (process 1's
+    own would stop it after a step). A process stopped by its own clock would leave the others
+    blocked in the next gradient all-reduce: the run fails, or hangs until the collective times
+    out, and nothing is saved."""
+    keys = {"batch_size": 1, "max_steps": 10_000, "max_minutes": 0.05, "eval_tokens": 32}
+    if trainer == "heads":
+        cfg, kind = _heads_config(tiny_models, tiny_corpus, tmp_path, "out", kind="mtp", **keys), ["mtp"]
+    else:
+        cfg, kind = _pard_config(tiny_models, tiny_corpus, tmp_path, "out", **keys), []
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    run = two_processes_with_a_fast_clock_on_one(f"draftsman.training.{trainer}", *kind, "--config",
+                                                 tmp_path / "run.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = json.loads(run.stdout.strip().splitlines()[-1])["steps"]
+    assert 2 <= steps < cfg["max_steps"] and (tmp_path / "out" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("kind", ["medusa", "mtp", "eagle3"])  # the three evaluators
@@ -218,10 +285,8 @@ def test_eval_every_records_the_heldout_agreement_during_training(kind, tiny_mod
 
 
 def test_pard_eval_every_records_the_heldout_accuracy_during_training(tiny_models, tiny_corpus, tmp_path):
-    metrics = pard_training.train({
-        "draft": str(tiny_models["llama"][1]), "out": str(tmp_path / "pard"), "k": 3, "threads": 1,
-        "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
-        "lr": 3e-3, "warmup_steps": 1, "max_steps": 4, "eval_tokens": 256, "eval_every": 2})
+    metrics = pard_training.train(_pard_config(tiny_models, tiny_corpus, tmp_path, "pard", max_steps=4,
+                                               eval_tokens=256, eval_every=2))
     checks = metrics["heldout_during_training"]
     final = [round(a, 4) for a in metrics["heldout_accuracy_by_depth"]]
     assert [step for step, _ in checks] == [2, 4] and checks[-1][1] == final and len(checks[0][1]) == 3

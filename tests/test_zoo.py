@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from draftsman.training import corpus as C
@@ -258,6 +259,27 @@ def test_tiny_pretraining_writes_hf_folders_and_resumes_exactly(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     # A finished stage with the same config is skipped, not retrained.
     assert P.pretrain(cfg2, only="draft")["draft"]["resumed_from_steps"] == [2]
+
+
+def test_two_processes_follow_the_main_processs_plan_and_clock(tmp_path):
+    """Under torchrun the time budget's step count, and when to evaluate or checkpoint, come from
+    the main process's clock: process 1's own (a thousand times fast) would plan it a few steps and
+    stop it, and would take it into the evaluation's or the checkpoint's barrier at other steps than
+    its peer, which then waits in a gradient all-reduce until the run fails."""
+    from test_training_steps import two_processes_with_a_fast_clock_on_one
+
+    cfg = _tiny_config(tmp_path, "two")
+    cfg["models"]["draft"].update(max_steps=10000, max_minutes=0.03, warmup_steps=20, probe_steps=4,
+                                  replan_every=5, eval_minutes=0.5)
+    cfg["checkpoint_minutes"] = 0.5
+    P.pretrain(cfg, only="tokenizer")
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(cfg))
+    run = two_processes_with_a_fast_clock_on_one("draftsman.training.pretrain", "--config", tmp_path / "two.yaml",
+                                                 "--only", "draft")
+    assert run.returncode == 0, run.stderr[-3000:]
+    m = json.loads((Path(cfg["out"]) / "python-draft" / "metrics.json").read_text())
+    assert m["num_processes"] == 2 and 4 < m["steps"] < 10000
+    assert [step for step, *_ in m["heldout_curve"]] == [0, m["steps"]]  # at the start and the end only
 
 
 def test_time_budget_plans_steps(tmp_path):

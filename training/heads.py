@@ -27,7 +27,8 @@ from . import corpus as C
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
-from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, resolve_mixed_precision, train_batch, versions
+from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, train_batch, versions
+from .processes import accelerator, main_process_decides
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -500,13 +501,15 @@ def load_heads(cfg: dict, folder, target):
     return in_float32(heads, target)
 
 
-def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt, say) -> dict:
+def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt, say,
+                  later_keys: dict = LATER_KEYS) -> dict:
     """The training state of the checkpoint a run of this very config left (module[key] and the
-    optimizer restored in place, say(step) called), else a fresh one."""
+    optimizer restored in place, say(step) called), else a fresh one. later_keys: the trainer's
+    keys added since it first wrote checkpoints, with the value they had before."""
     if ckpt.exists():
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
         # A checkpoint from before a key existed trained with the value it had then.
-        if {**{k: v for k, v in LATER_KEYS.items() if k in cfg}, **saved["config"]} == cfg:
+        if {**{k: v for k, v in later_keys.items() if k in cfg}, **saved["config"]} == cfg:
             module.load_state_dict(saved[key])
             opt.load_state_dict(saved["optimizer"])
             say(saved["state"]["step"])
@@ -559,12 +562,11 @@ def evaluate_only(config) -> dict:
     """Held-out agreement of heads already in `out` (and, for Medusa, the tree recalibrated with
     this config's tree_budget, written back into the heads' config): the evaluation and
     calibration command, `draftsman train <kind> --config FILE --eval-only`."""
-    from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
-    acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
+    acc = accelerator(cfg["mixed_precision"])
     target = frozen_target(cfg, acc.device)
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
@@ -574,13 +576,12 @@ def evaluate_only(config) -> dict:
 
 def train(config) -> dict:
     """Train heads of `config['kind']` on a frozen target; write them to `out`; return metrics."""
-    from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
-    acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
+    acc = accelerator(cfg["mixed_precision"])
     target = frozen_target(cfg, acc.device)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)
@@ -614,7 +615,9 @@ def train(config) -> dict:
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
                 mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
     while state["step"] < cfg["max_steps"]:
-        if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
+        # The main process's clock decides for all: a process that stopped alone would leave its peers
+        # blocked in the next gradient all-reduce (training/processes.py).
+        if cfg["max_minutes"] and main_process_decides(acc, time.time() - t_start > cfg["max_minutes"] * 60)[0]:
             break
         step, count = state["step"], cfg["grad_accum_steps"]
         draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"])

@@ -18,7 +18,6 @@ is never a drafted token. Checkpoints are replaced atomically and a rerun resume
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import shutil
@@ -30,11 +29,13 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from . import heads as heads_training
 from .heads import (STEP_DEFAULTS, accumulated_backward, config_with_overrides, masked_cross_entropy,
                     merged_config, micro_batches, record_heldout, record_step, resumed_state, step_size_line,
                     training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
+from .processes import accelerator, main_process_decides
 
 DEFAULTS = {
     "draft": None,  # local HF folder of the causal draft model to adapt (required)
@@ -43,6 +44,7 @@ DEFAULTS = {
     "work_dir": "zoo/.work",  # token caches and the resumable checkpoint
     "seed": 0,
     "threads": 2,  # torch.set_num_threads on CPU
+    "mixed_precision": "no",  # the model's forward under autocast: "no", "bf16", or "auto" (bf16 where native)
     "corpus_root": None,  # None = the stdlib of this interpreter, train split only
     "data_file": None,  # instead of corpus_root: JSONL of texts or conversations (e.g. `draftsman regenerate`'s)
     "seq_len": 128,  # L: each step reads k * L positions
@@ -56,6 +58,10 @@ DEFAULTS = {
     "eval_tokens": 16384,  # held-out tokens for the final per-depth accuracy
     "eval_every": 0,  # optimizer steps between held-out accuracy checks during training (0 = at the end only)
 }
+
+
+# Keys added after PARD checkpoints were written without them, with the value those runs had.
+LATER_KEYS = {**heads_training.LATER_KEYS, "mixed_precision": "no"}
 
 
 def load_config(raw) -> dict:
@@ -155,54 +161,70 @@ def train(config) -> dict:
     vocab = len(tokenizer)
     streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
     train_stream, held_stream, _ = training_streams(streams_cfg, tokenizer)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Accelerate: one process, or several under torchrun / accelerate launch, each drawing its own
+    # windows and averaging gradients (as the heads trainer does).
+    acc = accelerator(cfg["mixed_precision"])
     model = load_fp32(cfg["draft"]).train()
     mask_token = add_mask_token(model)
-    model.to(device)  # before the optimizer: a resumed state is loaded onto its parameters' device
+    model.to(acc.device)  # before the optimizer: a resumed state is loaded onto its parameters' device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
     ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
-    state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: print(f"[pard] resumed from step {step}"))
-    print(step_size_line("pard", cfg, 1))
+    state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: acc.print(f"[pard] resumed from step {step}"),
+                          LATER_KEYS)
+    model, opt = acc.prepare(model, opt)
+    raw = acc.unwrap_model(model)
+    acc.print(step_size_line("pard", cfg, acc.num_processes))
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
-    held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(device)
+    held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(acc.device)
     state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
 
     def loss_of(x, _learned):  # every position is learned: the text has no user turns to skip
-        return depth_losses(parallel_logits(model, x, mask_token, cfg["k"]), x, vocab)
+        with acc.autocast():
+            logits = parallel_logits(model, x, mask_token, cfg["k"])
+        return depth_losses(logits, x, vocab)
+
+    def held_out_accuracy():
+        with acc.autocast():
+            return evaluate(raw.eval(), held_windows, mask_token, cfg["k"], vocab)
 
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc="pard",
-                mininterval=1 if sys.stderr.isatty() else 30)
+                mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
     while state["step"] < cfg["max_steps"]:
-        if cfg["max_minutes"] and time.time() - t_start > cfg["max_minutes"] * 60:
+        # The main process's clock decides for all (training/processes.py).
+        if cfg["max_minutes"] and main_process_decides(acc, time.time() - t_start > cfg["max_minutes"] * 60)[0]:
             break
         step, count = state["step"], cfg["grad_accum_steps"]
-        x = train_batch(train_stream, step, 0, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"]).to(device)
+        draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"])
+        x = train_batch(train_stream, *draw).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
-        loss, accuracy = accumulated_backward(micro_batches(x, None, count), loss_of, torch.Tensor.backward,
-                                              contextlib.nullcontext, count)
+        loss, accuracy = accumulated_backward(micro_batches(x, None, count), loss_of, acc.backward,
+                                              lambda: acc.no_sync(model), count)
         if cfg["grad_clip"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+            acc.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
         record_step(state, t_start, loss, accuracy, pbar)
-        if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0:
-            record_heldout(state, evaluate(model.eval(), held_windows, mask_token, cfg["k"], vocab), pbar)
+        if cfg["eval_every"] and state["step"] % cfg["eval_every"] == 0 and acc.is_main_process:
+            record_heldout(state, held_out_accuracy(), pbar)
             model.train()
         if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
-            atomic_torch_save({"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                               "state": state}, ckpt)
+            if acc.is_main_process:
+                atomic_torch_save({"config": cfg, "model": raw.state_dict(), "optimizer": opt.state_dict(),
+                                   "state": state}, ckpt)
             last_ckpt = time.time()
     pbar.close()
-    model.eval()
-    heldout = evaluate(model, held_windows, mask_token, cfg["k"], vocab)
-    setattr(model.config, TRAINED_K_KEY, cfg["k"])  # the drafter warns when asked to draft deeper
-    save_hf_folder(model, Path(cfg["draft"]), Path(cfg["out"]))
+    if not acc.is_main_process:
+        return {}
+    heldout = held_out_accuracy()
+    setattr(raw.config, TRAINED_K_KEY, cfg["k"])  # the drafter warns when asked to draft deeper
+    save_hf_folder(raw, Path(cfg["draft"]), Path(cfg["out"]))
     order = Path(cfg["draft"], "tokens_by_frequency.json")  # the target's picks (draft_vocab): still this model's
     if order.is_file():
         shutil.copyfile(order, Path(cfg["out"], order.name))
     metrics = {"kind": "pard", "steps": state["step"], "k": cfg["k"], "pard_token": mask_token,
-               "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"],
+               "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"]
+               * acc.num_processes,
                "train_minutes": round(state["elapsed"] / 60, 2), "heldout_accuracy_by_depth": heldout,
                "curve": state["curve"], "heldout_during_training": state["evals"], "config": cfg,
                "command": " ".join(sys.argv), "versions": versions()}
@@ -219,6 +241,8 @@ def main(argv=None) -> int:
                     help="override one config key, value parsed as YAML (repeatable)")
     args = ap.parse_args(argv)
     metrics = train(config_with_overrides(args.config, args.overrides))
+    if not metrics:  # not the main process
+        return 0
     print(json.dumps({k: metrics[k] for k in ("steps", "tokens_seen", "train_minutes",
                                               "heldout_accuracy_by_depth")}))
     return 0

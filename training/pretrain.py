@@ -28,6 +28,7 @@ import yaml
 
 from . import corpus as C
 from . import tokenizer as T
+from .processes import accelerator, main_process_decides
 
 STAGES = ("tokenizer", "draft", "target", "pair")
 
@@ -130,22 +131,6 @@ def heldout_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> torch.Te
     n = max(1, min(n_tokens, len(stream)) // seq_len)
     starts = np.linspace(0, len(stream) - seq_len, n).astype(np.int64)
     return torch.from_numpy(np.stack([np.asarray(stream[s:s + seq_len], dtype=np.int64) for s in starts]))
-
-
-def resolve_mixed_precision(mode: str) -> str:
-    """Accelerate's mixed_precision: "no", "bf16", or "auto" (bf16 where this machine runs it
-    natively, else "no"). bf16 autocast on a CPU without native bf16 (AVX2 only) is emulated: a
-    heads training step took 42 s there against 1.5 s in float32, so asking for it warns."""
-    import warnings
-
-    from ..models import native_bfloat16
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if mode == "auto":
-        return "bf16" if native_bfloat16(device) else "no"
-    if mode == "bf16" and not native_bfloat16(device):
-        warnings.warn(f"mixed_precision bf16 on a {device} without native bf16 math: training runs many times "
-                      "slower than in float32 here; set mixed_precision: auto or no", stacklevel=2)
-    return mode
 
 
 def train_batch(stream: np.ndarray, step: int, rank: int, seed: int, batch: int, seq_len: int) -> torch.Tensor:
@@ -300,7 +285,6 @@ def stage_tokenizer(ctx: Ctx) -> dict:
 
 
 def stage_model(ctx: Ctx, name: str, command: str, stop_after: int | None = None) -> dict | None:
-    from accelerate import Accelerator
     from tqdm import tqdm
 
     cfg, m = ctx.cfg, ctx.cfg["models"][name]
@@ -312,7 +296,7 @@ def stage_model(ctx: Ctx, name: str, command: str, stop_after: int | None = None
         print(f"[{name}] already trained with this config: {out_dir} (delete it to retrain)", flush=True)
         return json.loads(done.read_text())
 
-    acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg["mixed_precision"]), cpu=not torch.cuda.is_available())
+    acc = accelerator(cfg["mixed_precision"])
     torch.manual_seed(cfg["seed"])
     train, held = ctx.streams()
     from transformers import AutoTokenizer
@@ -371,8 +355,9 @@ def stage_model(ctx: Ctx, name: str, command: str, stop_after: int | None = None
         sec = state["train_seconds"] / max(1, state["step"] - state["timed_from"])
         left = m["max_minutes"] * 60 - (time.time() - t_start)
         left -= (left / (m["eval_minutes"] * 60) + 1) * state.get("eval_seconds", 0)  # evals still to come
-        total = int(min(m["max_steps"], state["step"] + max(1, left // sec)))
-        if state["total_steps"] is None:
+        # The main process's estimate, on every process: each one's own would stop them at different steps.
+        total = main_process_decides(acc, int(min(m["max_steps"], state["step"] + max(1, left // sec))))[0]
+        if state["total_steps"] is None and acc.is_main_process:
             tqdm.write(f"[{name}] probe {sec:.2f}s/step -> ~{total} steps ({total * tokens_per_step / 1e6:.1f}M tokens)")
         state["total_steps"] = total
         state["sec_per_step"] = round(sec, 4)
@@ -421,10 +406,13 @@ def stage_model(ctx: Ctx, name: str, command: str, stop_after: int | None = None
         pbar.update(1)
         pbar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{state['step'] * tokens_per_step / max(state['elapsed'], 1e-9):.0f}",
                          lr=f"{sched.get_last_lr()[0]:.2e}", refresh=False)
-        if time.time() - last_eval >= m["eval_minutes"] * 60:
+        # Both wait for every process: all of them must reach them at the same step (training/processes.py).
+        evaluate_now, checkpoint_now = main_process_decides(acc, time.time() - last_eval >= m["eval_minutes"] * 60,
+                                                            time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60)
+        if evaluate_now:
             evaluate()
             last_eval = time.time()
-        if time.time() - last_ckpt >= cfg["checkpoint_minutes"] * 60:
+        if checkpoint_now:
             checkpoint()
             last_ckpt = time.time()
         if stop_after is not None and state["step"] >= stop_after:  # tests: simulate a kill
@@ -510,7 +498,9 @@ def pretrain(config, only: str | None = None, command: str = "", stop_after: int
     ctx.work.mkdir(parents=True, exist_ok=True)
     from accelerate import PartialState
 
-    dist = PartialState()  # under `accelerate launch`: only rank 0 writes the shared files
+    # Under torchrun / accelerate launch only rank 0 writes the shared files. cpu= as the stages'
+    # Accelerator has it: without a GPU, PartialState() would make each process a run of its own.
+    dist = PartialState(cpu=not torch.cuda.is_available())
     results = {}
     for stage in STAGES:
         if only and stage != only:
