@@ -212,17 +212,36 @@ def test_a_checkpoint_from_before_the_step_keys_resumes(trainer, tmp_path):
         assert heads_training.resumed_state(ckpt, {**cfg, **change}, module, key, opt, said.append, later)["step"] == 0
 
 
+def two_processes_with_a_fast_clock_on_one(module: str, *args, env=None) -> subprocess.CompletedProcess:
+    """torchrun, 2 processes on the CPU: module.main(args), process 1's clock 100000x fast."""
+    launch = Path(__file__).with_name("fast_clock_launch.py")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(launch), module, *map(str, args)],  # a hang, where a process waits alone: 120 s
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+
+
 # The feature-head loss, the training-time test, and PARD's own trainer.
 @pytest.mark.parametrize("kind", ["mtp", "eagle3", "pard"])
 def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, tiny_corpus, tmp_path, monkeypatch):
     """Several processes (torchrun, gloo on CPU; accelerate's multi-GPU path) each draw their own
     windows and average their gradients: 2 processes x 2 micro-batches of 1 window end with the
     weights of one process that takes both processes' windows as one batch of 4. A process that
-    drew its peer's windows, or gradients left unsynced, would not (each moves the weights ~lr)."""
+    drew its peer's windows, or gradients left unsynced, would not (each moves the weights ~lr).
+
+    And the main process's clock decides for all (training/processes.py). Process 1's runs 100000
+    times fast: by its own, max_minutes would stop it at once, leaving process 0 blocked in the
+    gradient all-reduce (the run fails, or hangs until the collective times out, nothing saved),
+    and the heads' cosine, which follows the clock, would give it another learning rate at each
+    step, so that the processes' weights drift apart."""
+    keys = {"max_minutes": 0.2}  # process 0's clock: far from it in 3 steps
     if kind == "pard":
-        trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one")
+        trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one", **keys)
+        args = ["--config"]
     else:
-        trainer, one = heads_training, _heads_config(tiny_models, tiny_corpus, tmp_path, "one", kind=kind, ttt_steps=2)
+        one = _heads_config(tiny_models, tiny_corpus, tmp_path, "one", kind=kind, ttt_steps=2, lr_schedule="cosine",
+                            **keys)
+        trainer, args = heads_training, [kind, "--config"]
     draw = trainer.train_batch
 
     def both_processes(stream, step, rank, seed, batch, seq_len):
@@ -234,42 +253,16 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     single = trainer.train(one)  # first: it writes the token caches both processes read
     two = {**one, "out": str(tmp_path / "two"), "batch_size": 1, "grad_accum_steps": 2}
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(two))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "draftsman.cli", "train", kind, "--config", str(tmp_path / "two.yaml")],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    run = two_processes_with_a_fast_clock_on_one(trainer.__name__, *args, tmp_path / "two.yaml",
+                                                 env={"RECORD_LEARNING_RATES": str(tmp_path)})
     assert run.returncode == 0, run.stderr[-3000:]
     reported = json.loads(run.stdout.strip().splitlines()[-1])
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
     assert "each step: 1 window(s) x 2 micro-batch(es) x 2 process(es) = 4 windows of 32 tokens" in run.stdout
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
-
-
-def two_processes_with_a_fast_clock_on_one(module: str, *args) -> subprocess.CompletedProcess:
-    """torchrun, 2 processes on the CPU: module.main(args), process 1's clock 1000x fast."""
-    launch = Path(__file__).with_name("fast_clock_launch.py")
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(launch), module, *map(str, args)],  # a hang, where a process waits alone: 120 s
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-
-
-@pytest.mark.parametrize("trainer", ["heads", "pard"])
-def test_two_processes_stop_together_when_the_main_process_runs_out_of_time(trainer, tiny_models, tiny_corpus,
-                                                                            tmp_path):
-    """max_minutes under several processes: the main process's clock decides for all (process 1's
-    own would stop it after a step). A process stopped by its own clock would leave the others
-    blocked in the next gradient all-reduce: the run fails, or hangs until the collective times
-    out, and nothing is saved."""
-    keys = {"batch_size": 1, "max_steps": 10_000, "max_minutes": 0.05, "eval_tokens": 32}
-    if trainer == "heads":
-        cfg, kind = _heads_config(tiny_models, tiny_corpus, tmp_path, "out", kind="mtp", **keys), ["mtp"]
-    else:
-        cfg, kind = _pard_config(tiny_models, tiny_corpus, tmp_path, "out", **keys), []
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
-    run = two_processes_with_a_fast_clock_on_one(f"draftsman.training.{trainer}", *kind, "--config",
-                                                 tmp_path / "run.yaml")
-    assert run.returncode == 0, run.stderr[-3000:]
-    steps = json.loads(run.stdout.strip().splitlines()[-1])["steps"]
-    assert 2 <= steps < cfg["max_steps"] and (tmp_path / "out" / "model.safetensors").is_file()
+    if trainer is heads_training:
+        factors = [json.loads((tmp_path / f"lr-{rank}.json").read_text()) for rank in (0, 1)]
+        assert len(factors[0]) == 3 and factors[0] == factors[1]
 
 
 @pytest.mark.parametrize("kind", ["medusa", "mtp", "eagle3"])  # the three evaluators

@@ -263,7 +263,7 @@ def test_tiny_pretraining_writes_hf_folders_and_resumes_exactly(tmp_path):
 
 def test_two_processes_follow_the_main_processs_plan_and_clock(tmp_path):
     """Under torchrun the time budget's step count, and when to evaluate or checkpoint, come from
-    the main process's clock: process 1's own (a thousand times fast) would plan it a few steps and
+    the main process's clock: process 1's own (100000 times fast) would plan it a few steps and
     stop it, and would take it into the evaluation's or the checkpoint's barrier at other steps than
     its peer, which then waits in a gradient all-reduce until the run fails."""
     from test_training_steps import two_processes_with_a_fast_clock_on_one

@@ -603,9 +603,6 @@ def train(config) -> dict:
     # EAGLE's feature noise: each process its own stream (process 0's is a single process's).
     noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1 + acc.process_index)
 
-    def lr_at(step):
-        return cfg["lr"] * learning_rate_factor(cfg, step, time.time() - t_start)
-
     def loss_of(x, learned):
         return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
 
@@ -615,17 +612,20 @@ def train(config) -> dict:
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
                 mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
     while state["step"] < cfg["max_steps"]:
-        # The main process's clock decides for all: a process that stopped alone would leave its peers
-        # blocked in the next gradient all-reduce (training/processes.py).
-        if cfg["max_minutes"] and main_process_decides(acc, time.time() - t_start > cfg["max_minutes"] * 60)[0]:
-            break
+        elapsed = time.time() - t_start
+        if cfg["max_minutes"]:
+            # The main process's clock for all: a process that stopped alone would leave its peers blocked
+            # in the next gradient all-reduce, and one on its own cosine would drift from them.
+            elapsed, = main_process_decides(acc, elapsed)
+            if elapsed > cfg["max_minutes"] * 60:
+                break
         step, count = state["step"], cfg["grad_accum_steps"]
         draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"])
         x = train_batch(train_stream, *draw).to(acc.device)
         # The mask is as long as the stream, so the same draw gives the same windows of it.
         learned = None if train_mask is None else learned_positions(train_batch(train_mask, *draw)).to(acc.device)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = cfg["lr"] * learning_rate_factor(cfg, step, elapsed)
         loss, head_acc = accumulated_backward(micro_batches(x, learned, count), loss_of, acc.backward,
                                               lambda: acc.no_sync(heads), count)
         if cfg["grad_clip"]:

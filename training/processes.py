@@ -3,7 +3,7 @@ multi-process run (torchrun, accelerate launch) takes together.
 
 The processes train in lockstep: each step's backward all-reduces their gradients. A decision
 read off a process's own clock (stop at `max_minutes`, evaluate or checkpoint every N minutes, how
-many steps the time budget allows) can come out differently on two processes that read it a
+many steps the time budget allows, the cosine's learning rate) can come out differently on two processes that read it a
 millisecond apart. The one that stops, or waits at a barrier, leaves the others blocked in the
 next all-reduce until the collective times out, and the run ends without its final save. So the
 main process decides and the others take its answer.
@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 
 
-def main_process_decides(acc, *values: int) -> tuple[int, ...]:
-    """The main process's `values` (whole numbers or bools), on every process of `acc`'s run."""
+def main_process_decides(acc, *values):
+    """The main process's `values` (bools, whole numbers, seconds), on every process of `acc`'s run."""
     if acc.num_processes == 1:
-        return tuple(int(v) for v in values)
+        return values
     from accelerate.utils import broadcast
-    shared = broadcast(torch.tensor([int(v) for v in values], dtype=torch.long, device=acc.device), from_process=0)
-    return tuple(shared.tolist())
+    shared = broadcast(torch.tensor([float(v) for v in values], dtype=torch.float64, device=acc.device),
+                       from_process=0)
+    return tuple(type(v)(x) for v, x in zip(values, shared.tolist()))
 
 
 def resolve_mixed_precision(mode: str) -> str:
