@@ -1,8 +1,9 @@
 """Optimizer steps of the trainers (`draftsman train <heads kind>` and `train pard`): gradient
 accumulation gives the gradient of one batch of the micro-batches' total size, and a run with it
-ends where the run with that batch ends, in one process or two (torchrun); grad_clip bounds each
-step; eval_every records held-out agreement as training goes; a run says what a step reads; token
-caches are written whole or not at all; bad values are named; older checkpoints still resume."""
+ends where the run with that batch ends, in one process or two (torchrun, where the main
+process's clock decides for both); grad_clip bounds each step; eval_every records held-out
+agreement as training goes; PARD's mixed precision; a run says what a step reads; token caches
+are written whole or not at all; bad values are named; older checkpoints still resume."""
 import contextlib
 import json
 import os
@@ -146,7 +147,7 @@ def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tin
     assert _max_difference(weights["init"], weights["whole"]) > 0.5 * lr
 
 
-@pytest.mark.parametrize("mixed_precision,dtype", [("no", torch.float32), ("bf16", torch.bfloat16)])  # autocast's
+@pytest.mark.parametrize("mixed_precision,dtype", [("no", torch.float32), ("bf16", torch.bfloat16)])
 def test_pard_mixed_precision_runs_the_model_under_autocast(mixed_precision, dtype, tiny_models, tiny_corpus,
                                                             tmp_path, monkeypatch):
     """mixed_precision bf16 (for GPUs): the training and evaluation forwards run under autocast;

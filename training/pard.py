@@ -29,10 +29,9 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from . import heads as heads_training
-from .heads import (STEP_DEFAULTS, accumulated_backward, config_with_overrides, masked_cross_entropy,
-                    merged_config, micro_batches, record_heldout, record_step, resumed_state, step_size_line,
-                    training_streams)
+from .heads import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, accumulated_backward, config_with_overrides,
+                    masked_cross_entropy, merged_config, micro_batches, record_heldout, record_step, resumed_state,
+                    step_size_line, training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides
@@ -61,7 +60,7 @@ DEFAULTS = {
 
 
 # Keys added after PARD checkpoints were written without them, with the value those runs had.
-LATER_KEYS = {**heads_training.LATER_KEYS, "mixed_precision": "no"}
+LATER_KEYS = {**HEADS_LATER_KEYS, "mixed_precision": "no"}
 
 
 def load_config(raw) -> dict:

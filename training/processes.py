@@ -3,10 +3,11 @@ multi-process run (torchrun, accelerate launch) takes together.
 
 The processes train in lockstep: each step's backward all-reduces their gradients. A decision
 read off a process's own clock (stop at `max_minutes`, evaluate or checkpoint every N minutes, how
-many steps the time budget allows, the cosine's learning rate) can come out differently on two processes that read it a
-millisecond apart. The one that stops, or waits at a barrier, leaves the others blocked in the
-next all-reduce until the collective times out, and the run ends without its final save. So the
-main process decides and the others take its answer.
+many steps the time budget allows, the cosine's learning rate) can come out differently on two
+processes that read it a millisecond apart. The one that stops, or waits at a barrier, leaves the
+others blocked in the next all-reduce until the collective times out, and the run ends without
+its final save; one that takes another learning rate drifts from the others' weights (gradients
+are synced, weights are not). So the main process decides and the others take its answer.
 """
 from __future__ import annotations
 
