@@ -1,6 +1,7 @@
 """Medusa heads: training on a frozen tiny target lowers the loss; save/load round trip; heads for
 another target are refused; output through the `medusa` drafter equals the target's own greedy
 output (batch 1 and 4) and follows its distribution when sampling."""
+import contextlib
 import json
 
 import pytest
@@ -121,6 +122,29 @@ def test_eval_only_recalibrates_the_tree(trained_heads, tiny_models, tiny_corpus
     report = json.loads(capsys.readouterr().out)
     assert len(report["heldout_agreement"]["top1"]) == 3
     assert len(json.loads((folder / "config.json").read_text())["tree"]) == 4
+
+
+def test_eval_only_runs_on_the_main_process_only(trained_heads, tiny_models, tiny_corpus, tmp_path, capsys,
+                                                monkeypatch):
+    """Under torchrun / accelerate launch the other processes leave the evaluation to the main one:
+    each would otherwise rewrite the heads folder at once, and print its own report."""
+    import shutil
+    from types import SimpleNamespace
+
+    import yaml
+
+    from draftsman.training import heads as heads_training
+    folder = shutil.copytree(trained_heads[0], tmp_path / "heads")
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    cfg = {"target": str(tiny_models["llama"][0]), "out": str(folder), "work_dir": str(tmp_path),
+           "corpus_root": str(tiny_corpus), "threads": 1, "mixed_precision": "no", "seq_len": 64,
+           "eval_tokens": 256, "tree_budget": 4}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setattr(heads_training, "accelerator", lambda mixed_precision: SimpleNamespace(
+        is_main_process=False, device=torch.device("cpu"), autocast=contextlib.nullcontext))
+    assert heads_training.main(["medusa", "--config", str(tmp_path / "cfg.yaml"), "--eval-only"]) == 0
+    assert capsys.readouterr().out == ""
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
 
 
 def test_heads_sharing_the_target_lm_head(tiny_models, tiny_corpus, tmp_path):

@@ -567,6 +567,8 @@ def evaluate_only(config) -> dict:
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     acc = accelerator(cfg["mixed_precision"])
+    if not acc.is_main_process:  # under a launcher: one evaluation, by the main process (each would rewrite `out`)
+        return {}
     target = frozen_target(cfg, acc.device)
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
@@ -678,7 +680,9 @@ def main(argv=None) -> int:
     if raw["kind"] != args.kind:
         raise ValueError(f"the config trains {raw['kind']!r} heads but the command asked for {args.kind!r}")
     if args.eval_only:
-        print(json.dumps(evaluate_only(raw))[:4000])
+        report = evaluate_only(raw)
+        if report:  # (the main process's)
+            print(json.dumps(report)[:4000])
         return 0
     metrics = train(raw)
     if metrics:
