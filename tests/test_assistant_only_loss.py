@@ -144,7 +144,8 @@ def test_losses_count_only_the_learned_positions(chat_target, tmp_path, kind, ov
 
 def test_training_windows_carry_their_own_reply_mask(chat_target, tmp_path, monkeypatch):
     """Replies of digits, questions without any: a learned position is one whose next token is a
-    digit or a reply's end, in every batch training draws."""
+    digit or a reply's end, in every batch training draws; the final evaluation reads the held-out
+    text's reply mask."""
     folder, tok = chat_target
     data = [{"messages": [{"role": "user", "content": f"Say the number for {w}"},
                           {"role": "assistant", "content": str(1000 + 37 * i)}]}
@@ -157,9 +158,18 @@ def test_training_windows_carry_their_own_reply_mask(chat_target, tmp_path, monk
         seen.append((x.cpu(), learned.cpu()))  # training runs on CUDA where there is one
         return real(cfg, heads, target, x, autocast, generator, learned)
 
+    evaluated, agreement = [], H.heldout_agreement
+
+    def evaluation_spy(cfg, heads, target, windows, learned, autocast):
+        evaluated.append(learned)
+        return agreement(cfg, heads, target, windows, learned, autocast)
+
     monkeypatch.setattr(H, "batch_loss", spy)
+    monkeypatch.setattr(H, "heldout_agreement", evaluation_spy)
     metrics = H.train(config(folder, tmp_path, path, assistant_only_loss=True, max_steps=3))
     assert len(seen) == 3 and metrics["steps"] == 3
+    # The final evaluation counts the held-out replies only, not the questions.
+    assert len(evaluated) == 1 and evaluated[0] is not None and 0 < evaluated[0].float().mean() < 1
     in_reply = set(tok.convert_tokens_to_ids(list("0123456789") + ["<|im_end|>"])) | set(tok("\n")["input_ids"][1:])
     digits = set(tok.convert_tokens_to_ids(list("0123456789")))
     for x, learned in seen:

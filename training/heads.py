@@ -463,15 +463,15 @@ def evaluation_pass(cfg: dict, heads, target, autocast):
     return lambda x: target_pass(target, x.to(target.device), autocast)
 
 
-def evaluate_and_save(cfg: dict, heads, target, held_stream, autocast, train_stream, frequent: dict | None = None,
-                      masks=None) -> dict:
-    """Held-out agreement, then the heads folder (with what the drafter needs from the evaluation).
-    frequent: target_token_frequencies, if the caller counted them already. masks: reply_masks
-    (train, held-out): agreement is then measured inside replies only."""
+def evaluate_and_save(cfg: dict, heads, target, held_sample, autocast, train_stream, frequent: dict | None = None,
+                      train_mask=None) -> dict:
+    """Held-out agreement on `held_sample` (sample_windows of the held-out stream: windows and their
+    learned positions, inside replies under assistant_only_loss), then the heads folder (with what
+    the drafter needs from the evaluation). frequent: target_token_frequencies, if the caller
+    counted them already. train_mask: the training stream's reply mask, or None."""
     from ..drafters.rank_trees import tree_from_accuracies
-    train_mask, held_mask = masks or (None, None)
     frequent = frequent or target_token_frequencies(cfg, target, train_stream, autocast, train_mask)
-    ev = heldout_agreement(cfg, heads, target, *sample_windows(held_stream, held_mask, cfg), autocast)
+    ev = heldout_agreement(cfg, heads, target, *held_sample, autocast)
     if cfg["kind"] == "medusa":
         tree = tree_from_accuracies(ev["rank_accuracy"], cfg["tree_budget"])
         extra = {"rank_accuracy": ev["rank_accuracy"], "tree": [list(p) for p in tree]}
@@ -572,7 +572,9 @@ def evaluate_only(config) -> dict:
     target = frozen_target(cfg, acc.device)
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
-    ev = evaluate_and_save(cfg, heads, target, held_stream, acc.autocast, train_stream, masks=masks)
+    held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)
+    ev = evaluate_and_save(cfg, heads, target, held_sample, acc.autocast, train_stream,
+                           train_mask=masks[0] if masks else None)
     return {"kind": cfg["kind"], "heldout_agreement": ev}
 
 
@@ -609,7 +611,7 @@ def train(config) -> dict:
         return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
 
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
-    held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)  # the final evaluation's windows
+    held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)  # eval_every's and the final one
     state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
     pbar = tqdm(total=cfg["max_steps"], initial=state["step"], desc=f"{cfg['kind']} heads",
                 mininterval=1 if sys.stderr.isatty() else 30, disable=not acc.is_main_process)
@@ -647,7 +649,7 @@ def train(config) -> dict:
 
     metrics = {}
     if acc.is_main_process:
-        ev = evaluate_and_save(cfg, raw.eval(), target, held_stream, acc.autocast, train_stream, frequent, masks)
+        ev = evaluate_and_save(cfg, raw.eval(), target, held_sample, acc.autocast, train_stream, frequent, train_mask)
         metrics = {"kind": cfg["kind"], "steps": state["step"],
                    "tokens_seen": state["step"] * cfg["batch_size"] * cfg["grad_accum_steps"] * cfg["seq_len"]
                    * acc.num_processes,
