@@ -154,9 +154,9 @@ def test_training_windows_carry_their_own_reply_mask(chat_target, tmp_path, monk
     seen = []
     real = H.batch_loss
 
-    def spy(cfg, heads, target, x, autocast, generator, learned=None):
+    def spy(cfg, heads, target, x, autocast, generator, learned=None, step_counts=None):
         seen.append((x.cpu(), learned.cpu()))  # training runs on CUDA where there is one
-        return real(cfg, heads, target, x, autocast, generator, learned)
+        return real(cfg, heads, target, x, autocast, generator, learned, step_counts)
 
     evaluated, agreement = [], H.heldout_agreement
 

@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 from draftsman.training import heads as heads_training, pard as pard_training
 from draftsman.training.heads import accumulated_backward, micro_batches
 
+from test_training_documents import config, rows, write
+
 
 @pytest.mark.parametrize("count", [2, 4])
 def test_accumulated_micro_batches_give_the_whole_batchs_gradient(count):
@@ -51,6 +53,25 @@ def test_accumulated_micro_batches_give_the_whole_batchs_gradient(count):
     assert loss == pytest.approx(whole_loss.item(), rel=1e-5) and accuracy == [pytest.approx(loss, rel=1e-6)]
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), whole))
     assert torch.equal(torch.cat(masks_seen[1:]), learned) and len(unsynced) == count - 1
+
+
+def test_a_steps_learned_counts_divide_as_each_losss_own_count_does():
+    """One micro-batch of one process: dividing by step_learned_counts is dividing by the positions
+    each loss reads (columns s.. of the mask, for every s); none learned gives 0, not NaN. Two
+    micro-batches each divide by half of the step's count (their mean is the step's mean)."""
+    learned = torch.rand(4, 9, generator=torch.Generator().manual_seed(0)) < 0.4
+    summed = torch.tensor(3.0)
+    counts = heads_training.step_learned_counts(learned, 1)
+    assert heads_training.step_learned_counts(None, 1) is None
+    for s in range(9):
+        keep = learned[:, s:]
+        own = heads_training.masked_mean(summed, keep)
+        assert heads_training.masked_mean(summed, keep, counts).item() == pytest.approx(own.item(), rel=1e-6)
+        assert own.item() == pytest.approx(3.0 / max(1, int(keep.sum())), rel=1e-6)
+    nothing = torch.zeros(2, 9, dtype=torch.bool)
+    assert heads_training.masked_mean(torch.tensor(0.0), nothing, heads_training.step_learned_counts(nothing, 2)) == 0
+    halves = heads_training.step_learned_counts(learned, 2)
+    assert torch.allclose(halves * 2, counts)
 
 
 def _heads_config(tiny_models, tiny_corpus, work, out, **keys):
@@ -112,6 +133,27 @@ def test_heads_trained_with_accumulation_match_the_whole_batch(tiny_models, tiny
             "the target in torch.float32") in capsys.readouterr().out
     assert accumulated["tokens_seen"] == whole["tokens_seen"] == 3 * 4 * 32
     assert _max_difference(trained_weights["whole"], trained_weights["accumulated"]) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])  # the three losses
+def test_replies_only_accumulation_matches_the_whole_batch(kind, chat_target, tmp_path, trained_weights,
+                                                          monkeypatch):
+    """assistant_only_loss: each micro-batch learns its own number of positions (its windows' reply
+    tokens), so the mean of the micro-batches' means would weigh a position of a short reply above
+    one of a long reply. A step is the mean over all the positions it learns: batch 2 twice per
+    step ends with the weights of batch 4 once, and reports the same loss at each step (Adam
+    would hide a loss scaled by a constant; the report does not)."""
+    folder = chat_target[0]
+    path = write(tmp_path / "chat.jsonl", rows())
+    losses, record = [], heads_training.record_step
+    monkeypatch.setattr(heads_training, "record_step", lambda state, t, loss, *rest: losses.append(loss)
+                        or record(state, t, loss, *rest))
+    keys = {"kind": kind, "assistant_only_loss": True, "max_steps": 3, "ttt_steps": 2, "feature_noise": 0.0}
+    heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "whole"), **keys))
+    heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "accumulated"), batch_size=2,
+                                grad_accum_steps=2, **keys))
+    assert _max_difference(trained_weights["whole"], trained_weights["accumulated"]) < 1e-5
+    assert len(losses) == 6 and losses[3:] == pytest.approx(losses[:3], rel=1e-5)
 
 
 def test_grad_clip_bounds_each_step(tiny_models, tiny_corpus, tmp_path, trained_weights):
@@ -222,9 +264,10 @@ def two_processes_with_a_fast_clock_on_one(module: str, *args, env=None) -> subp
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
 
 
-# The feature-head loss, the training-time test, and PARD's own trainer.
+# The feature-head loss, the training-time test (on conversations, replies only), and PARD's own trainer.
 @pytest.mark.parametrize("kind", ["mtp", "eagle3", "pard"])
-def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, tiny_corpus, tmp_path, monkeypatch):
+def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, tiny_corpus, tmp_path, monkeypatch,
+                                                            request):
     """Several processes (torchrun, gloo on CPU; accelerate's multi-GPU path) each draw their own
     windows and average their gradients: 2 processes x 2 micro-batches of 1 window end with the
     weights of one process that takes both processes' windows as one batch of 4. A process that
@@ -234,11 +277,19 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     times fast: by its own, max_minutes would stop it at once, leaving process 0 blocked in the
     gradient all-reduce (the run fails, or hangs until the collective times out, nothing saved),
     and the heads' cosine, which follows the clock, would give it another learning rate at each
-    step, so that the processes' weights drift apart."""
+    step, so that the processes' weights drift apart.
+
+    EAGLE-3 learns the replies only (assistant_only_loss): each process divides by its share of the
+    learned positions of both processes' windows, which it learns by summing their counts."""
     keys = {"max_minutes": 0.2}  # process 0's clock: far from it in 3 steps
     if kind == "pard":
         trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one", **keys)
         args = ["--config"]
+    elif kind == "eagle3":
+        one = config(request.getfixturevalue("chat_target")[0], tmp_path, write(tmp_path / "chat.jsonl", rows()),
+                     out=str(tmp_path / "one"), kind=kind, ttt_steps=2, lr_schedule="cosine", max_steps=3,
+                     assistant_only_loss=True, **keys)
+        trainer, args = heads_training, [kind, "--config"]
     else:
         one = _heads_config(tiny_models, tiny_corpus, tmp_path, "one", kind=kind, ttt_steps=2, lr_schedule="cosine",
                             **keys)

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from ..verifier.hf_compat import cache_kwarg
-from .heads import all_positions
+from .heads import all_positions, masked_mean
 
 
 @torch.no_grad()
@@ -60,11 +60,11 @@ def unroll(head, aux: torch.Tensor, x: torch.Tensor, steps: int) -> list[torch.T
 
 
 def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, target_logits: torch.Tensor,
-                cfg: dict, learned: torch.Tensor | None = None):
+                cfg: dict, learned: torch.Tensor | None = None, step_counts: torch.Tensor | None = None):
     """Weighted soft cross-entropy against the target's distribution restricted (and renormalised)
     to the draft vocabulary, over `ttt_steps` steps. Returns the loss and the top-1 agreement with
     the target's greedy token per step. learned (B, L) bool: the text positions whose next token is
-    learned (assistant_only_loss); None: all."""
+    learned (assistant_only_loss); None: all. step_counts: masked_mean's (training/heads.py)."""
     ids = getattr(head, "module", head).draft_token_ids
     L = x.shape[1]
     learned = all_positions(x) if learned is None else learned
@@ -77,7 +77,7 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
         log_q = logits[:, :m].float().log_softmax(-1)
         keep = learned[:, 1 + j: 1 + j + m]
         count = keep.sum().clamp_min(1)
-        total = total + cfg["ttt_decay"] ** j * (-(p * log_q).sum(-1) * keep).sum() / count
+        total = total + cfg["ttt_decay"] ** j * masked_mean((-(p * log_q).sum(-1) * keep).sum(), keep, step_counts)
         hits = (ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]) & keep
         accuracy.append((hits.sum() / count).item())
     return total, accuracy

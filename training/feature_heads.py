@@ -14,13 +14,14 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .heads import all_positions, masked_cross_entropy
+from .heads import all_positions, masked_cross_entropy, masked_mean
 
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
-                      generator: torch.Generator | None = None):
+                      generator: torch.Generator | None = None, step_counts: torch.Tensor | None = None):
     """Returns the loss and [depth-1 top-1 accuracy against the labels]. The kind is the config's:
-    `head` may be the wrapper several processes train it in (DistributedDataParallel)."""
+    `head` may be the wrapper several processes train it in (DistributedDataParallel). step_counts:
+    masked_mean's (training/heads.py)."""
     kind = cfg["kind"]
     f_in = features[:, :-1]
     if kind == "eagle" and cfg["feature_noise"] > 0:
@@ -29,11 +30,11 @@ def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: tor
     predicted, logits = head(f_in, x[:, 1:])
     target_tokens = labels[:, 1:]
     learned = target_tokens != -100  # the feature at i + 1 is learned where its token is
-    ce = masked_cross_entropy(logits, target_tokens)
+    ce = masked_cross_entropy(logits, target_tokens, step_counts)
     loss = ce
     if kind == "eagle":
         regression = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1)
-        loss = (regression * learned).sum() / learned.sum().clamp_min(1) + cfg["ce_weight"] * ce
+        loss = masked_mean((regression * learned).sum(), learned, step_counts) + cfg["ce_weight"] * ce
     accuracy = ((logits.argmax(-1) == target_tokens) & learned).float().sum() / learned.sum().clamp_min(1)
     return loss, [accuracy.item()]
 

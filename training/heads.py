@@ -130,7 +130,8 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
     """Backward of the mean of the micro-batches' losses, one micro-batch at a time (gradients summed
     in place; `no_sync` keeps several processes from syncing them before the last); returns the
     mean loss and the mean of each accuracy. Averaging micro-batch means equals one batch's mean
-    when every micro-batch learns as many positions (always, unless assistant_only_loss masks some)."""
+    when every micro-batch learns as many positions; under assistant_only_loss, where they do not,
+    loss_of divides by its share of the step's learned positions (step_learned_counts) instead."""
     losses, accuracies = [], []
     for i, (x, learned) in enumerate(micro):
         with no_sync() if i < count - 1 else contextlib.nullcontext():
@@ -267,27 +268,52 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
     return {name: np.load(cache, mmap_mode="r") for name, cache in caches.items()}
 
 
-def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float):
+def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float, step_counts=None):
     """head_logits (H, B, L, V): head i at position t predicts labels[:, t + i + 1], where labels[:, s]
     is the token at s + 1 (the next-token label of position s; -100 where there is none to learn).
-    Returns the weighted loss and the per-head top-1 accuracy."""
+    Returns the weighted loss and the per-head top-1 accuracy. step_counts: masked_mean's."""
     total, accuracy = 0.0, []
     L = labels.shape[1]
     for i, logits in enumerate(head_logits):
         pred = logits[:, : L - i - 1]  # positions that have a label i + 1 steps later
         target = labels[:, i + 1:]
-        total = total + decay ** i * masked_cross_entropy(pred, target)
+        total = total + decay ** i * masked_cross_entropy(pred, target, step_counts)
         learned = target != -100
         accuracy.append(((pred.argmax(-1) == target) & learned).float().sum().item() / max(1, learned.sum().item()))
     return total, accuracy
 
 
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the labels that are not -100; 0 (not NaN) when none is, as a batch
-    drawn wholly from user turns is under assistant_only_loss."""
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, step_counts=None) -> torch.Tensor:
+    """Mean cross-entropy over the labels that are not -100 (masked_mean, with its step_counts)."""
     summed = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                ignore_index=-100, reduction="sum")
-    return summed / (labels != -100).sum().clamp_min(1)
+    return masked_mean(summed, labels != -100, step_counts)
+
+
+def masked_mean(summed: torch.Tensor, keep: torch.Tensor, step_counts: torch.Tensor | None = None) -> torch.Tensor:
+    """A loss summed over the positions `keep` marks, as a mean: over keep's own positions, 0 (not
+    NaN) where there are none, as in a batch drawn wholly from user turns under assistant_only_loss.
+    With step_counts (step_learned_counts of the step this micro-batch belongs to): over this
+    micro-batch's share of the step's learned positions in keep's columns. Every loss here reads
+    the last columns of its windows (positions s.. L-1: a later head's labels, a later depth's), so
+    keep's width says which."""
+    if step_counts is None:
+        return summed / keep.sum().clamp_min(1)
+    return summed / step_counts[-keep.shape[-1]]
+
+
+def step_learned_counts(learned: torch.Tensor | None, parts: int, summed_over_processes=lambda t: t):
+    """Under assistant_only_loss, micro-batches (and processes) learn different numbers of positions,
+    so the mean of their own means would weigh a position of a short reply above one of a long
+    reply, and a step would differ from one batch of the same windows. From the step's whole draw on
+    this process, `learned` (B, L), summed over the processes: per column s, the learned positions
+    in columns s.., as a share for each of the `parts` (micro-batches x processes) to divide by
+    (masked_mean). The step's loss is then the mean over all its learned positions, however split.
+    None without a mask: every micro-batch learns as many positions, and its own mean is right."""
+    if learned is None:
+        return None
+    from_column = learned.sum(0).flip(0).cumsum(0).flip(0).float()  # [s]: learned positions in columns s..
+    return summed_over_processes(from_column).clamp_min(1) / parts
 
 
 def stage_inputs(x: torch.Tensor, stages: int) -> torch.Tensor:
@@ -422,21 +448,23 @@ def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_ma
                                learned=learned)
 
 
-def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, learned: torch.Tensor | None = None):
+def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, learned: torch.Tensor | None = None,
+               step_counts: torch.Tensor | None = None):
     """Run the frozen target on a batch and return the heads' loss and per-head / per-step accuracy.
-    learned: learned_positions of the batch (assistant_only_loss); None learns every position."""
+    learned: learned_positions of the batch (assistant_only_loss); None learns every position.
+    step_counts: step_learned_counts of the step the batch is a micro-batch of (None: its own mean)."""
     if cfg["kind"] == "eagle3":
         from .eagle3 import aux_target_pass, eagle3_loss
         aux, greedy, logits = aux_target_pass(target, x, getattr(heads, "module", heads).config.aux_layers, autocast)
-        return eagle3_loss(heads, aux, x, greedy, logits, cfg, learned)
+        return eagle3_loss(heads, aux, x, greedy, logits, cfg, learned, step_counts)
     hidden, greedy = target_pass(target, x, autocast)
     labels = labels_for(cfg, x, greedy)
     if learned is not None:
         labels = labels.masked_fill(~learned, -100)
     if cfg["kind"] in ("medusa", "mlp_speculator"):  # head (stage) i at position t predicts t + i + 2
-        return medusa_loss(heads_logits(heads, hidden, x), labels, cfg["loss_decay"])
+        return medusa_loss(heads_logits(heads, hidden, x), labels, cfg["loss_decay"], step_counts)
     from .feature_heads import feature_head_loss
-    return feature_head_loss(heads, hidden, x, labels, cfg, generator)
+    return feature_head_loss(heads, hidden, x, labels, cfg, generator, step_counts)
 
 
 def heldout_agreement(cfg: dict, heads, target, windows: torch.Tensor, learned: torch.Tensor | None,
@@ -607,9 +635,6 @@ def train(config) -> dict:
     # EAGLE's feature noise: each process its own stream (process 0's is a single process's).
     noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1 + acc.process_index)
 
-    def loss_of(x, learned):
-        return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned)
-
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)  # eval_every's and the final one
     state.setdefault("evals", [])  # (a checkpoint from before eval_every has none)
@@ -630,6 +655,11 @@ def train(config) -> dict:
         learned = None if train_mask is None else learned_positions(train_batch(train_mask, *draw)).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * learning_rate_factor(cfg, step, elapsed)
+        step_counts = step_learned_counts(learned, count * acc.num_processes, lambda t: acc.reduce(t, "sum"))
+
+        def loss_of(x, learned):
+            return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned, step_counts)
+
         loss, head_acc = accumulated_backward(micro_batches(x, learned, count), loss_of, acc.backward,
                                               lambda: acc.no_sync(heads), count)
         if cfg["grad_clip"]:
