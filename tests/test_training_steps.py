@@ -280,7 +280,8 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     step, so that the processes' weights drift apart.
 
     EAGLE-3 learns the replies only (assistant_only_loss): each process divides by its share of the
-    learned positions of both processes' windows, which it learns by summing their counts."""
+    learned positions of both processes' windows, which it learns by summing their counts. Both
+    processes report each step's loss as the one process does: the mean over the processes."""
     keys = {"max_minutes": 0.2}  # process 0's clock: far from it in 3 steps
     if kind == "pard":
         trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one", **keys)
@@ -300,18 +301,24 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
         return torch.cat([draw(stream, step, r, seed, batch // 2, seq_len) for r in (0, 1)])
 
     monkeypatch.setattr(trainer, "train_batch", both_processes)
+    losses, record = [], trainer.record_step
+    monkeypatch.setattr(trainer, "record_step", lambda state, t, loss, *rest: losses.append(loss)
+                        or record(state, t, loss, *rest))
     # Both on the CPU, also on a machine with one GPU (two processes cannot share it).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     single = trainer.train(one)  # first: it writes the token caches both processes read
     two = {**one, "out": str(tmp_path / "two"), "batch_size": 1, "grad_accum_steps": 2}
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(two))
     run = two_processes_with_a_fast_clock_on_one(trainer.__name__, *args, tmp_path / "two.yaml",
-                                                 env={"RECORD_LEARNING_RATES": str(tmp_path)})
+                                                 env={"RECORD_STEPS": str(tmp_path)})
     assert run.returncode == 0, run.stderr[-3000:]
     reported = json.loads(run.stdout.strip().splitlines()[-1])
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
     assert "each step: 1 window(s) x 2 micro-batch(es) x 2 process(es) = 4 windows of 32 tokens" in run.stdout
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
+    assert len(losses) == 3
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"losses-{rank}.json").read_text()) == pytest.approx(losses, rel=1e-5)
     if trainer is heads_training:
         factors = [json.loads((tmp_path / f"lr-{rank}.json").read_text()) for rank in (0, 1)]
         assert len(factors[0]) == 3 and factors[0] == factors[1]

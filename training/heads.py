@@ -28,7 +28,7 @@ from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, train_batch, versions
-from .processes import accelerator, main_process_decides
+from .processes import accelerator, main_process_decides, mean_over_processes
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -660,8 +660,8 @@ def train(config) -> dict:
         def loss_of(x, learned):
             return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned, step_counts)
 
-        loss, head_acc = accumulated_backward(micro_batches(x, learned, count), loss_of, acc.backward,
-                                              lambda: acc.no_sync(heads), count)
+        loss, head_acc = mean_over_processes(acc, *accumulated_backward(
+            micro_batches(x, learned, count), loss_of, acc.backward, lambda: acc.no_sync(heads), count))
         if cfg["grad_clip"]:
             acc.clip_grad_norm_(heads.parameters(), cfg["grad_clip"])
         opt.step()

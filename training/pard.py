@@ -34,7 +34,7 @@ from .heads import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, accumulated_b
                     step_size_line, training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
-from .processes import accelerator, main_process_decides
+from .processes import accelerator, main_process_decides, mean_over_processes
 
 DEFAULTS = {
     "draft": None,  # local HF folder of the causal draft model to adapt (required)
@@ -197,8 +197,8 @@ def train(config) -> dict:
         x = train_batch(train_stream, *draw).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
-        loss, accuracy = accumulated_backward(micro_batches(x, None, count), loss_of, acc.backward,
-                                              lambda: acc.no_sync(model), count)
+        loss, accuracy = mean_over_processes(acc, *accumulated_backward(
+            micro_batches(x, None, count), loss_of, acc.backward, lambda: acc.no_sync(model), count))
         if cfg["grad_clip"]:
             acc.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()

@@ -24,6 +24,17 @@ def main_process_decides(acc, *values):
     return tuple(type(v)(x) for v, x in zip(values, shared.tolist()))
 
 
+def mean_over_processes(acc, loss: float, accuracy: list[float]) -> tuple[float, list[float]]:
+    """A step's loss and accuracies, each the mean over the processes, for the progress bar and the
+    curve: one process's own come from its windows alone, and under assistant_only_loss its loss
+    is its share of the step's (training/heads.py step_learned_counts), which only the mean makes
+    the step's loss. One small all-reduce a step, beside the host sync that reading the loss costs."""
+    if acc.num_processes == 1:
+        return loss, accuracy
+    mean = acc.reduce(torch.tensor([loss, *accuracy], dtype=torch.float64, device=acc.device), "mean")
+    return mean[0].item(), mean[1:].tolist()
+
+
 def resolve_mixed_precision(mode: str) -> str:
     """Accelerate's mixed_precision: "no", "bf16", or "auto" (bf16 where this machine runs it
     natively, else "no"). bf16 autocast on a CPU without native bf16 (AVX2 only) is emulated: a
