@@ -189,11 +189,11 @@ def test_pard_trained_with_accumulation_matches_the_whole_batch(tiny_models, tin
     assert _max_difference(weights["init"], weights["whole"]) > 0.5 * lr
 
 
-@pytest.mark.parametrize("mixed_precision,dtype", [("no", torch.float32), ("bf16", torch.bfloat16)])
-def test_pard_mixed_precision_runs_the_model_under_autocast(mixed_precision, dtype, tiny_models, tiny_corpus,
-                                                            tmp_path, monkeypatch):
+def test_pard_mixed_precision_runs_the_model_under_autocast(tiny_models, tiny_corpus, tmp_path, monkeypatch):
     """mixed_precision bf16 (for GPUs): the training and evaluation forwards run under autocast;
-    "no" (the default, as the bundled model was trained) keeps them in float32."""
+    "no" (the default, as the bundled model was trained) keeps them in float32. Accelerate keeps
+    one setting per Python process and refuses another; runs one after another in one process (a
+    notebook) each get their own."""
     seen, logits_of = [], pard_training.parallel_logits
 
     def recorded(model, x, *args):
@@ -202,14 +202,28 @@ def test_pard_mixed_precision_runs_the_model_under_autocast(mixed_precision, dty
         return logits_of(model, x, *args)
 
     monkeypatch.setattr(pard_training, "parallel_logits", recorded)
-    # Accelerate keeps one mixed-precision setting per process: the other tests' is "no".
+    for i, mixed_precision in enumerate(["no", "bf16", "no"]):
+        pard_training.train(_pard_config(tiny_models, tiny_corpus, tmp_path, f"pard{i}", max_steps=1, eval_tokens=32,
+                                         mixed_precision=mixed_precision))
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert seen == [f32, f32, bf16, bf16, f32, f32]  # each run: one step, one held-out batch
+
+
+def test_another_accelerators_mixed_precision_is_named_not_replaced():
+    """An Accelerator the user made (not a trainer) keeps its setting; a trainer asking for another
+    is refused with both named and the fix."""
+    from accelerate import Accelerator
+
+    from draftsman.training.processes import accelerator
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        pard_training.train(_pard_config(tiny_models, tiny_corpus, tmp_path, "pard", max_steps=1, eval_tokens=32,
-                                         mixed_precision=mixed_precision))
+        theirs = Accelerator(mixed_precision="bf16", cpu=True)
+        with pytest.raises(ValueError, match="already has an Accelerator with mixed_precision 'bf16'.*"
+                                             "set mixed_precision: bf16 in the config, or train in a new process"):
+            accelerator("no")
+        assert theirs.mixed_precision == "bf16"
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
-    assert len(seen) == 2 and set(seen) == {dtype}  # one step, one held-out batch
 
 
 @pytest.mark.parametrize("keys,message", [

@@ -51,8 +51,27 @@ def resolve_mixed_precision(mode: str) -> str:
     return mode
 
 
+_MADE_HERE = {"mixed_precision": None}  # the mode of the last Accelerator accelerator() made in this process
+
+
 def accelerator(mixed_precision: str):
     """Accelerate's Accelerator for a trainer: on the GPU where there is one (each process its own
-    under a launcher), else on the CPU, where several processes sync through gloo."""
+    under a launcher), else on the CPU, where several processes sync through gloo.
+
+    Accelerate keeps one mixed-precision setting per Python process and refuses another: a second
+    run in a notebook with another mixed_precision would fail. Where that setting is the one this
+    function set last, a trainer's, it is dropped for the new one (the process group stays); where
+    someone else's Accelerator set it, theirs is left alone and the run is refused, naming both."""
     from accelerate import Accelerator
-    return Accelerator(mixed_precision=resolve_mixed_precision(mixed_precision), cpu=not torch.cuda.is_available())
+    from accelerate.state import AcceleratorState
+    mode = resolve_mixed_precision(mixed_precision)
+    held = AcceleratorState._shared_state.get("_mixed_precision")
+    if held is not None and held != mode:
+        if held != _MADE_HERE["mixed_precision"]:
+            raise ValueError(f"mixed_precision {mixed_precision!r} (here {mode!r}): this Python process already "
+                             f"has an Accelerator with mixed_precision {held!r}, and Accelerate allows one setting "
+                             f"per process; set mixed_precision: {held} in the config, or train in a new process")
+        AcceleratorState._reset_state()
+    acc = Accelerator(mixed_precision=mode, cpu=not torch.cuda.is_available())
+    _MADE_HERE["mixed_precision"] = mode
+    return acc
