@@ -141,19 +141,21 @@ def test_replies_only_accumulation_matches_the_whole_batch(kind, chat_target, tm
     """assistant_only_loss: each micro-batch learns its own number of positions (its windows' reply
     tokens), so the mean of the micro-batches' means would weigh a position of a short reply above
     one of a long reply. A step is the mean over all the positions it learns: batch 2 twice per
-    step ends with the weights of batch 4 once, and reports the same loss at each step (Adam
-    would hide a loss scaled by a constant; the report does not)."""
+    step ends with the weights of batch 4 once, and reports the same loss and accuracies at each
+    step (Adam would hide a loss scaled by a constant; the report does not)."""
     folder = chat_target[0]
     path = write(tmp_path / "chat.jsonl", rows())
-    losses, record = [], heads_training.record_step
-    monkeypatch.setattr(heads_training, "record_step", lambda state, t, loss, *rest: losses.append(loss)
-                        or record(state, t, loss, *rest))
+    reports, record = [], heads_training.record_step
+    monkeypatch.setattr(heads_training, "record_step", lambda state, t, loss, accuracy, *rest:
+                        reports.append([loss, *accuracy]) or record(state, t, loss, accuracy, *rest))
     keys = {"kind": kind, "assistant_only_loss": True, "max_steps": 3, "ttt_steps": 2, "feature_noise": 0.0}
     heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "whole"), **keys))
     heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "accumulated"), batch_size=2,
                                 grad_accum_steps=2, **keys))
     assert _max_difference(trained_weights["whole"], trained_weights["accumulated"]) < 1e-5
-    assert len(losses) == 6 and losses[3:] == pytest.approx(losses[:3], rel=1e-5)
+    assert len(reports) == 6
+    for whole, accumulated in zip(reports[:3], reports[3:]):
+        assert accumulated == pytest.approx(whole, rel=1e-5, abs=1e-6)
 
 
 def test_grad_clip_bounds_each_step(tiny_models, tiny_corpus, tmp_path, trained_weights):
@@ -295,7 +297,8 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
 
     EAGLE-3 learns the replies only (assistant_only_loss): each process divides by its share of the
     learned positions of both processes' windows, which it learns by summing their counts. Both
-    processes report each step's loss as the one process does: the mean over the processes."""
+    processes report each step's loss and accuracies as the one process does: the mean over the
+    processes."""
     keys = {"max_minutes": 0.2}  # process 0's clock: far from it in 3 steps
     if kind == "pard":
         trainer, one = pard_training, _pard_config(tiny_models, tiny_corpus, tmp_path, "one", **keys)
@@ -315,9 +318,9 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
         return torch.cat([draw(stream, step, r, seed, batch // 2, seq_len) for r in (0, 1)])
 
     monkeypatch.setattr(trainer, "train_batch", both_processes)
-    losses, record = [], trainer.record_step
-    monkeypatch.setattr(trainer, "record_step", lambda state, t, loss, *rest: losses.append(loss)
-                        or record(state, t, loss, *rest))
+    reports, record = [], trainer.record_step
+    monkeypatch.setattr(trainer, "record_step", lambda state, t, loss, accuracy, *rest:
+                        reports.append([loss, *accuracy]) or record(state, t, loss, accuracy, *rest))
     # Both on the CPU, also on a machine with one GPU (two processes cannot share it).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     single = trainer.train(one)  # first: it writes the token caches both processes read
@@ -330,9 +333,10 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
     assert reported["tokens_seen"] == single["tokens_seen"] == 3 * 4 * 32
     assert "each step: 1 window(s) x 2 micro-batch(es) x 2 process(es) = 4 windows of 32 tokens" in run.stdout
     _assert_same_weights(tmp_path / "one", tmp_path / "two")
-    assert len(losses) == 3
+    assert len(reports) == 3
     for rank in (0, 1):
-        assert json.loads((tmp_path / f"losses-{rank}.json").read_text()) == pytest.approx(losses, rel=1e-5)
+        reported_there = json.loads((tmp_path / f"reports-{rank}.json").read_text())
+        assert sum(reported_there, []) == pytest.approx(sum(reports, []), rel=1e-5, abs=1e-6)
     if trainer is heads_training:
         factors = [json.loads((tmp_path / f"lr-{rank}.json").read_text()) for rank in (0, 1)]
         assert len(factors[0]) == 3 and factors[0] == factors[1]

@@ -76,10 +76,9 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
         p = target_logits[:, 1 + j: 1 + j + m][..., ids].softmax(-1)
         log_q = logits[:, :m].float().log_softmax(-1)
         keep = learned[:, 1 + j: 1 + j + m]
-        count = keep.sum().clamp_min(1)
         total = total + cfg["ttt_decay"] ** j * masked_mean((-(p * log_q).sum(-1) * keep).sum(), keep, step_counts)
         hits = (ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]) & keep
-        accuracy.append((hits.sum() / count).item())
+        accuracy.append(masked_mean(hits.sum().float(), keep, step_counts).item())
     return total, accuracy
 
 

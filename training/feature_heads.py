@@ -35,7 +35,7 @@ def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: tor
     if kind == "eagle":
         regression = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1)
         loss = masked_mean((regression * learned).sum(), learned, step_counts) + cfg["ce_weight"] * ce
-    accuracy = ((logits.argmax(-1) == target_tokens) & learned).float().sum() / learned.sum().clamp_min(1)
+    accuracy = masked_mean(((logits.argmax(-1) == target_tokens) & learned).float().sum(), learned, step_counts)
     return loss, [accuracy.item()]
 
 

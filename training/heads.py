@@ -131,7 +131,8 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
     in place; `no_sync` keeps several processes from syncing them before the last); returns the
     mean loss and the mean of each accuracy. Averaging micro-batch means equals one batch's mean
     when every micro-batch learns as many positions; under assistant_only_loss, where they do not,
-    loss_of divides by its share of the step's learned positions (step_learned_counts) instead."""
+    loss_of divides its loss and accuracies by its share of the step's learned positions
+    (step_learned_counts) instead."""
     losses, accuracies = [], []
     for i, (x, learned) in enumerate(micro):
         with no_sync() if i < count - 1 else contextlib.nullcontext():
@@ -279,7 +280,7 @@ def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float, s
         target = labels[:, i + 1:]
         total = total + decay ** i * masked_cross_entropy(pred, target, step_counts)
         learned = target != -100
-        accuracy.append(((pred.argmax(-1) == target) & learned).float().sum().item() / max(1, learned.sum().item()))
+        accuracy.append(masked_mean(((pred.argmax(-1) == target) & learned).float().sum(), learned, step_counts).item())
     return total, accuracy
 
 
