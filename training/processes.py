@@ -68,9 +68,10 @@ def accelerator(mixed_precision: str):
     held = AcceleratorState._shared_state.get("_mixed_precision")
     if held is not None and held != mode:
         if held != _MADE_HERE["mixed_precision"]:
-            raise ValueError(f"mixed_precision {mixed_precision!r} (here {mode!r}): this Python process already "
-                             f"has an Accelerator with mixed_precision {held!r}, and Accelerate allows one setting "
-                             f"per process; set mixed_precision: {held} in the config, or train in a new process")
+            asked = mixed_precision if mode == mixed_precision else f"{mixed_precision} ({mode} here)"
+            raise ValueError(f"mixed_precision {asked}: this Python process already has an Accelerator with "
+                             f"mixed_precision {held!r}, and Accelerate allows one setting per process; set "
+                             f"mixed_precision: {held} in the config, or train in a new process")
         AcceleratorState._reset_state()
     acc = Accelerator(mixed_precision=mode, cpu=not torch.cuda.is_available())
     _MADE_HERE["mixed_precision"] = mode
