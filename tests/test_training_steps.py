@@ -50,6 +50,7 @@ def test_accumulated_micro_batches_give_the_whole_batchs_gradient(count):
 
     loss, accuracy = accumulated_backward(micro_batches(rows, learned, count), loss_of, torch.Tensor.backward,
                                           no_sync, count)
+    loss, accuracy = loss.item(), accuracy.tolist()  # (tensors: the trainers read them once a step)
     assert loss == pytest.approx(whole_loss.item(), rel=1e-5) and accuracy == [pytest.approx(loss, rel=1e-6)]
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(model.parameters(), whole))
     assert torch.equal(torch.cat(masks_seen[1:]), learned) and len(unsynced) == count - 1

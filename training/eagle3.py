@@ -63,7 +63,7 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
                 cfg: dict, learned: torch.Tensor | None = None, step_counts: torch.Tensor | None = None):
     """Weighted soft cross-entropy against the target's distribution restricted (and renormalised)
     to the draft vocabulary, over `ttt_steps` steps. Returns the loss and the top-1 agreement with
-    the target's greedy token per step. learned (B, L) bool: the text positions whose next token is
+    the target's greedy token per step (a tensor). learned (B, L) bool: the text positions whose next token is
     learned (assistant_only_loss); None: all. step_counts: masked_mean's (training/heads.py)."""
     ids = getattr(head, "module", head).draft_token_ids
     L = x.shape[1]
@@ -78,8 +78,8 @@ def eagle3_loss(head, aux: torch.Tensor, x: torch.Tensor, greedy: torch.Tensor, 
         keep = learned[:, 1 + j: 1 + j + m]
         total = total + cfg["ttt_decay"] ** j * masked_mean((-(p * log_q).sum(-1) * keep).sum(), keep, step_counts)
         hits = (ids[logits[:, :m].argmax(-1)] == greedy[:, 1 + j: 1 + j + m]) & keep
-        accuracy.append(masked_mean(hits.sum().float(), keep, step_counts).item())
-    return total, accuracy
+        accuracy.append(masked_mean(hits.sum().float(), keep, step_counts))
+    return total, torch.stack(accuracy)
 
 
 @torch.no_grad()

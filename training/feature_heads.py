@@ -19,7 +19,7 @@ from .heads import all_positions, masked_cross_entropy, masked_mean
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
                       generator: torch.Generator | None = None, step_counts: torch.Tensor | None = None):
-    """Returns the loss and [depth-1 top-1 accuracy against the labels]. The kind is the config's:
+    """Returns the loss and the depth-1 top-1 accuracy against the labels (a 1-element tensor). The kind is the config's:
     `head` may be the wrapper several processes train it in (DistributedDataParallel). step_counts:
     masked_mean's (training/heads.py)."""
     kind = cfg["kind"]
@@ -36,7 +36,7 @@ def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: tor
         regression = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1)
         loss = masked_mean((regression * learned).sum(), learned, step_counts) + cfg["ce_weight"] * ce
     accuracy = masked_mean(((logits.argmax(-1) == target_tokens) & learned).float().sum(), learned, step_counts)
-    return loss, [accuracy.item()]
+    return loss, accuracy.reshape(1)
 
 
 @torch.no_grad()

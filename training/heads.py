@@ -28,7 +28,7 @@ from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, train_batch, versions
-from .processes import accelerator, main_process_decides, mean_over_processes
+from .processes import accelerator, main_process_decides, step_report
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -126,10 +126,11 @@ def micro_batches(windows: torch.Tensor, learned: torch.Tensor | None, count: in
     return zip(parts, learned.chunk(count) if learned is not None else [None] * count)
 
 
-def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple[float, list[float]]:
+def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of the mean of the micro-batches' losses, one micro-batch at a time (gradients summed
     in place; `no_sync` keeps several processes from syncing them before the last); returns the
-    mean loss and the mean of each accuracy. Averaging micro-batch means equals one batch's mean
+    mean loss and the mean of each accuracy, as tensors still on the device (processes.step_report
+    reads them, with one host sync a step). Averaging micro-batch means equals one batch's mean
     when every micro-batch learns as many positions; under assistant_only_loss, where they do not,
     loss_of divides its loss and accuracies by its share of the step's learned positions
     (step_learned_counts) instead."""
@@ -139,8 +140,8 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
             loss, accuracy = loss_of(x, learned)
             backward(loss / count)
         losses.append(loss.detach())
-        accuracies.append(accuracy)
-    return torch.stack(losses).mean().item(), [sum(a) / count for a in zip(*accuracies)]
+        accuracies.append(torch.as_tensor(accuracy))
+    return torch.stack(losses).mean(), torch.stack(accuracies).mean(0)
 
 
 def config_with_overrides(path: str, overrides: list[str]) -> dict:
@@ -272,7 +273,7 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
 def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float, step_counts=None):
     """head_logits (H, B, L, V): head i at position t predicts labels[:, t + i + 1], where labels[:, s]
     is the token at s + 1 (the next-token label of position s; -100 where there is none to learn).
-    Returns the weighted loss and the per-head top-1 accuracy. step_counts: masked_mean's."""
+    Returns the weighted loss and the per-head top-1 accuracy (a tensor). step_counts: masked_mean's."""
     total, accuracy = 0.0, []
     L = labels.shape[1]
     for i, logits in enumerate(head_logits):
@@ -280,8 +281,8 @@ def medusa_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float, s
         target = labels[:, i + 1:]
         total = total + decay ** i * masked_cross_entropy(pred, target, step_counts)
         learned = target != -100
-        accuracy.append(masked_mean(((pred.argmax(-1) == target) & learned).float().sum(), learned, step_counts).item())
-    return total, accuracy
+        accuracy.append(masked_mean(((pred.argmax(-1) == target) & learned).float().sum(), learned, step_counts))
+    return total, torch.stack(accuracy)
 
 
 def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, step_counts=None) -> torch.Tensor:
@@ -661,7 +662,7 @@ def train(config) -> dict:
         def loss_of(x, learned):
             return batch_loss(cfg, heads, target, x, acc.autocast, noise, learned, step_counts)
 
-        loss, head_acc = mean_over_processes(acc, *accumulated_backward(
+        loss, head_acc = step_report(acc, *accumulated_backward(
             micro_batches(x, learned, count), loss_of, acc.backward, lambda: acc.no_sync(heads), count))
         if cfg["grad_clip"]:
             acc.clip_grad_norm_(heads.parameters(), cfg["grad_clip"])

@@ -34,7 +34,7 @@ from .heads import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, accumulated_b
                     step_size_line, training_streams)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
-from .processes import accelerator, main_process_decides, mean_over_processes
+from .processes import accelerator, main_process_decides, step_report
 
 DEFAULTS = {
     "draft": None,  # local HF folder of the causal draft model to adapt (required)
@@ -122,7 +122,7 @@ def parallel_logits(model, x: torch.Tensor, mask_token: int, k: int) -> torch.Te
     return out.logits.view(B, k, L, -1).transpose(0, 1)
 
 
-def depth_losses(logits: torch.Tensor, x: torch.Tensor, vocab: int) -> tuple[torch.Tensor, list[float]]:
+def depth_losses(logits: torch.Tensor, x: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over depths of each depth's cross-entropy against the text's next tokens (positions
     with a context and a next token), and each depth's top-1 accuracy. The mask row is no label."""
     k, B, L, _ = logits.shape
@@ -132,8 +132,7 @@ def depth_losses(logits: torch.Tensor, x: torch.Tensor, vocab: int) -> tuple[tor
     total = sum(masked_cross_entropy(logits[d, ..., :vocab], labels[d]) for d in range(k)) / k
     counted = labels != -100
     hits = ((logits[..., :vocab].argmax(-1) == labels) & counted).sum((1, 2))
-    accuracy = (hits / counted.sum((1, 2)).clamp_min(1)).tolist()  # one host sync a step, not 2k
-    return total, accuracy
+    return total, hits / counted.sum((1, 2)).clamp_min(1)  # on the device: read once a step
 
 
 @torch.no_grad()
@@ -144,7 +143,7 @@ def evaluate(model, windows: torch.Tensor, mask_token: int, k: int, vocab: int, 
         x = windows[i:i + batch]
         _, accuracy = depth_losses(parallel_logits(model, x, mask_token, k), x, vocab)
         n = len(x)
-        hits += torch.tensor(accuracy) * n
+        hits += accuracy.cpu() * n
         counts += n
     return (hits / counts.clamp_min(1)).tolist()
 
@@ -197,7 +196,7 @@ def train(config) -> dict:
         x = train_batch(train_stream, *draw).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
-        loss, accuracy = mean_over_processes(acc, *accumulated_backward(
+        loss, accuracy = step_report(acc, *accumulated_backward(
             micro_batches(x, None, count), loss_of, acc.backward, lambda: acc.no_sync(model), count))
         if cfg["grad_clip"]:
             acc.clip_grad_norm_(model.parameters(), cfg["grad_clip"])

@@ -24,15 +24,17 @@ def main_process_decides(acc, *values):
     return tuple(type(v)(x) for v, x in zip(values, shared.tolist()))
 
 
-def mean_over_processes(acc, loss: float, accuracy: list[float]) -> tuple[float, list[float]]:
-    """A step's loss and accuracies, each the mean over the processes, for the progress bar and the
-    curve: one process's own come from its windows alone, and under assistant_only_loss its loss
-    is its share of the step's (training/heads.py step_learned_counts), which only the mean makes
-    the step's loss. One small all-reduce a step, beside the host sync that reading the loss costs."""
-    if acc.num_processes == 1:
-        return loss, accuracy
-    mean = acc.reduce(torch.tensor([loss, *accuracy], dtype=torch.float64, device=acc.device), "mean")
-    return mean[0].item(), mean[1:].tolist()
+def step_report(acc, loss: torch.Tensor, accuracy: torch.Tensor) -> tuple[float, list[float]]:
+    """A step's loss and accuracies (tensors on the device) as numbers for the progress bar and the
+    curve, each the mean over the processes: one process's own come from its windows alone, and
+    under assistant_only_loss its loss is its share of the step's (training/heads.py
+    step_learned_counts), which only the mean makes the step's loss. One host sync a step, and
+    under several processes one small all-reduce before it."""
+    values = torch.cat([loss.detach().reshape(1), accuracy.reshape(-1).to(loss.device)]).float()
+    if acc.num_processes > 1:
+        values = acc.reduce(values, "mean")
+    values = values.tolist()
+    return values[0], values[1:]
 
 
 def resolve_mixed_precision(mode: str) -> str:
