@@ -117,6 +117,14 @@ def trained_weights(monkeypatch) -> dict:
     return weights
 
 
+def _reports(monkeypatch, trainer) -> list:
+    """[loss, *accuracies] as `trainer` reports each step (its record_step), in the order taken."""
+    reports, record = [], trainer.record_step
+    monkeypatch.setattr(trainer, "record_step", lambda state, t, loss, accuracy, *rest:
+                        reports.append([loss, *accuracy]) or record(state, t, loss, accuracy, *rest))
+    return reports
+
+
 def _max_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
@@ -146,9 +154,7 @@ def test_replies_only_accumulation_matches_the_whole_batch(kind, chat_target, tm
     step (Adam would hide a loss scaled by a constant; the report does not)."""
     folder = chat_target[0]
     path = write(tmp_path / "chat.jsonl", rows())
-    reports, record = [], heads_training.record_step
-    monkeypatch.setattr(heads_training, "record_step", lambda state, t, loss, accuracy, *rest:
-                        reports.append([loss, *accuracy]) or record(state, t, loss, accuracy, *rest))
+    reports = _reports(monkeypatch, heads_training)
     keys = {"kind": kind, "assistant_only_loss": True, "max_steps": 3, "ttt_steps": 2, "feature_noise": 0.0}
     heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "whole"), **keys))
     heads_training.train(config(folder, tmp_path, path, out=str(tmp_path / "accumulated"), batch_size=2,
@@ -319,9 +325,7 @@ def test_two_processes_take_one_processs_step_on_both_draws(kind, tiny_models, t
         return torch.cat([draw(stream, step, r, seed, batch // 2, seq_len) for r in (0, 1)])
 
     monkeypatch.setattr(trainer, "train_batch", both_processes)
-    reports, record = [], trainer.record_step
-    monkeypatch.setattr(trainer, "record_step", lambda state, t, loss, accuracy, *rest:
-                        reports.append([loss, *accuracy]) or record(state, t, loss, accuracy, *rest))
+    reports = _reports(monkeypatch, trainer)
     # Both on the CPU, also on a machine with one GPU (two processes cannot share it).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     single = trainer.train(one)  # first: it writes the token caches both processes read

@@ -19,9 +19,9 @@ from .heads import all_positions, masked_cross_entropy, masked_mean
 
 def feature_head_loss(head, features: torch.Tensor, x: torch.Tensor, labels: torch.Tensor, cfg: dict,
                       generator: torch.Generator | None = None, step_counts: torch.Tensor | None = None):
-    """Returns the loss and the depth-1 top-1 accuracy against the labels (a 1-element tensor). The kind is the config's:
-    `head` may be the wrapper several processes train it in (DistributedDataParallel). step_counts:
-    masked_mean's (training/heads.py)."""
+    """Returns the loss and the depth-1 top-1 accuracy against the labels (a 1-element tensor). The
+    kind is the config's: `head` may be the wrapper several processes train it in
+    (DistributedDataParallel). step_counts: masked_mean's (training/heads.py)."""
     kind = cfg["kind"]
     f_in = features[:, :-1]
     if kind == "eagle" and cfg["feature_noise"] > 0:
