@@ -27,21 +27,21 @@ import os
 import re
 import sys
 import textwrap
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import yaml
-from transformers.utils import logging as hf_logging
 
 from . import __version__
-from .api import Decoder, GenerationStats
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
 from .config import DEFAULTS, apply_overrides, load_config
-from .drafters import registry
 from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
                       use_parsers)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 from .verifier.structured import StructuredOutput
+
+if TYPE_CHECKING:  # torch and transformers load with the first model, not with `draftsman --help`
+    from .api import Decoder, GenerationStats
 
 EXIT_USAGE = 2  # same status argparse uses for bad arguments
 
@@ -172,6 +172,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     cfg = build_config(args.config, args.drafter, args.overrides)
     lossy_warning({key: cfg["sampling"][key] if value is None else value
                    for key, value in sampling_flags(args).items()})
+
+    from transformers.utils import logging as hf_logging
+
+    from .api import Decoder
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
@@ -388,6 +392,8 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids
     parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come
     (tools: the tool definitions, whose types qwen3_coder's values are read by; opened: the prompt
     opened the thought)."""
+    from .api import GenerationStats
+
     stats = GenerationStats()
     prompt = None if input_ids is not None else args.prompt[0]
     reply, printer = (ReplyStream(*parsers, tools, opened), DeltaPrinter()) if any(parsers) else (None, None)
@@ -427,6 +433,8 @@ def _option_comments(opts_cls) -> dict[str, str]:
 
 def describe_drafters() -> list[dict]:
     """[{name, summary, options: [{name, type, default, help}]}] for every registered drafter."""
+    from .drafters import registry
+
     out = []
     for name in registry.available():
         cls = registry._REGISTRY[name]
@@ -648,13 +656,16 @@ SUBCOMMANDS: dict[str, tuple[str, Callable | None, Callable]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the command line, only its command gets its flags. Each command's
+    module imports what it runs on (torch, transformers: seconds), so `draftsman --help`, and a
+    typo in a command's flags, answer without loading the others."""
     parser = argparse.ArgumentParser(prog="draftsman", description="Exact speculative decoding.")
     parser.add_argument("--version", action="version", version=f"draftsman {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments, _) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if add_arguments is not None:
+        if add_arguments is not None and (argv is None or argv[:1] == [name]):
             add_arguments(p)
     return parser
 
@@ -664,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]][1] is None:
             return SUBCOMMANDS[argv[0]][2](argv[1:])
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         return SUBCOMMANDS[args.command][2](args)
     except BrokenPipeError:  # `draftsman drafters | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet

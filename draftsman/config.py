@@ -21,7 +21,6 @@ from typing import Any
 import yaml
 
 from .stop import check_stop_strings
-from .verifier.sampling import TypicalAcceptance
 from .verifier.structured import StructuredOutput
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -128,6 +127,9 @@ def merge(raw: dict) -> dict:
     ids = cfg["generation"]["stop_token_ids"]
     if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ValueError(f"generation.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+    # Imported here: the CLI reads DEFAULTS to build its flags, before anything needs torch.
+    from .verifier.sampling import TypicalAcceptance
+
     try:
         TypicalAcceptance.parse(cfg["sampling"]["lossy_typical_acceptance"])
         StructuredOutput.parse(cfg["sampling"]["structured_output"])

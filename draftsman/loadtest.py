@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .bench.config import BUNDLED_PROMPTS
-from .bench.prompts_set import by_category, read_prompts
+# An HTTP client: nothing here imports torch, so it starts at once on any machine.
+from .bench.prompts_set import BUNDLED_PROMPTS, by_category, read_prompts
 
 
 @dataclass

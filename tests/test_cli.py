@@ -158,3 +158,48 @@ def test_every_subcommand_is_in_the_help(capsys):
     out = capsys.readouterr().out
     for name in cli.SUBCOMMANDS:
         assert name in out
+
+
+# Run in a fresh interpreter: which of the heavy libraries is loaded after each command line.
+_LOADED_AFTER = """
+import json, sys
+from draftsman import cli
+loaded = {}
+for argv in json.loads(sys.argv[1]):
+    try:
+        cli.main(argv)
+    except SystemExit:
+        pass
+    loaded[" ".join(argv)] = sorted({"torch", "transformers"} & set(sys.modules))
+print(json.dumps(loaded))
+"""
+
+
+def test_help_version_and_flag_typos_answer_without_loading_torch():
+    """`draftsman --help` took 6 s: every command's module was imported to build its flags."""
+    argvs = [["--help"], ["--version"], ["bogus"], ["generate", "--help"], ["generate", "--tempurature", "1"],
+             ["loadtest", "--help"]]
+    out = subprocess.run([sys.executable, "-c", _LOADED_AFTER, json.dumps(argvs)], capture_output=True,
+                         text=True, env=ENV, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded == {" ".join(a): [] for a in argvs}
+
+
+def test_the_api_is_still_at_the_top_of_the_package():
+    from draftsman import api
+
+    for name in ("Decoder", "GenerationOutput", "GenerationStats", "JoiningPrompt", "load"):
+        assert getattr(draftsman, name) is getattr(api, name) and name in dir(draftsman)
+    with pytest.raises(AttributeError, match="no attribute 'Loader'"):
+        draftsman.Loader
+
+
+@pytest.mark.parametrize("name", [n for n, (_, add_arguments, _) in cli.SUBCOMMANDS.items() if add_arguments])
+def test_each_command_gets_its_own_flags(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    flags = [line for line in out.split("options:")[1].splitlines() if line.strip().startswith("--")]
+    assert out.startswith(f"usage: draftsman {name}") and flags  # more than -h, --help

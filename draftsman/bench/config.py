@@ -16,8 +16,7 @@ import yaml
 from ..config import DEFAULTS as RUN_DEFAULTS, check_type
 from ..models import resolve_device
 from ..verifier.sampling import SamplingParams, TypicalAcceptance
-
-BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+from .prompts_set import BUNDLED_PROMPTS
 
 DEFAULTS: dict[str, Any] = {
     "target": None,  # the run config's target section; None = the bundled zoo target

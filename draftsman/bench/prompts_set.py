@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..chat import check_conversation, check_tools
 
+BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 CATEGORIES = ("continuation", "copy", "docstring")
 # Spec-Bench's speed report groups these categories of its question.jsonl as the task "mt_bench".
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
