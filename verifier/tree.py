@@ -8,10 +8,12 @@ valid=False, parent -1, and attend only to the prefix and themselves, so they ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..drafters.base import DETERMINISTIC, DraftTree
+if TYPE_CHECKING:  # drafters/ imports this module: importing its package here would be a cycle
+    from ..drafters.base import DraftTree
 
 
 def ancestors_and_depth(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +103,8 @@ class PackedDrafts:
 
 
 def pack_drafts(trees: list[DraftTree], vocab_size: int, device, prob_dtype=torch.float32) -> PackedDrafts:
+    from ..drafters.base import DETERMINISTIC  # here, not at the top: the drafters package imports this module
+
     B = len(trees)
     N = max((t.size for t in trees), default=0)
     tokens = torch.zeros(B, N, dtype=torch.long)
