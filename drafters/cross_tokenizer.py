@@ -34,7 +34,7 @@ from .chain_draws import chain_trees, draw_step
 from .context_window import window_start
 from .draft_vocab import full_vocab
 from .registry import register
-from .text_ids import TextIds
+from .text_ids import REENCODED, TextIds
 
 TAIL = 4  # target tokens re-encoded with the drafted text, so a word they begin is continued as one
 
@@ -71,7 +71,10 @@ class CrossTokenizerDrafter(Drafter):
         self.vocab_size = target.vocab_size
         self.draft_eos = {t for t in (tokenizer.eos_token_id, model.config.eos_token_id) if isinstance(t, int)}
         self._parameters = sum(p.numel() for p in model.parameters())
-        self.lm = CachedLM(model, direct=True)
+        # Sliding and chunked layers keep about a window (as draft_model's do). A round goes back
+        # over the drafts it fed (k - 1) and the ids re-encoded with the new text (and their anchor);
+        # a row that must go back further (its whole text encoded again) is fed afresh.
+        self.lm = CachedLM(model, direct=True, trim_windows=True, trim_margin=self.k + REENCODED + 1)
         self.context = context_length(model.config)
         if self.k >= self.context:
             raise ValueError(f"cross_tokenizer: k={self.k} leaves no room in the draft model's context of "
@@ -80,6 +83,7 @@ class CrossTokenizerDrafter(Drafter):
         self.held: list[list[int]] = []  # each row's draft-model ids in its cache
         self.text_ids = TextIds(target.tokenizer, tokenizer)  # each row's text in the draft model's ids
         self.bridged = self.fallbacks = 0  # rounds whose drafted text joined the row's tail / was encoded alone
+        self.fed_afresh = 0  # rows whose cache went back further than its window layers kept
 
     def _share_vocabularies(self, target_tokenizer, tokenizer, draft_width: int) -> None:
         """The tokens both vocabularies hold, spelled the same: the ones sampled rounds draw from
@@ -108,7 +112,7 @@ class CrossTokenizerDrafter(Drafter):
         self.lm.reset(len(prompts))
         self.held = [[] for _ in prompts]
         self.text_ids.reset(len(prompts))
-        self.bridged = self.fallbacks = 0
+        self.bridged = self.fallbacks = self.fed_afresh = 0
 
     def keep_rows(self, indices):
         self.lm.select_rows(indices)
@@ -125,7 +129,8 @@ class CrossTokenizerDrafter(Drafter):
     def report(self) -> dict:
         return {"bridged_rounds": self.bridged, "text_alone_rounds": self.fallbacks,
                 "shared_tokens": 0 if self.shared_draft is None else len(self.shared_draft),
-                "text_encoded_whole": self.text_ids.whole, "text_encoded_end": self.text_ids.extended}
+                "text_encoded_whole": self.text_ids.whole, "text_encoded_end": self.text_ids.extended,
+                "rows_fed_afresh": self.fed_afresh}
 
     def propose(self, contexts):
         k = self.k if self.depth_limit is None else min(self.k, self.depth_limit)
@@ -135,6 +140,10 @@ class CrossTokenizerDrafter(Drafter):
         wants = [self._draft_ids(b, context) for b, context in enumerate(contexts)]
         # 1. Keep each row's cached prefix of its ids (one id at least is fed, for its logits).
         kept = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
+        if self.lm.local_start:  # window layers let go of slots: back at most trim_margin, or to 0
+            far = [len(held) - n > self.lm.trim_margin and n > 0 for held, n in zip(self.held, kept)]
+            self.fed_afresh += sum(far)
+            kept = [0 if f else n for f, n in zip(far, kept)]
         self.lm.rollback(torch.tensor(kept))
         unseen = [want[n:] for want, n in zip(wants, kept)]
         last = torch.tensor([len(u) - 1 for u in unseen], device=device)

@@ -299,6 +299,46 @@ def test_a_sliding_window_draft_model_keeps_about_a_window_and_drafts_afresh(sli
     assert len(kept) >= 3, kept  # rollbacks to several depths
 
 
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "llama4"])  # sliding; full beside sliding; chunked
+def test_a_sliding_window_cross_tokenizer_draft_keeps_about_a_window(sliding_targets, arch, tmp_path):
+    """cross_tokenizer's draft model (another vocabulary) lets go of unseen window slots as
+    draft_model's does, and proposes what an untrimmed cache proposes, round for round, through
+    partial acceptance in a ragged batch. With a margin shorter than a round goes back, its rows
+    are fed afresh and propose the same again."""
+    from tiny_models import permuted_vocab_copy, perturbed_copy
+    from toy_drafters import watching_proposals
+
+    folder, expected = sliding_targets[arch]
+    draft = permuted_vocab_copy(perturbed_copy(folder, tmp_path / "close", noise=0.1), tmp_path / "shuffled")
+    runs = {}
+    for run in ("untrimmed", "trimmed", "short margin"):
+        dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "cross_tokenizer",
+                                                                            "path": str(draft), "k": 4}})
+        lm = dec.drafter.lm
+        if run == "untrimmed":
+            lm.trim_windows = False
+        if run == "short margin":
+            lm.trim_margin = 2  # a round that accepts fewer than all its drafts goes back further
+        proposals, held = [], []
+
+        def watch(contexts, trees, lm=lm, proposals=proposals, held=held):
+            held.append((lm.num_slots, lm.num_slots - lm.local_start))  # all slots, those local layers hold
+            proposals.append([tree.tokens.tolist() for tree in trees])
+
+        with watching_proposals(dec, watch):
+            out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, run
+        runs[run] = (proposals, held, dec.drafter.report()["rows_fed_afresh"])
+    assert runs["trimmed"][0] == runs["untrimmed"][0] == runs["short margin"][0]
+    untrimmed, trimmed = runs["untrimmed"][1], runs["trimmed"][1]
+    assert all(local == slots for slots, local in untrimmed)
+    # Local layers held about a window (+ the margin, + what rows apart in length keep) while the
+    # cache grew past it.
+    most = max(slots for slots, _ in trimmed)
+    assert most > len(PROMPTS[0]) + NEW // 2 and trimmed[-1][1] <= most // 2, trimmed
+    assert runs["trimmed"][2] == 0 and runs["short margin"][2] > 0
+
+
 def test_a_trimmed_cache_refuses_to_go_back_further_than_its_margin(sliding_targets):
     from draftsman.verifier.cached_model import CachedLM
 
