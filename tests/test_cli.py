@@ -195,6 +195,18 @@ def test_the_api_is_still_at_the_top_of_the_package():
         draftsman.Loader
 
 
+def test_a_plain_import_still_reaches_the_modules_the_api_imports():
+    """`import draftsman` once loaded draftsman.api and all it imports: scripts that go on to
+    draftsman.config.X or draftsman.verifier.sampling.X without importing them keep working
+    (draftsman/_submodules.py)."""
+    code = ("import draftsman; print(draftsman.verifier.sampling.SamplingParams.__name__, "
+            "draftsman.config.load_config.__name__, draftsman.drafters.build_drafter.__name__, "
+            "draftsman.heads.medusa.__name__, hasattr(draftsman, 'nope'), hasattr(draftsman.verifier, 'nope'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.stdout.split() == ["SamplingParams", "load_config", "build_drafter", "draftsman.heads.medusa",
+                                  "False", "False"], out.stderr
+
+
 @pytest.mark.parametrize("name", [n for n, (_, add_arguments, _) in cli.SUBCOMMANDS.items() if add_arguments])
 def test_each_command_gets_its_own_flags(name, capsys):
     with pytest.raises(SystemExit) as e:

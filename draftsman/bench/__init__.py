@@ -9,3 +9,6 @@
     report.py        Markdown, results.json, CSV, PNG plots
     command.py       the command line
 """
+from .._submodules import submodule_loader
+
+__getattr__ = submodule_loader(__name__)  # draftsman.bench.module after a plain `import draftsman`
