@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from .api import Decoder, GenerationStats
 from .chat import require_chat_template
 from .replies import DeltaPrinter, ReplyStream, opened_thoughts, reply_message, use_parsers
+
+if TYPE_CHECKING:  # torch and transformers load with the model, not with `draftsman chat --help`
+    from .api import Decoder
 
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
@@ -35,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
+    from .api import Decoder
     from .cli import build_config, drafter_memory_kept, lossy_warning
 
     cfg = build_config(args.config, args.drafter, args.overrides)
@@ -56,6 +60,8 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
              reasoning_parser: str | None = None) -> list[dict]:
     """The loop, on any iterable of lines; returns the conversation as it stands at the end.
     reasoning_parser: each reply's thought printed under "[reasoning]", its answer under "[answer]"."""
+    from .api import GenerationStats
+
     messages = list(system)
     interactive = hasattr(lines, "isatty") and lines.isatty()
     while True:
