@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..atomic_files import replaced_whole
 from .datastore import Datastore
 
 FORMAT = "draftsman-retrieval-datastore"
@@ -58,10 +58,8 @@ def save_index(path: str | Path, datastore: Datastore, tokenizer, documents: int
     metadata = {"format": FORMAT, "version": VERSION, "sizes": ",".join(str(n) for n in datastore.sizes),
                 "tokenizer": tokenizer_fingerprint(tokenizer), "documents": str(documents), "source": source}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.chmod(tmp, 0o644)  # an index is meant to be shared, as a heads folder is
-    os.replace(tmp, path)
+    with replaced_whole(path, mode=0o644) as tmp:  # an index is meant to be shared, as a heads folder is
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def load_index(path: str | Path, tokenizer, sizes: range, target: str = "TARGET") -> tuple[Datastore, dict]:

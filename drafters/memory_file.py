@@ -14,12 +14,13 @@ saves, what it restores and what its memory is valid for.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from ..atomic_files import replaced_whole
 
 FORMAT = "draftsman-drafter-memory"
 VERSION = "1"
@@ -31,17 +32,12 @@ def write_memory(path: str | Path, drafter: str, identity: dict, tensors: dict[s
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)  # a folder it cannot make: the OSError names it
     metadata = {"format": FORMAT, "version": VERSION, "drafter": drafter, "identity": json.dumps(identity)}
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        with replaced_whole(path) as tmp:  # interrupted (Ctrl-C): no half file left beside the memory
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise OSError(f"{drafter}: memory_file '{path}' could not be written ({e}); the last saved memory "
                       "stands: free some space, or point memory_file at a writable path") from e
-    except BaseException:  # interrupted (Ctrl-C): no half file left beside the memory
-        tmp.unlink(missing_ok=True)
-        raise
     return str(path)
 
 

@@ -3,12 +3,12 @@ checkpoint layout (config.json + model.safetensors, written atomically)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from ..atomic_files import replaced_whole
 
 # Fixed probe positions in the LM head: cheap to compare, and two different targets (or the same
 # architecture retrained) differ there with overwhelming probability.
@@ -58,14 +58,10 @@ def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.T
     """config.json + model.safetensors, each replaced atomically (a kill never leaves half a file)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-        json.dump(config, f, indent=2)
-    os.chmod(f.name, 0o644)  # NamedTemporaryFile creates 0600; a heads folder is meant to be shared
-    os.replace(f.name, folder / "config.json")
-    tmp = folder / "model.safetensors.tmp"
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, folder / "model.safetensors")
+    with replaced_whole(folder / "config.json", mode=0o644) as tmp:  # a heads folder is meant to be shared
+        tmp.write_text(json.dumps(config, indent=2))
+    with replaced_whole(folder / "model.safetensors", mode=0o644) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
 
 
 def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import yaml
 
+from ..atomic_files import replaced_whole
 from . import corpus as C
 from . import tokenizer as T
 from .processes import accelerator, main_process_decides
@@ -117,12 +118,8 @@ def token_stream(files, tok_dir: Path, cache: Path) -> np.ndarray:
 def atomic_np_save(path: Path, array: np.ndarray) -> None:
     """np.save through a temporary file of this process's own (several training processes may write
     the same token cache at once on a first run), removed if the write fails or is interrupted."""
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
-    try:
+    with replaced_whole(path, f"{path.stem}.{os.getpid()}.tmp.npy") as tmp:
         np.save(tmp, array)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def heldout_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> torch.Tensor:
@@ -205,9 +202,9 @@ def lr_lambda_factory(state: dict, m: dict):
 
 
 def atomic_torch_save(obj, path: Path):
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint intact
+    """A checkpoint: a kill mid-write leaves the previous one intact; Ctrl-C leaves no half file."""
+    with replaced_whole(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def save_hf_folder(model, tok_dir: Path, out_dir: Path):

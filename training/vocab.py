@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from ..atomic_files import replaced_whole
 from ..drafters.draft_vocab import ORDER_FILE
 from .heads import DEFAULTS, target_token_frequencies, training_streams
 
@@ -67,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         out = out / ORDER_FILE
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, out)  # a kill mid-write leaves no half file for a drafter to read
+    with replaced_whole(out) as tmp:  # a kill mid-write leaves no half file for a drafter to read
+        tmp.write_text(json.dumps(result))
     print(f"wrote {out}: coverage of the target's picks by the first N tokens {result['coverage']}")
     return 0
