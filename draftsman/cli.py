@@ -599,9 +599,9 @@ def _run_loadtest(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- serve
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
-    from . import serve
+    from . import serve_flags  # not serve: the server imports torch and transformers
 
-    serve.add_arguments(p)
+    serve_flags.add_arguments(p)
 
 
 def _run_serve(args: argparse.Namespace) -> int:

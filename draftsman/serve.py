@@ -46,7 +46,6 @@ import argparse
 import hmac
 import itertools
 import json
-import os
 import select
 import signal
 import socket
@@ -62,6 +61,7 @@ from .forced_calls import check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
                       reply_message)
 from .serve_batch import Batcher, ServerStopping, check_max_rows
+from .serve_flags import DEFAULT_PREFILL_CHUNK, add_arguments  # noqa: F401 (draftsman.serve's own names)
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
 from .verifier.structured import StructuredOutput
@@ -93,12 +93,6 @@ TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools",
 CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
                 "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"}
                | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS) | DECODING_FIELDS)
-# Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
-# bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
-# cost many times. With 800-token prompts joining streams (docs/serving.md) 256 cut the p99 gap
-# between a stream's pieces from 320 to 140 ms at the same tokens/s; 128 cut it as far but cost
-# 8% tokens/s and 60% time to first token.
-DEFAULT_PREFILL_CHUNK = 256
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5)
 # OpenAI's finish reasons for the engine's.
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -677,34 +671,6 @@ def structured_output(body: dict) -> dict | None:
     except ValueError as e:
         raise RequestError(f'"{field}": {e}') from None
     return spec
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import add_reply_parser_args, add_run_config_args
-
-    add_run_config_args(p)  # the config's sampling and generation values are every request's defaults
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
-    p.add_argument("--served-model-name", metavar="NAME",
-                   help="the model name clients send and /v1/models lists (default: the target folder's name)")
-    p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
-    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("DRAFTSMAN_API_KEY"),
-                   help="the /v1 routes need the header 'Authorization: Bearer KEY' (default: the DRAFTSMAN_API_KEY "
-                        "environment variable; none: open)")
-    p.add_argument("--max-batch-rows", type=int, default=16, metavar="N",
-                   help="requests with the same settings run as one batch of at most N rows at once, joining a "
-                        "running batch between rounds (default 16; 1: one request at a time)")
-    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
-                   help="a request that joins a running batch has its prompt prefilled at most TOKENS tokens per "
-                        "round, so the running streams wait one chunk a round, not the whole prompt (chunked "
-                        f"prefill; default {DEFAULT_PREFILL_CHUNK}; 0: the whole prompt at once)")
-    p.add_argument("--save-memory-every", type=float, default=300.0, metavar="SECONDS",
-                   help="a drafter with a memory_file (suffix, recycling) writes its memory between rounds at "
-                        "most every SECONDS seconds, and when the server stops (default 300; 0: only when it stops)")
-    add_reply_parser_args(p, 'chat replies (tool calls: of requests that send "tools"; vLLM\'s flags): ')
-    p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="vLLM's flag, taken so its command lines run as they are: with --tool-call-parser, "
-                        "tool_choice \"auto\" is served with or without it")
 
 
 def run(args: argparse.Namespace) -> int:

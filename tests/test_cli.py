@@ -178,7 +178,7 @@ print(json.dumps(loaded))
 def test_help_version_and_flag_typos_answer_without_loading_torch():
     """`draftsman --help` took 6 s: every command's module was imported to build its flags."""
     argvs = [["--help"], ["--version"], ["bogus"], ["generate", "--help"], ["generate", "--tempurature", "1"],
-             ["loadtest", "--help"], ["chat", "--help"]]
+             ["loadtest", "--help"], ["chat", "--help"], ["serve", "--help"], ["serve", "--prot", "80"]]
     out = subprocess.run([sys.executable, "-c", _LOADED_AFTER, json.dumps(argvs)], capture_output=True,
                          text=True, env=ENV, timeout=120)
     assert out.returncode == 0, out.stderr
