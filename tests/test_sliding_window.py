@@ -303,8 +303,8 @@ def test_a_sliding_window_draft_model_keeps_about_a_window_and_drafts_afresh(sli
 def test_a_sliding_window_cross_tokenizer_draft_keeps_about_a_window(sliding_targets, arch, tmp_path):
     """cross_tokenizer's draft model (another vocabulary) lets go of unseen window slots as
     draft_model's does, and proposes what an untrimmed cache proposes, round for round, through
-    partial acceptance in a ragged batch. With a margin shorter than a round goes back, its rows
-    are fed afresh and propose the same again."""
+    partial acceptance in a ragged batch, greedy and sampled (drafts drawn from it, seeded). With a
+    margin shorter than a round goes back, its rows are fed afresh and propose the same again."""
     from tiny_models import permuted_vocab_copy, perturbed_copy
     from toy_drafters import watching_proposals
 
@@ -327,9 +327,13 @@ def test_a_sliding_window_cross_tokenizer_draft_keeps_about_a_window(sliding_tar
 
         with watching_proposals(dec, watch):
             out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+            fed, greedy_held = dec.drafter.report()["rows_fed_afresh"], list(held)
+            sampled = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=1.0,
+                                   seed=3).token_ids
         assert out.token_ids == expected, run
-        runs[run] = (proposals, held, dec.drafter.report()["rows_fed_afresh"])
+        runs[run] = (proposals, greedy_held, fed, sampled)
     assert runs["trimmed"][0] == runs["untrimmed"][0] == runs["short margin"][0]
+    assert runs["trimmed"][3] == runs["untrimmed"][3] == runs["short margin"][3]
     untrimmed, trimmed = runs["untrimmed"][1], runs["trimmed"][1]
     assert all(local == slots for slots, local in untrimmed)
     # Local layers held about a window (+ the margin, + what rows apart in length keep) while the
