@@ -13,11 +13,16 @@ gave the same tokens.
     python scripts/window_trim_cost.py cuda
     python scripts/window_trim_cost.py cpu ragged # the ragged pair only
     python scripts/window_trim_cost.py cpu draft  # the draft model's cache instead (below)
+    python scripts/window_trim_cost.py cpu cross  # a cross_tokenizer draft model's cache (below)
 
 `draft`: the same model drafts for itself (`draft_model`, k=4: every draft accepted, so the
 draft model runs as long as the target) and the draft model's cache is trimmed or not (it keeps
 k positions more than a window, as a round's rollback goes back so far; the target's is trimmed
 in both): the most KV storage the draft cache held, and tokens/s.
+
+`cross`: the same with `cross_tokenizer` (its cache keeps k + 9 positions more than a window, for
+the ids a round re-encodes), the model and its prompts in the bundled tokenizer's 8192 ids
+(zoo/python-target's tokenizer beside it): the draft model reads the target's text through it.
 """
 import statistics
 import sys
@@ -25,7 +30,7 @@ import tempfile
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Gemma3TextConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
 import draftsman
 from draftsman.verifier.cached_model import SlotLayer
@@ -35,14 +40,16 @@ ONLY = sys.argv[2] if len(sys.argv) > 2 else None
 PROMPT, NEW, REPEATS, WINDOW = 512, 512, 3, 256
 
 
-def target_folder() -> str:
+def target_folder(vocab_size: int = 32000, tokenizer: str | None = None) -> str:
     torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=12,
+    config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=512, intermediate_size=1536, num_hidden_layers=12,
                               num_attention_heads=8, num_key_value_heads=2, head_dim=64, sliding_window=WINDOW,
                               layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 2,
                               max_position_embeddings=4096, initializer_range=0.1)
     folder = tempfile.mkdtemp()
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    if tokenizer is not None:
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
     return folder
 
 
@@ -76,27 +83,31 @@ def run(dec, prompts, trim: bool, lm=None):
 
 
 def main():
-    folder = target_folder()
+    cross = ONLY == "cross"
+    folder = target_folder(8192, "zoo/python-target") if cross else target_folder()
     torch.manual_seed(1)
     # Repeating prompts, so ngram drafts trees that are partly accepted
-    base = torch.randint(100, 30000, (4, 64)).tolist()
+    base = torch.randint(100, 8000 if cross else 30000, (4, 64)).tolist()
     prompts = [(row * (PROMPT // 64 + 1))[:PROMPT] for row in base]
     print(f"device {DEVICE}, prompt {PROMPT}, new {NEW}, window {WINDOW}, median of {REPEATS}")
     print("| drafter | batch | most KV MB trimmed / untrimmed | tokens/s trimmed / untrimmed | ratio | same tokens |")
     print("|---|---|---|---|---|---|")
-    drafters = [{"name": "draft_model", "path": folder, "k": 4}] if ONLY == "draft" else [{"name": "none"},
-                                                                                          {"name": "ngram"}]
+    own_cache = ONLY in ("draft", "cross")  # the draft model's cache is measured, not the target's
+    if own_cache:
+        drafters = [{"name": "cross_tokenizer" if cross else "draft_model", "path": folder, "k": 4}]
+    else:
+        drafters = [{"name": "none"}, {"name": "ngram"}]
     for drafter in drafters:
-        name = drafter["name"] + (" (its cache)" if ONLY == "draft" else "")
+        name = drafter["name"] + (" (its cache)" if own_cache else "")
         dec = draftsman.load({"target": {"path": folder, "device": DEVICE}, "drafter": drafter})
         for batch in ("1", "4", "ragged"):
-            if ONLY not in (None, "draft", batch) or (ONLY == "draft" and batch == "ragged"):
+            if ONLY not in (None, "draft", "cross", batch) or (own_cache and batch == "ragged"):
                 continue
             rows = [prompts[0], prompts[1][:128]] if batch == "ragged" else prompts[:int(batch)]
             results = {True: [], False: []}
             for _ in range(REPEATS):
                 for trim in (True, False):
-                    results[trim].append(run(dec, rows, trim, dec.drafter.lm if ONLY == "draft" else None))
+                    results[trim].append(run(dec, rows, trim, dec.drafter.lm if own_cache else None))
             same = all(a[0] == b[0] for a, b in zip(results[True], results[False]))
             speed = {t: statistics.median(r[1] for r in results[t]) for t in results}
             most = {t: max(r[2] for r in results[t]) for t in results}
