@@ -139,11 +139,9 @@ class CrossTokenizerDrafter(Drafter):
             return [DraftTree.empty(device) for _ in contexts]
         wants = [self._draft_ids(b, context) for b, context in enumerate(contexts)]
         # 1. Keep each row's cached prefix of its ids (one id at least is fed, for its logits).
-        kept = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
-        if self.lm.local_start:  # window layers let go of slots: back at most trim_margin, or to 0
-            far = [len(held) - n > self.lm.trim_margin and n > 0 for held, n in zip(self.held, kept)]
-            self.fed_afresh += sum(far)
-            kept = [0 if f else n for f, n in zip(far, kept)]
+        asked = [min(_common_prefix(held, want), len(want) - 1) for held, want in zip(self.held, wants)]
+        kept = self.lm.reachable(torch.tensor(asked)).tolist()  # a trimmed cache goes back so far only
+        self.fed_afresh += sum(n != a for n, a in zip(kept, asked))
         self.lm.rollback(torch.tensor(kept))
         unseen = [want[n:] for want, n in zip(wants, kept)]
         last = torch.tensor([len(u) - 1 for u in unseen], device=device)

@@ -355,6 +355,9 @@ def test_a_trimmed_cache_refuses_to_go_back_further_than_its_margin(sliding_targ
     lm.feed([list(range(3, 40))])
     with pytest.raises(RuntimeError, match="rollback\\(\\) of 3 positions .* trim_margin 2"):
         lm.rollback(lm.lengths - 3)
+    # reachable() says so first: within the margin as asked, further back 0 (the row fed afresh)
+    assert lm.reachable(lm.lengths - 2).tolist() == (lm.lengths - 2).tolist()
+    assert lm.reachable(lm.lengths - 3).tolist() == [0]
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "mistral3"])

@@ -366,13 +366,23 @@ class CachedLM:
             done = end
         return logits
 
+    def reachable(self, new_lengths: torch.Tensor) -> torch.Tensor:
+        """new_lengths, or 0 (the row fed afresh) for a row that rollback() cannot take there: its
+        sliding or chunked layers let go of keys a token that far back would see (trim_windows: it
+        may go back trim_margin positions). A drafter whose rounds may go back further asks first."""
+        if not self.local_start:
+            return new_lengths  # (where it was: a drafter's list of lengths stays on the host)
+        new_lengths = new_lengths.to(self.device)
+        return torch.where(self.lengths - new_lengths > self.trim_margin, 0, new_lengths)
+
     def rollback(self, new_lengths: torch.Tensor) -> None:
         """Forget every slot whose position is >= new_lengths[b] (lengths only shrink)."""
         new_lengths = new_lengths.to(self.device)
         if self.local_start:  # those layers let go of the keys a token further back would see
-            back = torch.where(new_lengths > 0, self.lengths - new_lengths, 0)
-            if bool((back > self.trim_margin).any()):
-                raise RuntimeError(f"rollback() of {int(back.max())} positions on a cache whose sliding or chunked "
+            too_far = self.reachable(new_lengths) != new_lengths
+            if bool(too_far.any()):
+                back = int((self.lengths - new_lengths)[too_far].max())
+                raise RuntimeError(f"rollback() of {back} positions on a cache whose sliding or chunked "
                                    f"layers let go of slots (trim_windows) with trim_margin {self.trim_margin}: "
                                    "it may go back at most trim_margin positions, or to 0")
         if self.recurrent:
