@@ -22,3 +22,15 @@ def replaced_whole(path: str | Path, tmp_name: str | None = None, mode: int | No
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replaced_together(paths: list[str | Path], mode: int | None = None):
+    """replaced_whole for files that must match (a config and its weights): yields one temporary
+    path per file; the renames come only after every file is written, in the order given, so an
+    interrupted write leaves all of them as they were. Only a kill between two renames (microseconds)
+    can leave a mix: give such files a shared save id to tell."""
+    with contextlib.ExitStack() as stack:
+        # exits run last-entered first: enter in reverse so the renames go in the order given
+        tmps = [stack.enter_context(replaced_whole(p, mode=mode)) for p in reversed(paths)]
+        yield tmps[::-1]

@@ -3,12 +3,18 @@ checkpoint layout (config.json + model.safetensors, written atomically)."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..atomic_files import replaced_whole
+from ..atomic_files import replaced_together
+
+# config.json and model.safetensors of one save share this id (a key of the one, metadata of the
+# other). Folders saved before it existed have none and load as before.
+SAVE_ID = "save_id"
 
 # Fixed probe positions in the LM head: cheap to compare, and two different targets (or the same
 # architecture retrained) differ there with overwhelming probability.
@@ -55,13 +61,17 @@ def check_fingerprint(saved: dict, model: torch.nn.Module, heads_dir: str | Path
 
 
 def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """config.json + model.safetensors, each replaced atomically (a kill never leaves half a file)."""
+    """config.json + model.safetensors, both written before either replaces the last save's (an
+    interrupted save leaves the last pair whole). Both carry one save id: load_checkpoint refuses a
+    pair from two saves (a kill between the two renames)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with replaced_whole(folder / "config.json", mode=0o644) as tmp:  # a heads folder is meant to be shared
-        tmp.write_text(json.dumps(config, indent=2))
-    with replaced_whole(folder / "model.safetensors", mode=0o644) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    save_id = uuid.uuid4().hex
+    # 0o644: a heads folder is meant to be shared
+    with replaced_together([folder / "model.safetensors", folder / "config.json"], mode=0o644) as (weights, cfg):
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(weights),
+                  metadata={SAVE_ID: save_id})
+        cfg.write_text(json.dumps({**config, SAVE_ID: save_id}, indent=2))
 
 
 def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -74,4 +84,18 @@ def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[di
     config = json.loads((folder / "config.json").read_text())
     if config.get("kind") not in kinds:
         raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {' or '.join(map(repr, kinds))} heads")
+    check_same_save(folder, config)
     return config, load_file(str(folder / "model.safetensors"))
+
+
+def check_same_save(folder: Path, config: dict) -> None:
+    """Refuse a config.json and model.safetensors that save_checkpoint wrote in two different saves
+    (a folder without model.safetensors, e.g. a released pytorch_model.bin one, has nothing to compare)."""
+    if not (folder / "model.safetensors").is_file():
+        return
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        weights_id = (f.metadata() or {}).get(SAVE_ID)
+    if config.get(SAVE_ID) and weights_id and config[SAVE_ID] != weights_id:
+        raise ValueError(f"config.json and model.safetensors in '{folder}' come from two different saves (one "
+                         "was stopped between writing the two); save or train the heads again, or restore "
+                         "the folder from a copy")

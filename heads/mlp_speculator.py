@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .common import check_fingerprint, save_checkpoint, target_fingerprint
+from .common import check_fingerprint, check_same_save, save_checkpoint, target_fingerprint
 
 MODEL_TYPE = "mlp_speculator"
 
@@ -161,6 +161,7 @@ def load_mlp_speculator(folder: str | Path, target: nn.Module,
                          " Use the speculator released (or trained) for this target")
     if "target" in config:  # trained by draftsman: the target it was trained for is on record
         check_fingerprint(config["target"], target, folder)
+    check_same_save(folder, config)
     model = MLPSpeculator(config)
     model.load_state_dict(_weights(folder, model, drafter))
     weight = target.get_output_embeddings().weight

@@ -1,14 +1,15 @@
 """Files written whole or not at all (draftsman/atomic_files.py): an interrupted write (Ctrl-C, a
 full disk) leaves the previous file as it was and no partial file beside it. The token cache and
 a drafter's memory have their own tests (test_training_steps.py, test_drafter_memory.py)."""
+import json
 import os
+import shutil
 import stat
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from draftsman.atomic_files import replaced_whole
+from draftsman.atomic_files import replaced_together, replaced_whole
 from draftsman.heads import common as heads_common
 from draftsman.training import pretrain
 
@@ -46,11 +47,49 @@ def test_an_interrupted_checkpoint_leaves_the_last_one(tmp_path, monkeypatch, er
     assert torch.load(ckpt)["step"] == 1 and list(tmp_path.iterdir()) == [ckpt]
 
 
-def test_an_interrupted_heads_save_leaves_the_last_weights(tmp_path, monkeypatch):
-    heads_common.save_checkpoint(tmp_path, {"kind": "medusa"}, {"w": torch.ones(2)})
-    monkeypatch.setattr(heads_common, "save_file", half_then(KeyboardInterrupt))
+def test_files_replaced_together_change_only_after_all_are_written(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    with replaced_together([a, b], mode=0o644) as (tmp_a, tmp_b):
+        tmp_a.write_text("a1")
+        tmp_b.write_text("b1")
+        assert not a.exists() and not b.exists()  # nothing renamed while the block writes
+    assert (a.read_text(), b.read_text()) == ("a1", "b1")
+    assert stat.S_IMODE(b.stat().st_mode) == 0o644
     with pytest.raises(KeyboardInterrupt):
-        heads_common.save_checkpoint(tmp_path, {"kind": "medusa"}, {"w": torch.zeros(2)})
-    assert torch.equal(load_file(tmp_path / "model.safetensors")["w"], torch.ones(2))
+        with replaced_together([a, b]) as (tmp_a, tmp_b):
+            tmp_a.write_text("a2")  # the first is written whole; the second is interrupted
+            half_then(KeyboardInterrupt())(tmp_b)
+    assert (a.read_text(), b.read_text()) == ("a1", "b1") and sorted(tmp_path.iterdir()) == [a, b]
+
+
+@pytest.mark.parametrize("interrupted", ["save_file", "write_text"])
+def test_an_interrupted_heads_save_leaves_the_last_pair(tmp_path, monkeypatch, interrupted):
+    heads_common.save_checkpoint(tmp_path, {"kind": "medusa", "num_heads": 1}, {"w": torch.ones(2)})
+    if interrupted == "save_file":
+        monkeypatch.setattr(heads_common, "save_file", half_then(KeyboardInterrupt))
+    else:  # the weights are written by then: the config's write must not let them in alone
+        monkeypatch.setattr(type(tmp_path), "write_text", half_then(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        heads_common.save_checkpoint(tmp_path, {"kind": "medusa", "num_heads": 2}, {"w": torch.zeros(2)})
+    monkeypatch.undo()
+    config, tensors = heads_common.load_checkpoint(tmp_path, "medusa")
+    assert config["num_heads"] == 1 and torch.equal(tensors["w"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in tmp_path.iterdir())
+
+
+def test_a_config_and_weights_of_two_saves_are_refused(tmp_path):
+    """What a kill between the two renames leaves: one save's config beside another's weights."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    heads_common.save_checkpoint(first, {"kind": "medusa", "num_heads": 1}, {"w": torch.ones(2)})
+    heads_common.save_checkpoint(second, {"kind": "medusa", "num_heads": 2}, {"w": torch.zeros(3)})
+    shutil.copy(second / "config.json", first / "config.json")
+    with pytest.raises(ValueError, match="two different saves.*save or train the heads again"):
+        heads_common.load_checkpoint(first, "medusa")
+    # a config edited by hand keeps its save's id and loads; so does a folder saved before save ids
+    config = json.loads((second / "config.json").read_text())
+    (second / "config.json").write_text(json.dumps({**config, "note": "edited"}))
+    assert heads_common.load_checkpoint(second, "medusa")[0]["note"] == "edited"
+    del config[heads_common.SAVE_ID]
+    (first / "config.json").write_text(json.dumps(config))
+    assert torch.equal(heads_common.load_checkpoint(first, "medusa")[1]["w"], torch.ones(2))

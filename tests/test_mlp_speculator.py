@@ -3,13 +3,14 @@ checkpoints). Random speculators for the tiny Llama target are written in the ch
 those use; the reference is fms-extras' generate_suffixes, restated below from its source."""
 import json
 import math
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import draftsman
-from draftsman.heads.mlp_speculator import MLPSpeculator
+from draftsman.heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from draftsman.verifier.sampling import SamplingParams
 
 from test_engine_sampling import assert_sampled_marginals_fit
@@ -339,6 +340,17 @@ def test_a_trained_speculator_for_another_target_is_refused(trained, tiny_models
     with pytest.raises(ValueError, match="trained for another target"):
         draftsman.load({"target": {"path": str(tiny_models["qwen2"][0])},
                         "drafter": {"name": "mlp_speculator", "path": str(folder)}})
+
+
+def test_a_config_and_weights_of_two_saves_are_refused(tiny_models, tmp_path):
+    """A kill between a save's two renames leaves one save's config.json beside another's weights."""
+    reference = load_for_reference(tiny_models["llama"][0])
+    for name in ("first", "second"):
+        MLPSpeculator.for_target(reference, n_predict=2, inner_dim=16).save(tmp_path / name, reference)
+    load_mlp_speculator(tmp_path / "first", reference)
+    shutil.copy(tmp_path / "second" / "config.json", tmp_path / "first" / "config.json")
+    with pytest.raises(ValueError, match="two different saves"):
+        load_mlp_speculator(tmp_path / "first", reference)
 
 
 @pytest.mark.parametrize("wrapped", ["adaptive", "cascade"])
