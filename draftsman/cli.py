@@ -507,9 +507,9 @@ def _run_compare(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- audit
 
 def _add_audit_args(p: argparse.ArgumentParser) -> None:
-    from . import audit
+    from . import audit_flags  # not audit: it imports torch and transformers
 
-    audit.add_arguments(p)
+    audit_flags.add_arguments(p)
 
 
 def _run_audit(args: argparse.Namespace) -> int:
@@ -521,9 +521,16 @@ def _run_audit(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- train
 
 def _run_train(argv: list[str]) -> int:
+    from .training import heads_config
+
+    if argv[:1] == ["pard"]:  # its own trainer and flags (training/pard.py)
+        from .training import heads
+
+        return heads.main(argv)
+    args = heads_config.train_parser().parse_args(argv)  # --help and a typo answer before torch loads
     from .training import heads
 
-    return heads.main(argv)
+    return heads.run(args)
 
 
 # --------------------------------------------------------------------------- vocab
@@ -557,9 +564,9 @@ def _run_regenerate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- export
 
 def _add_export_args(p: argparse.ArgumentParser) -> None:
-    from . import export
+    from . import export_flags  # not export: it imports torch and transformers
 
-    export.add_arguments(p)
+    export_flags.add_arguments(p)
 
 
 def _run_export(args: argparse.Namespace) -> int:

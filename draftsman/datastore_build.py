@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from .drafters.datastore import Datastore, read_documents
-from .drafters.datastore_index import SUFFIX, is_index, save_index
-from .models import check_model_folder, load_tokenizer
+# The index's suffix; drafters/datastore_index.py's SUFFIX (a test keeps them the same). That module,
+# and what build() runs on, import torch: imported there, `draftsman datastore --help` answers at once.
+SUFFIX = ".safetensors"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> dict:
+    from .drafters.datastore import Datastore, read_documents
+    from .drafters.datastore_index import is_index, save_index
+    from .models import check_model_folder, load_tokenizer
+
     if not 1 <= min_ngram <= max_ngram:
         raise ValueError(f"need 1 <= --min-ngram <= --max-ngram (got {min_ngram}, {max_ngram})")
     if not is_index(out):

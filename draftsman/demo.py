@@ -11,23 +11,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from . import load, zoo
-from .bench.config import default_drafters
-from .bench.runner import Ours, time_interleaved
-from .prompts import heldout_prompts
+# What the demo runs on (torch, transformers, the drafters) is imported where it runs, so that
+# `draftsman demo --help` and a mistyped flag answer at once.
 
 
 def demo_drafters(device: str | torch.device = "cpu") -> dict[str, dict]:
     """By label: `none`, `ngram`, `recycling` and every bundled drafter, as `draftsman compare` sets them up by
     default (draftsman/bench/config.py BUNDLED_DRAFTERS) for a target on `device`."""
+    from .bench.config import default_drafters
+
     return {d.get("label", d["name"]): {k: v for k, v in d.items() if k != "label"}
             for d in default_drafters(device)}
 
 
 def run(prompts: int, max_new_tokens: int, temperature: float, repeats: int, seed: int) -> dict:
+    from . import load, zoo
+    from .bench.runner import Ours, time_interleaved
+    from .prompts import heldout_prompts
+
     base = load({"target": {"path": str(zoo.target_path())}, "drafter": {"name": "none"}})
     contenders = [Ours(name, base if name == "none" else base.with_drafter(cfg))
                   for name, cfg in demo_drafters(base.device).items()]
@@ -65,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    from . import zoo
+
     print(f"target {zoo.target_path()}\ndraft  {zoo.draft_path()}")
     result = run(args.prompts, args.max_new_tokens, args.temperature, args.repeats, args.seed)
     print(f"\n{result['prompts']} held-out prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, "

@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .export_flags import ENGINES, add_arguments  # noqa: F401 (draftsman.export's own names, as before)
 from .models import load_causal_lm
-
-ENGINES = {"eagle": ("vllm", "sglang"), "medusa": ("vllm", "medusa")}
 _LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
                 "post_attention_layernorm.weight"]
@@ -189,15 +188,6 @@ def _medusa(heads_dir, target, engine, target_dir):
     config = {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
               "base_model_name_or_path": str(target_dir)}
     return tensors, config, "medusa_lm_head.safetensors", (c.num_heads, c.num_layers)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=sorted(ENGINES), help="kind of heads to export")
-    p.add_argument("--heads", required=True, help="heads folder written by draftsman train")
-    p.add_argument("--target", required=True, help="the target model folder the heads were trained for")
-    p.add_argument("--engine", required=True, help="vllm | sglang (eagle); vllm | medusa (medusa)")
-    p.add_argument("--out", required=True, help="folder to write config.json + weights into")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,16 +9,14 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from ..atomic_files import replaced_whole
-from ..drafters.draft_vocab import ORDER_FILE
-from .heads import DEFAULTS, target_token_frequencies, training_streams
+from .heads_config import DEFAULTS  # not .heads, nor torch: `draftsman vocab --help` answers at once
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="the target model folder whose greedy picks are counted")
-    p.add_argument("--out", required=True, help=f"JSON file to write, or a folder (then {ORDER_FILE} in it)")
+    # (the name is drafters/draft_vocab.py's ORDER_FILE, which imports torch; a test keeps them the same)
+    p.add_argument("--out", required=True, help="JSON file to write, or a folder (then tokens_by_frequency.json in it)")
     p.add_argument("--corpus-root", default=None, help="text corpus (default: this interpreter's stdlib, "
                                                        "train split, as the bundled models use)")
     p.add_argument("--data-file", default=None, help="instead of --corpus-root: a JSONL of conversations or texts, "
@@ -34,9 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_dir: str,
           data_file: str | None = None, assistant_only: bool = False) -> dict:
+    import torch
     from transformers import AutoTokenizer
 
     from ..models import check_model_folder, pretrained_text_model
+    from .heads import target_token_frequencies, training_streams
 
     folder = check_model_folder(target, "--target")
     if corpus_root and data_file:
@@ -61,6 +61,10 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..drafters.draft_vocab import ORDER_FILE
+
     torch.set_num_threads(args.threads)
     result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file,
                    args.assistant_only)

@@ -5,10 +5,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformers.utils import logging as hf_logging
-
-from .config import QUICK, load_bench_config
-
 
 def _numbers(kind):
     def parse(text: str):
@@ -65,6 +61,10 @@ def _num(x) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging  # here, not above: --help answers without them
+
+    from .config import QUICK, load_bench_config
+
     overrides = dict(QUICK) if args.quick else {}
     flags = {"out": args.out, "prompts": args.prompts, "categories": args.categories,
              "prompts_per_category": args.prompts_per_category, "temperatures": args.temperatures,

@@ -1,0 +1,120 @@
+"""What a heads training run is told: the kinds, every config key with its default, the checks on a
+config, and `draftsman train`'s flags. Kept apart from the trainer (training/heads.py, which
+imports torch and transformers) so `draftsman train --help`, `draftsman vocab --help` and a
+mistyped flag answer at once; training/heads.py imports these names back."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
+
+# How each optimizer step is taken; shared by every trainer (training/pard.py too).
+STEP_DEFAULTS = {
+    "grad_accum_steps": 1,  # micro-batches of batch_size per optimizer step (effective batch: their product)
+    "grad_clip": None,  # clip the gradient's total norm to this before each step (EAGLE's recipe: 0.5; None = off)
+}
+# Keys added after checkpoints were written without them, with the value those runs had.
+LATER_KEYS = {**STEP_DEFAULTS, "target_dtype": "float32", "eval_every": 0}
+
+DEFAULTS = {
+    "kind": "medusa",  # medusa | eagle | eagle3 | mtp | mlp_speculator
+    "target": None,  # local HF folder of the frozen target (required)
+    "out": None,  # folder for the trained heads (required)
+    "work_dir": "zoo/.work",  # token caches and resumable checkpoints
+    "seed": 0,
+    "threads": 2,  # torch.set_num_threads on CPU
+    "mixed_precision": "auto",  # autocast for the frozen target's forward: "no", "bf16", or "auto" (bf16 where native)
+    "target_dtype": "float32",  # the frozen target's weights: float32 | bfloat16 | float16 | auto (bf16 where native)
+    "labels": "self_distill",  # self_distill (target's greedy predictions) | corpus (next tokens)
+    "corpus_root": None,  # None = the stdlib of this interpreter, train split only
+    "data_file": None,  # instead of corpus_root: JSONL of chat conversations or texts (training/documents.py)
+    "assistant_only_loss": False,  # data_file: learn only where the next token is in an assistant's reply
+    "num_heads": 4,  # medusa: heads; mlp_speculator: stages (its n_predict, the deepest draft)
+    "num_layers": 1,  # medusa: residual blocks per head
+    "share_lm_head": False,  # medusa: read out through the target's frozen LM head instead of copies
+    "loss_decay": 0.8,  # medusa / mlp_speculator: head (stage) i's loss weighs loss_decay ** i
+    "inner_dim": 0,  # mlp_speculator: width of its state (0 = the target's hidden size)
+    "tie_weights": False,  # mlp_speculator: stages 1+ share weights (fewer parameters; drafts any depth)
+    "scale_input": True,  # mlp_speculator: RMS-normalise the target's state first (fms-extras' option)
+    "feature_noise": 0.1,  # eagle: uniform noise U(-a, a) on the input features
+    "ce_weight": 0.1,  # eagle: weight of the token loss next to the feature regression
+    "eval_depths": 4,  # eagle / eagle3 / mtp: held-out agreement measured for draft depths 1..eval_depths
+    "ttt_steps": 4,  # eagle3: steps of the training-time test (the head fed its own outputs)
+    "ttt_decay": 0.8,  # eagle3: step j's loss weighs ttt_decay ** j
+    "draft_vocab": None,  # eagle3: rows of its LM head, the tokens the target picks most (None = all)
+    "aux_layers": None,  # eagle3: target hidden_states indices fused, low to high (None = EAGLE-3's default)
+    "layer": "target",  # eagle / eagle3: the head's layer, of the target's class or "llama" (exports for any target)
+    "seq_len": 512,
+    "batch_size": 8,
+    "lr": 1e-3,
+    "warmup_steps": 20,
+    "lr_schedule": "constant",  # after warmup: constant | cosine (down to lr * min_lr_ratio at the end)
+    "min_lr_ratio": 0.1,  # cosine: the final learning rate as a fraction of lr
+    "init_from": None,  # a heads folder of this kind and target to continue from (its shape wins; None = fresh)
+    **STEP_DEFAULTS,
+    "max_steps": 2000,  # optimizer steps
+    "max_minutes": None,  # wall-clock budget; training stops at whichever limit comes first
+    "checkpoint_minutes": 3.0,
+    "eval_tokens": 32768,  # held-out tokens for the final per-head agreement
+    "eval_every": 0,  # optimizer steps between held-out agreement checks during training (0 = at the end only)
+    "eval_ranks": 10,  # accuracy is measured for candidate ranks 0..eval_ranks-1 (tree calibration)
+    "tree_budget": 16,  # nodes of the calibrated Medusa tree stored with the heads
+}
+
+
+def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> dict:
+    """A training config (a dict, or a YAML file's path) over its defaults; unknown keys (with the
+    valid ones) and missing required ones are named, `what` saying which trainer's."""
+    if not isinstance(raw, dict):
+        raw = yaml.safe_load(Path(raw).read_text()) or {}
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in the {what}; valid keys: {sorted(defaults)}")
+    cfg = {**defaults, **raw}
+    for key in required:
+        if not cfg[key]:
+            raise ValueError(f"{what}: '{key}' is required")
+    check_step_keys(cfg, what)
+    return cfg
+
+
+def check_step_keys(cfg: dict, what: str) -> None:
+    """grad_accum_steps (a whole number >= 1), grad_clip (None or a norm > 0) and eval_every (a whole
+    number >= 0), where a config has them."""
+    steps = cfg.get("grad_accum_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{what}: grad_accum_steps must be a whole number >= 1 (micro-batches per optimizer "
+                         f"step), got {steps!r}")
+    clip = cfg.get("grad_clip")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        raise ValueError(f"{what}: grad_clip must be a gradient norm > 0 (e.g. 0.5) or null for no clipping, "
+                         f"got {clip!r}")
+    every = cfg.get("eval_every", 0)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"{what}: eval_every must be a whole number of steps >= 0 (0: evaluate at the end only), "
+                         f"got {every!r}")
+
+
+def config_with_overrides(path: str, overrides: list[str]) -> dict:
+    """The YAML config at `path` with each `--set KEY=VALUE` applied (VALUE parsed as YAML)."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        raw[key] = yaml.safe_load(value)
+    return raw
+
+
+def train_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="draftsman train", description="Train draft heads on a frozen target "
+                                 "(or, with kind pard, adapt a draft model for parallel drafting).")
+    ap.add_argument("kind", choices=list(KINDS) + ["pard"])
+    ap.add_argument("--config", required=True, help="YAML file (see training/configs/<kind>.yaml)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, value parsed as YAML (repeatable)")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="evaluate the heads already in `out` on held-out text (Medusa: and recalibrate "
+                         "its tree with tree_budget) instead of training")
+    return ap
