@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .atomic_files import replaced_together
 from .export_flags import ENGINES, add_arguments  # noqa: F401 (draftsman.export's own names, as before)
 from .models import load_causal_lm
 _LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -82,9 +83,11 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     missing = expected ^ set(tensors)
     if missing:  # a bug in this file, not bad input
         raise RuntimeError(f"export wrote keys that differ from expected_keys: {sorted(missing)}")
-    save_file({k: (v.to(cast) if v.is_floating_point() else v).detach().contiguous() for k, v in tensors.items()},
-              str(out_dir / filename))
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    # Both written before either replaces an earlier export's: Ctrl-C leaves no half file for an engine to load.
+    with replaced_together([out_dir / filename, out_dir / "config.json"], mode=0o644) as (weights, config_file):
+        save_file({k: (v.to(cast) if v.is_floating_point() else v).detach().contiguous() for k, v in tensors.items()},
+                  str(weights))
+        config_file.write_text(json.dumps(config, indent=2))
     return out_dir
 
 

@@ -118,6 +118,28 @@ def test_medusa_export_has_the_exact_layout(llama, tmp_path, engine, share):
         assert config["medusa_num_heads"] == 3 and config["medusa_num_layers"] == 1
 
 
+def test_an_interrupted_export_leaves_the_last_one_whole(llama, tmp_path, monkeypatch):
+    """Ctrl-C while the weights are written: the earlier export's config and weights stay, with no
+    partial file beside them for an engine to load."""
+    folder, target = llama
+    for heads_count in (2, 3):
+        heads = MedusaHeads.for_target(target, num_heads=heads_count, num_layers=1)
+        heads.save(tmp_path / f"heads{heads_count}", target, dtype=torch.float32)
+    out = tmp_path / "out"
+    export("medusa", str(tmp_path / "heads2"), str(folder), "vllm", str(out), dtype="float32")
+
+    def interrupted(tensors, path, *args, **kwargs):
+        open(path, "wb").write(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export("medusa", str(tmp_path / "heads3"), str(folder), "vllm", str(out), dtype="float32")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["num_heads"] == 2
+    assert set(_read(out / "model.safetensors")) == expected_keys("medusa", "vllm", num_heads=2, num_layers=1)
+
+
 def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys, monkeypatch):
     folder, target = llama
     with pytest.raises(ValueError, match="MTP module has input norms"):
