@@ -51,6 +51,17 @@ def config(target, **sections):
     (dict(input_ids=[[5]], repetition_penalty=-1.0), "repetition_penalty must be > 0"),
     (dict(input_ids=[[5]], presence_penalty=5.0), r"presence_penalty must be in \[-2, 2\]"),
     (dict(input_ids=[[5]], stop="\n"), "stop must be a list of strings"),
+    # NaN passed every range check above and failed deep in sampling as an IndexError; an infinite
+    # temperature turns a banned token's -inf logit into NaN; a string failed as a TypeError.
+    (dict(input_ids=[[5]], temperature=float("nan")), "temperature must be a finite number, got nan"),
+    (dict(input_ids=[[5]], temperature=float("inf")), "temperature must be a finite number"),
+    (dict(input_ids=[[5]], repetition_penalty=float("inf")), "repetition_penalty must be a finite number"),
+    (dict(input_ids=[[5]], top_p=float("nan")), "top_p must be a finite number"),
+    (dict(input_ids=[[5]], temperature="0.7"), r"temperature must be a number, got '0.7' \(str\)"),
+    (dict(input_ids=[[5]], temperature=True), r"temperature must be a number, got True \(bool\)"),
+    (dict(input_ids=[[5], [6]], temperature=[0.5, float("nan")]), "temperature must be a finite number"),
+    (dict(input_ids=[[5]], temperature=1.0, seed="42"), "seed must be a whole number, e.g. 0, got '42'"),
+    (dict(input_ids=[[5]], temperature=1.0, seed=1.5), "seed must be a whole number"),
 ])
 def test_bad_generate_calls_name_the_problem(decoder, call, message):
     with pytest.raises(ValueError, match=message):

@@ -190,6 +190,8 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     ("/v1/completions", {"prompt": "a", "n": 2, "stream": True}, "num_return_sequences=2 at temperature 0"),
     ("/v1/completions", {"prompt": "a", "n": 2}, "num_return_sequences=2 at temperature 0"),
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
+    ("/v1/completions", {"prompt": "a", "temperature": "0.7"}, "temperature must be a number, got '0.7' (str)"),
+    ("/v1/completions", {"prompt": "a", "temperature": 1, "seed": "7"}, "seed must be a whole number"),
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
     ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"usage": True}}, '"stream_options" takes'),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 'goes with "stream": true'),

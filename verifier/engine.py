@@ -7,6 +7,7 @@ a stop string, max_new_tokens, context limit, or the caller aborting them) leave
 """
 from __future__ import annotations
 
+import numbers
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -227,6 +228,8 @@ class SpeculativeEngine:
             raise ValueError(f"drafter '{self.drafter.name}' cannot take rows into a running batch "
                              "(it does not implement Drafter.add_rows): run the rows as batches of their own")
         self.check_prompts(prompts)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # (torch's error names a "long")
+            raise ValueError(f"seed must be a whole number, e.g. 0, got {seed!r}")
         ignored = self._row_ignore_eos(ignore_eos, len(prompts))
         self._row_end_ids = self._row_stop_token_ids(stop_token_ids, ignored)
         self._end_ids = frozenset().union(*self._row_end_ids)

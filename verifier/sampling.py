@@ -26,6 +26,8 @@ what the grammar does not allow after its own sequence (verifier/grammar.py).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -104,6 +106,7 @@ class SamplingParams:
         object.__setattr__(self, "structured_output", StructuredOutput.parse(self.structured_output))
         object.__setattr__(self, "lossy_typical_acceptance", TypicalAcceptance.parse(self.lossy_typical_acceptance))
         object.__setattr__(self, "bad_words_ids", _bad_words(self.bad_words_ids))
+        _check_finite_numbers(self)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
@@ -168,6 +171,24 @@ class SamplingParams:
         """The logit bias as (token ids, biases) on `device`."""
         ids, biases = zip(*self.logit_bias)
         return torch.tensor(ids, device=device), torch.tensor(biases, device=device)
+
+
+# The float settings. Each one's range check below would let NaN or infinity through somewhere
+# (temperature NaN failed deep in sampling with an IndexError; an infinite temperature divides a
+# banned token's -inf logit into NaN), and a string or bool would fail as a TypeError or pass as 1.
+_FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff",
+                   "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _check_finite_numbers(params: "SamplingParams") -> None:
+    for name in _FLOAT_SETTINGS:
+        value = getattr(params, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def _bad_words(words) -> tuple[tuple[int, ...], ...] | None:
