@@ -18,9 +18,24 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
+    """auto -> cuda where there is one, else cpu. A device this machine lacks is named here, at load,
+    not as torch's "Torch not compiled with CUDA enabled" assertion from deep in a model's .to()."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {device!r}: use auto (cuda where there is one, else cpu), cpu, cuda or "
+                         f"cuda:N") from e
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {str(device)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU "
+                             "(a CPU build, or no GPU here): use device auto (cuda where there is one) or cpu")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device {str(device)!r} asked for, but this machine has {count} CUDA GPU(s): "
+                             f"cuda:0 to cuda:{count - 1}")
+    return resolved
 
 
 def native_bfloat16(device: str | torch.device) -> bool:

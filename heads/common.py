@@ -79,9 +79,13 @@ def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[di
     kinds = (kind,) if isinstance(kind, str) else tuple(kind)
     folder = Path(folder).expanduser()
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"'{folder}' is not a {' / '.join(kinds)} heads folder (config.json + "
+        raise FileNotFoundError(f"'{folder}' is not a heads folder of kind {' / '.join(kinds)} (config.json + "
                                 f"model.safetensors missing); train one with `draftsman train {kinds[0]}`")
     config = json.loads((folder / "config.json").read_text())
+    if "kind" not in config and "model_type" in config:  # a model's folder, e.g. the target's own
+        raise ValueError(f"'{folder}' holds a {config['model_type']!r} model, not {' or '.join(map(repr, kinds))} "
+                         f"heads: point drafter.path at a heads folder (`draftsman train {kinds[0]}` writes one); a "
+                         "small model of the target's vocabulary drafts as drafter draft_model")
     if config.get("kind") not in kinds:
         raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {' or '.join(map(repr, kinds))} heads")
     check_same_save(folder, config)

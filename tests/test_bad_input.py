@@ -1,6 +1,7 @@
 """Every kind of bad input gets its own error that names the problem (and the fix), and a failed
 call leaves the Decoder as good as new."""
 import pytest
+import torch
 
 import draftsman
 import tiny_models
@@ -106,6 +107,20 @@ def test_errors_leave_the_decoder_as_good_as_new(decoder, llama):
 def test_unknown_config_keys_are_named_with_the_valid_ones(llama, raw, message):
     with pytest.raises(ValueError, match=message):
         draftsman.load({"target": {"path": str(llama[0])}, **raw})
+
+
+@pytest.mark.parametrize("device, message", [
+    ("gpu", r"unknown device 'gpu': use auto \(cuda where there is one, else cpu\), cpu, cuda or cuda:N"),
+    ("cuda", r"device 'cuda' asked for, but this torch .* sees no CUDA GPU .*: use device auto"),
+    ("cuda:7", "device 'cuda:7' asked for, but this"),
+])
+def test_a_device_this_machine_lacks_is_named_at_load(llama, device, message):
+    """It failed as torch's "AssertionError: Torch not compiled with CUDA enabled" from the model's .to()."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if (device == "cuda" and gpus) or (device == "cuda:7" and gpus > 7):
+        pytest.skip("this machine has the GPU asked for")
+    with pytest.raises(ValueError, match=message):
+        draftsman.load({"target": {"path": str(llama[0]), "device": device}})
 
 
 def test_a_config_that_is_not_a_mapping_says_so(tmp_path):

@@ -57,6 +57,14 @@ def test_heads_for_another_target_are_refused(trained_heads, tiny_models):
         draftsman.load({"target": {"path": str(tiny_models["gpt2"][0])}, "drafter": {"name": "medusa", "path": str(folder)}})
 
 
+def test_a_model_folder_given_as_heads_is_named(tiny_models):
+    """The target's own folder as drafter.path: it said "holds None heads"."""
+    target = str(tiny_models["llama"][0])
+    with pytest.raises(ValueError, match="holds a 'llama' model, not 'medusa' heads: point drafter.path at a heads "
+                                         "folder .*draftsman train medusa.* drafter draft_model"):
+        draftsman.load({"target": {"path": target}, "drafter": {"name": "medusa", "path": target}})
+
+
 @pytest.mark.parametrize("tree,draft_vocab", [(None, None), ([[0], [0, 0], [0, 0, 0]], None),
                                               ([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]], None), (None, 64)])
 def test_greedy_output_equals_the_target(trained_heads, tiny_models, tree, draft_vocab):
