@@ -146,7 +146,8 @@ class Decoder:
         self.config = config
         t = config["target"]
         if not t.get("path"):
-            raise ValueError("target.path is required: the local folder of the target model")
+            raise ValueError("target.path is required: the local folder of the target model (in a config, "
+                             "target: {path: DIR}; on the command line, --target DIR)")
         check_model_folder(t["path"], "target.path")
         self.device = resolve_device(t["device"])
         self.target = load_causal_lm(t["path"], t["dtype"], self.device, what="target.path")

@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     prompts = read_prompts(args.prompts) if args.prompts else BUILTIN_PROMPTS
-    cfg = build_config(args.config, args.drafter, args.overrides)
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     s, g = cfg["sampling"], cfg["generation"]
     temperature = args.temperature if args.temperature is not None else s["temperature"] or 1.0
     if temperature <= 0:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import add_logit_bias_arg, add_lossy_typical_arg, add_ngram_ban_arg, add_truncation_args
+from .cli import add_logit_bias_arg, add_lossy_typical_arg, add_ngram_ban_arg, add_target_arg, add_truncation_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or JSON run config: the target and drafter to audit")
+    add_target_arg(p)
     p.add_argument("--prompts", metavar="FILE",
                    help='JSONL with a "text" field per line (or "messages": a conversation for the target\'s chat '
                         'template, "input_ids", or Spec-Bench\'s "turns": the first turn), or plain text with one '

@@ -1,6 +1,7 @@
 """The `draftsman` command line.
 
     draftsman generate --config cfg.yaml --prompt "def f(" [--drafter ngram] [--set drafter.k=6] [--json]
+    draftsman generate --target DIR --prompt "def f(" [--drafter ngram]   # no config file: target.path = DIR
     draftsman generate --config cfg.yaml --chat "Write a haiku" [--system TEXT]   # or --messages FILE.json
     draftsman drafters                 # registered drafters, their options and defaults
     draftsman demo [...]               # the bundled demo (draftsman/demo.py, when built)
@@ -50,9 +51,16 @@ class UserError(ValueError):
     """A problem in what the user asked for, reported without a traceback."""
 
 
+def add_target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", metavar="DIR", help="the target model folder (sets target.path: no config file "
+                                                   "needed, or over the config's)")
+
+
 def add_run_config_args(p: argparse.ArgumentParser) -> None:
-    """--config / --drafter / --set, for the commands that build one Decoder and keep it (serve, chat)."""
+    """--config / --target / --drafter / --set, for the commands that build one Decoder and keep it
+    (serve, chat)."""
     p.add_argument("--config", help="YAML or JSON run config (sections: target, drafter, sampling, generation)")
+    add_target_arg(p)
     p.add_argument("--drafter", metavar="NAME", help="use this drafter instead of the config's (its options are "
                                                      "dropped; add new ones with --set)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
@@ -63,6 +71,7 @@ def add_run_config_args(p: argparse.ArgumentParser) -> None:
 
 def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or JSON run config (sections: target, drafter, sampling, generation)")
+    add_target_arg(p)
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a text prompt; repeat for a batch")
     p.add_argument("--input-ids", action="append", default=[], metavar="IDS",
@@ -137,14 +146,18 @@ def parse_input_ids(text: str) -> list[int]:
         raise UserError(f"--input-ids '{text}': expected integers separated by commas, e.g. \"1,2,3\"") from None
 
 
-def build_config(config_path: str | None, drafter: str | None, overrides: list[str]) -> dict:
-    """The run config from a file (or the defaults), then --drafter, then --set overrides."""
+def build_config(config_path: str | None, drafter: str | None, overrides: list[str], target: str | None = None) -> dict:
+    """The run config from a file (or the defaults), then --drafter, then --set overrides, then
+    --target (the folder as typed: a --set value would be parsed as YAML)."""
     cfg = load_config(config_path) if config_path else load_config({})
     if drafter is not None and drafter != cfg["drafter"].get("name"):
         # Options such as `path` or `k` were written for the other drafter; carrying them over
         # would either be rejected or silently mean something else.
         cfg["drafter"] = {"name": drafter}
-    return apply_overrides(cfg, overrides)
+    cfg = apply_overrides(cfg, overrides)
+    if target is not None:
+        cfg["target"]["path"] = target
+    return cfg
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -169,7 +182,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.top_logprobs and not args.logprobs:
         raise UserError("--top-logprobs needs --logprobs (and --json): add them")
     input_ids = [parse_input_ids(s) for s in args.input_ids] or None
-    cfg = build_config(args.config, args.drafter, args.overrides)
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     lossy_warning({key: cfg["sampling"][key] if value is None else value
                    for key, value in sampling_flags(args).items()})
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from .api import Decoder
     from .cli import build_config, drafter_memory_kept, lossy_warning
 
-    cfg = build_config(args.config, args.drafter, args.overrides)
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     lossy_warning({**cfg["sampling"], **({"temperature": args.temperature} if args.temperature is not None else {})})
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)

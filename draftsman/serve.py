@@ -689,7 +689,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_memory_every < 0:
         raise ValueError(f"--save-memory-every must be >= 0 seconds (0: only when the server stops), got "
                          f"{args.save_memory_every}")
-    cfg = build_config(args.config, args.drafter, args.overrides)
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     decoder.engine.join_prefill_chunk = args.prefill_chunk or None

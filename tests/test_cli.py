@@ -61,6 +61,21 @@ def test_generate_json_matches_the_python_api(config_file, tmp_path):
     assert got["stats"]["new_tokens"] == sum(map(len, want.token_ids))
 
 
+def test_target_flag_runs_without_a_config_file(tiny_models, capsys):
+    """`--target DIR` instead of a config or `--set target.path=DIR` (generate, chat, serve, audit,
+    regenerate take it); greedy output is the target's own."""
+    target = tiny_models["qwen2"][0]
+    assert cli.main(["generate", "--target", str(target), "--input-ids", "5,6,7", "--max-new-tokens", "6",
+                     "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = draftsman.load({"target": {"path": str(target)}}).generate(input_ids=[[5, 6, 7]], max_new_tokens=6)
+    assert got["token_ids"] == want.token_ids and got["config"]["target"]["path"] == str(target)
+    for name in ("chat", "serve", "audit", "regenerate"):
+        parser = cli.build_parser([name])
+        assert parser.parse_args([name, "--target", "t", *(["--data-file", "d", "--out", "o"]
+                                                            if name == "regenerate" else [])]).target == "t"
+
+
 def test_a_bad_key_prints_error_and_exits_2_without_traceback(config_file):
     proc = run("generate", "--config", str(config_file), "--prompt", "x", "--set", "sampling.temprature=0.5")
     assert proc.returncode == 2

@@ -133,3 +133,10 @@ def test_build_config_without_a_file_starts_from_the_defaults():
     assert cfg["drafter"] == {"name": "ngram"}
     assert cfg["target"]["path"] == "/models/t"
     assert build_config(None, None, []) == DEFAULTS
+
+
+def test_target_flag_sets_the_folder_as_typed_over_the_config_and_set(config_dir):
+    """--target: a folder named like a YAML value stays a string (--set target.path=yes would read a bool)."""
+    cfg = build_config(_write(config_dir, RUN), None, ["target.path=/elsewhere"], target="yes")
+    assert cfg["target"]["path"] == "yes" and cfg["drafter"]["name"] == "draft_model"
+    assert build_config(None, None, [], target="1.0")["target"]["path"] == "1.0"

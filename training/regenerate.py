@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     documents = list(iter_documents(source))  # every line checked before any model loads
     if args.limit is not None:
         documents = documents[: args.limit]
-    overrides = list(args.overrides) + ([f"target.path={args.target}"] if args.target else [])
-    cfg = build_config(args.config, args.drafter, overrides)
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     done = _resume(out)
