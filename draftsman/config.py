@@ -75,6 +75,9 @@ def load_config(config: dict | str | os.PathLike) -> dict:
     """A dict, or the path of a YAML / JSON file -> a complete, validated config."""
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
+        if path.is_dir():  # most likely a model folder given where the run config goes
+            raise ValueError(f"config '{path}' is a folder, not a YAML or JSON run config file; for a model folder, "
+                             f"use --target {path} on the command line or target: {{path: {path}}} in a config")
         if not path.is_file():
             raise FileNotFoundError(f"config file '{path}' does not exist")
         text = path.read_text()

@@ -155,6 +155,10 @@ def test_user_errors_exit_2_with_one_line(config_file, capsys, args, message):
 def test_missing_and_malformed_config_files(tmp_path, capsys):
     assert cli.main(["generate", "--config", str(tmp_path / "none.yaml"), "--prompt", "a"]) == 2
     assert "none.yaml' does not exist" in capsys.readouterr().err
+    # a model folder where the run config goes (it said "does not exist")
+    assert cli.main(["generate", "--config", str(tmp_path), "--prompt", "a"]) == 2
+    assert f"is a folder, not a YAML or JSON run config file; for a model folder, use --target {tmp_path}" in \
+        capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("target: {path: [unclosed\n")
     assert cli.main(["generate", "--config", str(bad), "--prompt", "a"]) == 2
