@@ -510,7 +510,7 @@ def test_cascade_with_a_feature_head_equals_the_target(trained, tiny_models):
     ({"name": "eagle", "path": "x", "top_k": 0}, "top_k must be >= 1"),
     ({"name": "eagle", "path": "x", "total_tokens": 0}, "total_tokens must be >= 1"),
     ({"name": "mtp", "path": "x", "depth": 0}, "depth must be >= 1"),
-    ({"name": "mtp", "path": "/no/such/folder"}, "not a mtp heads folder"),
+    ({"name": "mtp", "path": "/no/such/folder"}, "not a heads folder of kind mtp"),
     ({"name": "eagle", "path": "x", "draft_vocab": 0}, "draft_vocab must be between 1 and"),
     ({"name": "eagle", "path": "eagle3", "draft_vocab": 64}, "has its own draft vocabulary .200 tokens.; leave draft_vocab"),
     ({"name": "mtp", "path": "eagle3"}, "holds 'eagle3' heads, not 'mtp' heads"),
