@@ -227,6 +227,34 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
         load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"repetition_penalty": 0}})
 
 
+def test_target_and_drafters_flags_compare_without_a_file(tiny_models, tmp_path, capsys):
+    """--target DIR --drafters ...: a user's own target without a compare config. The target
+    section of a file keeps its dtype and device under --target; mistakes are named first."""
+    target = tiny_models["llama"][0]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    flags = ["--quick", "--no-progress", "--no-peers", "--temperatures", "0", "--batch-sizes", "1",
+             "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(tmp_path / "out")]
+    assert cli.main(["compare", "--target", str(target), "--drafters", "[{name: ngram, k: 3}]", *flags]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["config"]["target"]["path"] == str(target)
+    assert [d["name"] for d in results["config"]["drafters"]] == ["none", "ngram"]
+    assert {c["drafter"] for c in results["cells"]} == {"none", "ngram"}
+    assert all(c["mismatches"] == 0 for c in results["cells"])
+    assert "--target " + str(target) in results["command"] and "--drafters" in results["command"]
+    capsys.readouterr()
+
+    file = tmp_path / "bench.yaml"
+    file.write_text(yaml.safe_dump({"target": {"path": "elsewhere", "dtype": "float64", "device": "cpu"}}))
+    cfg = load_bench_config(file, {"target": {"path": str(target)}})
+    assert cfg["target"] == {"path": str(target), "dtype": "float64", "device": "cpu"}
+    assert [d["name"] for d in cfg["drafters"]] == ["none", "ngram"]  # a user's target: no bundled heads
+    for drafters, message in [("ngram,ngarm", "unknown drafter 'ngarm'; available drafters: ["),
+                              ("[1, 2]", "each drafter in a YAML list is a mapping with a name"),
+                              ("[{name: ngram", "--drafters is not a valid YAML list")]:
+        assert cli.main(["compare", "--target", "nowhere", "--drafters", drafters]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_peak_memory_sees_a_temporary_tensor():
     import time
 

@@ -15,9 +15,32 @@ def _numbers(kind):
     return parse
 
 
+def drafters_flag(text: str) -> list[dict]:
+    """--drafters: "ngram,recycling" (names with their defaults) or a YAML list of drafter configs."""
+    if not text.strip().startswith("["):
+        return [{"name": name} for name in text.replace(" ", "").split(",") if name]
+    import yaml
+
+    try:
+        drafters = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"--drafters is not a valid YAML list: {e}") from None
+    if not all(isinstance(d, dict) and "name" in d for d in drafters):
+        raise ValueError(f"--drafters: each drafter in a YAML list is a mapping with a name, e.g. "
+                         f"'[{{name: draft_model, path: DIR}}, {{name: ngram}}]', got {text!r}")
+    return drafters
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="bench YAML (see configs/bench.yaml); default: the bundled zoo target with "
                                     "none, ngram and draft_model")
+    p.add_argument("--target", metavar="DIR", help="the target model folder (sets target.path, over the config's); "
+                                                   "its drafters are none and ngram unless --drafters or the config "
+                                                   "names them")
+    p.add_argument("--drafters", metavar="LIST",
+                   help="the drafters to compare: names, each with its defaults (ngram,recycling), or a YAML list "
+                        "of drafter configs ('[{name: draft_model, path: DIR, k: 4}, {name: ngram}]'); none, the "
+                        "baseline, is always added")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 prompts per category, 16 new tokens, 1 repeat, batch sizes 1,2")
     p.add_argument("--out", help="output folder (default results/compare)")
@@ -70,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
              "prompts_per_category": args.prompts_per_category, "temperatures": args.temperatures,
              "batch_sizes": args.batch_sizes, "max_new_tokens": args.max_new_tokens,
              "min_new_tokens": args.min_new_tokens, "repeats": args.repeats,
-             "peers": False if args.no_peers else None}
+             "peers": False if args.no_peers else None,
+             "target": {"path": args.target} if args.target else None,
+             "drafters": drafters_flag(args.drafters) if args.drafters else None}
     overrides.update({k: v for k, v in flags.items() if v is not None})
     cfg = load_bench_config(args.config, overrides, quick=args.quick)
     hf_logging.disable_progress_bar()  # "Loading weights" bars would tangle with ours

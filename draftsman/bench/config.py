@@ -104,7 +104,11 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
             raise ValueError(f"compare config '{p}' must be a mapping of keys {sorted(DEFAULTS)}")
         _check_keys(raw)
         _resolve_paths(raw, p.parent)
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            if key == "target" and isinstance(raw.get("target"), dict):
+                value = {**raw["target"], **value}  # --target: another folder, the file's dtype and device
+            raw[key] = value
     _check_keys(raw)
     cfg = copy.deepcopy(DEFAULTS)
     cfg.update(raw)
@@ -169,9 +173,14 @@ def _validate(cfg: dict) -> None:
     if not isinstance(drafters, list) or not drafters or not all(isinstance(d, dict) for d in drafters):
         raise ValueError("drafters must be a non-empty list of drafter mappings, e.g. "
                          "[{name: none}, {name: ngram, k: 4}]")
+    from ..drafters import registry
+
     for i, d in enumerate(drafters):
         if "name" not in d:
             raise ValueError(f"drafter {d} has no name; e.g. {{name: ngram, k: 4}}")
+        if d["name"] not in registry.available():  # named here, before any model loads
+            raise ValueError(f"drafters[{i}]: unknown drafter {d['name']!r}; available drafters: "
+                             f"{registry.available()}")
         try:  # this drafter's rows verified by typical acceptance, beside the exact ones
             TypicalAcceptance.parse(d.get("lossy_typical_acceptance"))
         except ValueError as e:
