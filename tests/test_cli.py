@@ -165,6 +165,15 @@ def test_missing_and_malformed_config_files(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+@pytest.mark.parametrize("kind", ["medusa", "pard"])
+def test_a_missing_training_config_is_named(kind, tmp_path, capsys):
+    """It said "[Errno 2] No such file or directory"."""
+    assert cli.main(["train", kind, "--config", str(tmp_path / "none.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: training config '{tmp_path / 'none.yaml'}' does not exist; start from one of training/configs/" \
+        in err
+
+
 def test_demo_says_when_it_is_not_built(capsys):
     if importlib.util.find_spec("draftsman.demo") is not None:
         pytest.skip("draftsman/demo.py exists: the demo has its own tests")

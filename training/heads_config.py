@@ -100,6 +100,9 @@ def check_step_keys(cfg: dict, what: str) -> None:
 
 def config_with_overrides(path: str, overrides: list[str]) -> dict:
     """The YAML config at `path` with each `--set KEY=VALUE` applied (VALUE parsed as YAML)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"training config '{path}' does not exist; start from one of training/configs/ "
+                                "(medusa.yaml, eagle.yaml, eagle3.yaml, mtp.yaml, mlp_speculator.yaml, pard.yaml)")
     raw = yaml.safe_load(Path(path).read_text()) or {}
     for item in overrides:
         key, _, value = item.partition("=")
