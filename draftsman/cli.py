@@ -537,10 +537,11 @@ def _run_train(argv: list[str]) -> int:
     from .training import heads_config
 
     if argv[:1] == ["pard"]:  # its own trainer and flags (training/pard.py)
-        from .training import heads
+        args = heads_config.pard_parser().parse_args(argv[1:])  # --help and a typo answer before torch loads
+        from .training import pard
 
-        return heads.main(argv)
-    args = heads_config.train_parser().parse_args(argv)  # --help and a typo answer before torch loads
+        return pard.run(args)
+    args = heads_config.train_parser().parse_args(argv)
     from .training import heads
 
     return heads.run(args)

@@ -206,10 +206,11 @@ print(json.dumps(loaded))
 
 def test_help_version_and_flag_typos_answer_without_loading_torch():
     """`draftsman --help` took 6 s: every command's module was imported to build its flags. Every
-    command's --help answers without torch (train pard's aside: its own trainer parses its flags)."""
+    command's --help answers without torch, train pard's too."""
     argvs = [["--help"], ["--version"], ["bogus"], *([name, "--help"] for name in cli.SUBCOMMANDS),
              ["generate", "--tempurature", "1"], ["serve", "--prot", "80"], ["audit", "--sampels", "3"],
-             ["export", "eagle", "--hedas", "x"], ["train", "medusa", "--confg", "x"], ["vocab", "--outt", "x"],
+             ["export", "eagle", "--hedas", "x"], ["train", "medusa", "--confg", "x"], ["train", "pard", "--help"],
+             ["train", "pard", "--confg", "x"], ["vocab", "--outt", "x"],
              ["datastore", "x", "--min-ngarm", "2"], ["compare", "--quik"], ["demo", "--prompst", "2"]]
     out = subprocess.run([sys.executable, "-c", _LOADED_AFTER, json.dumps(argvs)], capture_output=True,
                          text=True, env=ENV, timeout=120)

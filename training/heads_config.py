@@ -1,7 +1,8 @@
 """What a heads training run is told: the kinds, every config key with its default, the checks on a
-config, and `draftsman train`'s flags. Kept apart from the trainer (training/heads.py, which
-imports torch and transformers) so `draftsman train --help`, `draftsman vocab --help` and a
-mistyped flag answer at once; training/heads.py imports these names back."""
+config, and `draftsman train`'s flags (train pard's too). Kept apart from the trainers
+(training/heads.py and pard.py, which import torch and transformers) so `draftsman train --help`,
+`draftsman vocab --help` and a mistyped flag answer at once; training/heads.py imports these
+names back."""
 from __future__ import annotations
 
 import argparse
@@ -120,4 +121,13 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-only", action="store_true",
                     help="evaluate the heads already in `out` on held-out text (Medusa: and recalibrate "
                          "its tree with tree_budget) instead of training")
+    return ap
+
+
+def pard_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="draftsman train pard",
+                                 description="Adapt a draft model for parallel drafting (PARD).")
+    ap.add_argument("--config", required=True, help="YAML file (see training/configs/pard.yaml)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config key, value parsed as YAML (repeatable)")
     return ap

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from .heads import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, accumulated_backward, config_with_overrides,
                     masked_cross_entropy, merged_config, micro_batches, record_heldout, record_step, resumed_state,
                     step_size_line, training_streams)
+from .heads_config import pard_parser
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
@@ -232,12 +233,11 @@ def train(config) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="draftsman train pard",
-                                 description="Adapt a draft model for parallel drafting (PARD).")
-    ap.add_argument("--config", required=True, help="YAML file (see training/configs/pard.yaml)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one config key, value parsed as YAML (repeatable)")
-    args = ap.parse_args(argv)
+    return run(pard_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`draftsman train pard` with its flags parsed (heads_config.pard_parser)."""
     metrics = train(config_with_overrides(args.config, args.overrides))
     if not metrics:  # not the main process
         return 0
