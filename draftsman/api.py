@@ -1,6 +1,7 @@
 """The public entry points: `draftsman.load(config)` -> Decoder, `Decoder.generate(...)`."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Container, Iterable, NamedTuple
@@ -82,6 +83,31 @@ def _check_samples(n, sampling: SamplingParams | list[SamplingParams]) -> None:
         which = f" (prompt {greedy})" if per_prompt else ""
         raise ValueError(f"num_return_sequences={n} at temperature 0{which} would give identical rows: sample "
                          "(temperature > 0) or leave it at 1")
+
+
+def _token_rows(input_ids, what: str = "input_ids") -> list[list[int]]:
+    """Prompts as token ids: a list of rows of whole numbers (a 2-D tensor or array too). The usual
+    slip, one prompt's flat ids, failed as "'int' object is not iterable"."""
+    rows = input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids
+    if isinstance(rows, (list, tuple)):  # rows may be 1-D tensors or arrays
+        rows = [row.tolist() if hasattr(row, "tolist") else row for row in rows]
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
+        raise ValueError(f"{what} is a list of prompts, each a list of token ids: [[5, 6, 7]] for one prompt, "
+                         f"got {_shown(input_ids)}")
+    return [_token_ids(row, what, i) for i, row in enumerate(rows)]
+
+
+def _token_ids(row, what: str, i: int = 0) -> list[int]:
+    bad = [t for t in row if isinstance(t, bool) or not (isinstance(t, numbers.Integral)
+                                                          or isinstance(t, float) and t.is_integer())]
+    if bad:
+        raise ValueError(f"{what}: prompt {i} has {bad[:3]}, not token ids (whole numbers)")
+    return [int(t) for t in row]
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _samples_of(ids: list[list[int]], n, args: dict) -> list[list[int]]:
@@ -309,7 +335,11 @@ class Decoder:
             raise ValueError("pass either prompts (text) or input_ids (token ids), not both or neither")
         if isinstance(prompts, str):
             prompts = [prompts]
-        ids = self.encode(prompts) if prompts is not None else [list(map(int, row)) for row in input_ids]
+        texts = isinstance(prompts, (list, tuple)) and all(isinstance(p, str) for p in prompts)
+        if prompts is not None and not texts:
+            raise ValueError(f"prompts is a string or a list of strings (token ids go in input_ids=[[...]]), "
+                             f"got {_shown(prompts)}")
+        ids = self.encode(prompts) if prompts is not None else _token_rows(input_ids)
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
@@ -379,7 +409,14 @@ class Decoder:
             raise ValueError("pass either a prompt (text) or input_ids (token ids), not both or neither")
         if self.tokenizer is None:
             raise ValueError("stream() yields text and the target folder has no tokenizer; use generate(input_ids=...)")
-        ids = self.encode([prompt]) if prompt is not None else [list(map(int, input_ids))]
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"stream takes one prompt, as text, got {_shown(prompt)}: for several, call it once per "
+                             "prompt, or use generate() or stream_batch()")
+        flat = input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids
+        if flat is not None and any(isinstance(t, (list, tuple)) for t in flat):
+            raise ValueError(f"stream takes one prompt: input_ids=[5, 6, 7], got {_shown(input_ids)}; for several, "
+                             "use stream_batch(input_ids=[[...], ...]) or generate()")
+        ids = self.encode([prompt]) if prompt is not None else [_token_ids(flat, "input_ids")]
         args = self._run_args(max_new_tokens, seed, stop, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
@@ -420,7 +457,7 @@ class Decoder:
         can add rows (`can_join`)."""
         if self.tokenizer is None:
             raise ValueError("stream_batch() yields text and the target folder has no tokenizer; use generate()")
-        ids = [list(map(int, row)) for row in input_ids]
+        ids = _token_rows(input_ids)
         logprobs, top_logprobs = settings.pop("logprobs", False), settings.pop("top_logprobs", 0)
         n = settings.pop("num_return_sequences", 1)
         known = {"max_new_tokens", "seed", "stop", "min_new_tokens", "stop_token_ids", "ignore_eos", "keep_in_text",
@@ -484,7 +521,7 @@ class Decoder:
         sampling settings (ROW_FIELDS, e.g. temperature=0.7; None: the config's), so a caller can
         refuse them alone."""
         g = self.config["generation"]
-        ids = [list(map(int, row)) for row in input_ids]
+        ids = _token_rows(input_ids)
         limit = g["max_new_tokens"] if max_new_tokens is None else max_new_tokens
         least = g["min_new_tokens"] if min_new_tokens is None else min_new_tokens
         self._stop_check(stop)
@@ -558,7 +595,7 @@ class Decoder:
         """The target's log-probability of each prompt token given the ones before it, None for
         the first (vLLM's prompt_logprobs); with top_logprobs=N also the N likeliest tokens at each
         position, as generate's top_logprobs. The model's raw distribution; no drafter involved."""
-        ids = [list(map(int, row)) for row in input_ids]
+        ids = _token_rows(input_ids)
         self.engine.check_prompts(ids)
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")

@@ -63,10 +63,31 @@ def config(target, **sections):
     (dict(input_ids=[[5], [6]], temperature=[0.5, float("nan")]), "temperature must be a finite number"),
     (dict(input_ids=[[5]], temperature=1.0, seed="42"), "seed must be a whole number, e.g. 0, got '42'"),
     (dict(input_ids=[[5]], temperature=1.0, seed=1.5), "seed must be a whole number"),
+    # one prompt's flat ids, the usual slip, failed as "'int' object is not iterable"
+    (dict(input_ids=[5, 6, 7]), r"input_ids is a list of prompts, each a list of token ids: \[\[5, 6, 7\]\] for one "
+                                r"prompt, got \[5, 6, 7\]"),
+    (dict(input_ids=[[5.5, 6]]), r"input_ids: prompt 0 has \[5.5\], not token ids"),  # int() cut it to 5
+    (dict(input_ids=[[5], ["6"]]), r"prompt 1 has \['6'\], not token ids"),
+    (dict(prompts=5), r"prompts is a string or a list of strings \(token ids go in input_ids"),
 ])
 def test_bad_generate_calls_name_the_problem(decoder, call, message):
     with pytest.raises(ValueError, match=message):
         decoder.generate(**call)
+
+
+def test_token_ids_as_tensors_and_one_prompt_for_stream(decoder):
+    """input_ids may be a 2-D tensor or array, or a list of 1-D ones (they were); stream() takes one
+    prompt and says so when given several."""
+    import numpy as np
+
+    want = decoder.generate(input_ids=[[5, 6, 7]], max_new_tokens=4)
+    for given in (torch.tensor([[5, 6, 7]]), np.array([[5, 6, 7]]), [torch.tensor([5, 6, 7])], [[5.0, 6, 7]]):
+        assert decoder.generate(input_ids=given, max_new_tokens=4).token_ids == want.token_ids
+    assert "".join(decoder.stream(input_ids=torch.tensor([5, 6, 7]), max_new_tokens=4)) == want.texts[0]
+    with pytest.raises(ValueError, match=r"stream takes one prompt: input_ids=\[5, 6, 7\], got \[\[5\], \[6\]\]"):
+        list(decoder.stream(input_ids=[[5], [6]], max_new_tokens=2))
+    with pytest.raises(ValueError, match="stream takes one prompt, as text, got .*call it once per prompt"):
+        list(decoder.stream(["a", "b"], max_new_tokens=2))
 
 
 def test_a_prompt_one_short_of_the_context_gets_one_token(decoder):
