@@ -190,9 +190,15 @@ class Decoder:
         if self.tokenizer is not None:  # built when a request first asks for structured_output
             self.engine.grammars = GrammarCompiler(self.tokenizer, vocab, self.engine.eos_token_ids)
 
-    def with_drafter(self, drafter: dict) -> "Decoder":
+    def with_drafter(self, drafter: dict | str) -> "Decoder":
         """Another Decoder on the same loaded target and tokenizer, with a different drafter
-        (how `demo` and `compare` put several drafters side by side without reloading)."""
+        (how `demo` and `compare` put several drafters side by side without reloading): a
+        drafter config, or a drafter's name for its defaults ("ngram" = {"name": "ngram"})."""
+        if isinstance(drafter, str):
+            drafter = {"name": drafter}
+        if not isinstance(drafter, dict):
+            raise ValueError(f"with_drafter takes a drafter config, e.g. {{'name': 'ngram', 'k': 4}}, or a drafter's "
+                             f"name, got {_shown(drafter)}")
         other = object.__new__(Decoder)
         other.config = {**self.config, "drafter": dict(drafter)}
         other.device, other.target, other.tokenizer = self.device, self.target, self.tokenizer
@@ -214,7 +220,10 @@ class Decoder:
         also every --save-memory-every seconds."""
         return self.drafter.save_memory()
 
-    def encode(self, prompts: list[str]) -> list[list[int]]:
+    def encode(self, prompts: list[str] | str) -> list[list[int]]:
+        """Token ids of each prompt (one string: one prompt, as generate takes it)."""
+        if isinstance(prompts, str):  # (iterated, it was one prompt per character)
+            prompts = [prompts]
         if self.tokenizer is None:
             raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "
                              "pass input_ids=[[...], ...] instead of text prompts")

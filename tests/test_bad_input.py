@@ -90,6 +90,17 @@ def test_token_ids_as_tensors_and_one_prompt_for_stream(decoder):
         list(decoder.stream(["a", "b"], max_new_tokens=2))
 
 
+def test_encode_and_with_drafter_take_the_short_forms(decoder):
+    """encode("text") encoded one prompt per character; with_drafter("ngram") failed as a dict() error."""
+    assert decoder.encode("def parse(") == decoder.encode(["def parse("]) and len(decoder.encode("def parse(")) == 1
+    other = decoder.with_drafter("ngram")
+    assert other.config["drafter"] == {"name": "ngram"}
+    greedy = dict(max_new_tokens=6, temperature=0.0)
+    assert other.generate("def parse(", **greedy).token_ids == decoder.generate("def parse(", **greedy).token_ids
+    with pytest.raises(ValueError, match="with_drafter takes a drafter config, e.g.*or a drafter's name, got 5"):
+        decoder.with_drafter(5)
+
+
 def test_a_prompt_one_short_of_the_context_gets_one_token(decoder):
     out = decoder.generate(input_ids=[[5] * (CONTEXT - 1)], max_new_tokens=8)
     assert len(out.token_ids[0]) == 1
