@@ -21,7 +21,6 @@ from typing import Any
 import yaml
 
 from .stop import check_stop_strings
-from .verifier.structured import StructuredOutput
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "target": {
@@ -130,15 +129,23 @@ def merge(raw: dict) -> dict:
     ids = cfg["generation"]["stop_token_ids"]
     if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ValueError(f"generation.stop_token_ids must be a list of token ids (integers >= 0), got {ids!r}")
+    check_generation_limits(cfg["generation"])
     # Imported here: the CLI reads DEFAULTS to build its flags, before anything needs torch.
-    from .verifier.sampling import TypicalAcceptance
+    from .verifier.sampling import SamplingParams
 
-    try:
-        TypicalAcceptance.parse(cfg["sampling"]["lossy_typical_acceptance"])
-        StructuredOutput.parse(cfg["sampling"]["structured_output"])
+    try:  # at load, not at the first call (under `serve`, every request would be refused for it)
+        SamplingParams(**cfg["sampling"])
     except ValueError as e:
         raise ValueError(f"sampling.{e}") from None
     return cfg
+
+
+def check_generation_limits(generation: dict) -> None:
+    most, least = generation["max_new_tokens"], generation["min_new_tokens"]
+    if most < 1:
+        raise ValueError(f"generation.max_new_tokens must be >= 1, got {most}")
+    if not 0 <= least <= most:
+        raise ValueError(f"generation.min_new_tokens must be in [0, max_new_tokens = {most}], got {least}")
 
 
 # Keys whose default is None still have a type: the default says nothing, so list them here.

@@ -155,6 +155,20 @@ def test_a_device_this_machine_lacks_is_named_at_load(llama, device, message):
         draftsman.load({"target": {"path": str(llama[0]), "device": device}})
 
 
+@pytest.mark.parametrize("raw, message", [
+    ({"sampling": {"temperature": -1.0}}, r"sampling.temperature must be >= 0 \(0 = greedy\), got -1.0"),
+    ({"sampling": {"top_p": 2.0}}, r"sampling.top_p must be in \(0, 1\]"),
+    ({"sampling": {"repetition_penalty": float("nan")}}, "sampling.repetition_penalty must be a finite number"),
+    ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens must be >= 1, got 0"),
+    ({"generation": {"min_new_tokens": 100}}, r"generation.min_new_tokens must be in \[0, max_new_tokens = 64\]"),
+])
+def test_out_of_range_config_values_are_named_at_load(llama, raw, message):
+    """They were accepted, then refused at each call that used them: under `draftsman serve`, every
+    request, as if the request were wrong."""
+    with pytest.raises(ValueError, match=message):
+        draftsman.load({"target": {"path": str(llama[0])}, **raw})
+
+
 def test_a_config_that_is_not_a_mapping_says_so(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- target\n- drafter\n")
