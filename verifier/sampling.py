@@ -173,9 +173,9 @@ class SamplingParams:
         return torch.tensor(ids, device=device), torch.tensor(biases, device=device)
 
 
-# The float settings. Each one's range check below would let NaN or infinity through somewhere
-# (temperature NaN failed deep in sampling with an IndexError; an infinite temperature divides a
-# banned token's -inf logit into NaN), and a string or bool would fail as a TypeError or pass as 1.
+# The float settings. Their range checks alone let NaN and infinity through for temperature (NaN
+# failed deep in sampling with an IndexError; an infinite one divides a banned token's -inf logit
+# into NaN) and infinity for the repetition penalty; a string failed as a TypeError, a bool passed as 1.
 _FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff",
                    "repetition_penalty", "presence_penalty", "frequency_penalty")
 
