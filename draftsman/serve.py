@@ -620,7 +620,11 @@ def tool_call_reading(body: dict, parser: str | None) -> str | None:
 def generate_args(body: dict) -> dict:
     """The Decoder.generate arguments of a request's sampling fields (absent ones: the config's)."""
     args = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
-    best_of, n = body.get("best_of"), body.get("n") or 1
+    best_of, n = body.get("best_of"), body.get("n")
+    if n is None:
+        n = 1
+    elif isinstance(n, bool) or not isinstance(n, int) or n < 1:  # 0 and -1 read "no prompts given"; "2" a TypeError
+        raise RequestError(f'"n" must be a whole number >= 1 (the samples per prompt), got {n!r}')
     if best_of is not None and best_of != n:  # vLLM's best_of: n of best_of samples, by their logprob
         raise RequestError(f'"best_of" {best_of!r} is not served (only the n samples asked are made): '
                            f'leave it out or send "best_of": {n!r}, as "n"')

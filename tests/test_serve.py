@@ -192,6 +192,11 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
     ("/v1/completions", {"prompt": "a", "temperature": "0.7"}, "temperature must be a number, got '0.7' (str)"),
     ("/v1/completions", {"prompt": "a", "temperature": 1, "seed": "7"}, "seed must be a whole number"),
+    # n 0 and -1 were answered "no prompts given", "2" and 1.5 with a Python TypeError, true ran as 1
+    ("/v1/completions", {"prompt": "a", "n": 0}, '"n" must be a whole number >= 1 (the samples per prompt), got 0'),
+    ("/v1/completions", {"prompt": "a", "n": "2", "temperature": 1}, '"n" must be a whole number >= 1'),
+    ("/v1/completions", {"prompt": "a", "n": True, "temperature": 1}, '"n" must be a whole number >= 1'),
+    ("/v1/chat/completions", {"messages": USER, "n": -1, "temperature": 1}, '"n" must be a whole number >= 1'),
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
     ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"usage": True}}, '"stream_options" takes'),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 'goes with "stream": true'),
