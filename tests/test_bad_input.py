@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import draftsman
+from draftsman.verifier.sampling import SamplingParams
 import tiny_models
 from tiny_models import build_model_folder, build_tokenizer
 
@@ -46,7 +47,8 @@ def config(target, **sections):
      r"min_new_tokens must be in \[0, max_new_tokens = 4\], got 5: raise max_new_tokens"),
     (dict(input_ids=[[5]], min_new_tokens=-1), r"min_new_tokens must be in \[0, max_new_tokens"),
     (dict(input_ids=[[5]], temperature=-1.0), "temperature must be >= 0"),
-    (dict(input_ids=[[5]], top_k=0), "top_k must be a positive integer"),
+    (dict(input_ids=[[5]], top_k=-2), r"top_k must be a positive integer, or 0, -1 or null \(no top-k\)"),
+    (dict(input_ids=[[5]], top_k=True), "top_k must be a positive integer"),  # ran as top_k 1
     (dict(input_ids=[[5]], top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(input_ids=[[5]], min_p=2.0), r"min_p must be in \[0, 1\]"),
     (dict(input_ids=[[5]], repetition_penalty=-1.0), "repetition_penalty must be > 0"),
@@ -99,6 +101,20 @@ def test_encode_and_with_drafter_take_the_short_forms(decoder):
     assert other.generate("def parse(", **greedy).token_ids == decoder.generate("def parse(", **greedy).token_ids
     with pytest.raises(ValueError, match="with_drafter takes a drafter config, e.g.*or a drafter's name, got 5"):
         decoder.with_drafter(5)
+
+
+def test_top_k_0_and_minus_1_mean_every_token_as_in_vllm(llama):
+    """vLLM clients send top_k -1 for "no top-k" (HF uses 0); both were refused. They switch off a
+    config's top-k too: the same seeded samples as a decoder without one."""
+    target, _ = llama
+    plain = draftsman.load(config(target))
+    with_top_k = draftsman.load(config(target, sampling={"top_k": 2}))
+    run = dict(input_ids=[[5, 6, 7], [8, 9]], max_new_tokens=12, temperature=1.0, seed=3)
+    want = plain.generate(**run).token_ids
+    assert with_top_k.generate(**run).token_ids != want  # (the config's top-k does change them)
+    for off in (-1, 0):
+        assert with_top_k.generate(**run, top_k=off).token_ids == want
+    assert SamplingParams(top_k=-1) == SamplingParams(top_k=0) == SamplingParams()  # one batch key
 
 
 def test_a_prompt_one_short_of_the_context_gets_one_token(decoder):

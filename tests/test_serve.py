@@ -174,6 +174,13 @@ def test_logprobs_are_the_targets_in_openais_shapes(served):
     assert got["choices"][0]["logprobs"] is None
 
 
+def test_vllm_clients_top_k_minus_1_is_served(served):
+    """top_k -1 is vLLM's "every token"; it was refused with a 400."""
+    _, base = served
+    status, got = call(base, "/v1/completions", {"prompt": "a", "top_k": -1, "temperature": 1, "max_tokens": 3})
+    assert status == 200 and got["choices"][0]["finish_reason"] in ("length", "stop")
+
+
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/chat/completions", {"messages": USER, "logprobs": 3}, '"logprobs" is true or false for chat'),
     ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "max_completion_tokens": 3}, "not both"),

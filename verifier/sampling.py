@@ -73,7 +73,7 @@ class TypicalAcceptance:
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
-    top_k: int | None = None
+    top_k: int | None = None  # 0 and -1 (vLLM's "all tokens") are None
     top_p: float | None = None
     min_p: float | None = None  # drop tokens below min_p x the most likely token's probability
     repetition_penalty: float | None = None  # HF's: logits of tokens already in the context / it (x it if < 0)
@@ -109,8 +109,11 @@ class SamplingParams:
         _check_finite_numbers(self)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive integer or null, got {self.top_k!r}")
+        if type(self.top_k) is int and self.top_k in (0, -1):  # vLLM's (and HF's 0): every token, no top-k
+            object.__setattr__(self, "top_k", None)
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
+                                       or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer, or 0, -1 or null (no top-k), got {self.top_k!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")
         if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
