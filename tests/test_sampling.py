@@ -141,7 +141,7 @@ def test_bad_sampling_values_are_named():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(1.0, top_p=1.5)
     with pytest.raises(ValueError, match="top_k"):
-        SamplingParams(1.0, top_k=0)
+        SamplingParams(1.0, top_k=-2)  # (0 and -1 are vLLM's "every token")
     with pytest.raises(ValueError, match="min_p"):
         SamplingParams(1.0, min_p=1.5)
     with pytest.raises(ValueError, match="min_p"):
