@@ -29,10 +29,10 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .heads import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, accumulated_backward, config_with_overrides,
-                    masked_cross_entropy, merged_config, micro_batches, record_heldout, record_step, resumed_state,
-                    step_size_line, training_streams)
-from .heads_config import pard_parser
+from .heads import (accumulated_backward, masked_cross_entropy, micro_batches, record_heldout, record_step,
+                    resumed_state, step_size_line, training_streams)
+from .heads_config import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, config_with_overrides, merged_config,
+                           pard_parser)
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
