@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # An HTTP client: nothing here imports torch, so it starts at once on any machine.
+from .atomic_files import replaced_whole
 from .bench.prompts_set import BUNDLED_PROMPTS, by_category, read_prompts
 
 
@@ -156,8 +157,23 @@ def _request(url: str, body: dict | None, api_key: str | None) -> urllib.request
 
 
 def served_model(base: str, api_key: str | None) -> str:
-    with urllib.request.urlopen(_request(base + "/models", None, api_key), timeout=30) as r:
-        return json.loads(r.read())["data"][0]["id"]
+    """The first model GET /models lists; a server that cannot be reached, or a URL that is not an
+    OpenAI API's root, is named with the fix before any load is sent."""
+    try:
+        with urllib.request.urlopen(_request(base + "/models", None, api_key), timeout=30) as r:
+            return json.loads(r.read())["data"][0]["id"]
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise ValueError(f"{base}/models answered HTTP {e.code}: the server wants an API key; "
+                             "give it with --api-key") from None
+        raise ValueError(f"{base}/models answered HTTP {e.code}: --url must be the API's root, "
+                         "the part before /completions (e.g. http://127.0.0.1:8000/v1)") from None
+    except urllib.error.URLError as e:
+        raise ValueError(f"could not reach {base} ({e.reason}): is the server running? "
+                         "(start one with draftsman serve --target DIR --port PORT)") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"{base}/models did not answer an OpenAI model list (data: [{{id: ...}}]): "
+                         "is --url an OpenAI-compatible API's root? Or name the model with --model") from None
 
 
 def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, api_key: str | None) -> Result:
@@ -358,6 +374,12 @@ def run(args: argparse.Namespace) -> int:
     if args.request_rate is not None and args.request_rate <= 0:
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     bases = [url.rstrip("/") for url in args.url]
+    for base in bases:
+        if not base.startswith(("http://", "https://")):
+            raise ValueError(f"--url {base!r} is not an http(s) URL; give the API's root, "
+                             "e.g. http://127.0.0.1:8000/v1")
+    if args.json_out:  # before the load runs, not after: a folder that cannot be made must not cost the run
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
     fields = request_fields(args, lengths)
     prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None)
@@ -384,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
     if table:
         print("side by side (medians over runs):\n" + format_side_by_side(table))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"summary": runs[0]["summary"], "results": runs[0]["results"],
-                                                   "runs": runs, "side_by_side": table}, indent=1))
+        with replaced_whole(args.json_out) as tmp:
+            tmp.write_text(json.dumps({"summary": runs[0]["summary"], "results": runs[0]["results"],
+                                       "runs": runs, "side_by_side": table}, indent=1))
     return 0 if all(r["summary"]["failed"] == 0 for r in runs) else 1

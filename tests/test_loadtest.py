@@ -75,6 +75,36 @@ def test_failures_are_reported(served, prompt_file, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+
+def test_a_wrong_url_or_a_missing_key_is_named_before_any_load(served, prompt_file, tmp_path, capsys):
+    server, decoder, base = served
+    cases = [(base, "--url must be the API's root"),  # /v1 left off
+             ("127.0.0.1:8000/v1", "is not an http(s) URL"),
+             ("http://127.0.0.1:9/v1", "is the server running?")]
+    for url, named in cases:
+        assert cli.main(["loadtest", "--url", url, "--prompts", str(prompt_file), "--requests", "2"]) == 2
+        captured = capsys.readouterr()
+        assert named in captured.err and "requests:" not in captured.out
+    with running(decoder, api_key="k") as (_, keyed):
+        argv = ["loadtest", "--url", keyed + "/v1", "--prompts", str(prompt_file), "--requests", "1",
+                "--max-tokens", "2"]
+        assert cli.main(argv) == 2 and "--api-key" in capsys.readouterr().err
+        assert cli.main(argv + ["--api-key", "k"]) == 0
+
+
+def test_json_goes_to_a_new_folder_and_a_bad_one_fails_first(served, prompt_file, tmp_path, capsys):
+    _, _, base = served
+    argv = ["loadtest", "--url", base + "/v1", "--prompts", str(prompt_file), "--requests", "1", "--max-tokens", "2"]
+    out = tmp_path / "runs" / "today" / "load.json"
+    assert cli.main(argv + ["--json", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"]["completed"] == 1 and list(out.parent.iterdir()) == [out]
+    capsys.readouterr()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert cli.main(argv + ["--json", str(blocker / "load.json")]) == 2
+    captured = capsys.readouterr()
+    assert "error:" in captured.err and "requests:" not in captured.out  # no load was sent to be lost
+
 def test_summary_percentiles_and_per_token_time():
     results = [Result("a", True, seconds=s, first_token_seconds=0.1, output_tokens=11) for s in (1.1, 2.1, 3.1)]
     results.append(Result("b", False, "HTTP 500: boom"))
