@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import operator
 from dataclasses import dataclass
 from functools import partial
 from typing import Container, Iterable, NamedTuple
@@ -612,7 +613,14 @@ class Decoder:
 
     def decode(self, tokens: list[int]) -> str:
         """The text of these tokens, special tokens dropped but those keep_in_text() keeps."""
-        return self._decode_with(tokens, self.kept_in_text)
+        try:
+            text = self._decode_with(tokens, self.kept_in_text)
+        except (TypeError, OverflowError):  # the tokenizer's own words ("Can't extract `str` to `Vec`")
+            raise ValueError(f"decode takes one row of token ids (whole numbers >= 0), got {_shown(tokens)}") from None
+        if not isinstance(text, str):  # (the tokenizer decodes a list of rows as a batch)
+            raise ValueError(f"decode takes one row of token ids, got several rows ({_shown(tokens)}): decode "
+                             "each, [decoder.decode(row) for row in rows]")
+        return text
 
     def _decode_with(self, tokens: list[int], kept: dict[int, str]) -> str:
         if not self.tokenizer:
@@ -698,6 +706,9 @@ class Decoder:
 
     def decode_token(self, token: int) -> str:
         """One token's own text, special tokens included (how an API names a scored token)."""
+        if isinstance(token, bool) or not hasattr(token, "__index__") or operator.index(token) < 0:
+            raise ValueError(f"decode_token takes one token id (a whole number >= 0), got {_shown(token)}")
+        token = operator.index(token)  # (a numpy or 0-d torch integer too)
         return self.tokenizer.decode([token]) if self.tokenizer else str(token)
 
     def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None,

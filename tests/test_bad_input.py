@@ -103,6 +103,25 @@ def test_encode_and_with_drafter_take_the_short_forms(decoder):
         decoder.with_drafter(5)
 
 
+
+def test_decode_names_what_is_not_one_row_of_token_ids(decoder):
+    """decode("abc") failed with the tokenizer's "Can't extract `str` to `Vec`", decode([-1]) as an
+    OverflowError, and decode([[5, 6]]) returned a list, not text."""
+    import numpy as np
+
+    want = decoder.decode([5, 6, 7])
+    assert want and all(decoder.decode(row) == want for row in (torch.tensor([5, 6, 7]), np.array([5, 6, 7]), (5, 6, 7)))
+    for bad in ("abc", [-1], [1.5], [None]):
+        with pytest.raises(ValueError, match=r"decode takes one row of token ids \(whole numbers >= 0\), got"):
+            decoder.decode(bad)
+    for rows in ([[5, 6]], torch.tensor([[5, 6]])):
+        with pytest.raises(ValueError, match=r"got several rows .*\[decoder.decode\(row\) for row in rows\]"):
+            decoder.decode(rows)
+    assert decoder.decode_token(5) == decoder.decode_token(np.int64(5)) == decoder.decode_token(torch.tensor(5))
+    for bad in (-1, "5", 5.0, True, None):
+        with pytest.raises(ValueError, match="decode_token takes one token id"):
+            decoder.decode_token(bad)
+
 def test_top_k_0_and_minus_1_mean_every_token_as_in_vllm(llama):
     """vLLM clients send top_k -1 for "no top-k" (HF uses 0); both were refused. They switch off a
     config's top-k too: the same seeded samples as a decoder without one."""
