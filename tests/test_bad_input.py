@@ -110,7 +110,8 @@ def test_decode_names_what_is_not_one_row_of_token_ids(decoder):
     import numpy as np
 
     want = decoder.decode([5, 6, 7])
-    assert want and all(decoder.decode(row) == want for row in (torch.tensor([5, 6, 7]), np.array([5, 6, 7]), (5, 6, 7)))
+    same_row = (torch.tensor([5, 6, 7]), np.array([5, 6, 7]), (5, 6, 7))
+    assert want and all(decoder.decode(row) == want for row in same_row)
     for bad in ("abc", [-1], [1.5], [None]):
         with pytest.raises(ValueError, match=r"decode takes one row of token ids \(whole numbers >= 0\), got"):
             decoder.decode(bad)
