@@ -39,6 +39,25 @@ def is_index(path: str | Path) -> bool:
     return Path(path).suffix == SUFFIX
 
 
+def check_replaceable(path: str | Path) -> None:
+    """An index is written over an earlier index only, never over a file that shares its suffix (a
+    model's model.safetensors); and to a file's path, not a folder's."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--out '{path}' is a folder: give the index file's path, "
+                         f"e.g. {path / ('datastore' + SUFFIX)}")
+    if not path.exists():
+        return
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            written_here = (f.metadata() or {}).get("format") == FORMAT
+    except Exception:  # not safetensors at all (safetensors raises its own error type)
+        written_here = False
+    if not written_here:
+        raise ValueError(f"--out '{path}' exists and is not a datastore index (model weights?): the index would "
+                         "replace it. Give another path")
+
+
 def build_command(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> str:
     return (f"draftsman datastore {source} --target {target} --out {out} "
             f"--min-ngram {min_ngram} --max-ngram {max_ngram}")

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> dict:
     from .drafters.datastore import Datastore, read_documents
-    from .drafters.datastore_index import is_index, save_index
+    from .drafters.datastore_index import check_replaceable, is_index, save_index
     from .models import check_model_folder, load_tokenizer
 
     if not 1 <= min_ngram <= max_ngram:
@@ -37,6 +37,7 @@ def build(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int
     if not is_index(out):
         raise ValueError(f"--out '{out}' must end in {SUFFIX}: the retrieval drafter tells an index from a text "
                          f"datastore by that suffix (try --out {Path(out).with_suffix(SUFFIX)})")
+    check_replaceable(out)
     folder = check_model_folder(target, "--target")
     tokenizer = load_tokenizer(folder)
     if tokenizer is None:

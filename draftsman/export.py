@@ -42,6 +42,8 @@ _LLAMA_LAYER_TARGETS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausa
 # Keys of the target's config that describe its layers' attention pattern; a head's one layer
 # attends to its whole context (heads/feature_head.py), so none of them describes it.
 _WINDOW_KEYS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")
+# What an export writes (any engine's); an --out folder holding anything else is not an earlier export.
+_EXPORT_FILES = {"config.json", "model.safetensors", "medusa_lm_head.safetensors"}
 
 
 def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0,
@@ -70,8 +72,9 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
                          "MTP only for model families that ship it (DeepSeek, MiMo, ...)")
     if engine not in ENGINES[kind]:
         raise ValueError(f"{kind} heads export to engines {list(ENGINES[kind])}, not {engine!r}")
-    target = load_causal_lm(target_dir, "float32", "cpu", what="--target")
     out_dir = Path(out)
+    check_out_folder(out_dir, heads_dir, target_dir)
+    target = load_causal_lm(target_dir, "float32", "cpu", what="--target")
     out_dir.mkdir(parents=True, exist_ok=True)
     cast = getattr(torch, dtype)
     if kind == "eagle":
@@ -89,6 +92,32 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
                   str(weights))
         config_file.write_text(json.dumps(config, indent=2))
     return out_dir
+
+
+def check_out_folder(out_dir: Path, heads_dir: str, target_dir: str) -> None:
+    """The export replaces config.json and the weights in --out: that is fine for a new folder or an
+    earlier export, and would destroy the heads or the target (or any model) it is pointed at."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file: give a folder to write config.json and the weights into")
+    for given, what in ((heads_dir, "--heads"), (target_dir, "--target")):
+        if out_dir.resolve() == Path(given).resolve():
+            raise ValueError(f"--out {out_dir} is the {what} folder: the export would overwrite its config.json and "
+                             "weights; give a new folder")
+    if not out_dir.is_dir():
+        return
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in _EXPORT_FILES and not p.name.startswith("."))
+    try:
+        config = json.loads((out_dir / "config.json").read_text())
+    except FileNotFoundError:
+        config = {}
+    except (OSError, ValueError):
+        config = None
+    found = ("draftsman heads (its config.json has a 'kind')" if isinstance(config, dict) and "kind" in config
+             else "a config.json no export wrote" if not isinstance(config, dict)
+             else f"files an export does not write ({', '.join(others[:4])})" if others else None)
+    if found:
+        raise ValueError(f"--out {out_dir} holds {found}: the export would replace its config.json and weights. "
+                         "Give a new folder, or an earlier export's")
 
 
 def _eagle(heads_dir, target, engine):

@@ -111,3 +111,23 @@ def test_bad_indexes_are_refused_with_the_fix(tiny_models, source, tmp_path, cap
     assert "need 1 <= --min-ngram <= --max-ngram" in capsys.readouterr().err
     assert build(tmp_path / "nothing", target, tmp_path / "x.safetensors") == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "x.safetensors").exists()
+
+
+def test_an_index_replaces_an_earlier_index_only(tiny_models, source, tmp_path, capsys):
+    """--out model.safetensors (a model's weights share the suffix) was written over without a word."""
+    target, _ = tiny_models["llama"]
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(2)}, str(weights))
+    junk = tmp_path / "junk.safetensors"
+    junk.write_text("not safetensors")
+    folder = tmp_path / "folder.safetensors"
+    folder.mkdir()
+    before = {path: path.read_bytes() for path in (weights, junk)}
+    for out, named in ((weights, "exists and is not a datastore index"), (junk, "exists and is not a datastore"),
+                       (folder, "is a folder: give the index file's path")):
+        assert build(source, target, out) == 2
+        assert named in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in before} == before and not any(folder.iterdir())
+    index = tmp_path / "docs.safetensors"
+    assert build(source, target, index, 3, 4) == 0 and build(source, target, index, 2, 4) == 0  # a rebuild
+    draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(index, min_ngram=2)})

@@ -206,3 +206,17 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
     dec = load(target, path=str(folder), draft_vocab=16)  # read from the folder by default
     expected = written["tokens_by_frequency"][:16]
     assert sorted(dec.drafter.vocab_map.tolist()) == sorted(expected)
+    # A rerun writes over the order it wrote, a new folder is made; a file that holds no order is
+    # refused before the count.
+    for out in (folder, tmp_path / "new" / "folder" / "order.json"):
+        assert cli.main(["vocab", "--target", str(target), "--out", str(out), "--corpus-root", str(tiny_corpus),
+                         "--work-dir", str(tmp_path / "work"), "--tokens", "1024", "--seq-len", "64"]) == 0
+    assert "tokens_by_frequency" in json.loads((tmp_path / "new" / "folder" / "order.json").read_text())
+    capsys.readouterr()
+    config = (folder / "config.json").read_bytes()
+    for out in (folder / "config.json", folder / "model.safetensors"):
+        before = out.read_bytes()
+        assert cli.main(["vocab", "--target", str(target), "--out", str(out), "--corpus-root", "/no/such/corpus"]) == 2
+        assert "holds no token order (no 'tokens_by_frequency')" in capsys.readouterr().err
+        assert out.read_bytes() == before
+    assert (folder / "config.json").read_bytes() == config

@@ -2,6 +2,7 @@
 extra), shapes follow the target, and the exported tensors rebuilt into a plain model compute what
 the trained module computes."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,6 +140,41 @@ def test_an_interrupted_export_leaves_the_last_one_whole(llama, tmp_path, monkey
     assert json.loads((out / "config.json").read_text())["num_heads"] == 2
     assert set(_read(out / "model.safetensors")) == expected_keys("medusa", "vllm", num_heads=2, num_layers=1)
 
+
+
+def test_out_must_not_be_the_heads_the_target_or_any_model(llama, tmp_path):
+    """--out pointed at the heads folder (or the target's) overwrote its config.json and weights with
+    the engine's layout: the heads it exported were gone. Now only a new folder or an earlier export
+    is written into; nothing else is touched."""
+    folder, target = llama
+    heads = tmp_path / "heads"
+    MedusaHeads.for_target(target, num_heads=2, num_layers=1).save(heads, target, dtype=torch.float32)
+    other = tmp_path / "other-model"
+    other.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (other / name).write_text("{}")
+    (tmp_path / "a-file").write_text("")
+    not_json = tmp_path / "not-json"
+    not_json.mkdir()
+    (not_json / "config.json").write_text("{no")
+    before = {p: p.read_bytes() for d in (heads, Path(folder), other, not_json) for p in d.iterdir()}
+    for out, named in ((heads, "is the --heads folder"), (heads / ".." / "heads", "is the --heads folder"),
+                       (Path(folder), "is the --target folder"),
+                       (other, r"holds files an export does not write \(tokenizer.json\)"),
+                       (tmp_path / "a-file", "is a file"), (not_json, "holds a config.json no export wrote")):
+        with pytest.raises(ValueError, match=named):
+            export("medusa", str(heads), str(folder), "vllm", str(out), dtype="float32")
+    copy = tmp_path / "copy-of-heads"  # draftsman heads elsewhere: config.json and weights alone
+    copy.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (copy / name).write_bytes((heads / name).read_bytes())
+    with pytest.raises(ValueError, match=r"holds draftsman heads \(its config.json has a 'kind'\)"):
+        export("medusa", str(heads), str(folder), "vllm", str(copy), dtype="float32")
+    assert {p: p.read_bytes() for p in before} == before
+    out = tmp_path / "new" / "export"
+    for engine in ("vllm", "medusa", "vllm"):  # an earlier export, of either engine, is written over
+        export("medusa", str(heads), str(folder), engine, str(out), dtype="float32")
+    assert json.loads((out / "config.json").read_text())["num_heads"] == 2
 
 def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys, monkeypatch):
     folder, target = llama

@@ -60,17 +60,34 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
                           f"(windows of {seq_len})"}
 
 
+def check_replaceable(out: Path) -> None:
+    """The order is written over an earlier order only: --out model/config.json (a slip for the
+    model folder) must not replace the model's config."""
+    if not out.exists():
+        return
+    try:
+        earlier = "tokens_by_frequency" in json.loads(out.read_text())
+    except (OSError, ValueError, TypeError):  # not JSON, not text, or a list / number
+        earlier = False
+    if not earlier:
+        raise ValueError(f"--out '{out}' exists and holds no token order (no 'tokens_by_frequency'): the order "
+                         "would replace it. Give the draft model's folder (the order goes in its "
+                         "tokens_by_frequency.json) or a new file")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..drafters.draft_vocab import ORDER_FILE
 
-    torch.set_num_threads(args.threads)
-    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file,
-                   args.assistant_only)
     out = Path(args.out)
     if out.is_dir():
         out = out / ORDER_FILE
+    check_replaceable(out)  # before the count, which takes hours on a large target
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    result = count(args.target, args.corpus_root, args.tokens, args.seq_len, args.work_dir, args.data_file,
+                   args.assistant_only)
     with replaced_whole(out) as tmp:  # a kill mid-write leaves no half file for a drafter to read
         tmp.write_text(json.dumps(result))
     print(f"wrote {out}: coverage of the target's picks by the first N tokens {result['coverage']}")
