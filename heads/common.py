@@ -60,10 +60,29 @@ def check_fingerprint(saved: dict, model: torch.nn.Module, heads_dir: str | Path
                          "this target (draftsman train ...) or point target.path at the one they were made for.")
 
 
+def check_heads_destination(folder: str | Path, what: str = "out") -> None:
+    """Heads are saved over earlier heads only: a folder whose config.json is a model's (the target's,
+    a draft model's) or nobody's would lose its config and weights."""
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        config = None
+    if isinstance(config, dict) and "kind" in config:
+        return
+    found = (f"a {config['model_type']!r} model" if isinstance(config, dict) and "model_type" in config
+             else "a config.json no heads save wrote")
+    raise ValueError(f"{what} '{folder}' holds {found}: saving heads there would replace its config.json and "
+                     "model.safetensors. Give the heads a folder of their own (a new one, or earlier heads')")
+
+
 def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
     """config.json + model.safetensors, both written before either replaces the last save's (an
     interrupted save leaves the last pair whole). Both carry one save id: load_checkpoint refuses a
-    pair from two saves (a kill between the two renames)."""
+    pair from two saves (a kill between the two renames). Never over a model's folder."""
+    check_heads_destination(folder, "the heads folder")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_id = uuid.uuid4().hex

@@ -93,3 +93,27 @@ def test_a_config_and_weights_of_two_saves_are_refused(tmp_path):
     del config[heads_common.SAVE_ID]
     (first / "config.json").write_text(json.dumps(config))
     assert torch.equal(heads_common.load_checkpoint(first, "medusa")[1]["w"], torch.ones(2))
+
+
+def test_heads_are_saved_over_earlier_heads_only(tmp_path, tiny_models):
+    """Heads training with out: set to the target's folder (its line copied one up in the YAML)
+    replaced the target's config.json and weights with the heads', hours into the run. The check
+    runs when the training config loads and again at every save."""
+    from draftsman.training.heads import load_config
+
+    target = tiny_models["llama"][0]
+    elsewhere = tmp_path / "not-json"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{oops")
+    before = {p: p.read_bytes() for folder in (target, elsewhere) for p in folder.iterdir()}
+    for folder, found in ((target, "holds a 'llama' model"), (elsewhere, "holds a config.json no heads save wrote")):
+        with pytest.raises(ValueError, match=f"{found}: saving heads there would replace its config.json"):
+            heads_common.save_checkpoint(folder, {"kind": "medusa"}, {"w": torch.ones(2)})
+        with pytest.raises(ValueError, match=f"out '{folder}' {found}"):
+            load_config({"kind": "medusa", "target": str(target), "out": str(folder)})
+    assert {p: p.read_bytes() for p in before} == before
+    heads = tmp_path / "heads"
+    for count in (1, 2):  # a new folder, then earlier heads: saved
+        heads_common.save_checkpoint(heads, {"kind": "medusa", "num_heads": count}, {"w": torch.ones(2)})
+        assert load_config({"kind": "medusa", "target": str(target), "out": str(heads)})["out"] == str(heads)
+    assert heads_common.load_checkpoint(heads, "medusa")[0]["num_heads"] == 2

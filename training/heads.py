@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from . import corpus as C
+from ..heads.common import check_heads_destination
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
 from ..models import DTYPES, pretrained_text_model, resolve_dtype
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
@@ -59,6 +60,7 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
 
 def load_config(raw) -> dict:
     cfg = merged_config(raw, DEFAULTS, "heads training config", ("target", "out"))
+    check_heads_destination(cfg["out"])  # now, not when the trained heads are saved hours later
     if cfg["kind"] not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
     if cfg["labels"] not in ("self_distill", "corpus"):
