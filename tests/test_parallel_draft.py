@@ -206,3 +206,28 @@ def test_bad_training_configs_are_named(tiny_models, config, message):
         config = {**config, "draft": str(tiny_models["llama"][1])}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         load_config(config)
+
+
+def test_out_replaces_an_earlier_parallel_model_only(tiny_models, tmp_path):
+    """The trained model replaces out as a whole folder: out: the draft folder deleted the model it
+    adapts, and out: zoo (a folder one up) would have deleted everything in it."""
+    from draftsman.training.pard import load_config
+    from draftsman.training.pretrain import save_hf_folder
+
+    target, draft = tiny_models["llama"]
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "notes.txt").write_text("mine")
+    for out, message in ((draft, "is the draft folder"), (target, "exists and is no parallel draft model"),
+                         (files, "exists and is no parallel draft model")):
+        with pytest.raises(ValueError, match=f"out '{out}' {message}.*Set out to a new folder"):
+            load_config({"draft": str(draft), "out": str(out)})
+    earlier = tmp_path / "earlier-pard"
+    earlier.mkdir()
+    (earlier / "config.json").write_text('{"pard_token": 320}')
+    for out in (earlier, tmp_path / "new"):
+        assert load_config({"draft": str(draft), "out": str(out)})["out"] == str(out)
+    # the save itself replaces a model folder only, whoever calls it
+    with pytest.raises(ValueError, match="holds no model .no config.json.: saving the model there would replace"):
+        save_hf_folder(load_for_reference(draft), draft, files)
+    assert [p.name for p in files.iterdir()] == ["notes.txt"]

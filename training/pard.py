@@ -74,10 +74,29 @@ def load_config(raw) -> dict:
                                 "local Hugging Face folder of a causal LM that shares the target's tokenizer")
     if not isinstance(cfg["k"], int) or cfg["k"] < 2:
         raise ValueError(f"pard training config: k must be an integer >= 2 (k - 1 masks), got {cfg['k']!r}")
+    check_pard_destination(Path(cfg["out"]), Path(cfg["draft"]))
     if cfg["data_file"] and cfg["corpus_root"]:
         raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
                          "source files), not both")
     return cfg
+
+
+def check_pard_destination(out: Path, draft: Path) -> None:
+    """The trained model replaces out as a whole folder: fine for a new folder or an earlier PARD
+    model; it would delete the draft model it adapts, or a folder of other things ('zoo')."""
+    if out.resolve() == draft.resolve():
+        raise ValueError(f"pard training config: out '{out}' is the draft folder: the parallel model would replace "
+                         "the model it is adapted from. Set out to a new folder")
+    if not out.exists():
+        return
+    try:
+        earlier = "pard_token" in json.loads((out / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        earlier = False
+    if not earlier:
+        raise ValueError(f"pard training config: out '{out}' exists and is no parallel draft model (no config.json "
+                         "with a pard_token): the trained model would replace that folder and all it holds. Set out "
+                         "to a new folder, or an earlier PARD model's")
 
 
 def add_mask_token(model: torch.nn.Module) -> int:

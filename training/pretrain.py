@@ -208,9 +208,13 @@ def atomic_torch_save(obj, path: Path):
 
 
 def save_hf_folder(model, tok_dir: Path, out_dir: Path):
-    """bf16 safetensors + config + generation_config + tokenizer; swapped in as a whole."""
+    """bf16 safetensors + config + generation_config + tokenizer; swapped in as a whole, so only
+    over an earlier model: a folder without a config.json is someone's files, not a model."""
     from transformers import AutoTokenizer, GenerationConfig
 
+    if out_dir.exists() and not (out_dir / "config.json").is_file():
+        raise ValueError(f"'{out_dir}' exists and holds no model (no config.json): saving the model there would "
+                         "replace the folder and all it holds. Save to a new folder")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     m = copy.deepcopy(model).to("cpu", torch.bfloat16)
