@@ -213,6 +213,10 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     bad.write_text("target: {path: nowhere}\nsweep_repeats: 0\n")
     assert cli.main(["compare", "--config", str(bad)]) == 2
     assert "sweep_repeats must be an integer >= 1 or null" in capsys.readouterr().err
+    # an --out that is a file failed only when the results were written, after the whole run
+    bad.write_text("target: {path: nowhere}\n")
+    assert cli.main(["compare", "--config", str(bad), "--out", str(bad)]) == 2
+    assert "is a file: the results go in a folder" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unique `label`"):
         load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}, {"name": "ngram", "k": 8}]})
     cfg = load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram", "label": "ng"}]})

@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     from .compare import run_compare
     from .report import markdown, write_all
 
+    out = Path(cfg["out"])
+    if out.exists() and not out.is_dir():  # found now, not after an hour of runs
+        raise ValueError(f"out '{out}' is a file: the results go in a folder; give a folder (--out DIR)")
+    out.mkdir(parents=True, exist_ok=True)
     results = run_compare(cfg, command_line(args), progress=not args.no_progress)
     files = write_all(results, Path(cfg["out"]))
     print(markdown(results))
