@@ -135,6 +135,9 @@ def test_top_k_0_and_minus_1_mean_every_token_as_in_vllm(llama):
     for off in (-1, 0):
         assert with_top_k.generate(**run, top_k=off).token_ids == want
     assert SamplingParams(top_k=-1) == SamplingParams(top_k=0) == SamplingParams()  # one batch key
+    import numpy as np  # (a top_k read from an array: np.int64(0) was refused, np.int64(5) kept its type)
+    assert SamplingParams(top_k=np.int64(-1)) == SamplingParams(top_k=np.int64(0)) == SamplingParams()
+    assert type(SamplingParams(top_k=np.int64(5)).top_k) is int
 
 
 def test_a_prompt_one_short_of_the_context_gets_one_token(decoder):

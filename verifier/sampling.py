@@ -109,6 +109,8 @@ class SamplingParams:
         _check_finite_numbers(self)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_k, numbers.Integral) and not isinstance(self.top_k, bool):
+            object.__setattr__(self, "top_k", int(self.top_k))  # a numpy integer: one batch key with the int's
         if type(self.top_k) is int and self.top_k in (0, -1):  # vLLM's (and HF's 0): every token, no top-k
             object.__setattr__(self, "top_k", None)
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
