@@ -5,8 +5,10 @@ its stats (tau, tokens/s), so a drafter's effect on a real conversation is visib
 One line is one user message. The conversation so far goes through the target's chat template
 every turn; the replies join it as assistant messages (under --reasoning-parser a reply's thought
 is printed apart, and joins as the message's reasoning_content, which thinking models' templates
-read or drop as they were trained to). Commands: /reset forgets the conversation
-(the system message stays), /exit or end of input quits.
+read or drop as they were trained to). Commands: /reset (or /clear) forgets the conversation
+(the system message stays), /exit (or /quit, or end of input) quits, /help lists them; another
+one-word line starting with "/" is named as unknown, not sent. Ctrl-C stops the reply being
+written, which the conversation then leaves out; at the prompt it quits.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ if TYPE_CHECKING:  # torch and transformers load with the model, not with `draft
     from .api import Decoder
 
 PROMPT = ">>> "
-COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D)"
+COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D), /help; Ctrl-C stops a reply"
+EXIT, RESET, HELP = ("/exit", "/quit", "/bye"), ("/reset", "/clear"), ("/help", "/?")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,17 +70,26 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
     while True:
         if interactive:
             print(PROMPT, end="", flush=True)
-        line = lines.readline()
+        try:
+            line = lines.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: quit, as end of input does
+            print(file=sys.stderr)
+            break
         if not line:  # end of input
             break
         text = line.rstrip("\n")
-        if not text.strip():
+        command = text.strip().lower()
+        if not command:
             continue
-        if text.strip() == "/exit":
+        if command in EXIT:
             break
-        if text.strip() == "/reset":
+        if command in RESET:
             messages = list(system)
             print("(conversation reset)", file=sys.stderr)
+            continue
+        if command.startswith("/") and " " not in command:  # a command, not a message ("/usr is ..." is one)
+            known = "" if command in HELP else f"unknown command {text.strip()}; "
+            print(f"({known}commands: {COMMANDS})", file=sys.stderr)
             continue
         asked = messages + [{"role": "user", "content": text}]
         stats = GenerationStats()
@@ -92,6 +104,9 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
                 reply += piece
         except ValueError as e:  # e.g. the conversation outgrew the context: keep it as it was
             print(f"error: {e} (/reset starts over)", file=sys.stderr)
+            continue
+        except KeyboardInterrupt:  # stop this reply, not the chat; a half reply would steer the next ones
+            print("\n(reply stopped; the conversation leaves it out)", file=sys.stderr)
             continue
         printer.write(parts.feed("", final=True))
         printer.end()

@@ -61,3 +61,43 @@ def test_the_command_runs_on_stdin_and_refuses_a_target_without_a_template(chat_
     plain_target, _ = tiny_models["llama"]
     assert cli.main(["chat", "--set", f"target.path={plain_target}"]) == 2
     assert "has no chat template" in capsys.readouterr().err
+
+
+def test_commands_are_not_sent_as_messages(decoder, capsys):
+    """/help, /nosuch and the usual aliases were sent to the model as user messages."""
+    lines = io.StringIO("import os\n/help\n/nosuch\n/CLEAR\nclass Foo:\n/usr is a folder\n/quit\nnever read\n")
+    end = converse(decoder, lines, [], max_new_tokens=NEW)
+    err = capsys.readouterr().err
+    assert "(commands: /reset" in err and "(unknown command /nosuch; commands: /reset" in err
+    assert "(conversation reset)" in err and err.count("[tau ") == 3
+    assert [m["content"] for m in end if m["role"] == "user"] == ["class Foo:", "/usr is a folder"]
+
+
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on_as_if_it_were_never_asked(chat_target, capsys, monkeypatch):
+    """Ctrl-C ended the whole chat; now it ends the reply, which the conversation leaves out. The
+    drafter here keeps state (a draft model's KV cache) that the stopped reply must not leak."""
+    folder, _ = chat_target
+    stateful = draftsman.load({"target": {"path": str(folder)},
+                               "drafter": {"name": "draft_model", "path": str(folder), "k": 3}})
+    real, calls = type(stateful.drafter).propose, [0]
+
+    def interrupted_at_the_third_round(self, contexts):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(self, contexts)
+
+    monkeypatch.setattr(type(stateful.drafter), "propose", interrupted_at_the_third_round)
+    end = converse(stateful, io.StringIO("import os\ndef parse(text):\n"), SYSTEM, max_new_tokens=NEW)
+    monkeypatch.undo()
+    out = capsys.readouterr()
+    assert "(reply stopped; the conversation leaves it out)" in out.err and out.err.count("[tau ") == 1
+    want = stateful.chat(SYSTEM + [user("def parse(text):")], max_new_tokens=NEW).texts[0]
+    assert end == SYSTEM + [user("def parse(text):"), {"role": "assistant", "content": want}]
+    assert out.out.endswith(want + "\n")
+
+    class CtrlCAtThePrompt:
+        def readline(self):
+            raise KeyboardInterrupt
+
+    assert converse(stateful, CtrlCAtThePrompt(), SYSTEM) == SYSTEM  # quits, as end of input does
