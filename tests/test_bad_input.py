@@ -65,6 +65,9 @@ def config(target, **sections):
     (dict(input_ids=[[5], [6]], temperature=[0.5, float("nan")]), "temperature must be a finite number"),
     (dict(input_ids=[[5]], temperature=1.0, seed="42"), "seed must be a whole number, e.g. 0, got '42'"),
     (dict(input_ids=[[5]], temperature=1.0, seed=1.5), "seed must be a whole number"),
+    # a client's 2**70 failed as torch's "Overflow when unpacking long long"
+    (dict(input_ids=[[5]], temperature=1.0, seed=2**64), r"seed must be in \[-2\^63, 2\^64\)"),
+    (dict(input_ids=[[5]], temperature=1.0, seed=-2**63 - 1), r"seed must be in \[-2\^63, 2\^64\)"),
     # one prompt's flat ids, the usual slip, failed as "'int' object is not iterable"
     (dict(input_ids=[5, 6, 7]), r"input_ids is a list of prompts, each a list of token ids: \[\[5, 6, 7\]\] for one "
                                 r"prompt, got \[5, 6, 7\]"),

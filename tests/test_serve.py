@@ -199,6 +199,7 @@ def test_vllm_clients_top_k_minus_1_is_served(served):
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature must be >= 0"),
     ("/v1/completions", {"prompt": "a", "temperature": "0.7"}, "temperature must be a number, got '0.7' (str)"),
     ("/v1/completions", {"prompt": "a", "temperature": 1, "seed": "7"}, "seed must be a whole number"),
+    ("/v1/completions", {"prompt": "a", "temperature": 1, "seed": 2**70}, "seed must be in [-2^63, 2^64)"),
     # n 0 and -1 were answered "no prompts given", "2" and 1.5 with a Python TypeError, true ran as 1
     ("/v1/completions", {"prompt": "a", "n": 0}, '"n" must be a whole number >= 1 (the samples per prompt), got 0'),
     ("/v1/completions", {"prompt": "a", "n": "2", "temperature": 1}, '"n" must be a whole number >= 1'),

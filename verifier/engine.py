@@ -230,6 +230,8 @@ class SpeculativeEngine:
         self.check_prompts(prompts)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # (torch's error names a "long")
             raise ValueError(f"seed must be a whole number, e.g. 0, got {seed!r}")
+        if not -2**63 <= seed < 2**64:  # what torch.Generator takes ("Overflow when unpacking long long")
+            raise ValueError(f"seed must be in [-2^63, 2^64), the range a torch generator takes, got {seed}")
         ignored = self._row_ignore_eos(ignore_eos, len(prompts))
         self._row_end_ids = self._row_stop_token_ids(stop_token_ids, ignored)
         self._end_ids = frozenset().union(*self._row_end_ids)
