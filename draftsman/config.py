@@ -70,6 +70,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
+    """A YAML file's content (JSON is YAML too); a parse error names the file, which the parser's
+    own words ("found character '\\t' that cannot start any token", a line and column) do not."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{what} '{path}' is not valid YAML: {e}") from None
+
+
 def load_config(config: dict | str | os.PathLike) -> dict:
     """A dict, or the path of a YAML / JSON file -> a complete, validated config."""
     if isinstance(config, (str, os.PathLike)):
@@ -79,8 +89,13 @@ def load_config(config: dict | str | os.PathLike) -> dict:
                              f"use --target {path} on the command line or target: {{path: {path}}} in a config")
         if not path.is_file():
             raise FileNotFoundError(f"config file '{path}' does not exist")
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if path.suffix == ".json":
+            try:
+                raw = json.loads(path.read_text())
+            except ValueError as e:  # the parser's words say where; these say which file
+                raise ValueError(f"config file '{path}' is not valid JSON: {e}") from None
+        else:
+            raw = read_yaml(path)
         raw = raw or {}
         # Relative model paths in a config file are relative to that file, so configs travel (and
         # a same-named folder under the working directory cannot capture them).
@@ -116,6 +131,10 @@ def merge(raw: dict) -> dict:
             if bad:
                 raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in bad]}; valid keys in "
                                  f"'{section}': {sorted(DEFAULTS[section])}")
+        if section == "drafter" and "name" not in values and set(values) - {"adaptive"}:  # (none's one option)
+            raise ValueError(f"the drafter section has options {sorted(values)} but no name: set drafter.name to the "
+                             "drafter they belong to (e.g. ngram; `draftsman drafters` lists them), or leave the "
+                             "section out for plain decoding")
         if section == "drafter" and "name" in values and values["name"] != cfg["drafter"]["name"]:
             cfg["drafter"] = {}
         for key, value in values.items():

@@ -76,6 +76,33 @@ def test_missing_config_file_names_it(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+
+def test_a_file_that_does_not_parse_is_named(tmp_path, capsys):
+    """The parser's error alone (a yaml ScannerError, "Expecting value: line 1 column 12") named no file."""
+    for name, text, kind in (("tabs.yaml", "target:\n\tpath: x\n", "YAML"), ("cut.json", '{"target": ', "JSON")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"(?s)config file '.*{name}' is not valid {kind}: .*line"):
+            load_config(tmp_path / name)
+    # the other commands' configs, through the command line
+    from draftsman import cli
+
+    tabs = str(tmp_path / "tabs.yaml")
+    for argv, what in ((["train", "medusa", "--config", tabs], "training config"),
+                       (["train", "pard", "--config", tabs], "training config"),
+                       (["compare", "--config", tabs], "compare config")):
+        assert cli.main(argv) == 2
+        assert f"error: {what} '{tabs}' is not valid YAML" in capsys.readouterr().err
+    (tmp_path / "list.yaml").write_text("- kind: medusa\n")  # a list: failed as "list indices must be integers"
+    assert cli.main(["train", "medusa", "--config", str(tmp_path / "list.yaml"), "--set", "max_steps=1"]) == 2
+    assert "must be a mapping of keys to values, got list" in capsys.readouterr().err
+
+
+def test_drafter_options_without_a_name_are_named():
+    """{drafter: {k: 3}} was read as the default drafter none's, "unknown option(s) ['k'] for drafter 'none'"."""
+    with pytest.raises(ValueError, match=r"the drafter section has options \['k'\] but no name: set drafter.name"):
+        load_config({"drafter": {"k": 3}})
+    assert load_config({"drafter": {"adaptive": False}})["drafter"] == {"name": "none", "adaptive": False}
+
 def test_overrides_parse_values_as_yaml():
     cfg = apply_overrides(load_config({"drafter": {"name": "ngram"}, "sampling": {"top_k": 50}}),
                           ["drafter.k=6", "sampling.top_p=0.9", "sampling.top_k=null", "sampling.min_p=0.05",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from ..config import read_yaml
+
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
 # How each optimizer step is taken; shared by every trainer (training/pard.py too).
@@ -70,7 +72,7 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
     """A training config (a dict, or a YAML file's path) over its defaults; unknown keys (with the
     valid ones) and missing required ones are named, `what` saying which trainer's."""
     if not isinstance(raw, dict):
-        raw = yaml.safe_load(Path(raw).read_text()) or {}
+        raw = read_yaml(raw, f"the {what}") or {}
     unknown = sorted(set(raw) - set(defaults))
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in the {what}; valid keys: {sorted(defaults)}")
@@ -104,7 +106,9 @@ def config_with_overrides(path: str, overrides: list[str]) -> dict:
     if not Path(path).is_file():
         raise FileNotFoundError(f"training config '{path}' does not exist; start from one of training/configs/ "
                                 "(medusa.yaml, eagle.yaml, eagle3.yaml, mtp.yaml, mlp_speculator.yaml, pard.yaml)")
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = read_yaml(path, "training config") or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"training config '{path}' must be a mapping of keys to values, got {type(raw).__name__}")
     for item in overrides:
         key, _, value = item.partition("=")
         raw[key] = yaml.safe_load(value)

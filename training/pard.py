@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from .heads import (accumulated_backward, masked_cross_entropy, micro_batches, record_heldout, record_step,
                     resumed_state, step_size_line, training_streams)
 from .heads_config import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, config_with_overrides, merged_config,
                            pard_parser)
+from ..config import read_yaml
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
@@ -66,7 +66,7 @@ LATER_KEYS = {**HEADS_LATER_KEYS, "mixed_precision": "no"}
 
 def load_config(raw) -> dict:
     if not isinstance(raw, dict):
-        raw = yaml.safe_load(Path(raw).read_text()) or {}
+        raw = read_yaml(raw, "pard training config") or {}
     raw = {key: value for key, value in raw.items() if key != "kind"}
     cfg = merged_config(raw, DEFAULTS, "pard training config", ("draft", "out"))
     if not Path(cfg["draft"], "config.json").is_file():

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from ..atomic_files import replaced_whole
+from ..config import read_yaml
 from . import corpus as C
 from . import tokenizer as T
 from .processes import accelerator, main_process_decides
@@ -87,7 +87,7 @@ def _merge(user: dict, defaults: dict, where: str) -> dict:
 def load_config(path_or_dict) -> dict:
     raw = path_or_dict
     if not isinstance(raw, dict):
-        raw = yaml.safe_load(Path(path_or_dict).read_text()) or {}
+        raw = read_yaml(path_or_dict, "pretrain config") or {}
     return _merge(raw, DEFAULTS, "config")
 
 
@@ -525,7 +525,7 @@ def main(argv=None):
     ap.add_argument("--only", choices=STAGES, help="run one stage")
     ap.add_argument("--out", help="output folder (overrides config 'out')")
     a = ap.parse_args(argv)
-    cfg = yaml.safe_load(Path(a.config).read_text()) or {}
+    cfg = read_yaml(a.config, "pretrain config") or {}
     if a.out:
         cfg["out"] = a.out
     cmd = "python -m draftsman.training.pretrain " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from ..config import DEFAULTS as RUN_DEFAULTS, check_type
+from ..config import DEFAULTS as RUN_DEFAULTS, check_type, read_yaml
 from ..models import resolve_device
 from ..verifier.sampling import SamplingParams, TypicalAcceptance
 from .prompts_set import BUNDLED_PROMPTS
@@ -99,7 +98,7 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"compare config '{p}' does not exist")
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = read_yaml(p, "compare config") or {}
         if not isinstance(raw, dict):
             raise ValueError(f"compare config '{p}' must be a mapping of keys {sorted(DEFAULTS)}")
         _check_keys(raw)
