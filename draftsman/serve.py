@@ -62,6 +62,7 @@ from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_th
                       reply_message)
 from .serve_batch import Batcher, ServerStopping, check_max_rows
 from .serve_flags import DEFAULT_PREFILL_CHUNK, add_arguments  # noqa: F401 (draftsman.serve's own names)
+from .serve_flags import check_address, listen_error
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS
 from .verifier.structured import StructuredOutput
@@ -685,6 +686,7 @@ def run(args: argparse.Namespace) -> int:
     from .cli import build_config
 
     check_max_rows(args.max_batch_rows)  # before the model loads
+    check_address(args.host, args.port)
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser FORMAT (the format the model writes "
                          f"its calls in: {', '.join(PARSERS)})")
@@ -700,9 +702,12 @@ def run(args: argparse.Namespace) -> int:
     if decoder.tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer: the OpenAI API sends text")
     name = args.served_model_name or Path(cfg["target"]["path"]).name
-    server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
-                    api_key=args.api_key, tool_call_parser=args.tool_call_parser,
-                    reasoning_parser=args.reasoning_parser)
+    try:
+        server = Server(decoder, name, args.host, args.port, quiet=args.quiet, max_batch_rows=args.max_batch_rows,
+                        api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+                        reasoning_parser=args.reasoning_parser)
+    except OSError as e:  # taken while the model loaded
+        raise listen_error(args.host, args.port, e) from None
     server.batcher.save_memory_every = args.save_memory_every or None
     print(f"serving '{name}' with drafter {cfg['drafter']['name']} at {server.url} (Ctrl-C stops)", file=sys.stderr)
     # SIGTERM (docker stop, systemd, kill) unwinds as Ctrl-C does, so the drafter's memory is saved.

@@ -3,7 +3,9 @@ transformers: `draftsman serve --help` and a mistyped flag answer without them."
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 
 # Chunked prefill of joining prompts (verifier/prefill.py). On the 2-core CPU a pass of the
 # bundled target costs about 45 ms up to 128 tokens, 80 ms for 256: small chunks pay that fixed
@@ -39,3 +41,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's flag, taken so its command lines run as they are: with --tool-call-parser, "
                         "tool_choice \"auto\" is served with or without it")
+
+
+def check_address(host: str, port: int) -> None:
+    """Before the model loads (minutes, for a large one): a port out of range or in use, and a host
+    this machine cannot listen on, are named with the fix. The server binds as this does (IPv4,
+    SO_REUSEADDR as http.server sets it: a port a stopped server left in TIME_WAIT is free)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {port}")
+    try:
+        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise listen_error(host, port, e) from None
+
+
+def listen_error(host: str, port: int, e: OSError) -> ValueError:
+    """What a failed bind means, and the fix (the OSError alone says "[Errno 98] Address already in use")."""
+    if e.errno == errno.EADDRINUSE:
+        return ValueError(f"port {port} on {host} is in use (another server?): stop it, or pick another --port "
+                          "(0: any free one)")
+    hosts = "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+    if isinstance(e, socket.gaierror):
+        return ValueError(f"--host {host!r} is no IPv4 address or name this machine resolves ({e.strerror}): "
+                          f"use {hosts}")
+    return ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}): --host must be an address of this "
+                      f"machine, e.g. {hosts}")

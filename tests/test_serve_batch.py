@@ -99,6 +99,25 @@ def test_max_batch_rows_must_be_positive(capsys):
     assert "--prefill-chunk must be >= 0 tokens (0: whole prompts), got -1" in capsys.readouterr().err
 
 
+def test_a_port_in_use_or_out_of_range_and_a_bad_host_are_named_before_the_model_loads(capsys):
+    """They were "[Errno 98] Address already in use", an OverflowError traceback and "[Errno -2]
+    Name or service not known", each after the model had loaded. (No config: the target is never
+    read, so a refusal here comes before it.)"""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv, message in ((["--port", str(port)], f"port {port} on 127.0.0.1 is in use (another server?)"),
+                              (["--port", "70000"], "--port must be in 0..65535 (0: any free port), got 70000"),
+                              (["--port", "-1"], "--port must be in 0..65535"),
+                              (["--host", "no-such-host.invalid", "--port", "0"], "--host 'no-such-host.invalid'"),
+                              (["--host", "192.0.2.1", "--port", "0"], "cannot listen on 192.0.2.1:0")):
+            assert cli.main(["serve", *argv]) == 2
+            assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, chunk", [([], 256), (["--prefill-chunk", "32"], 32), (["--prefill-chunk", "0"], None)])
 def test_serve_prefills_joining_prompts_in_chunks(monkeypatch, chat_target, flag, chunk):
     import draftsman.serve as S
