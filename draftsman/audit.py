@@ -282,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.tie_tolerance is not None and not args.tie_tolerance >= 0:  # (a negative one failed exact ties too)
+        raise UserError(f"--tie-tolerance must be >= 0 (a logit gap), got {args.tie_tolerance}")
     prompts = read_prompts(args.prompts) if args.prompts else BUILTIN_PROMPTS
     cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     s, g = cfg["sampling"], cfg["generation"]

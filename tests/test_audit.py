@@ -226,6 +226,8 @@ def test_command_exits_1_on_a_failure(config_file, monkeypatch, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--samples", "3"], "--samples must be at least 10"),
     (["--alpha", "2"], "--alpha must be in (0, 1)"),
+    (["--tie-tolerance", "-1"], "--tie-tolerance must be >= 0 (a logit gap), got -1.0"),
+    (["--tie-tolerance", "nan"], "--tie-tolerance must be >= 0"),
     (["--prompts", "/no/such/prompts.jsonl"], "prompts file '/no/such/prompts.jsonl' does not exist"),
     (["--temperature", "0"], "--temperature must be > 0 for the sampling check"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
