@@ -86,14 +86,29 @@ def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, 
     ([LINES[0], {"messages": []}], [], "in.jsonl:2: the conversation is []"),
     (LINES, ["--out", "SAME"], "--out must be another file than --data-file"),
     (LINES, ["--batch-size", "0"], "--batch-size and --max-new-tokens must be at least 1"),
+    (LINES, ["--limit", "-1"], "--limit must be at least 1 (input lines to regenerate), got -1"),  # ran all but one
+    (LINES, ["--out", "FOLDER"], "is a folder: give the JSONL file to write"),  # was "[Errno 21] Is a directory"
+    # Anything but earlier output at --out was resumed: appended to, and its last line cut if it had no newline.
+    (LINES, ["--out", "NOTES"], "line 1 is no line regenerate writes"),
+    (LINES, ["--out", "ONE-LINE"], "line 1 is no line regenerate writes"),
+    (LINES, ["--out", "OTHER-JSON"], "line 2 is no line regenerate writes"),
+    (LINES, ["--out", "LONGER"], "already holds 6 lines, more than the 5 to write"),
 ])
 def test_refusals_come_before_any_model_loads(tmp_path, capsys, lines, args, message):
     data = write(tmp_path / "in.jsonl", lines)
-    args = [str(data) if a == "SAME" else a for a in args]
+    files = {"FOLDER": tmp_path, "NOTES": tmp_path / "notes.txt", "ONE-LINE": tmp_path / "one.txt",
+             "OTHER-JSON": tmp_path / "other.jsonl", "LONGER": tmp_path / "longer.jsonl"}
+    files["NOTES"].write_text("my notes\nthe last line, no newline")
+    files["ONE-LINE"].write_text("one line, no newline")
+    files["OTHER-JSON"].write_text('{"text": "a"}\n{"model_type": "llama"}\n[1, 2]\n')
+    write(files["LONGER"], [{"text": "x"}] * 6)
+    before = {path: path.read_bytes() for path in files.values() if path.is_file()}
+    args = [str(data) if a == "SAME" else str(files[a]) if a in files else a for a in args]
     base = ["regenerate", "--target", "/no/such/model", "--data-file", str(data)]
     assert cli.main([*base, *([] if "--out" in args else ["--out", str(tmp_path / "o.jsonl")]), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+    assert {path: path.read_bytes() for path in before} == before
 
 
 def test_a_conversation_past_the_context_keeps_its_reply(chat_target, tmp_path, capsys):

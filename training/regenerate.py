@@ -49,19 +49,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1 or args.max_new_tokens < 1:
         raise ValueError("--batch-size and --max-new-tokens must be at least 1")
+    if args.limit is not None and args.limit < 1:  # (a slice's -1 left out the last line)
+        raise ValueError(f"--limit must be at least 1 (input lines to regenerate), got {args.limit}")
     source, out = Path(args.data_file), Path(args.out)
     if source.resolve() == out.resolve():
         raise ValueError("--out must be another file than --data-file: it is written while the input is read")
     documents = list(iter_documents(source))  # every line checked before any model loads
     if args.limit is not None:
         documents = documents[: args.limit]
-    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
-    hf_logging.disable_progress_bar()
-    decoder = Decoder(cfg)
     done = _resume(out)
     if done > len(documents):
         raise ValueError(f"--out '{out}' already holds {done} lines, more than the {len(documents)} to write: "
                          "it belongs to another input; give a new --out")
+    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
+    hf_logging.disable_progress_bar()
+    decoder = Decoder(cfg)
     summary = {"lines": done, "replies": 0, "cut_at_max_new_tokens": 0, "kept_as_given": 0, "kept_past_context": 0}
     bar = tqdm(total=len(documents), initial=done, desc="regenerate", unit="line",
                mininterval=1 if sys.stderr.isatty() else 30)
@@ -122,11 +124,26 @@ def _regenerated(messages: list[dict], i: int) -> bool:
 
 
 def _resume(out: Path) -> int:
-    """Whole lines already in `out`; a line cut by a stop mid-write is dropped."""
+    """Whole lines already in `out`; a line cut by a stop mid-write is dropped. Only a file of
+    earlier output is resumed (and so cut): anything else at --out is refused, untouched."""
+    if out.is_dir():
+        raise ValueError(f"--out '{out}' is a folder: give the JSONL file to write, e.g. {out / 'regenerated.jsonl'}")
     if not out.exists():
         return 0
     data = out.read_bytes()
     whole = data[: data.rfind(b"\n") + 1]
+    lines, cut = whole.splitlines(), data[len(whole):]
+    if cut and not cut.startswith(b"{"):  # a line a stop cut starts as a JSON object; this is something else
+        lines.append(cut)
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not (isinstance(row, dict) and ("messages" in row or "text" in row)):
+            raise ValueError(f"--out '{out}' line {number} is no line regenerate writes (a JSON object with "
+                             "\"messages\" or \"text\"): it would be appended to as an earlier run's output. Give a "
+                             "new --out")
     if len(whole) != len(data):
         out.write_bytes(whole)
     return whole.count(b"\n")
