@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,15 @@ def check_type(name: str, value: Any, default: Any) -> None:
     if expected is str and isinstance(value, os.PathLike):
         ok = True
     if not ok:
-        raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})")
+        raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
+                         + (yaml_float_hint(value) if expected is float else ""))
+
+
+def yaml_float_hint(value) -> str:
+    """Why a number came in as text: PyYAML reads YAML 1.1, where 1e-3 (no point) is a string."""
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):
+        return f"; PyYAML reads {value} as text: write it with a point, e.g. 1.0e-3"
+    return ""
 
 
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:

@@ -97,6 +97,18 @@ def test_a_file_that_does_not_parse_is_named(tmp_path, capsys):
     assert "must be a mapping of keys to values, got list" in capsys.readouterr().err
 
 
+def test_a_float_yaml_reads_as_text_is_explained(tmp_path):
+    """`min_p: 1e-3` is a string to PyYAML (YAML 1.1 wants a point: 1.0e-3)."""
+    path = tmp_path / "run.yaml"
+    path.write_text("sampling: {min_p: 1e-3}\n")
+    with pytest.raises(ValueError, match=r"sampling.min_p must be float, got '1e-3' \(str\); PyYAML reads 1e-3 as "
+                                         r"text: write it with a point, e.g. 1.0e-3"):
+        load_config(path)
+    path.write_text("sampling: {min_p: 1.0e-3}\n")
+    assert load_config(path)["sampling"]["min_p"] == 0.001
+    with pytest.raises(ValueError, match=r"got 'abc' \(str\)$"):  # (no hint where it is no number)
+        load_config({"sampling": {"min_p": "abc"}})
+
 def test_drafter_options_without_a_name_are_named():
     """{drafter: {k: 3}} was read as the default drafter none's, "unknown option(s) ['k'] for drafter 'none'"."""
     with pytest.raises(ValueError, match=r"the drafter section has options \['k'\] but no name: set drafter.name"):

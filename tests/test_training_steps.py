@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from draftsman.training import heads as heads_training, pard as pard_training
 from draftsman.training.heads import accumulated_backward, micro_batches
+from draftsman.training.heads_config import check_values
 
 from test_training_documents import config, rows, write
 
@@ -243,6 +244,24 @@ def test_another_accelerators_mixed_precision_is_named_not_replaced():
     ({"grad_clip": "big"}, r"grad_clip must be a gradient norm > 0"),
     ({"eval_every": -1}, r"eval_every must be a whole number of steps >= 0"),
     ({"eval_every": 2.5}, r"eval_every must be a whole number of steps >= 0"),
+    # Every other value by its type and range: each of these failed deep in torch, or trained nothing,
+    # after the target had loaded and the corpus been read.
+    ({"lr": "abc"}, "lr must be a finite number, got 'abc'"),
+    ({"lr": "1e-3"}, "lr must be a finite number, got '1e-3'; PyYAML reads 1e-3 as text: write it with a point"),
+    ({"lr": float("nan")}, "lr must be a finite number, got nan"),
+    ({"lr": 0.0}, "lr must be greater than 0, got 0.0"),
+    ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+    ({"batch_size": True}, "batch_size must be a whole number, got True"),
+    ({"seq_len": 8.5}, "seq_len must be a whole number, got 8.5"),
+    ({"threads": 0}, "threads must be at least 1"),
+    ({"max_steps": -1}, "max_steps must be at least 0, got -1"),
+    ({"warmup_steps": -5}, "warmup_steps must be at least 0"),
+    ({"checkpoint_minutes": -1}, "checkpoint_minutes must be at least 0"),
+    ({"max_minutes": 0}, "max_minutes must be greater than 0, got 0"),
+    ({"eval_tokens": 0}, "eval_tokens must be at least 1"),
+    ({"seed": "x"}, "seed must be a whole number, got 'x'"),
+    ({"mixed_precision": "fp16"}, r"mixed_precision must be one of \['no', 'bf16', 'auto'\], got 'fp16'"),
+    ({"out": 5}, "out must be a folder or file path, got 5"),
 ])
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
 def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
@@ -253,6 +272,24 @@ def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
     with pytest.raises(ValueError, match=f"{trainer} training config: {message}"):
         load({**config, **keys})
 
+
+
+@pytest.mark.parametrize("keys,message", [
+    ({"num_heads": 0}, "num_heads must be at least 1"),
+    ({"share_lm_head": "yes"}, "share_lm_head must be true or false, got 'yes'"),
+    ({"aux_layers": 3}, "aux_layers must be a list, got 3"),
+    ({"draft_vocab": 0}, "draft_vocab must be at least 1"),
+    ({"min_lr_ratio": 2}, r"min_lr_ratio must be in \[0, 1\]"),
+    ({"loss_decay": 0}, "loss_decay must be greater than 0"),
+    ({"feature_noise": -0.1}, "feature_noise must be at least 0"),
+])
+def test_bad_heads_values_are_named(tiny_models, keys, message):
+    with pytest.raises(ValueError, match=f"heads training config: {message}"):
+        heads_training.load_config({"target": str(tiny_models["llama"][0]), "out": "x", **keys})
+    # every bundled config passes as it is
+    for name in ("medusa", "eagle", "eagle3", "eagle3-continue", "mtp", "mlp_speculator"):
+        raw = yaml.safe_load((Path(__file__).parents[1] / "training" / "configs" / f"{name}.yaml").read_text())
+        check_values({**heads_training.DEFAULTS, **raw}, heads_training.DEFAULTS, "bundled")
 
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
 def test_a_checkpoint_from_before_the_step_keys_resumes(trainer, tmp_path):

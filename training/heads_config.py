@@ -6,11 +6,13 @@ names back."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 import yaml
 
-from ..config import read_yaml
+from ..config import read_yaml, yaml_float_hint
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -81,6 +83,7 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
         if not cfg[key]:
             raise ValueError(f"{what}: '{key}' is required")
     check_step_keys(cfg, what)
+    check_values(cfg, defaults, what)
     return cfg
 
 
@@ -99,6 +102,56 @@ def check_step_keys(cfg: dict, what: str) -> None:
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"{what}: eval_every must be a whole number of steps >= 0 (0: evaluate at the end only), "
                          f"got {every!r}")
+
+
+# Keys whose default is None still have a type: the default says nothing, so they are listed here.
+_PATH_KEYS = ("target", "out", "draft", "work_dir", "corpus_root", "data_file", "init_from")
+_TYPES_WHEN_UNSET = {"draft_vocab": int, "aux_layers": list, "max_minutes": float, "grad_clip": float}
+# Ranges of the numbers (each where a config has the key): whole numbers >= 1 or >= 0, numbers > 0 or >= 0.
+_AT_LEAST_1 = ("threads", "num_heads", "num_layers", "eval_depths", "ttt_steps", "seq_len", "batch_size",
+               "eval_tokens", "eval_ranks", "tree_budget", "draft_vocab")
+_AT_LEAST_0 = ("max_steps", "warmup_steps", "inner_dim", "checkpoint_minutes", "feature_noise", "ce_weight")
+_ABOVE_0 = ("lr", "max_minutes", "loss_decay", "ttt_decay")
+_MIXED_PRECISION = ("no", "bf16", "auto")
+
+
+def check_values(cfg: dict, defaults: dict, what: str) -> None:
+    """Every value of the type its default has (whole numbers for ints, any number for floats,
+    true/false for bools) and in its range: a string lr or a batch_size of 0 failed deep inside
+    torch, after the target had loaded and the corpus been read."""
+    for key, value in cfg.items():
+        if value is None or key in _PATH_KEYS:
+            if key in _PATH_KEYS and value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"{what}: {key} must be a folder or file path, got {value!r}")
+            continue
+        default = defaults.get(key)
+        expected = type(default) if default is not None else _TYPES_WHEN_UNSET.get(key)
+        if expected is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = expected is None or isinstance(value, expected)
+        if not ok:
+            kind = {float: "a finite number", int: "a whole number", bool: "true or false", str: "a string",
+                    list: "a list"}.get(expected, expected.__name__ if expected else "")
+            raise ValueError(f"{what}: {key} must be {kind}, got {value!r}" + (yaml_float_hint(value) if
+                                                                               expected is float else ""))
+    for key in _AT_LEAST_1:
+        if cfg.get(key) is not None and cfg[key] < 1:
+            raise ValueError(f"{what}: {key} must be at least 1, got {cfg[key]!r}")
+    for key in _AT_LEAST_0:
+        if cfg.get(key) is not None and cfg[key] < 0:
+            raise ValueError(f"{what}: {key} must be at least 0, got {cfg[key]!r}")
+    for key in _ABOVE_0:
+        if cfg.get(key) is not None and not cfg[key] > 0:
+            raise ValueError(f"{what}: {key} must be greater than 0, got {cfg[key]!r}")
+    if "min_lr_ratio" in cfg and not 0 <= cfg["min_lr_ratio"] <= 1:
+        raise ValueError(f"{what}: min_lr_ratio must be in [0, 1] (the final rate as a fraction of lr), "
+                         f"got {cfg['min_lr_ratio']!r}")
+    if "mixed_precision" in cfg and cfg["mixed_precision"] not in _MIXED_PRECISION:
+        raise ValueError(f"{what}: mixed_precision must be one of {list(_MIXED_PRECISION)}, "
+                         f"got {cfg['mixed_precision']!r}")
 
 
 def config_with_overrides(path: str, overrides: list[str]) -> dict:
