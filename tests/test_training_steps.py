@@ -262,6 +262,7 @@ def test_another_accelerators_mixed_precision_is_named_not_replaced():
     ({"seed": "x"}, "seed must be a whole number, got 'x'"),
     ({"mixed_precision": "fp16"}, r"mixed_precision must be one of \['no', 'bf16', 'auto'\], got 'fp16'"),
     ({"out": 5}, "out must be a folder or file path, got 5"),
+    ({"batch_size": None}, "batch_size cannot be null; its default is 8"),  # `--set batch_size=`
 ])
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
 def test_bad_step_keys_are_named(tiny_models, keys, message, trainer):
@@ -422,3 +423,13 @@ def test_a_token_cache_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pretrain.atomic_np_save(cache, np.arange(5))
     assert np.load(cache).tolist() == [0, 1, 2] and list(tmp_path.iterdir()) == [cache]
+
+
+def test_set_must_be_key_equals_value(tmp_path, capsys):
+    """`--set max_steps` (no "=") set max_steps to null; `--set =5` set a key ''."""
+    from draftsman import cli
+
+    config = Path(__file__).parents[1] / "training" / "configs" / "medusa.yaml"
+    for item in ("max_steps", "=5"):
+        assert cli.main(["train", "medusa", "--config", str(config), "--set", item]) == 2
+        assert f"--set '{item}' must look like KEY=VALUE, e.g. max_steps=100" in capsys.readouterr().err

@@ -120,6 +120,8 @@ def check_values(cfg: dict, defaults: dict, what: str) -> None:
     true/false for bools) and in its range: a string lr or a batch_size of 0 failed deep inside
     torch, after the target had loaded and the corpus been read."""
     for key, value in cfg.items():
+        if value is None and defaults.get(key) is not None:  # `--set lr=` or `lr:` left empty
+            raise ValueError(f"{what}: {key} cannot be null; its default is {defaults[key]!r}")
         if value is None or key in _PATH_KEYS:
             if key in _PATH_KEYS and value is not None and not isinstance(value, (str, os.PathLike)):
                 raise ValueError(f"{what}: {key} must be a folder or file path, got {value!r}")
@@ -163,8 +165,10 @@ def config_with_overrides(path: str, overrides: list[str]) -> dict:
     if not isinstance(raw, dict):
         raise ValueError(f"training config '{path}' must be a mapping of keys to values, got {type(raw).__name__}")
     for item in overrides:
-        key, _, value = item.partition("=")
-        raw[key] = yaml.safe_load(value)
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"--set {item!r} must look like KEY=VALUE, e.g. max_steps=100")
+        raw[key.strip()] = yaml.safe_load(value)
     return raw
 
 
