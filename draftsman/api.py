@@ -92,6 +92,9 @@ def _token_rows(input_ids, what: str = "input_ids") -> list[list[int]]:
     rows = input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids
     if isinstance(rows, (list, tuple)):  # rows may be 1-D tensors or arrays
         rows = [row.tolist() if hasattr(row, "tolist") else row for row in rows]
+    if isinstance(rows, str) or isinstance(rows, (list, tuple)) and any(isinstance(row, str) for row in rows):
+        raise ValueError(f"{what} takes token ids, not text, got {_shown(input_ids)}: encode it first, "
+                         "decoder.encode(texts), or give text to generate / stream as prompts")
     if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
         raise ValueError(f"{what} is a list of prompts, each a list of token ids: [[5, 6, 7]] for one prompt, "
                          f"got {_shown(input_ids)}")

@@ -73,6 +73,8 @@ def config(target, **sections):
                                 r"prompt, got \[5, 6, 7\]"),
     (dict(input_ids=[[5.5, 6]]), r"input_ids: prompt 0 has \[5.5\], not token ids"),  # int() cut it to 5
     (dict(input_ids=[[5], ["6"]]), r"prompt 1 has \['6'\], not token ids"),
+    (dict(input_ids=["def f("]), r"input_ids takes token ids, not text, got \['def f\('\]: encode it first"),
+    (dict(input_ids="def f("), r"input_ids takes token ids, not text"),
     (dict(prompts=5), r"prompts is a string or a list of strings \(token ids go in input_ids"),
 ])
 def test_bad_generate_calls_name_the_problem(decoder, call, message):
