@@ -220,3 +220,17 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
         assert "holds no token order (no 'tokens_by_frequency')" in capsys.readouterr().err
         assert out.read_bytes() == before
     assert (folder / "config.json").read_bytes() == config
+
+
+def test_vocab_numbers_and_a_missing_corpus_are_named(tiny_models, tmp_path, capsys):
+    """--seq-len 0 was a ZeroDivisionError, --threads 0 torch's RuntimeError, --tokens 0 or -5 wrote
+    an order counted on one window, and a missing --corpus-root "the train split has 0 tokens"."""
+    target, _ = tiny_models["llama"]
+    base = ["vocab", "--target", str(target), "--out", str(tmp_path / "order.json")]
+    for flags in (["--seq-len", "0"], ["--threads", "0"], ["--tokens", "0"], ["--tokens", "-5"],
+                  ["--tokens", "100", "--seq-len", "256"]):
+        assert cli.main(base + flags) == 2
+        assert "need --threads >= 1 and --tokens >= --seq-len >= 2" in capsys.readouterr().err
+    assert cli.main(base + ["--corpus-root", str(tmp_path / "nowhere"), "--work-dir", str(tmp_path / "w")]) == 2
+    assert "corpus_root '" in capsys.readouterr().err
+    assert not (tmp_path / "order.json").exists()

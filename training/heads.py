@@ -150,6 +150,9 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
             encode = lambda docs: ((document_ids(tokenizer, d, cfg["target"]), None) for d in docs)  # noqa: E731
     else:
         root = Path(cfg["corpus_root"]) if cfg["corpus_root"] else None
+        if root is not None and not root.is_dir():  # (it read as "the train split has 0 tokens")
+            raise ValueError(f"corpus_root '{root}' is not a folder: point it at a folder of source files, or leave "
+                             "it out to train on this interpreter's standard library")
         files = C.split_files(root)
         key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
         splits = lambda: files  # noqa: E731

@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..drafters.draft_vocab import ORDER_FILE
 
+    if args.threads < 1 or args.seq_len < 2 or args.tokens < args.seq_len:  # (0 or -5 tokens counted a window)
+        raise ValueError(f"need --threads >= 1 and --tokens >= --seq-len >= 2 (windows of --seq-len tokens are "
+                         f"counted), got --threads {args.threads}, --tokens {args.tokens}, --seq-len {args.seq_len}")
     out = Path(args.out)
     if out.is_dir():
         out = out / ORDER_FILE
