@@ -22,7 +22,9 @@ _MODULUS = 2_147_483_647  # 2^31 - 1: h * _MULTIPLIER + token stays far inside i
 def window_hashes(tokens: torch.Tensor, n: int) -> torch.Tensor:
     """Hash of every window of n tokens (len(tokens) - n + 1 of them)."""
     count = tokens.numel() - n + 1
-    h = torch.zeros(max(count, 0), dtype=torch.long)
+    if count <= 0:  # a text shorter than n: no window (the slices below would wrap round)
+        return torch.zeros(0, dtype=torch.long)
+    h = torch.zeros(count, dtype=torch.long)
     for j in range(n):
         h = (h * _MULTIPLIER + tokens[j: j + count]) % _MODULUS  # BOUNDARY (-1) hashes too: % is non-negative
     return h

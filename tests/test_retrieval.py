@@ -33,6 +33,13 @@ def test_longest_suffix_first_then_most_frequent_continuations():
     assert s.continuations([42], k=2, branches=3, max_matches=64) == []  # nowhere in the datastore
 
 
+def test_a_datastore_shorter_than_the_longest_ngram_has_no_windows_of_it():
+    """max_ngram 100 on a short text failed with "The size of tensor a (0) must match the size of
+    tensor b" (a negative window count wrapped the slices round)."""
+    s = Datastore(torch.tensor([7, 1, 2, 3]), range(2, 8))
+    assert all(s.tables[n][0].numel() == 0 for n in range(5, 8)) and s.tables[2][0].numel() == 2
+    assert s.continuations([0, 7, 1], k=2, branches=1, max_matches=64) == [[2, 3]]
+
 def test_max_matches_reads_the_first_occurrences_and_collisions_are_filtered(monkeypatch):
     s = store([1, 5, BOUNDARY, 1, 6, BOUNDARY, 1, 6, BOUNDARY])
     assert s.continuations([1], k=1, branches=2, max_matches=1) == [[5]]
