@@ -140,6 +140,8 @@ def merge(raw: dict) -> dict:
             cfg["drafter"] = {}
         for key, value in values.items():
             if section != "drafter":
+                if expected_type(f"{section}.{key}", DEFAULTS[section][key]) is float:
+                    value = yaml_float(value)  # `top_p: 9e-1` (a string to PyYAML)
                 check_type(f"{section}.{key}", value, DEFAULTS[section][key])
             cfg[section][key] = value
     if cfg["target"]["recurrent_branches"] < 1:
@@ -180,10 +182,14 @@ _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sam
                      "generation.stop": list, "generation.stop_token_ids": list}
 
 
+def expected_type(name: str, default: Any) -> type | None:
+    return type(default) if default is not None else _TYPES_WHEN_UNSET.get(name)
+
+
 def check_type(name: str, value: Any, default: Any) -> None:
     """A value must have its default's type (ints pass for floats); None is allowed where the
     default is None."""
-    expected = type(default) if default is not None else _TYPES_WHEN_UNSET.get(name)
+    expected = expected_type(name, default)
     if value is None:
         if default is None:
             return
@@ -196,15 +202,19 @@ def check_type(name: str, value: Any, default: Any) -> None:
     if expected is str and isinstance(value, os.PathLike):
         ok = True
     if not ok:
-        raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
-                         + (yaml_float_hint(value) if expected is float else ""))
+        raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})")
 
 
-def yaml_float_hint(value) -> str:
-    """Why a number came in as text: PyYAML reads YAML 1.1, where 1e-3 (no point) is a string."""
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", value.strip()):
-        return f"; PyYAML reads {value} as text: write it with a point, e.g. 1.0e-3"
-    return ""
+# PyYAML reads YAML 1.1, where a number in exponent form without a point (1e-3, 5e-4) is text;
+# YAML 1.2, JSON and whoever wrote it mean the number.
+_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def yaml_float(value: Any) -> Any:
+    """`value` as a float where it is a number PyYAML left as text (read where a float is due)."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:

@@ -97,17 +97,21 @@ def test_a_file_that_does_not_parse_is_named(tmp_path, capsys):
     assert "must be a mapping of keys to values, got list" in capsys.readouterr().err
 
 
-def test_a_float_yaml_reads_as_text_is_explained(tmp_path):
-    """`min_p: 1e-3` is a string to PyYAML (YAML 1.1 wants a point: 1.0e-3)."""
+def test_a_number_pyyaml_reads_as_text_is_the_number_where_a_float_is_due(tmp_path):
+    """PyYAML reads YAML 1.1, where 1e-3 (no point) is a string: `min_p: 1e-3` was refused as "must
+    be float", and a drafter's float option with it failed as well."""
     path = tmp_path / "run.yaml"
-    path.write_text("sampling: {min_p: 1e-3}\n")
-    with pytest.raises(ValueError, match=r"sampling.min_p must be float, got '1e-3' \(str\); PyYAML reads 1e-3 as "
-                                         r"text: write it with a point, e.g. 1.0e-3"):
-        load_config(path)
-    path.write_text("sampling: {min_p: 1.0e-3}\n")
-    assert load_config(path)["sampling"]["min_p"] == 0.001
-    with pytest.raises(ValueError, match=r"got 'abc' \(str\)$"):  # (no hint where it is no number)
+    path.write_text("sampling: {min_p: 1e-3, top_p: 9.5E-1}\ndrafter: {name: suffix, min_token_prob: 2e-2}\n")
+    cfg = load_config(path)
+    assert (cfg["sampling"]["min_p"], cfg["sampling"]["top_p"]) == (0.001, 0.95)
+    assert apply_overrides(cfg, ["sampling.min_p=5e-2"])["sampling"]["min_p"] == 0.05
+    from draftsman.drafters.registry import _REGISTRY, drafter_options
+    assert drafter_options(_REGISTRY["suffix"], {"min_token_prob": "2e-2"}).min_token_prob == 0.02
+    with pytest.raises(ValueError, match=r"sampling.min_p must be float, got 'abc' \(str\)"):
         load_config({"sampling": {"min_p": "abc"}})
+    with pytest.raises(ValueError, match=r"generation.seed must be int, got '1e3'"):  # only floats take it
+        load_config({"generation": {"seed": "1e3"}})
+
 
 def test_drafter_options_without_a_name_are_named():
     """{drafter: {k: 3}} was read as the default drafter none's, "unknown option(s) ['k'] for drafter 'none'"."""

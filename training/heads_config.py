@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import read_yaml, yaml_float_hint
+from ..config import read_yaml, yaml_float
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -79,6 +79,9 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in the {what}; valid keys: {sorted(defaults)}")
     cfg = {**defaults, **raw}
+    for key, value in raw.items():  # `lr: 1e-3` (a string to PyYAML) where a number is due
+        if isinstance(defaults.get(key), float) or _TYPES_WHEN_UNSET.get(key) is float:
+            cfg[key] = yaml_float(value)
     for key in required:
         if not cfg[key]:
             raise ValueError(f"{what}: '{key}' is required")
@@ -137,8 +140,7 @@ def check_values(cfg: dict, defaults: dict, what: str) -> None:
         if not ok:
             kind = {float: "a finite number", int: "a whole number", bool: "true or false", str: "a string",
                     list: "a list"}.get(expected, expected.__name__ if expected else "")
-            raise ValueError(f"{what}: {key} must be {kind}, got {value!r}" + (yaml_float_hint(value) if
-                                                                               expected is float else ""))
+            raise ValueError(f"{what}: {key} must be {kind}, got {value!r}")
     for key in _AT_LEAST_1:
         if cfg.get(key) is not None and cfg[key] < 1:
             raise ValueError(f"{what}: {key} must be at least 1, got {cfg[key]!r}")
