@@ -7,12 +7,13 @@ every turn; the replies join it as assistant messages (under --reasoning-parser 
 is printed apart, and joins as the message's reasoning_content, which thinking models' templates
 read or drop as they were trained to). Commands: /reset (or /clear) forgets the conversation
 (the system message stays), /exit (or /quit, or end of input) quits, /help lists them; another
-one-word line starting with "/" is named as unknown, not sent. Ctrl-C stops the reply being
-written, which the conversation then leaves out; at the prompt it quits.
+"/word" line is named as unknown, not sent (a path such as /usr/bin/env is a message). Ctrl-C
+stops the reply being written, which the conversation then leaves out; at the prompt it quits.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -87,7 +88,7 @@ def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | 
             messages = list(system)
             print("(conversation reset)", file=sys.stderr)
             continue
-        if command.startswith("/") and " " not in command:  # a command, not a message ("/usr is ..." is one)
+        if re.fullmatch(r"/[a-z?]+", command):  # a command; "/usr/bin/env" or "/usr is ..." is a message
             known = "" if command in HELP else f"unknown command {text.strip()}; "
             print(f"({known}commands: {COMMANDS})", file=sys.stderr)
             continue

@@ -65,12 +65,13 @@ def test_the_command_runs_on_stdin_and_refuses_a_target_without_a_template(chat_
 
 def test_commands_are_not_sent_as_messages(decoder, capsys):
     """/help, /nosuch and the usual aliases were sent to the model as user messages."""
-    lines = io.StringIO("import os\n/help\n/nosuch\n/CLEAR\nclass Foo:\n/usr is a folder\n/quit\nnever read\n")
+    lines = io.StringIO("import os\n/help\n/nosuch\n/CLEAR\nclass Foo:\n/usr is a folder\n/usr/bin/env\n/quit\nnever "
+                        "read\n")
     end = converse(decoder, lines, [], max_new_tokens=NEW)
     err = capsys.readouterr().err
     assert "(commands: /reset" in err and "(unknown command /nosuch; commands: /reset" in err
-    assert "(conversation reset)" in err and err.count("[tau ") == 3
-    assert [m["content"] for m in end if m["role"] == "user"] == ["class Foo:", "/usr is a folder"]
+    assert "(conversation reset)" in err and err.count("[tau ") == 4
+    assert [m["content"] for m in end if m["role"] == "user"] == ["class Foo:", "/usr is a folder", "/usr/bin/env"]
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on_as_if_it_were_never_asked(chat_target, capsys, monkeypatch):
