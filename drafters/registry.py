@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ..config import yaml_float
 from .base import Drafter
 
 _REGISTRY: dict[str, type[Drafter]] = {}
@@ -54,21 +53,14 @@ def drafter_options(cls: type[Drafter], options: dict):
     if opts_cls is None:
         return None
     hints = typing.get_type_hints(opts_cls)
-    options = dict(options)
     for key, value in options.items():
-        if float in _allowed(hints[key]):
-            options[key] = value = yaml_float(value)  # `min_token_prob: 1e-3` (a string to PyYAML)
         _check_option(cls.name, key, value, hints[key])
     return opts_cls(**options)
 
 
-def _allowed(hint) -> tuple:
-    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-
-
 def _check_option(drafter: str, key: str, value, hint) -> None:
     """Options are typed like `k: int = 4` or `path: str | None = None`; check the value fits."""
-    allowed = _allowed(hint)
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for t in allowed:
         if t is type(None) and value is None:
             return

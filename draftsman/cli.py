@@ -34,7 +34,7 @@ import yaml
 
 from . import __version__
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
-from .config import DEFAULTS, apply_overrides, load_config
+from .config import DEFAULTS, apply_overrides, load_config, parse_yaml
 from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
                       use_parsers)
@@ -359,7 +359,7 @@ def parse_template_kwarg(text: str) -> tuple[str, object]:
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"'{text}': expected NAME=VALUE, e.g. enable_thinking=false")
-    return name.strip(), yaml.safe_load(value)
+    return name.strip(), parse_yaml(value)
 
 
 def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:

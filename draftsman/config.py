@@ -71,14 +71,38 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with floats read as YAML 1.2 (and JSON) read them: PyYAML reads YAML
+    1.1, where an exponent without a point (1e-3, --set lr=5e-4) is text, which no setting wants."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    """What every config file, --set value and YAML flag is read with."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
     """A YAML file's content (JSON is YAML too); a parse error names the file, which the parser's
     own words ("found character '\\t' that cannot start any token", a line and column) do not."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return parse_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{what} '{path}' is not valid YAML: {e}") from None
+
+
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object a file holds; None where it is missing, unreadable, not JSON or not an object
+    (what the checks before a write ask of a config.json or an earlier output)."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -140,8 +164,6 @@ def merge(raw: dict) -> dict:
             cfg["drafter"] = {}
         for key, value in values.items():
             if section != "drafter":
-                if expected_type(f"{section}.{key}", DEFAULTS[section][key]) is float:
-                    value = yaml_float(value)  # `top_p: 9e-1` (a string to PyYAML)
                 check_type(f"{section}.{key}", value, DEFAULTS[section][key])
             cfg[section][key] = value
     if cfg["target"]["recurrent_branches"] < 1:
@@ -182,14 +204,10 @@ _TYPES_WHEN_UNSET = {"target.path": str, "target.attn_implementation": str, "sam
                      "generation.stop": list, "generation.stop_token_ids": list}
 
 
-def expected_type(name: str, default: Any) -> type | None:
-    return type(default) if default is not None else _TYPES_WHEN_UNSET.get(name)
-
-
 def check_type(name: str, value: Any, default: Any) -> None:
     """A value must have its default's type (ints pass for floats); None is allowed where the
     default is None."""
-    expected = expected_type(name, default)
+    expected = type(default) if default is not None else _TYPES_WHEN_UNSET.get(name)
     if value is None:
         if default is None:
             return
@@ -205,18 +223,6 @@ def check_type(name: str, value: Any, default: Any) -> None:
         raise ValueError(f"{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})")
 
 
-# PyYAML reads YAML 1.1, where a number in exponent form without a point (1e-3, 5e-4) is text;
-# YAML 1.2, JSON and whoever wrote it mean the number.
-_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
-
-
-def yaml_float(value: Any) -> Any:
-    """`value` as a float where it is a number PyYAML left as text (read where a float is due)."""
-    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
-        return float(value)
-    return value
-
-
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
     """`section.key=value` strings (value parsed as YAML) -> a new validated config."""
     raw = copy.deepcopy(cfg)
@@ -228,7 +234,7 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"override '{item}': '{section}' is not a config section")
-        parsed = yaml.safe_load(value)
+        parsed = parse_yaml(value)
         if section == "drafter" and key == "name" and parsed != raw["drafter"].get("name"):
             raw["drafter"] = {}  # the old drafter's options mean nothing to the new one
         raw[section][key] = parsed

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from .atomic_files import replaced_together
+from .config import read_json_object
 from .export_flags import ENGINES, add_arguments  # noqa: F401 (draftsman.export's own names, as before)
 from .models import load_causal_lm
 _LLAMA_LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -106,14 +107,10 @@ def check_out_folder(out_dir: Path, heads_dir: str, target_dir: str) -> None:
     if not out_dir.is_dir():
         return
     others = sorted(p.name for p in out_dir.iterdir() if p.name not in _EXPORT_FILES and not p.name.startswith("."))
-    try:
-        config = json.loads((out_dir / "config.json").read_text())
-    except FileNotFoundError:
-        config = {}
-    except (OSError, ValueError):
-        config = None
-    found = ("draftsman heads (its config.json has a 'kind')" if isinstance(config, dict) and "kind" in config
-             else "a config.json no export wrote" if not isinstance(config, dict)
+    config_file = out_dir / "config.json"
+    config = read_json_object(config_file) if config_file.exists() else {}
+    found = ("a config.json no export wrote" if config is None
+             else "draftsman heads (its config.json has a 'kind')" if "kind" in config
              else f"files an export does not write ({', '.join(others[:4])})" if others else None)
     if found:
         raise ValueError(f"--out {out_dir} holds {found}: the export would replace its config.json and weights. "

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..atomic_files import replaced_together
+from ..config import read_json_object
 
 # config.json and model.safetensors of one save share this id (a key of the one, metadata of the
 # other). Folders saved before it existed have none and load as before.
@@ -66,14 +67,10 @@ def check_heads_destination(folder: str | Path, what: str = "out") -> None:
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         return
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        config = None
-    if isinstance(config, dict) and "kind" in config:
+    config = read_json_object(config_file) or {}
+    if "kind" in config:
         return
-    found = (f"a {config['model_type']!r} model" if isinstance(config, dict) and "model_type" in config
-             else "a config.json no heads save wrote")
+    found = f"a {config['model_type']!r} model" if "model_type" in config else "a config.json no heads save wrote"
     raise ValueError(f"{what} '{folder}' holds {found}: saving heads there would replace its config.json and "
                      "model.safetensors. Give the heads a folder of their own (a new one, or earlier heads')")
 

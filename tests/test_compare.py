@@ -230,8 +230,8 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
         load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"repetition_penalty": 0}})
     # 1e-3 is a string to PyYAML; a run config reads it as the number, and so does this one
-    assert load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"min_p": "1e-3"}})["sampling"] == \
-        {"min_p": 0.001}
+    bad.write_text("target: {path: nowhere}\nsampling: {min_p: 1e-3}\n")
+    assert load_bench_config(str(bad))["sampling"] == {"min_p": 0.001}
 
 
 def test_target_and_drafters_flags_compare_without_a_file(tiny_models, tmp_path, capsys):

@@ -106,11 +106,16 @@ def test_a_number_pyyaml_reads_as_text_is_the_number_where_a_float_is_due(tmp_pa
     assert (cfg["sampling"]["min_p"], cfg["sampling"]["top_p"]) == (0.001, 0.95)
     assert apply_overrides(cfg, ["sampling.min_p=5e-2"])["sampling"]["min_p"] == 0.05
     from draftsman.drafters.registry import _REGISTRY, drafter_options
-    assert drafter_options(_REGISTRY["suffix"], {"min_token_prob": "2e-2"}).min_token_prob == 0.02
+    options = {k: v for k, v in cfg["drafter"].items() if k != "name"}
+    assert drafter_options(_REGISTRY["suffix"], options).min_token_prob == 0.02
     with pytest.raises(ValueError, match=r"sampling.min_p must be float, got 'abc' \(str\)"):
         load_config({"sampling": {"min_p": "abc"}})
-    with pytest.raises(ValueError, match=r"generation.seed must be int, got '1e3'"):  # only floats take it
-        load_config({"generation": {"seed": "1e3"}})
+    path.write_text("generation: {seed: 1e3}\n")  # a float now, and an int key refuses it
+    with pytest.raises(ValueError, match=r"generation.seed must be int, got 1000.0"):
+        load_config(path)
+    path.write_text("sampling: {min_p: '1e-3'}\n")  # quoted, it is text, as YAML means
+    with pytest.raises(ValueError, match=r"sampling.min_p must be float, got '1e-3' \(str\)"):
+        load_config(path)
 
 
 def test_drafter_options_without_a_name_are_named():

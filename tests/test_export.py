@@ -157,11 +157,15 @@ def test_out_must_not_be_the_heads_the_target_or_any_model(llama, tmp_path):
     not_json = tmp_path / "not-json"
     not_json.mkdir()
     (not_json / "config.json").write_text("{no")
-    before = {p: p.read_bytes() for d in (heads, Path(folder), other, not_json) for p in d.iterdir()}
+    not_object = tmp_path / "not-an-object"
+    not_object.mkdir()
+    (not_object / "config.json").write_text("[1, 2]")
+    before = {p: p.read_bytes() for d in (heads, Path(folder), other, not_json, not_object) for p in d.iterdir()}
     for out, named in ((heads, "is the --heads folder"), (heads / ".." / "heads", "is the --heads folder"),
                        (Path(folder), "is the --target folder"),
                        (other, r"holds files an export does not write \(tokenizer.json\)"),
-                       (tmp_path / "a-file", "is a file"), (not_json, "holds a config.json no export wrote")):
+                       (tmp_path / "a-file", "is a file"), (not_json, "holds a config.json no export wrote"),
+                       (not_object, "holds a config.json no export wrote")):
         with pytest.raises(ValueError, match=named):
             export("medusa", str(heads), str(folder), "vllm", str(out), dtype="float32")
     copy = tmp_path / "copy-of-heads"  # draftsman heads elsewhere: config.json and weights alone

@@ -425,17 +425,21 @@ def test_a_token_cache_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
-def test_a_number_pyyaml_reads_as_text_is_the_number(tiny_models, trainer):
+def test_a_number_pyyaml_reads_as_text_is_the_number(tiny_models, trainer, tmp_path):
     """`--set lr=5e-4` (as docs/training-heads.md shows) and `lr: 1e-3` are strings to PyYAML (YAML
     1.1 wants a point); torch's AdamW failed on them."""
+    from draftsman.training.heads_config import config_with_overrides
+
     if trainer == "heads":
         config, load = {"target": str(tiny_models["llama"][0]), "out": "x"}, heads_training.load_config
     else:
         config, load = {"draft": str(tiny_models["llama"][1]), "out": "x"}, pard_training.load_config
-    cfg = load({**config, "lr": "5e-4", "max_minutes": "1E1"})
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config) + "max_minutes: 1E1\n")
+    cfg = load(config_with_overrides(str(path), ["lr=5e-4"]))
     assert (cfg["lr"], cfg["max_minutes"]) == (5e-4, 10.0)
-    with pytest.raises(ValueError, match="batch_size must be a whole number, got '8e0'"):  # floats only
-        load({**config, "batch_size": "8e0"})
+    with pytest.raises(ValueError, match="batch_size must be a whole number, got 8.0"):  # (an int key)
+        load(config_with_overrides(str(path), ["batch_size=8e0"]))
 
 
 def test_set_must_be_key_equals_value(tmp_path, capsys):

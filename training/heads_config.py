@@ -10,9 +10,7 @@ import math
 import os
 from pathlib import Path
 
-import yaml
-
-from ..config import read_yaml, yaml_float
+from ..config import parse_yaml, read_yaml
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -79,9 +77,6 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in the {what}; valid keys: {sorted(defaults)}")
     cfg = {**defaults, **raw}
-    for key, value in raw.items():  # `lr: 1e-3` (a string to PyYAML) where a number is due
-        if isinstance(defaults.get(key), float) or _TYPES_WHEN_UNSET.get(key) is float:
-            cfg[key] = yaml_float(value)
     for key in required:
         if not cfg[key]:
             raise ValueError(f"{what}: '{key}' is required")
@@ -170,7 +165,7 @@ def config_with_overrides(path: str, overrides: list[str]) -> dict:
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
             raise ValueError(f"--set {item!r} must look like KEY=VALUE, e.g. max_steps=100")
-        raw[key.strip()] = yaml.safe_load(value)
+        raw[key.strip()] = parse_yaml(value)
     return raw
 
 

@@ -32,7 +32,7 @@ from .heads import (accumulated_backward, masked_cross_entropy, micro_batches, r
                     resumed_state, step_size_line, training_streams)
 from .heads_config import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, config_with_overrides, merged_config,
                            pard_parser)
-from ..config import read_yaml
+from ..config import read_json_object, read_yaml
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
@@ -89,11 +89,7 @@ def check_pard_destination(out: Path, draft: Path) -> None:
                          "the model it is adapted from. Set out to a new folder")
     if not out.exists():
         return
-    try:
-        earlier = "pard_token" in json.loads((out / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        earlier = False
-    if not earlier:
+    if "pard_token" not in (read_json_object(out / "config.json") or {}):
         raise ValueError(f"pard training config: out '{out}' exists and is no parallel draft model (no config.json "
                          "with a pard_token): the trained model would replace that folder and all it holds. Set out "
                          "to a new folder, or an earlier PARD model's")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..atomic_files import replaced_whole
+from ..config import read_json_object
 from .heads_config import DEFAULTS  # not .heads, nor torch: `draftsman vocab --help` answers at once
 
 
@@ -65,11 +66,7 @@ def check_replaceable(out: Path) -> None:
     model folder) must not replace the model's config."""
     if not out.exists():
         return
-    try:
-        earlier = "tokens_by_frequency" in json.loads(out.read_text())
-    except (OSError, ValueError, TypeError):  # not JSON, not text, or a list / number
-        earlier = False
-    if not earlier:
+    if "tokens_by_frequency" not in (read_json_object(out) or {}):
         raise ValueError(f"--out '{out}' exists and holds no token order (no 'tokens_by_frequency'): the order "
                          "would replace it. Give the draft model's folder (the order goes in its "
                          "tokens_by_frequency.json) or a new file")

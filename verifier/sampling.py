@@ -110,11 +110,10 @@ class SamplingParams:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if isinstance(self.top_k, numbers.Integral) and not isinstance(self.top_k, bool):
-            object.__setattr__(self, "top_k", int(self.top_k))  # a numpy integer: one batch key with the int's
-        if type(self.top_k) is int and self.top_k in (0, -1):  # vLLM's (and HF's 0): every token, no top-k
-            object.__setattr__(self, "top_k", None)
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
-                                       or self.top_k < 1):
+            # an int (a numpy one too: one batch key with the int's); 0 and -1, vLLM's (and HF's 0)
+            # "every token", are no top-k
+            object.__setattr__(self, "top_k", None if int(self.top_k) in (0, -1) else int(self.top_k))
+        if self.top_k is not None and (type(self.top_k) is not int or self.top_k < 1):
             raise ValueError(f"top_k must be a positive integer, or 0, -1 or null (no top-k), got {self.top_k!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p!r}")

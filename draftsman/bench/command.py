@@ -21,8 +21,10 @@ def drafters_flag(text: str) -> list[dict]:
         return [{"name": name} for name in text.replace(" ", "").split(",") if name]
     import yaml
 
+    from ..config import parse_yaml
+
     try:
-        drafters = yaml.safe_load(text)
+        drafters = parse_yaml(text)
     except yaml.YAMLError as e:
         raise ValueError(f"--drafters is not a valid YAML list: {e}") from None
     if not all(isinstance(d, dict) and "name" in d for d in drafters):

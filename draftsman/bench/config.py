@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..config import DEFAULTS as RUN_DEFAULTS, check_type, expected_type, read_yaml, yaml_float
+from ..config import DEFAULTS as RUN_DEFAULTS, check_type, read_yaml
 from ..models import resolve_device
 from ..verifier.sampling import SamplingParams, TypicalAcceptance
 from .prompts_set import BUNDLED_PROMPTS
@@ -246,8 +246,6 @@ def _validate_sampling(sampling) -> None:
         raise ValueError(f"unknown key(s) {[f'sampling.{k}' for k in bad]}; valid keys in 'sampling': {valid} "
                          "(temperatures are the `temperatures` list)")
     for key, value in sampling.items():
-        if expected_type(f"sampling.{key}", RUN_DEFAULTS["sampling"][key]) is float:
-            sampling[key] = value = yaml_float(value)  # `min_p: 1e-3` (a string to PyYAML), as a run config reads it
         check_type(f"sampling.{key}", value, RUN_DEFAULTS["sampling"][key])
     SamplingParams(1.0, **sampling)  # ranges (top_p in (0, 1], penalties, ...)
 
