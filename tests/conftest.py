@@ -12,6 +12,18 @@ from tiny_models import CORPUS, build_chat_tokenizer, build_model_folder, build_
 
 
 @pytest.fixture(autouse=True)
+def one_torch_thread():
+    """A test that leaves torch on more threads fails here, by name: every later test of its worker
+    would share the cores with the other worker's at 4x the time (a trainer's `threads: 2` once
+    made the suite a minute slower). training/threads.py puts the caller's count back."""
+    yield
+    left = torch.get_num_threads()
+    if left != 1:
+        torch.set_num_threads(1)
+        pytest.fail(f"the test left torch with {left} threads (a trainer's `threads` not put back?)")
+
+
+@pytest.fixture(autouse=True)
 def forget_test_drafters():
     """Drafters registered by a test leave the registry afterwards (other tests list it)."""
     from draftsman.drafters.registry import _REGISTRY

@@ -4,7 +4,9 @@ ends where the run with that batch ends, in one process or two (torchrun, where 
 process's clock decides for both); grad_clip bounds each step; eval_every records held-out
 agreement as training goes; PARD's mixed precision; a run says what a step reads; token caches
 are written whole or not at all; bad values are named; older checkpoints still resume."""
+import argparse
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -17,7 +19,7 @@ import yaml
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from draftsman.training import heads as heads_training, pard as pard_training
+from draftsman.training import heads as heads_training, pard as pard_training, pretrain as pretrain_stages, vocab
 from draftsman.training.heads import accumulated_backward, micro_batches
 from draftsman.training.heads_config import check_values
 
@@ -450,3 +452,41 @@ def test_set_must_be_key_equals_value(tmp_path, capsys):
     for item in ("max_steps", "=5"):
         assert cli.main(["train", "medusa", "--config", str(config), "--set", item]) == 2
         assert f"--set '{item}' must look like KEY=VALUE, e.g. max_steps=100" in capsys.readouterr().err
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(*args, **kwargs):
+    raise _Stop
+
+
+@pytest.mark.parametrize("trainer", ["heads", "heads_eval_only", "pard", "pretrain", "vocab"])
+def test_a_trainer_puts_the_callers_thread_count_back(trainer, tiny_models, tiny_corpus, tmp_path, monkeypatch):
+    """Each run sets torch's thread count from its `threads` (2 here); the caller has its own 1
+    back when the run returns, or (stopped just after the count is set) when it raises."""
+    from draftsman.training.pretrain import DEFAULTS as PRETRAIN_DEFAULTS
+
+    seen = []
+    monkeypatch.setattr(torch, "manual_seed", lambda *a: seen.append(torch.get_num_threads()) or _stop())
+    if trainer in ("heads", "heads_eval_only"):
+        run = heads_training.evaluate_only if trainer == "heads_eval_only" else heads_training.train
+        monkeypatch.setattr(heads_training, "accelerator", lambda *a: seen.append(torch.get_num_threads()) or _stop())
+        call = functools.partial(run, _heads_config(tiny_models, tiny_corpus, tmp_path, "heads", threads=2))
+    elif trainer == "pard":
+        config = _pard_config(tiny_models, tiny_corpus, tmp_path, "pard", threads=2)
+        call = functools.partial(pard_training.train, config)
+    elif trainer == "pretrain":
+        monkeypatch.setattr(pretrain_stages, "Ctx", lambda *a: seen.append(torch.get_num_threads()) or _stop())
+        call = functools.partial(pretrain_stages.pretrain, {**PRETRAIN_DEFAULTS, "out": str(tmp_path / "zoo"),
+                                                            "threads": 2})
+    else:
+        monkeypatch.setattr(vocab, "count", lambda *a: seen.append(torch.get_num_threads()) or _stop())
+        args = argparse.Namespace(target=str(tiny_models["llama"][0]), out=str(tmp_path / "order.json"),
+                                  corpus_root=str(tiny_corpus), tokens=64, seq_len=32, threads=2,
+                                  work_dir=str(tmp_path / "w"), data_file=None, assistant_only=False)
+        call = functools.partial(vocab.run, args)
+    with pytest.raises(_Stop):
+        call()
+    assert seen == [2] and torch.get_num_threads() == 1

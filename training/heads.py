@@ -31,6 +31,7 @@ from .heads_config import (DEFAULTS, KINDS, LATER_KEYS, STEP_DEFAULTS, check_ste
                            config_with_overrides, merged_config, train_parser)  # own names, as before)
 from .pretrain import atomic_np_save, atomic_torch_save, heldout_windows, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
+from .threads import restores_torch_threads
 
 
 def micro_batches(windows: torch.Tensor, learned: torch.Tensor | None, count: int):
@@ -497,6 +498,7 @@ def learning_rate_factor(cfg: dict, step: int, elapsed_seconds: float) -> float:
     return warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+@restores_torch_threads
 def evaluate_only(config) -> dict:
     """Held-out agreement of heads already in `out` (and, for Medusa, the tree recalibrated with
     this config's tree_budget, written back into the heads' config): the evaluation and
@@ -517,6 +519,7 @@ def evaluate_only(config) -> dict:
     return {"kind": cfg["kind"], "heldout_agreement": ev}
 
 
+@restores_torch_threads
 def train(config) -> dict:
     """Train heads of `config['kind']` on a frozen target; write them to `out`; return metrics."""
     from transformers import AutoTokenizer

@@ -36,6 +36,7 @@ from ..config import read_json_object, read_yaml
 from ..drafters.parallel_draft import TRAINED_K_KEY
 from .pretrain import atomic_torch_save, heldout_windows, load_fp32, save_hf_folder, train_batch, versions
 from .processes import accelerator, main_process_decides, step_report
+from .threads import restores_torch_threads
 
 DEFAULTS = {
     "draft": None,  # local HF folder of the causal draft model to adapt (required)
@@ -164,6 +165,7 @@ def evaluate(model, windows: torch.Tensor, mask_token: int, k: int, vocab: int, 
     return (hits / counts.clamp_min(1)).tolist()
 
 
+@restores_torch_threads
 def train(config) -> dict:
     """Adapt cfg['draft'] into a parallel draft model in cfg['out']; return its metrics."""
     from transformers import AutoTokenizer

@@ -30,6 +30,7 @@ from ..config import read_yaml
 from . import corpus as C
 from . import tokenizer as T
 from .processes import accelerator, main_process_decides
+from .threads import restores_torch_threads
 
 STAGES = ("tokenizer", "draft", "target", "pair")
 
@@ -489,6 +490,7 @@ def stage_pair(ctx: Ctx) -> dict:
     return pm
 
 
+@restores_torch_threads
 def pretrain(config, only: str | None = None, command: str = "", stop_after: int | None = None) -> dict:
     """Run the stages (or just `only`); returns {stage: metrics}. `stop_after` (tests) stops a model
     stage after that many steps, leaving only its checkpoint, as a kill would."""

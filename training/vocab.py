@@ -12,6 +12,7 @@ from pathlib import Path
 from ..atomic_files import replaced_whole
 from ..config import read_json_object
 from .heads_config import DEFAULTS  # not .heads, nor torch: `draftsman vocab --help` answers at once
+from .threads import restores_torch_threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,6 +73,7 @@ def check_replaceable(out: Path) -> None:
                          "tokens_by_frequency.json) or a new file")
 
 
+@restores_torch_threads
 def run(args: argparse.Namespace) -> int:
     import torch
 
