@@ -173,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
             raise RequestError(f'"echo" is true or false, got {echo!r}')
-        if echo and body.get("stream"):
+        if echo and streams(body):
             raise RequestError('"echo" is not served with "stream": true; drop one of them')
         echoed = [p if isinstance(p, str) else decoder.decode(p) for p in prompts] if echo else None
         self._answer(body, ids, chat=False, echoed=echoed)
@@ -252,7 +252,7 @@ class Handler(BaseHTTPRequestHandler):
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": self.server.model_name}
-        if body.get("stream"):
+        if streams(body):
             return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning,
                                 tool_parser, one_call)
         n = args.get("num_return_sequences", 1)
@@ -581,6 +581,15 @@ def include_reasoning(body: dict) -> bool:
     return shown
 
 
+def streams(body: dict) -> bool:
+    """OpenAI's "stream": true, false or null (false). A string such as "false" is refused: read as
+    truthy, it sent server-sent events to a client that waits for one JSON object."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(f'"stream" must be true or false, got {json.dumps(stream)}')
+    return bool(stream)
+
+
 def stream_usage(body: dict) -> bool:
     """OpenAI's stream_options: {"include_usage": bool} is the one option it has."""
     options = body.get("stream_options")
@@ -589,7 +598,7 @@ def stream_usage(body: dict) -> bool:
     if not isinstance(options, dict) or set(options) - {"include_usage"} or \
             not isinstance(options.get("include_usage", False), bool):
         raise RequestError(f'"stream_options" takes {{"include_usage": true or false}}, got {options!r}')
-    if not body.get("stream"):
+    if not streams(body):
         raise RequestError('"stream_options" goes with "stream": true')
     return options.get("include_usage", False)
 

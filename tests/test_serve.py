@@ -208,6 +208,10 @@ def test_vllm_clients_top_k_minus_1_is_served(served):
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
     ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"usage": True}}, '"stream_options" takes'),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 'goes with "stream": true'),
+    # "false" (a string) was truthy: the client got server-sent events where it waited for one object
+    ("/v1/completions", {"prompt": "a", "stream": "false"}, '"stream" must be true or false, got "false"'),
+    ("/v1/chat/completions", {"messages": USER, "stream": 1}, '"stream" must be true or false, got 1'),
+    ("/v1/completions", {"prompt": "a", "stream": "yes", "echo": True}, '"stream" must be true or false'),
     ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "never reads"),
 ])
