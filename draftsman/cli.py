@@ -138,10 +138,13 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_input_ids(text: str) -> list[int]:
-    """'1,2,3' or '1 2 3' -> [1, 2, 3]."""
-    parts = [x for x in re.split(r"[,\s]+", text.strip()) if x]
+    """'1,2,3', '1, 2, 3' or '1 2 3' -> [1, 2, 3]. An empty place between commas ('1,,3', '1,2,') is
+    refused: an id lost in a paste, not a shorter prompt to run."""
+    parts = re.split(r"\s*,\s*|\s+", text.strip())
+    if "" in parts and parts != [""]:
+        raise UserError(f"--input-ids '{text}': an id is missing between commas (or before or after them)")
     try:
-        return [int(x) for x in parts]
+        return [int(x) for x in parts if x]
     except ValueError:
         raise UserError(f"--input-ids '{text}': expected integers separated by commas, e.g. \"1,2,3\"") from None
 

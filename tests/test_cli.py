@@ -138,6 +138,8 @@ def test_logprobs_come_with_the_json_output(config_file, capsys):
     (["--prompt", "a", "--logprobs"], "--logprobs adds a field to the JSON output: add --json"),
     (["--prompt", "a", "--json", "--top-logprobs", "3"], "--top-logprobs needs --logprobs (and --json)"),
     (["--input-ids", "1,x"], "--input-ids '1,x': expected integers"),
+    (["--input-ids", "1,,2"], "--input-ids '1,,2': an id is missing between commas"),  # ran as [1, 2]
+    (["--input-ids", "1,2,"], "an id is missing between commas"),
     ([], "give the prompts one way: --prompt TEXT, --input-ids 1,2,3 or --chat TEXT"),
     (["--prompt", "a", "--input-ids", "1"], "not several, not none"),
     (["--prompt", "a", "--set", "drafter.k"], "must look like section.key=value"),
