@@ -225,6 +225,15 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
         load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}], "sweep_drafters": ["eagle"]})
     with pytest.raises(ValueError, match="batch_sizes"):
         load_bench_config(overrides={"target": {"path": "t"}, "batch_sizes": [0]})
+    for key, values, twice in (("temperatures", [0, 1, 0.0], 0), ("batch_sizes", [1, 2, 2], 2)):  # each ran twice
+        with pytest.raises(ValueError, match=rf"{key} \[.*\] lists \[{twice}\] more than once"):
+            load_bench_config(overrides={"target": {"path": "t"}, key: values})
+    for flag in ("--batch-sizes", "--temperatures"):  # '1,,4' ran as 1,4
+        for numbers, message in (("1,,4", "a number is missing between commas"), ("1,4,", "is missing between"),
+                                 ("", "expected comma-separated numbers")):
+            with pytest.raises(SystemExit):
+                cli.main(["compare", "--config", str(bad), flag, numbers])
+            assert message in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"\['sampling.temperature'\].*temperatures are the `temperatures` list"):
         load_bench_config(overrides={"target": {"path": "t"}, "sampling": {"temperature": 0.5}})
     with pytest.raises(ValueError, match="repetition_penalty must be > 0"):

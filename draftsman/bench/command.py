@@ -8,8 +8,11 @@ from pathlib import Path
 
 def _numbers(kind):
     def parse(text: str):
+        parts = text.replace(" ", "").split(",")
+        if "" in parts and parts != [""]:  # '1,,4' or '1,2,': a number lost, not a shorter list to run
+            raise argparse.ArgumentTypeError(f"'{text}': a number is missing between commas (or before or after them)")
         try:
-            return [kind(x) for x in text.replace(" ", "").split(",") if x]
+            return [kind(x) for x in parts]
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}': expected comma-separated numbers, e.g. 1,2,4") from None
     return parse

@@ -208,6 +208,9 @@ def _validate(cfg: dict) -> None:
         if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                         for x in v):
             raise ValueError(f"{key} must be a non-empty list of numbers, got {v!r}")
+        twice = sorted({x for x in v if v.count(x) > 1})
+        if twice:  # (each ran again, its rows and table cells written twice under one key)
+            raise ValueError(f"{key} {v} lists {twice} more than once: give each value once")
     if any(t < 0 for t in cfg["temperatures"]):
         raise ValueError(f"temperatures must be >= 0, got {cfg['temperatures']}")
     _validate_sampling(cfg["sampling"])
