@@ -37,6 +37,10 @@ def check_conversation(conversation, where: str = "the conversation") -> Convers
         if not (isinstance(message, dict) and isinstance(message.get("role"), str) and message["role"]):
             raise ValueError(f"{where}, message {j}: expected a dict with a 'role' and a 'content', "
                              f"like {MESSAGE_SHAPE}; got {message!r}")
+        if "content" not in message and not message.get("tool_calls") and not message.get("function_call"):
+            # (a 'text' or 'message' key rendered an empty turn, and the model answered nothing)
+            raise ValueError(f"{where}, message {j} ({message['role']!r}) has no 'content' (its keys: "
+                             f"{sorted(message)}): give its text as 'content', like {MESSAGE_SHAPE}")
         content = message.get("content")
         if isinstance(content, list):
             if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)

@@ -76,6 +76,8 @@ def test_stream_of_a_conversation_joins_to_chat(chat_target):
     ([{"content": "hi"}], "the conversation, message 0: expected a dict with a 'role'"),
     ([{"role": "user", "content": "hi"}, "hello"], "message 1"),
     ([{"role": "user", "content": 3}], "'content' must be a string, a list of text parts or null"),
+    # rendered as an empty user turn: the model answered nothing
+    ([{"role": "user", "text": "hi"}], "message 0 ('user') has no 'content' (its keys: ['role', 'text'])"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "only text parts"),
 ])
 def test_malformed_conversations_are_named(chat_target, conversations, message):

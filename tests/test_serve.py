@@ -206,6 +206,7 @@ def test_vllm_clients_top_k_minus_1_is_served(served):
     ("/v1/completions", {"prompt": "a", "n": True, "temperature": 1}, '"n" must be a whole number >= 1'),
     ("/v1/chat/completions", {"messages": USER, "n": -1, "temperature": 1}, '"n" must be a whole number >= 1'),
     ("/v1/chat/completions", {"messages": []}, '"messages" is []'),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "text": "hi"}]}, "message 0 ('user') has no 'content'"),
     ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"usage": True}}, '"stream_options" takes'),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 'goes with "stream": true'),
     # "false" (a string) was truthy: the client got server-sent events where it waited for one object
