@@ -127,6 +127,10 @@ class Server(ThreadingHTTPServer):
         return f"http://{host}:{port}/v1"
 
 
+GET_ROUTES = ("/v1/models", "/metrics", "/health")
+POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
 
@@ -140,15 +144,30 @@ class Handler(BaseHTTPRequestHandler):
                 {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "draftsman"}]})
         if self.path.rstrip("/") == "/metrics":
             return self._send(200, self.server.metrics.content_type, self.server.metrics.exposition())
-        self._error(404, f"no route GET {self.path}: try /v1/models, /metrics or /health")
+        if self.path.rstrip("/") in POST_ROUTES:
+            return self._wrong_method()
+        self._error(404, f"no route GET {self.path}: try {', '.join(GET_ROUTES)}")
+
+    def _wrong_method(self) -> None:
+        """405 with the method the route takes (http.server answered PUT, DELETE and the like with
+        an HTML page; a GET of /v1/completions was 'no route')."""
+        path = self.path.rstrip("/")
+        allowed = "GET" if path in GET_ROUTES else "POST" if path in POST_ROUTES else None
+        if allowed is None:
+            return self._error(404, f"no route {self.command} {self.path}: GET {', '.join(GET_ROUTES)}; "
+                                    f"POST {', '.join(POST_ROUTES)}")
+        self._error(405, f"{path} takes {allowed}, not {self.command}", {"Allow": allowed})
+
+    do_PUT = do_DELETE = do_PATCH = _wrong_method
 
     def do_POST(self):
         if not self._authorized():
             return
-        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat,
-                  "/tokenize": self._tokenize, "/detokenize": self._detokenize}
+        routes = dict(zip(POST_ROUTES, (self._completions, self._chat, self._tokenize, self._detokenize)))
         route = routes.get(self.path.rstrip("/"))
         if route is None:
+            if self.path.rstrip("/") in GET_ROUTES:
+                return self._wrong_method()
             return self._error(404, f"no route POST {self.path}: try {' or '.join(routes)}")
         try:
             body = self._body()
@@ -502,20 +521,22 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
 
-    def _json(self, status: int, payload: dict) -> None:
-        self._send(status, "application/json", json.dumps(payload).encode())
+    def _json(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        self._send(status, "application/json", json.dumps(payload).encode(), headers)
 
-    def _send(self, status: int, content_type: str, data: bytes) -> None:
+    def _send(self, status: int, content_type: str, data: bytes, headers: dict | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, message: str) -> None:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(status,
-                                                                                                       "server_error")
-        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+    def _error(self, status: int, message: str, headers: dict | None = None) -> None:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error"}.get(status, "server_error")
+        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}}, headers)
 
     def log_message(self, format, *args):  # http.server's signature
         if not self.server.quiet:

@@ -2,7 +2,10 @@
 the same settings (greedy, seeded sampling, batches, token-id prompts); streams join to the same
 text; OpenAI's field names map to ours; bad requests get a 400 that names the fix."""
 
+import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -231,6 +234,21 @@ def test_bad_bodies_and_routes(served):
     assert status == 400 and "must be a JSON object, got list" in got["error"]["message"]
     status, got = call(base, "/v1/embeddings", {"input": "a"})
     assert status == 404 and "/v1/completions" in got["error"]["message"]
+    # A route asked with the wrong method: 405 naming the one it takes (a GET of /v1/completions
+    # was 'no route'; PUT and DELETE were http.server's HTML page)
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("POST", "/v1/models", "GET"),
+                                  ("DELETE", "/v1/models", "GET"), ("PUT", "/v1/chat/completions", "POST")):
+        request = urllib.request.Request(base.removesuffix("/v1") + path, method=method,
+                                         data=b"{}" if method != "GET" else None)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=60)
+        got = json.loads(e.value.read())
+        assert e.value.code == 405 and e.value.headers["Allow"] == allowed, (method, path)
+        assert got["error"]["message"] == f"{path} takes {allowed}, not {method}"
+    request = urllib.request.Request(base + "/nowhere", method="PATCH", data=b"{}")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=60)
+    assert e.value.code == 404 and "GET /v1/models" in json.loads(e.value.read())["error"]["message"]
 
 
 def test_the_command_checks_its_target_before_serving(capsys):
