@@ -229,6 +229,34 @@ def test_row_grammars_mask_each_node_as_a_fresh_matcher_would(tokenizer):
     assert grammar_part(outputs[4], specs[4]) is not None  # the marked row's grammar began
 
 
+def test_a_grammar_compiles_once_and_each_row_gets_its_own_matcher(tokenizer, monkeypatch):
+    """Rows of one grammar copy its compiled matcher: compiled once for them all (and for the
+    request's check), each copy at the start and advanced alone; the least recently used grammar is
+    dropped past KEPT_GRAMMARS, and compiled again when asked for."""
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
+    compiled = []
+    compile_ = GrammarCompiler._compile
+    monkeypatch.setattr(GrammarCompiler, "_compile", lambda self, spec: compiled.append(spec) or compile_(self, spec))
+    monkeypatch.setattr(GrammarCompiler, "KEPT_GRAMMARS", 2)
+    compiler = GrammarCompiler(tokenizer, vocab, {eos})
+    ab, abc, choice = (StructuredOutput.parse(v) for v in ({"regex": "(ab)+"}, {"regex": "[abc]+"}, {"choice": ["ca"]}))
+    compiler.check(ab)
+    rows = [compiler.matcher(ab) for _ in range(3)]
+    assert len(compiled) == 1
+    assert rows[0].consume_tokens([a, b, a]) and rows[1].consume_tokens([a])
+    fresh = llguidance.LLMatcher(compiler.tokenizer(), ab.grammar())
+    assert allowed_after(rows[2], vocab).tolist() == allowed_after(fresh, vocab).tolist()  # still at the start
+    assert allowed_after(rows[0], vocab)[b] and not allowed_after(rows[0], vocab)[a]
+    assert allowed_after(rows[1], vocab)[b] and not allowed_after(rows[1], vocab)[a]
+    assert allowed_after(compiler.matcher(ab), vocab)[a]  # a new row starts at the start too
+    compiler.matcher(abc), compiler.matcher(ab), compiler.matcher(choice)  # drops abc, used least lately
+    assert len(compiled) == 3
+    compiler.matcher(ab)
+    assert len(compiled) == 3
+    assert allowed_after(compiler.matcher(abc), vocab)[c] and len(compiled) == 4
+
+
 @pytest.fixture(scope="module")
 def medium_draft(tiny_models, tmp_path_factory):
     from tiny_models import perturbed_copy
