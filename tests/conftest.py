@@ -14,8 +14,9 @@ from tiny_models import CORPUS, build_chat_tokenizer, build_model_folder, build_
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """A test that leaves torch on more threads fails here, by name: every later test of its worker
-    would share the cores with the other worker's at 4x the time (a trainer's `threads: 2` once
-    made the suite a minute slower). training/threads.py puts the caller's count back."""
+    would contend for the cores with the other worker's, at 4 to 5 times its time (the vocab
+    command's 2 threads, left behind, once cost the suite about 90 s). training/threads.py puts the
+    caller's count back."""
     yield
     left = torch.get_num_threads()
     if left != 1:

@@ -4,7 +4,7 @@ Each trainer (and the vocab count) sets torch's thread count from its config's `
 count is the whole process's: a notebook, a server or a test process that calls a trainer and
 then decodes would go on with the run's threads, and a process that runs beside others on the
 same cores (pytest's workers) then oversubscribes them: OpenMP's threads wait on each other, and
-a test that takes 2 s took 9.
+a test that takes 1.7 s alone took 8.5 s.
 """
 from __future__ import annotations
 
