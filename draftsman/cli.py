@@ -86,7 +86,8 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
                         "(repeatable; vLLM's chat_template_kwargs), e.g. enable_thinking=false")
     p.add_argument("--messages", metavar="FILE",
                    help='a JSON file of one conversation, [{"role": "user", "content": "..."}, ...], or a list '
-                        "of them, sent through the target's chat template")
+                        'of them, or a .jsonl file of one conversation a line (a list, or {"messages": [...]}), '
+                        "sent through the target's chat template")
     p.add_argument("--tools", metavar="FILE",
                    help="with --chat / --messages: a JSON file of tool definitions (a list of OpenAI-style "
                         "function schemas) for a tool-calling model's chat template")
@@ -374,16 +375,45 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
         return None
     try:
         with open(args.messages, encoding="utf-8") as f:
-            messages = json.load(f)
+            text = f.read()
     except FileNotFoundError:
         raise UserError(f"--messages: no such file '{args.messages}'") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--messages '{args.messages}' is not valid JSON ({e}): expected "
-                        '[{"role": "user", "content": "..."}, ...] or a list of such lists') from None
+    if args.messages.endswith(".jsonl"):
+        messages = _jsonl_conversations(args.messages, text)
+    else:
+        try:
+            messages = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--messages '{args.messages}' is not valid JSON ({e}): expected "
+                            '[{"role": "user", "content": "..."}, ...] or a list of such lists (or a .jsonl '
+                            "file, one conversation a line)") from None
     try:
         return check_conversations(messages)
     except ValueError as e:
         raise UserError(f"--messages '{args.messages}': {e}") from None
+
+
+def _jsonl_conversations(path: str, text: str) -> list:
+    """A .jsonl --messages file: one conversation a line, a list of messages or an object with
+    "messages" (OpenAI's batch and fine-tuning files); blank lines skipped."""
+    conversations = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--messages '{path}', line {number}: not valid JSON ({e})") from None
+        if isinstance(record, dict) and "messages" in record:
+            record = record["messages"]
+        elif isinstance(record, dict):  # one message a line would be ambiguous: which conversation?
+            raise UserError(f"--messages '{path}', line {number}: each line of a .jsonl file is a conversation, "
+                            '[{"role": "user", "content": "..."}, ...] or {"messages": [...]}; this one is '
+                            f"a single message with keys {sorted(record)}")
+        conversations.append(record)
+    if not conversations:
+        raise UserError(f"--messages '{path}' has no conversations (no lines)")
+    return conversations
 
 
 def read_tools(path: str | None) -> list[dict] | None:

@@ -111,6 +111,11 @@ def test_cli_chat_system_and_messages(chat_target, tmp_path, capsys):
     messages.write_text(json.dumps(CONVERSATIONS))
     assert cli.main([*base, "--messages", str(messages), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == dec.chat(CONVERSATIONS, max_new_tokens=NEW).token_ids
+    # .jsonl: one conversation a line, a list or OpenAI's {"messages": [...]}; blank lines skipped
+    lines = tmp_path / "conversations.jsonl"
+    lines.write_text(f"{json.dumps(CONVERSATIONS[0])}\n\n{json.dumps({'messages': CONVERSATIONS[1], 'id': 7})}\n")
+    assert cli.main([*base, "--messages", str(lines), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == dec.chat(CONVERSATIONS, max_new_tokens=NEW).token_ids
 
 
 @pytest.mark.parametrize("args, message", [
@@ -119,12 +124,20 @@ def test_cli_chat_system_and_messages(chat_target, tmp_path, capsys):
     (["--messages", "/no/such.json"], "--messages: no such file '/no/such.json'"),
     (["--messages", "BAD_JSON"], "is not valid JSON"),
     (["--messages", "ONE_MESSAGE"], "got one message: wrap it as ["),
+    (["--messages", "MESSAGE_LINES"], "line 1: each line of a .jsonl file is a conversation"),
+    (["--messages", "BAD_LINE"], "line 2: not valid JSON"),
+    (["--messages", "NO_LINES"], "has no conversations"),
+    (["--messages", "LISTS.json"], "(or a .jsonl file, one conversation a line)"),  # JSON Lines named .json
 ])
 def test_cli_chat_errors_exit_2_before_loading_a_model(args, message, tmp_path, capsys):
-    (tmp_path / "bad.json").write_text("[{'role': 'user'}]")
-    (tmp_path / "one.json").write_text(json.dumps({"role": "user", "content": "hi"}))
-    args = [{"BAD_JSON": str(tmp_path / "bad.json"), "ONE_MESSAGE": str(tmp_path / "one.json")}.get(a, a)
-            for a in args]
+    message_line = json.dumps({"role": "user", "content": "hi"})
+    files = {"BAD_JSON": ("bad.json", "[{'role': 'user'}]"), "ONE_MESSAGE": ("one.json", message_line),
+             "MESSAGE_LINES": ("lines.jsonl", f"{message_line}\n{message_line}\n"),
+             "BAD_LINE": ("bad.jsonl", f"[{message_line}]\n[{{'role'\n"), "NO_LINES": ("empty.jsonl", "\n"),
+             "LISTS.json": ("lists.json", f"[{message_line}]\n[{message_line}]\n")}
+    for name, text in files.values():
+        (tmp_path / name).write_text(text)
+    args = [str(tmp_path / files[a][0]) if a in files else a for a in args]
     # The target folder does not exist: these must fail on the prompts, before any load.
     assert cli.main(["generate", "--set", "target.path=/no/such/model", *args]) == 2
     err = capsys.readouterr().err
