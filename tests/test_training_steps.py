@@ -464,8 +464,9 @@ def _stop(*args, **kwargs):
 
 @pytest.mark.parametrize("trainer", ["heads", "heads_eval_only", "pard", "pretrain", "vocab"])
 def test_a_trainer_puts_the_callers_thread_count_back(trainer, tiny_models, tiny_corpus, tmp_path, monkeypatch):
-    """Each run sets torch's thread count from its `threads` (2 here); the caller has its own 1
-    back when the run returns, or (stopped just after the count is set) when it raises."""
+    """Each run sets torch's thread count from its `threads` (2 here); stopped just after, with an
+    error, it gives the caller its own 1 back. (A run that returns does too: test_draft_vocab's
+    vocab runs with the default 2 threads, under conftest.py's one_torch_thread.)"""
     from draftsman.training.pretrain import DEFAULTS as PRETRAIN_DEFAULTS
 
     seen = []
