@@ -35,6 +35,7 @@ import yaml
 from . import __version__
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
 from .config import DEFAULTS, apply_overrides, load_config, parse_yaml
+from .json_lines import json_lines
 from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
                       use_parsers)
@@ -396,21 +397,18 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
 def _jsonl_conversations(path: str, text: str) -> list:
     """A .jsonl --messages file: one conversation a line, a list of messages or an object with
     "messages" (OpenAI's batch and fine-tuning files); blank lines skipped."""
+    each = ('each line of a .jsonl file is a conversation, [{"role": "user", "content": "..."}, ...] or '
+            '{"messages": [...]}')
     conversations = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"--messages '{path}', line {number}: not valid JSON ({e})") from None
-        if isinstance(record, dict) and "messages" in record:
-            record = record["messages"]
-        elif isinstance(record, dict):  # one message a line would be ambiguous: which conversation?
-            raise UserError(f"--messages '{path}', line {number}: each line of a .jsonl file is a conversation, "
-                            '[{"role": "user", "content": "..."}, ...] or {"messages": [...]}; this one is '
-                            f"a single message with keys {sorted(record)}")
-        conversations.append(record)
+    try:
+        for number, _, record in json_lines(text, path, each):
+            if isinstance(record, dict) and "messages" in record:
+                record = record["messages"]
+            elif isinstance(record, dict):  # one message a line would be ambiguous: which conversation?
+                raise ValueError(f"{path}:{number}: {each}; this one is a single message with keys {sorted(record)}")
+            conversations.append(record)
+    except ValueError as e:
+        raise UserError(f"--messages {e}") from None
     if not conversations:
         raise UserError(f"--messages '{path}' has no conversations (no lines)")
     return conversations

@@ -124,8 +124,8 @@ def test_cli_chat_system_and_messages(chat_target, tmp_path, capsys):
     (["--messages", "/no/such.json"], "--messages: no such file '/no/such.json'"),
     (["--messages", "BAD_JSON"], "is not valid JSON"),
     (["--messages", "ONE_MESSAGE"], "got one message: wrap it as ["),
-    (["--messages", "MESSAGE_LINES"], "line 1: each line of a .jsonl file is a conversation"),
-    (["--messages", "BAD_LINE"], "line 2: not valid JSON"),
+    (["--messages", "MESSAGE_LINES"], "lines.jsonl:1: each line of a .jsonl file is a conversation"),
+    (["--messages", "BAD_LINE"], "bad.jsonl:2: not valid JSON"),
     (["--messages", "NO_LINES"], "has no conversations"),
     (["--messages", "LISTS.json"], "(or a .jsonl file, one conversation a line)"),  # JSON Lines named .json
 ])

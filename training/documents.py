@@ -21,11 +21,11 @@ assistant_only_loss: the heads learn only where the next token belongs to an ass
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from draftsman.chat import (ToolConversation, check_conversation, tool_line, whole_conversation_ids,
                             whole_conversation_reply_mask)
+from draftsman.json_lines import json_lines
 
 from .corpus import HELDOUT_PERCENT, is_heldout
 
@@ -53,13 +53,9 @@ def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[li
 def iter_documents(path: str | Path):
     """("file:line", the line's text, its document) for each non-blank line, in file order."""
     path = _existing(path)
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, line, value in json_lines(path.read_text(encoding="utf-8"), str(path), f"each line holds one {FORMATS}"):
         try:
-            doc = _document(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line holds one {FORMATS}") from None
+            doc = _document(value)
         except ValueError as e:
             raise ValueError(f"{path}:{n}: {e}; each line holds one {FORMATS}") from None
         yield f"{path}:{n}", line, doc

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..chat import check_conversation, check_tools
+from ..json_lines import json_lines
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 CATEGORIES = ("continuation", "copy", "docstring")
@@ -77,13 +78,7 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
                                 f"`{BUILD_COMMAND.format(out=path)}` or write one JSON object per line "
                                 'with a "text" key')
     prompts, meta, seen = [], {}, set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+    for n, _, rec in json_lines(path.read_text(encoding="utf-8"), str(path), "each line must be one JSON object"):
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{n}: expected a JSON object like {{\"text\": \"...\"}}, got {type(rec).__name__}")
         if "meta" in rec:
