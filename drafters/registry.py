@@ -10,6 +10,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +44,8 @@ class TargetInfo:
 
 
 def drafter_options(cls: type[Drafter], options: dict):
-    """Build the drafter's Options from a config dict, naming unknown keys and listing valid ones."""
+    """Build the drafter's Options from a config dict, naming unknown keys (listing the valid ones), values
+    of the wrong type and a `path` that does not exist."""
     opts_cls = getattr(cls, "Options", None)
     fields = {f.name for f in dataclasses.fields(opts_cls)} if opts_cls else set()
     unknown = sorted(set(options) - fields)
@@ -55,7 +57,12 @@ def drafter_options(cls: type[Drafter], options: dict):
     hints = typing.get_type_hints(opts_cls)
     for key, value in options.items():
         _check_option(cls.name, key, value, hints[key])
-    return opts_cls(**options)
+    opts = opts_cls(**options)
+    path = getattr(opts, "path", None)
+    if isinstance(path, (str, os.PathLike)) and path and not Path(path).expanduser().exists():
+        raise FileNotFoundError(f"{cls.name}: drafter.path '{path}' does not exist (`draftsman drafters` says what "
+                                f"{cls.name}'s path holds)")
+    return opts
 
 
 def _check_option(drafter: str, key: str, value, hint) -> None:
@@ -77,8 +84,10 @@ def _check_option(drafter: str, key: str, value, hint) -> None:
     raise ValueError(f"drafter '{drafter}': option {key} must be {names}, got {value!r}")
 
 
-def build_drafter(config: dict, target: TargetInfo) -> Drafter:
-    """`adaptive: true` (any drafter) wraps it in adaptive speculation (drafters/adaptive.py)."""
+def check_drafter_config(config: dict) -> tuple[type[Drafter], Any, bool]:
+    """The drafter's class, its Options and `adaptive`, checked without a target: a misspelt name or key,
+    a value of the wrong type or a missing folder is named before the target loads (minutes for a large
+    one), not after."""
     config = dict(config)
     name = config.pop("name", "none")
     adaptive = config.pop("adaptive", False)
@@ -87,7 +96,13 @@ def build_drafter(config: dict, target: TargetInfo) -> Drafter:
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter '{name}'; available drafters: {available()}")
     cls = _REGISTRY[name]
-    drafter = cls(drafter_options(cls, config), target)
+    return cls, drafter_options(cls, config), adaptive
+
+
+def build_drafter(config: dict, target: TargetInfo) -> Drafter:
+    """`adaptive: true` (any drafter) wraps it in adaptive speculation (drafters/adaptive.py)."""
+    cls, options, adaptive = check_drafter_config(config)
+    drafter = cls(options, target)
     if adaptive:
         from .adaptive import AdaptiveDrafter
         drafter = AdaptiveDrafter(drafter)

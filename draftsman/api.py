@@ -12,7 +12,7 @@ from .replies import check_parsers, grammar_after_thought, kept_in_text, opened_
 from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
-from .drafters import TargetInfo, build_drafter
+from .drafters import TargetInfo, build_drafter, check_drafter_config
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
 from .verifier.engine import GenerationStats, SpeculativeEngine, per_row  # noqa: F401 (re-exported)
@@ -179,6 +179,7 @@ class Decoder:
             raise ValueError("target.path is required: the local folder of the target model (in a config, "
                              "target: {path: DIR}; on the command line, --target DIR)")
         check_model_folder(t["path"], "target.path")
+        check_drafter_config(config["drafter"])  # a drafter mistake is named before the target loads
         self.device = resolve_device(t["device"])
         self.target = load_causal_lm(t["path"], t["dtype"], self.device, what="target.path")
         if t.get("attn_implementation"):

@@ -271,8 +271,33 @@ def test_a_training_run_names_a_missing_target_folder(tmp_path, tiny_corpus):
 
 def test_missing_drafter_folder_is_named(llama, tmp_path):
     missing = tmp_path / "no-such-draft"
-    with pytest.raises(FileNotFoundError, match=f"drafter.path: model folder '{missing}' does not exist"):
+    with pytest.raises(FileNotFoundError, match=f"draft_model: drafter.path '{missing}' does not exist"):
         draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(missing)}))
+
+
+@pytest.mark.parametrize("drafter, message", [
+    ({"name": "ngarm"}, "unknown drafter 'ngarm'"),
+    ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\]"),
+    ({"name": "ngram", "k": "4"}, "option k must be int"),
+    ({"name": "ngram", "adaptive": "yes"}, "adaptive must be true or false"),
+    ({"name": "eagle"}, "set drafter.path"),
+    ({"name": "medusa", "path": "MISSING"}, "medusa: drafter.path '.*no-such-heads' does not exist"),
+    ({"name": "cascade", "drafters": [{"name": "ngram"}, {"name": "mtp", "path": "MISSING"}]},
+     "mtp: drafter.path '.*no-such-heads' does not exist"),
+])
+def test_a_drafter_mistake_is_named_before_the_target_loads(llama, tmp_path, monkeypatch, drafter, message):
+    """A large target takes minutes (and the GPU's memory) to load; a misspelt drafter, option or folder
+    must not wait for it."""
+    def load_causal_lm(*args, **kwargs):
+        raise AssertionError("the target was loaded before the drafter's config was checked")
+
+    monkeypatch.setattr(draftsman.api, "load_causal_lm", load_causal_lm)
+    missing = str(tmp_path / "no-such-heads")
+    drafter = {k: missing if v == "MISSING" else v for k, v in drafter.items()}
+    for child in drafter.get("drafters", []):
+        child.update({k: missing for k, v in child.items() if v == "MISSING"})
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        draftsman.load(config(llama[0], drafter=drafter))
 
 
 def test_missing_config_file_is_named(tmp_path):

@@ -225,6 +225,12 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
         load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "ngram"}], "sweep_drafters": ["eagle"]})
     with pytest.raises(ValueError, match="batch_sizes"):
         load_bench_config(overrides={"target": {"path": "t"}, "batch_sizes": [0]})
+    # a drafter's options and folder are checked with the config, not when its turn comes after the target loads
+    with pytest.raises(ValueError, match=r"drafters\[1\]: unknown option\(s\) \['kk'\] for drafter 'ngram'"):
+        load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "none"},
+                                                                          {"name": "ngram", "kk": 2}]})
+    with pytest.raises(FileNotFoundError, match=r"drafters\[0\]: eagle: drafter.path '.*nowhere' does not exist"):
+        load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "eagle", "path": "nowhere"}]})
     for key, values, twice in (("temperatures", [0, 1, 0.0], 0), ("batch_sizes", [1, 2, 2], 2)):  # each ran twice
         with pytest.raises(ValueError, match=rf"{key} \[.*\] lists \[{twice}\] more than once"):
             load_bench_config(overrides={"target": {"path": "t"}, key: values})

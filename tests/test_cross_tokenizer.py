@@ -249,7 +249,7 @@ def test_bad_folders_and_options_are_named(tiny_models, drafts, tmp_path):
     with pytest.raises(ValueError, match="k must be >= 1"):
         draftsman.load({"target": {"path": target}, "drafter": {"name": "cross_tokenizer",
                                                                 "path": str(drafts["llama"]["other"]), "k": 0}})
-    with pytest.raises(FileNotFoundError, match="drafter.path: model folder .* does not exist"):
+    with pytest.raises(FileNotFoundError, match="cross_tokenizer: drafter.path .* does not exist"):
         draftsman.load({"target": {"path": target},
                         "drafter": {"name": "cross_tokenizer", "path": str(tmp_path / "no")}})
     with pytest.raises(ValueError, match="set drafter.path"):

@@ -247,6 +247,7 @@ def test_an_assistant_made_for_another_target_is_refused(pair):
 def test_a_folder_that_holds_no_assistant_is_named(pair, tiny_models, tmp_path):
     with pytest.raises(ValueError, match=r"holds a LlamaForCausalLM, not a Gemma 4 assistant.*'draft_model'"):
         _decoder(pair[0], tiny_models["llama"][0])
+    (tmp_path / "nothing").mkdir()  # (a folder that does not exist is named before the target loads)
     with pytest.raises(FileNotFoundError, match="holds no config.json"):
         _decoder(pair[0], tmp_path / "nothing")
 

@@ -273,6 +273,7 @@ def test_missing_weights_and_folders_are_named(tiny_models, speculators, tmp_pat
     folders, _ = speculators
     with pytest.raises(ValueError, match=r"do not fit its config.json .*missing \['ln.1.bias'\]"):
         _decoder(tiny_models, folders["missing"])
+    (tmp_path / "nothing").mkdir()  # (a folder that does not exist is named before the target loads)
     with pytest.raises(FileNotFoundError, match="holds no config.json"):
         _decoder(tiny_models, tmp_path / "nothing")
     with pytest.raises(ValueError, match=r"holds a 'llama' model, not an MLP speculator.*'draft_model'"):

@@ -177,9 +177,10 @@ def _validate(cfg: dict) -> None:
     for i, d in enumerate(drafters):
         if "name" not in d:
             raise ValueError(f"drafter {d} has no name; e.g. {{name: ngram, k: 4}}")
-        if d["name"] not in registry.available():  # named here, before any model loads
-            raise ValueError(f"drafters[{i}]: unknown drafter {d['name']!r}; available drafters: "
-                             f"{registry.available()}")
+        try:  # its name, options and folder named here, before the target loads
+            registry.check_drafter_config(drafter_options(d))
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"drafters[{i}]: {e}") from None
         try:  # this drafter's rows verified by typical acceptance, beside the exact ones
             TypicalAcceptance.parse(d.get("lossy_typical_acceptance"))
         except ValueError as e:
