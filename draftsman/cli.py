@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
-import inspect
 import json
 import os
 import re
@@ -35,6 +33,7 @@ import yaml
 from . import __version__
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
 from .config import DEFAULTS, apply_overrides, load_config, parse_yaml
+from .drafter_catalog import describe_drafters
 from .json_lines import json_lines
 from .reasoning import PARSERS as REASONING_PARSERS
 from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
@@ -465,36 +464,6 @@ def _print_stats(cfg: dict, s: GenerationStats) -> None:
 
 
 # --------------------------------------------------------------------------- drafters
-
-def _option_comments(opts_cls) -> dict[str, str]:
-    """The `# ...` comment after each field in an Options dataclass: the options' documentation."""
-    try:
-        source = inspect.getsource(opts_cls)
-    except (OSError, TypeError):  # no source (e.g. a frozen install): list the options bare
-        return {}
-    return dict(re.findall(r"^\s*(\w+)\s*:[^#\n]*#\s*(.+?)\s*$", source, flags=re.MULTILINE))
-
-
-def describe_drafters() -> list[dict]:
-    """[{name, summary, options: [{name, type, default, help}]}] for every registered drafter."""
-    from .drafters import registry
-
-    out = []
-    for name in registry.available():
-        cls = registry._REGISTRY[name]
-        doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
-        summary = " ".join(doc.split("\n\n")[0].split())  # first paragraph, one line
-        summary = summary.removeprefix(f"`{name}`:").strip()  # the name is printed already
-        opts_cls = getattr(cls, "Options", None)
-        comments = _option_comments(opts_cls) if opts_cls else {}
-        options = []
-        for f in dataclasses.fields(opts_cls) if opts_cls else []:
-            default = f.default if f.default is not dataclasses.MISSING else None
-            options.append({"name": f.name, "type": str(f.type), "default": default,
-                            "help": comments.get(f.name, "")})
-        out.append({"name": name, "summary": summary, "options": options})
-    return out
-
 
 def _add_drafters_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
