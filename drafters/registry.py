@@ -60,9 +60,17 @@ def drafter_options(cls: type[Drafter], options: dict):
     opts = opts_cls(**options)
     path = getattr(opts, "path", None)
     if isinstance(path, (str, os.PathLike)) and path and not Path(path).expanduser().exists():
-        raise FileNotFoundError(f"{cls.name}: drafter.path '{path}' does not exist (`draftsman drafters` says what "
-                                f"{cls.name}'s path holds)")
+        holds = _option_help(opts_cls, "path")
+        holds = f"the {holds}" if holds else f"what `draftsman drafters` says {cls.name}'s path holds"
+        raise FileNotFoundError(f"{cls.name}: drafter.path '{path}' does not exist; it should be {holds}")
     return opts
+
+
+def _option_help(opts_cls, key: str) -> str:
+    """The `# comment` after an option in its Options class (what `draftsman drafters` prints), or ""."""
+    from draftsman.drafter_catalog import option_comments
+
+    return option_comments(opts_cls).get(key, "")
 
 
 def _check_option(drafter: str, key: str, value, hint) -> None:

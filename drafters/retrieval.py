@@ -31,7 +31,7 @@ class RetrievalDrafter(Drafter):
     class Options:
         # The datastore: a text file, a JSONL file of {"text": ...} lines, a folder of such files, or
         # an index built from them ahead (`draftsman datastore`, a .safetensors file).
-        path: str = ""  # the datastore: a text or JSONL file, a folder of them, or a built index
+        path: str = ""  # datastore: a text or JSONL file, a folder of them, or an index `draftsman datastore` built
         k: int = 4  # tokens proposed per branch (4 beat 6 on the bundled target: docs/choosing-a-drafter.md)
         min_ngram: int = 2  # shortest suffix looked up
         max_ngram: int = 4  # longest suffix, tried first

@@ -46,15 +46,20 @@ def import_drafters() -> list[dict]:
         cls = registry._REGISTRY[name]
         doc = sys.modules[cls.__module__].__doc__ or cls.__doc__ or ""
         opts_cls = getattr(cls, "Options", None)
-        try:
-            comments = dict(_FIELD_COMMENT.findall(inspect.getsource(opts_cls))) if opts_cls else {}
-        except (OSError, TypeError):  # no source (e.g. a frozen install): list the options bare
-            comments = {}
+        comments = option_comments(opts_cls) if opts_cls else {}
         options = [{"name": f.name, "type": str(f.type),
                     "default": None if f.default is dataclasses.MISSING else f.default,
                     "help": comments.get(f.name, "")} for f in (dataclasses.fields(opts_cls) if opts_cls else [])]
         out.append({"name": name, "summary": _summary(doc, name), "options": options})
     return out
+
+
+def option_comments(opts_cls) -> dict[str, str]:
+    """Each option's same-line `# comment` in an Options class: {} where there is no source (a frozen install)."""
+    try:
+        return dict(_FIELD_COMMENT.findall(inspect.getsource(opts_cls)))
+    except (OSError, TypeError):
+        return {}
 
 
 def _summary(doc: str, name: str) -> str:

@@ -97,7 +97,8 @@ def test_bad_indexes_are_refused_with_the_fix(tiny_models, source, tmp_path, cap
                                  r"rebuild it with `draftsman datastore .* --min-ngram 2 --max-ngram 4`"),
              (retrieval(foreign), "is a safetensors file but not a datastore index: build one with `draftsman "
                                   "datastore TEXT"),
-             (retrieval(tmp_path / "missing.safetensors"), "index '.*missing.safetensors' does not exist: build it"),
+             (retrieval(tmp_path / "missing.safetensors"),
+              "'.*missing.safetensors' does not exist; it should be the datastore: .*`draftsman datastore`"),
              (retrieval(old), "has format version 0, this draftsman reads version 1: rebuild it")]
     for drafter, message in cases:
         with pytest.raises((ValueError, FileNotFoundError), match=message):
