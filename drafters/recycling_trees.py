@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..verifier.sampling import draw
+from ..verifier.sampling import draw, tempered
 from .base import DETERMINISTIC, IID, DraftTree
 from .ngram import _Trie
 from .rank_trees import sorted_tree
@@ -87,7 +87,7 @@ def sampled_chain(matrix: CandidateMatrix, root: int, depth: int, temperature: f
             break
         ids = torch.tensor([c for c, _ in candidates], device=matrix.device)
         weights = torch.tensor([p for _, p in candidates], dtype=torch.float64, device=matrix.device)
-        weights = (weights.clamp_min(1e-30).log() / temperature).softmax(-1)  # p ** (1 / T), normalised
+        weights = tempered(weights.clamp_min(1e-30).log(), temperature).softmax(-1)  # p ** (1 / T), normalised
         q = torch.zeros(matrix.vocab_size, dtype=torch.float32, device=matrix.device)
         q[ids] = weights.float()
         last = int(ids[draw(weights[None], generator)[0]])

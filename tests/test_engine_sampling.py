@@ -129,6 +129,24 @@ def test_seeded_runs_are_reproducible(tiny_models, medium_draft):
     assert a.token_ids != c.token_ids
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_tiny_temperature_samples_the_argmax(tiny_models, medium_draft, temperature):
+    """logits / T overflowed float32 below about 1e-37: the softmax was NaN and the sampler drew id V,
+    outside the vocabulary (an IndexError in the next step). At such a temperature the distribution
+    is the argmax (ties shared), and the output is greedy decoding's, drafts accepted or not."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0, float("-inf")]])
+    for dtype in (torch.float32, torch.float64):
+        probs = processed_probs(logits.to(dtype), SamplingParams(temperature=temperature, top_p=0.9))
+        assert probs.tolist() == [[0.0, 0.5, 0.5, 0.0, 0.0]]
+    dec = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
+                          "drafter": {"name": "draft_model", "path": str(medium_draft), "k": 3}})
+    greedy = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=12)
+    tiny = dec.generate(input_ids=[PROMPT, PROMPT[:3]], max_new_tokens=12, temperature=temperature, seed=3,
+                        logprobs="processed")
+    assert tiny.token_ids == greedy.token_ids and tiny.stats.tau > 1.0
+    assert all(value == 0.0 for row in tiny.logprobs for value in row)  # each token drawn with probability 1
+
+
 def test_kept_hidden_states_are_each_rows_kept_slots():
     """The drafter is fed, per row, the target's states at exactly the slots it kept (the root and
     its accepted path, in order), whatever the other rows kept."""

@@ -242,6 +242,8 @@ def test_a_sampled_chain_is_drawn_from_the_q_it_carries():
     generator = torch.Generator().manual_seed(1)
     firsts = torch.tensor([sampled_chain(d.matrix, 4, 1, 0.5, generator).tokens[0] for _ in range(20000)])
     assert fit_pvalue(firsts, expected.double()) > ALPHA
+    tiny = sampled_chain(d.matrix, 4, 1, 1e-320, generator)  # p ** (1 / T) overflowed: q was NaN
+    assert tiny.tokens.tolist() == [7] and tiny.draft_probs[0, 7] == 1.0 and tiny.draft_probs.sum() == 1.0
     d.matrix.ids[8] = -1
     lengths = {sampled_chain(d.matrix, 4, 3, 1.0, generator).size for _ in range(200)}
     assert 1 in lengths and 3 in lengths  # below 8 nothing is known; below 7 -> 4 -> ... it goes on

@@ -424,13 +424,29 @@ def processed_logprobs(logits: torch.Tensor, params: SamplingParams | RowSamplin
     return (logits if params.greedy else _warped_scores(logits, params)).log_softmax(-1)
 
 
+# Below this temperature logits / T can overflow (a logit of 10 at T = 1e-38 is inf in float32), and a
+# softmax of inf is NaN: tempered shifts the logits by their maximum first. Above it no model's logits
+# overflow, and the shift's extra pass over the vocabulary is saved.
+SHIFT_BELOW_TEMPERATURE = 1e-4
+
+
+def tempered(scores: torch.Tensor, temperature: float) -> torch.Tensor:
+    """scores / temperature over the last dim, finite where the scores are: at a tiny temperature the
+    scores are shifted so their maximum is 0 first (softmax does not change), so the likeliest tokens
+    stay at 0 and the rest go to -inf, the distribution's exact limit."""
+    if temperature >= SHIFT_BELOW_TEMPERATURE:
+        return scores / temperature
+    shifted = scores - scores.amax(-1, keepdim=True)
+    return torch.where(shifted == 0, shifted, shifted / temperature)  # (a float32 5e-324 is 0: 0 / 0 is NaN)
+
+
 def _warped_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-h, top-k, top-p, min-p, typical-p, epsilon and eta as -inf: the
     scores whose softmax is sampled. Each warper sees the scores the previous one left, as in
     Hugging Face."""
     # (At T=1 the division is the identity: skipping it saves a pass over the vocabulary per position.
     # No warper below writes in place, so the caller's logits are never changed.)
-    scores = logits if params.temperature == 1.0 else logits / params.temperature
+    scores = logits if params.temperature == 1.0 else tempered(logits, params.temperature)
     if params.top_h is not None:
         scores = _top_h(scores, params.top_h)
     if params.top_k is not None and params.top_k < scores.shape[-1]:
