@@ -100,6 +100,12 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
     params = SamplingParams(**{**decoder.config["sampling"], "temperature": 0.0})  # the config's penalties
     out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=[])
     eos = decoder.engine.eos_token_ids
+    # The config's generation settings, as the engine applies them: the tokens that end a row (EOS
+    # unless ignore_eos, and stop_token_ids), held back before min_new_tokens.
+    generation = decoder.config["generation"]
+    stop_ids = set(generation.get("stop_token_ids") or ())
+    ends = stop_ids | (set() if generation.get("ignore_eos") else set(eos))
+    least = generation.get("min_new_tokens") or 0
     rows = []
     for i, (prompt, new) in enumerate(zip(prompts, out.token_ids)):
         row = {"prompt": i, "tokens": len(new), "mismatches": [], "near_ties": [], "problems": []}
@@ -128,6 +134,8 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
                 if params.bans_repeated_ngrams:
                     banned |= repeated_ngram_tokens(sequence, params.no_repeat_ngram_size)
                 logits[j, sorted(banned)] = float("-inf")
+        if least and ends:
+            logits[:least, sorted(ends)] = float("-inf")
         best = logits.argmax(-1).tolist()
         for j, (tok, top) in enumerate(zip(new, best)):
             if tok == top:
@@ -136,13 +144,16 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
             rank = int((logits[j] > logits[j, tok]).sum())  # 1 = second best
             entry = {"position": j, "emitted": tok, "argmax": top, "logit_gap": gap, "rank": rank}
             row["near_ties" if gap <= tol else "mismatches"].append(entry)
-        # The row must stop exactly at EOS (kept), at max_new_tokens or at the context limit.
-        early_eos = [j for j, t in enumerate(new[:-1]) if t in eos]
-        if early_eos:
-            row["problems"].append(f"tokens emitted after EOS at position {early_eos[0]}")
+        # The row must stop exactly at EOS or a stop id (kept), at max_new_tokens or at the context limit.
+        early_end = [j for j, t in enumerate(new[:-1]) if t in ends]
+        if early_end:
+            ended_by = "EOS" if new[early_end[0]] in eos and not generation.get("ignore_eos") else "a stop token id"
+            row["problems"].append(f"tokens emitted after {ended_by} at position {early_end[0]}")
         reason = out.stats.finish_reasons[i]
         if reason == "eos" and (not new or new[-1] not in eos):
             row["problems"].append("finished as 'eos' but the output does not end with EOS")
+        if reason == "stop" and (not new or new[-1] not in stop_ids):
+            row["problems"].append("finished as 'stop' but the output does not end with a stop token id")
         if reason == "length" and len(new) != max_new_tokens:
             row["problems"].append(f"finished as 'length' after {len(new)} of {max_new_tokens} tokens")
         rows.append(row)

@@ -152,6 +152,28 @@ def test_output_must_stop_at_eos(plain, monkeypatch):
     assert any("tokens emitted after EOS" in p for p in broken["prompts"][0]["problems"])
 
 
+@pytest.mark.parametrize("generation", [{"min_new_tokens": 8}, {"ignore_eos": True}, {"stop_token_ids": "FIFTH"},
+                                        {"stop_token_ids": "FIFTH", "min_new_tokens": 8}])
+def test_the_configs_eos_settings_hold_in_the_greedy_check(target, close, generation):
+    """The check's reference holds EOS and stop ids back before min_new_tokens, and lets EOS pass under
+    ignore_eos, as the engine does: a correct drafter under such a config failed with NOT ARGMAX or
+    'tokens emitted after EOS'."""
+    first = draftsman.load({"target": {"path": str(target)}}).generate(input_ids=[PROMPTS[1]],
+                                                                       max_new_tokens=16).token_ids[0]
+    fifth = first[4]  # a token greedy emits: it ends the row (as EOS, or as a stop id)
+    generation = {k: [fifth] if v == "FIFTH" else v for k, v in generation.items()}
+    dec = draftsman.load({"target": {"path": str(target)}, "generation": generation,
+                          "drafter": {"name": "draft_model", "path": str(close), "k": 3}})
+    if "stop_token_ids" not in generation:
+        dec.engine.eos_token_ids = {fifth}
+    result = greedy_check(dec, [PROMPTS[1]], max_new_tokens=16)
+    assert result["passed"], format_report({"target": "t", "dtype": "float32", "drafter": {}, "greedy": result})
+    ended_at = first.index(fifth) + 1
+    tokens = result["prompts"][0]["tokens"]
+    assert tokens > ended_at if generation.get("min_new_tokens", 0) > ended_at or "ignore_eos" in generation \
+        else tokens == ended_at
+
+
 # ----------------------------------------------------------------------------- the statistics
 
 def test_chi_square_equals_scipy_when_nothing_is_pooled():
