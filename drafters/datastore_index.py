@@ -7,8 +7,6 @@ would find nothing, or the wrong text, without any error, so a mismatch is refus
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -16,25 +14,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..atomic_files import replaced_whole
+from ..models import tokenizer_fingerprint
 from .datastore import Datastore
 
 FORMAT = "draftsman-retrieval-datastore"
 VERSION = "1"
 SUFFIX = ".safetensors"
-# Tokenized as part of the fingerprint: two tokenizers with one vocabulary may still split text
-# differently (normalizers, pre-tokenizers), and then the datastore's ids are not the target's.
-_PROBE = "def f(x, y=1):\n    return x  # café, naïve ✓\n\n\tEnd. 2024 ->  spaced"
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Hex digest of the tokenizer's vocabulary and of how it splits a probe text: what decides the
-    datastore's ids (special-token settings do not: the datastore is tokenized without them)."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
-    probe = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
-    blob = json.dumps([vocab, probe], ensure_ascii=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
 def is_index(path: str | Path) -> bool:
     return Path(path).suffix == SUFFIX
 

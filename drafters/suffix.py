@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models import tokenizer_fingerprint
 from .base import DETERMINISTIC, Drafter, DraftTree
-from .datastore_index import tokenizer_fingerprint
 from .memory_file import KeepsMemory, within
 from .ngram import draftable
 from .path_bans import PathBans

@@ -2,6 +2,7 @@
 errors that say what is wrong and how to fix it."""
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -180,6 +181,21 @@ def load_tokenizer(path):
 
 
 UNBOUNDED_CONTEXT = 1 << 30  # a model of recurrent layers only (Mamba) has no position limit
+
+
+
+# Tokenized as part of the fingerprint: two tokenizers with one vocabulary may still split text
+# differently (normalizers, pre-tokenizers), and then ids stored from one are not the other's.
+_PROBE = "def f(x, y=1):\n    return x  # café, naïve ✓\n\n\tEnd. 2024 ->  spaced"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Hex digest of the tokenizer's vocabulary and of how it splits a probe text: what decides the ids
+    of text tokenized without special tokens (a retrieval datastore, a training token cache)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    probe = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
+    blob = json.dumps([vocab, probe], ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def context_length(config) -> int:

@@ -426,6 +426,38 @@ def test_a_token_cache_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert np.load(cache).tolist() == [0, 1, 2] and list(tmp_path.iterdir()) == [cache]
 
 
+def test_a_token_cache_belongs_to_one_corpus_and_one_tokenizer(tiny_models, tiny_corpus, tmp_path):
+    """The corpus cache was keyed by the target's folder name, its vocabulary size and the number of
+    training files: another corpus of as many files, or an edited file, trained on the first one's
+    tokens. The key is the files' paths, sizes and times, and the tokenizer's fingerprint."""
+    import shutil
+    import time
+
+    from transformers import AutoTokenizer
+
+    target = tiny_models["llama"][0]
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    other = tmp_path / "other-corpus"
+    shutil.copytree(tiny_corpus, other)
+    for path in other.iterdir():  # as many files, with other text
+        path.write_text(path.read_text().replace("def ", "class "))
+    cfg = {"target": str(target), "corpus_root": str(tiny_corpus), "data_file": None, "work_dir": str(tmp_path / "w"),
+           "assistant_only_loss": False, "seq_len": 16}
+    first = heads_training.token_streams(cfg, tokenizer)[0].tolist()
+    again = heads_training.token_streams({**cfg, "corpus_root": str(other)}, tokenizer)[0].tolist()
+    assert again != first and again == heads_training.token_streams({**cfg, "corpus_root": str(other)},
+                                                                    tokenizer)[0].tolist()
+    edited = sorted(other.iterdir())[0]
+    time.sleep(0.01)
+    edited.write_text("x = 1\n" + edited.read_text())
+    assert heads_training.token_streams({**cfg, "corpus_root": str(other)}, tokenizer)[0].tolist() != again
+    renamed = tmp_path / "same-name" / target.name  # another tokenizer in a folder of the same name
+    shutil.copytree(tiny_models["qwen2"][0], renamed)
+    caches = len(list((tmp_path / "w").glob("heads-train-*.npy")))
+    heads_training.token_streams({**cfg, "target": str(renamed)}, AutoTokenizer.from_pretrained(renamed))
+    assert len(list((tmp_path / "w").glob("heads-train-*.npy"))) == caches + 1
+
+
 @pytest.mark.parametrize("trainer", ["heads", "pard"])
 def test_a_number_pyyaml_reads_as_text_is_the_number(tiny_models, trainer, tmp_path):
     """`--set lr=5e-4` (as docs/training-heads.md shows) and `lr: 1e-3` are strings to PyYAML (YAML

@@ -49,6 +49,16 @@ def split_files(root: Path | None = None, percent: int = HELDOUT_PERCENT) -> tup
     return train, held
 
 
+def files_digest(files: list[Path]) -> str:
+    """A short hash of the files' paths, sizes and modification times: a token cache built from them
+    is keyed by it, so another corpus with as many files, or an edited file, is tokenized again."""
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{Path(p).resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:12]
+
+
 def read_text(path: Path) -> str | None:
     """Source text exactly as on disk (newlines untouched); None if not UTF-8 (a few test fixtures)."""
     try:

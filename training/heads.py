@@ -25,7 +25,7 @@ from tqdm import tqdm
 from . import corpus as C
 from ..heads.common import check_heads_destination
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
-from ..models import DTYPES, pretrained_text_model, resolve_dtype
+from ..models import DTYPES, pretrained_text_model, resolve_dtype, tokenizer_fingerprint
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .heads_config import (DEFAULTS, KINDS, LATER_KEYS, STEP_DEFAULTS, check_step_keys,  # noqa: F401 (heads'
                            config_with_overrides, merged_config, train_parser)  # own names, as before)
@@ -135,6 +135,12 @@ def reply_masks(cfg: dict, tokenizer) -> tuple[np.ndarray, np.ndarray] | None:
     return training_streams(cfg, tokenizer, check_heldout=False)[2]
 
 
+def _tokenizer_key(cfg: dict, tokenizer) -> str:
+    """The target's folder name (readable) and its tokenizer's fingerprint: two targets in folders of
+    one name (checkpoint-1000) tokenize alike only when their tokenizers are alike."""
+    return f"{Path(cfg['target']).name}-{len(tokenizer)}-{tokenizer_fingerprint(tokenizer)[:8]}"
+
+
 def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
     """The streams of token_streams (and, with assistant_only_loss, reply_masks) by name, built once
     and then read from their .npy caches."""
@@ -143,7 +149,7 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
         # template is tokenized again. The file is parsed only when a cache is missing.
         template = hashlib.sha256(str(getattr(tokenizer, "chat_template", None)).encode()).hexdigest()[:8]
         data = Path(cfg["data_file"])
-        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{data.stem}-{data_file_digest(data)}-{template}"
+        key = f"{_tokenizer_key(cfg, tokenizer)}-{data.stem}-{data_file_digest(data)}-{template}"
         splits = lambda: read_documents(data)  # noqa: E731
         if cfg["assistant_only_loss"]:
             encode = lambda docs: (document_ids_and_reply_mask(tokenizer, d, cfg["target"]) for d in docs)  # noqa: E731
@@ -155,7 +161,7 @@ def _cached_streams(cfg: dict, tokenizer) -> dict[str, np.ndarray]:
             raise ValueError(f"corpus_root '{root}' is not a folder: point it at a folder of source files, or leave "
                              "it out to train on this interpreter's standard library")
         files = C.split_files(root)
-        key = f"{Path(cfg['target']).name}-{len(tokenizer)}-{len(files[0])}"
+        key = f"{_tokenizer_key(cfg, tokenizer)}-{C.files_digest(files[0] + files[1])}"
         splits = lambda: files  # noqa: E731
         encode = lambda paths: ((ids, None)  # noqa: E731
                                 for ids in _encode_texts(tokenizer, list(C.iter_texts(paths))))

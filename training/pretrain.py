@@ -99,7 +99,8 @@ def _tok_hash(tok_dir: Path) -> str:
 
 
 def token_stream(files, tok_dir: Path, cache: Path) -> np.ndarray:
-    """Files joined by EOT into one uint16/uint32 id stream, cached as .npy (keyed by tokenizer)."""
+    """Files joined by EOT into one uint16/uint32 id stream, cached as .npy at `cache` (its name says
+    which tokenizer and corpus)."""
     if cache.exists():
         return np.load(cache, mmap_mode="r")
     tok = T.load_tokenizer(tok_dir)
@@ -262,7 +263,7 @@ class Ctx:
         self.tok_dir = self.work / "tokenizer"
 
     def streams(self):
-        h = _tok_hash(self.tok_dir)
+        h = f"{_tok_hash(self.tok_dir)}-{C.files_digest(self.train_files + self.held_files)}"  # tokenizer, corpus
         tr = token_stream(self.train_files, self.tok_dir, self.work / f"train-{h}.npy")
         he = token_stream(self.held_files, self.tok_dir, self.work / f"heldout-{h}.npy")
         return tr, he
