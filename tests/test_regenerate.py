@@ -91,13 +91,26 @@ def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, 
     # Anything but earlier output at --out was resumed: appended to, and its last line cut if it had no newline.
     (LINES, ["--out", "NOTES"], "line 1 is no line regenerate writes"),
     (LINES, ["--out", "ONE-LINE"], "line 1 is no line regenerate writes"),
-    (LINES, ["--out", "OTHER-JSON"], "line 2 is no line regenerate writes"),
+    (LINES, ["--out", "OTHER-JSON"], "line 1 is not the output of --data-file's line 1"),
     (LINES, ["--out", "LONGER"], "already holds 6 lines, more than the 5 to write"),
+    # Another dataset in regenerate's own form was resumed: its lines counted as done, its last line cut.
+    (LINES, ["--out", "OTHER-DATASET"], "line 1 is not the output of --data-file's line 1 (its conversation"),
+    (LINES, ["--out", "EDITED-INPUT"], "line 2 is not the output of --data-file's line 2"),
 ])
 def test_refusals_come_before_any_model_loads(tmp_path, capsys, lines, args, message):
     data = write(tmp_path / "in.jsonl", lines)
     files = {"FOLDER": tmp_path, "NOTES": tmp_path / "notes.txt", "ONE-LINE": tmp_path / "one.txt",
-             "OTHER-JSON": tmp_path / "other.jsonl", "LONGER": tmp_path / "longer.jsonl"}
+             "OTHER-JSON": tmp_path / "other.jsonl", "LONGER": tmp_path / "longer.jsonl",
+             "OTHER-DATASET": tmp_path / "dataset.jsonl", "EDITED-INPUT": tmp_path / "edited.jsonl"}
+    other = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer"}]}
+             for i in range(3)]
+    files["OTHER-DATASET"].write_text("\n".join(json.dumps(r) for r in other))  # no final newline
+    first = {"messages": [dict(m, content="a reply of its own") if m["role"] == "assistant" else m
+                          for m in LINES[0]["messages"]]}  # line 1 regenerated; line 2 asked another question
+    second = {"messages": [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "for i in range(4):"},
+                           {"role": "assistant", "content": "a reply of its own"}]}
+    files["EDITED-INPUT"].write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
     files["NOTES"].write_text("my notes\nthe last line, no newline")
     files["ONE-LINE"].write_text("one line, no newline")
     files["OTHER-JSON"].write_text('{"text": "a"}\n{"model_type": "llama"}\n[1, 2]\n')

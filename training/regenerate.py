@@ -57,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
     documents = list(iter_documents(source))  # every line checked before any model loads
     if args.limit is not None:
         documents = documents[: args.limit]
-    done = _resume(out)
-    if done > len(documents):
-        raise ValueError(f"--out '{out}' already holds {done} lines, more than the {len(documents)} to write: "
-                         "it belongs to another input; give a new --out")
+    done = _resume(out, [doc for _, _, doc in documents])
     cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
@@ -123,9 +120,10 @@ def _regenerated(messages: list[dict], i: int) -> bool:
     return messages[i].get("role") == "assistant" and i > 0 and not messages[i].get("tool_calls")
 
 
-def _resume(out: Path) -> int:
-    """Whole lines already in `out`; a line cut by a stop mid-write is dropped. Only a file of
-    earlier output is resumed (and so cut): anything else at --out is refused, untouched."""
+def _resume(out: Path, documents: list) -> int:
+    """Whole lines already in `out`; a line cut by a stop mid-write is dropped. Only a file of this
+    input's earlier output is resumed (and so cut): each of its lines must hold its input line's
+    conversation, replies aside. Anything else at --out is refused, untouched."""
     if out.is_dir():
         raise ValueError(f"--out '{out}' is a folder: give the JSONL file to write, e.g. {out / 'regenerated.jsonl'}")
     if not out.exists():
@@ -135,7 +133,10 @@ def _resume(out: Path) -> int:
     lines, cut = whole.splitlines(), data[len(whole):]
     if cut and not cut.startswith(b"{"):  # a line a stop cut starts as a JSON object; this is something else
         lines.append(cut)
-    for number, line in enumerate(lines, 1):
+    if len(lines) > len(documents):
+        raise ValueError(f"--out '{out}' already holds {len(lines)} lines, more than the {len(documents)} to write: "
+                         "it belongs to another input; give a new --out")
+    for number, (line, doc) in enumerate(zip(lines, documents), 1):
         try:
             row = json.loads(line)
         except ValueError:
@@ -144,6 +145,22 @@ def _resume(out: Path) -> int:
             raise ValueError(f"--out '{out}' line {number} is no line regenerate writes (a JSON object with "
                              "\"messages\" or \"text\"): it would be appended to as an earlier run's output. Give a "
                              "new --out")
+        if not _same_conversation(row, _as_chat(doc)):
+            raise ValueError(f"--out '{out}' line {number} is not the output of --data-file's line {number} (its "
+                             "conversation differs, replies aside): it holds another input's output, or the input "
+                             "changed. Give a new --out")
     if len(whole) != len(data):
         out.write_bytes(whole)
     return whole.count(b"\n")
+
+
+def _same_conversation(written: dict, given: dict) -> bool:
+    """Does an output line hold this input line's conversation? Equal but for the replies written again."""
+    if "text" in given or "text" in written:
+        return written == given
+    ours, theirs = written.get("messages"), given["messages"]
+    if not isinstance(ours, list) or len(ours) != len(theirs) or written.get("tools") != given.get("tools"):
+        return False
+    without_reply = lambda m: {k: v for k, v in m.items() if k != "content"}  # noqa: E731
+    return all(isinstance(a, dict) and (without_reply(a) == without_reply(b) if _regenerated(theirs, i) else a == b)
+               for i, (a, b) in enumerate(zip(ours, theirs)))
