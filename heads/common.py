@@ -61,18 +61,31 @@ def check_fingerprint(saved: dict, model: torch.nn.Module, heads_dir: str | Path
                          "this target (draftsman train ...) or point target.path at the one they were made for.")
 
 
-def check_heads_destination(folder: str | Path, what: str = "out") -> None:
-    """Heads are saved over earlier heads only: a folder whose config.json is a model's (the target's,
-    a draft model's) or nobody's would lose its config and weights."""
-    config_file = Path(folder) / "config.json"
+def check_heads_destination(folder: str | Path, what: str = "out", kind: str | None = None) -> None:
+    """Heads are saved in a folder, over earlier heads (of `kind`, when given) only: a file, a folder
+    holding a model (the target's, a draft model's, a released speculator), weights or metrics
+    without a config.json, or another kind's heads would lose what is there."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{what} '{folder}' is a file: heads are saved in a folder (config.json, model.safetensors, "
+                         "metrics.json); give a folder's path")
+    config_file = folder / "config.json"
     if not config_file.is_file():
+        found = [name for name in ("model.safetensors", "metrics.json") if (folder / name).exists()]
+        if found:
+            raise ValueError(f"{what} '{folder}' holds {' and '.join(found)} without a config.json: saving heads "
+                             "there would replace them. Give the heads a folder of their own")
         return
     config = read_json_object(config_file) or {}
-    if "kind" in config:
-        return
-    found = f"a {config['model_type']!r} model" if "model_type" in config else "a config.json no heads save wrote"
-    raise ValueError(f"{what} '{folder}' holds {found}: saving heads there would replace its config.json and "
-                     "model.safetensors. Give the heads a folder of their own (a new one, or earlier heads')")
+    # Heads this package saved carry a kind, or (an MLP speculator, in its engines' layout) a save id.
+    saved_kind = config.get("kind") or (config.get("model_type") if SAVE_ID in config else None)
+    if saved_kind is None:
+        found = f"a {config['model_type']!r} model" if "model_type" in config else "a config.json no heads save wrote"
+        raise ValueError(f"{what} '{folder}' holds {found}: saving heads there would replace its config.json and "
+                         "model.safetensors. Give the heads a folder of their own (a new one, or earlier heads')")
+    if kind is not None and saved_kind != kind:
+        raise ValueError(f"{what} '{folder}' holds {saved_kind} heads: saving {kind} heads there would replace them. "
+                         f"Give the {kind} heads a folder of their own, or delete that one to start over")
 
 
 def save_checkpoint(folder: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:

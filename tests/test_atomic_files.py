@@ -117,3 +117,29 @@ def test_heads_are_saved_over_earlier_heads_only(tmp_path, tiny_models):
         heads_common.save_checkpoint(heads, {"kind": "medusa", "num_heads": count}, {"w": torch.ones(2)})
         assert load_config({"kind": "medusa", "target": str(target), "out": str(heads)})["out"] == str(heads)
     assert heads_common.load_checkpoint(heads, "medusa")[0]["num_heads"] == 2
+
+
+def test_heads_are_not_saved_over_files_weights_or_other_heads(tmp_path, tiny_models):
+    """A file as out failed only at the save, hours in ('[Errno 17] File exists'); a folder of weights
+    or metrics without a config.json, and another kind's heads, were replaced without a word."""
+    from draftsman.training.heads import load_config
+
+    target = tiny_models["llama"][0]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("notes")
+    weights, metrics, eagle = tmp_path / "weights", tmp_path / "metrics", tmp_path / "eagle"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"someone's weights")
+    metrics.mkdir()
+    (metrics / "metrics.json").write_text("{}")
+    heads_common.save_checkpoint(eagle, {"kind": "eagle"}, {"w": torch.ones(2)})
+    before = {p: p.read_bytes() for p in (a_file, *weights.iterdir(), *metrics.iterdir(), *eagle.iterdir())}
+    for folder, message in ((a_file, "is a file: heads are saved in a folder"),
+                            (weights, "holds model.safetensors without a config.json: saving heads there would "
+                                      "replace them"),
+                            (metrics, "holds metrics.json without a config.json"),
+                            (eagle, "holds eagle heads: saving medusa heads there would replace them")):
+        with pytest.raises(ValueError, match=f"out '{folder}' {message}"):
+            load_config({"kind": "medusa", "target": str(target), "out": str(folder)})
+    assert {p: p.read_bytes() for p in before} == before
+    assert load_config({"kind": "eagle", "target": str(target), "out": str(eagle)})["out"] == str(eagle)

@@ -302,6 +302,19 @@ def trained(tiny_models, tiny_corpus, tmp_path_factory):
     return out / "speculator", train(cfg)
 
 
+def test_a_trained_speculator_is_evaluated_and_trained_again_in_its_own_folder(trained):
+    """Its config.json is fms-extras' (a model_type, no kind): the heads trainer took it for a model's
+    folder and refused `--eval-only` on it and a rerun into it. Its save id says this package wrote it."""
+    from draftsman.training.heads import evaluate_only, load_config
+
+    folder, metrics = trained
+    assert load_config(metrics["config"])["out"] == str(folder)
+    ev = evaluate_only(metrics["config"])["heldout_agreement"]
+    assert ev["top1"] == metrics["heldout_agreement"]["top1"]
+    with pytest.raises(ValueError, match="holds mlp_speculator heads: saving medusa heads there would replace them"):
+        load_config({**metrics["config"], "kind": "medusa"})
+
+
 def test_training_lowers_the_loss_and_saves_the_fms_extras_layout(trained, tiny_models, tiny_corpus, tmp_path):
     """The loss falls and stage 0 learns the target's choice; the folder is fms-extras' layout
     (config.json as MLPSpeculatorConfig reads it, each tied tensor once) with the target's

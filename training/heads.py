@@ -61,9 +61,9 @@ def accumulated_backward(micro, loss_of, backward, no_sync, count: int) -> tuple
 
 def load_config(raw) -> dict:
     cfg = merged_config(raw, DEFAULTS, "heads training config", ("target", "out"))
-    check_heads_destination(cfg["out"])  # now, not when the trained heads are saved hours later
     if cfg["kind"] not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {cfg['kind']!r}")
+    check_heads_destination(cfg["out"], kind=cfg["kind"])  # now, not when the trained heads are saved hours later
     if cfg["labels"] not in ("self_distill", "corpus"):
         raise ValueError(f"labels must be self_distill or corpus, got {cfg['labels']!r}")
     if cfg["target_dtype"] != "auto" and cfg["target_dtype"] not in DTYPES:
