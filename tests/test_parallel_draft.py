@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import draftsman
+from draftsman.training import heads as heads_training
 from draftsman.training.pard import add_mask_token, parallel_logits, train
 
 from test_engine_sampling import assert_sampled_marginals_fit
@@ -139,13 +140,14 @@ def test_a_killed_training_run_resumes_to_the_same_model(tiny_models, tiny_corpu
     monkeypatch.setattr(pard, "record_step", killed_after_7)
     with pytest.raises(KeyboardInterrupt):
         train(config("resumed"))
-    assert (tmp_path / "w" / "ckpt-pard-resumed.pt").is_file()
+    ckpt = heads_training.checkpoint_path(config("resumed"), "pard")
+    assert ckpt.is_file()
     monkeypatch.setattr(pard, "record_step", record)
     resumed = train(config("resumed"))
     assert resumed["steps"] == whole["steps"] == 12 and resumed["curve"] == whole["curve"]
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert not (tmp_path / "w" / "ckpt-pard-resumed.pt").exists()  # removed once the run ended
+    assert not ckpt.exists()  # removed once the run ended
 
 
 def test_adaptive_speculation_prices_a_parallel_draft_flat_in_depth(tiny_models, pard_draft):

@@ -317,6 +317,52 @@ def test_a_checkpoint_from_before_the_step_keys_resumes(trainer, tmp_path):
         assert heads_training.resumed_state(ckpt, {**cfg, **change}, module, key, opt, said.append, later)["step"] == 0
 
 
+def test_a_checkpoint_of_another_config_is_kept_aside_and_the_change_named(tmp_path, capsys):
+    """A changed config started over in silence, and its first save overwrote the old checkpoint (hours
+    of training); keys that only watch, save or evaluate a run (and, at a constant learning rate, its
+    length) now resume it. A damaged checkpoint was a traceback, or "invalid literal for int()"."""
+    module = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(module.parameters())
+    cfg = dict(heads_training.DEFAULTS, target="t", out="o")
+    ckpt = tmp_path / "ckpt.pt"
+
+    def save(config):
+        torch.save({"config": config, "heads": module.state_dict(), "optimizer": opt.state_dict(),
+                    "state": {"step": 7, "elapsed": 1.0, "curve": []}}, ckpt)
+
+    def resumed(config, main=True):
+        return heads_training.resumed_state(ckpt, config, module, "heads", opt, lambda step: None, main=main)["step"]
+
+    save(cfg)
+    assert resumed({**cfg, "threads": 4, "eval_every": 5, "checkpoint_minutes": 1.0, "max_steps": 9000}) == 7
+    cosine = {**cfg, "lr_schedule": "cosine"}
+    save(cosine)
+    assert resumed({**cosine, "max_steps": 9000}) == 0  # the cosine's remaining steps would change
+    capsys.readouterr()
+    save(cfg)
+    assert resumed({**cfg, "lr": 0.5}, main=False) == 0 and ckpt.is_file()  # only the main process moves it
+    assert resumed({**cfg, "lr": 0.5}) == 0 and not ckpt.exists()
+    kept = tmp_path / "ckpt.step7.other-config.pt"
+    assert torch.load(kept, weights_only=False)["config"] == cfg
+    err = capsys.readouterr().err
+    assert "another config (lr: 0.001 -> 0.5), so this run starts at step 0" in err and str(kept) in err
+    for damage in (b"garbage\n", kept.read_bytes()[:200]):
+        ckpt.write_bytes(damage)
+        with pytest.raises(ValueError, match=f"the checkpoint '{ckpt}' cannot be read .*Delete it to start"):
+            resumed(cfg)
+    one, two = (heads_training.checkpoint_path({"out": str(tmp_path / d / "heads"), "work_dir": "w"}, "heads")
+                for d in ("a", "b"))
+    assert one != two and one.name.startswith("ckpt-heads-heads-")
+
+
+def test_warmup_steps_0_is_no_warmup():
+    """The config check allows 0; the first step divided by it (ZeroDivisionError, heads and PARD)."""
+    for schedule in ("constant", "cosine"):
+        cfg = dict(heads_training.DEFAULTS, warmup_steps=0, lr_schedule=schedule, min_lr_ratio=0.1, max_steps=10)
+        assert heads_training.learning_rate_factor(cfg, 0, 0.0) == 1.0
+    assert heads_training.warmup_factor(0, 0) == 1.0 and heads_training.warmup_factor(1, 4) == 0.5
+
+
 def two_processes_with_a_fast_clock_on_one(module: str, *args, env=None) -> subprocess.CompletedProcess:
     """torchrun, 2 processes on the CPU: module.main(args), process 1's clock 100000x fast."""
     launch = Path(__file__).with_name("fast_clock_launch.py")

@@ -447,20 +447,56 @@ def load_heads(cfg: dict, folder, target):
     return in_float32(heads, target)
 
 
+# Keys a run may change and still resume its checkpoint: they decide how a run is watched, saved or
+# evaluated, not the steps it takes (under a constant learning rate, not how long it runs either).
+RESUMABLE_KEYS = ("threads", "checkpoint_minutes", "work_dir", "eval_every", "eval_tokens", "eval_ranks",
+                  "eval_depths", "tree_budget")
+RESUMABLE_AT_CONSTANT_LR = ("max_steps", "max_minutes")
+
+
+def checkpoint_path(cfg: dict, trainer: str) -> Path:
+    """The run's checkpoint in work_dir, named by its out folder: the folder's name (readable) and a hash
+    of its whole path (two outs of one name in other folders are two runs, not one)."""
+    out = Path(cfg["out"]).expanduser().resolve()
+    digest = hashlib.sha256(str(out).encode()).hexdigest()[:8]
+    return Path(cfg["work_dir"]) / f"ckpt-{trainer}-{out.name}-{digest}.pt"
+
+
 def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt, say,
-                  later_keys: dict = LATER_KEYS) -> dict:
-    """The training state of the checkpoint a run of this very config left (module[key] and the
-    optimizer restored in place, say(step) called), else a fresh one. later_keys: the trainer's
-    keys added since it first wrote checkpoints, with the value they had before."""
-    if ckpt.exists():
+                  later_keys: dict = LATER_KEYS, main: bool = True) -> dict:
+    """The training state of the checkpoint a run of this config left (module[key] and the optimizer
+    restored in place, say(step) called), else a fresh one. later_keys: the trainer's keys added
+    since it first wrote checkpoints, with the value they had before. A checkpoint of another config
+    is not resumed, and not lost: the main process moves it aside and says which keys changed."""
+    if not ckpt.exists():
+        return {"step": 0, "elapsed": 0.0, "curve": []}
+    try:
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        # A checkpoint from before a key existed trained with the value it had then.
-        if {**{k: v for k, v in later_keys.items() if k in cfg}, **saved["config"]} == cfg:
-            module.load_state_dict(saved[key])
-            opt.load_state_dict(saved["optimizer"])
-            say(saved["state"]["step"])
-            return saved["state"]
+        saved_cfg = {**{k: v for k, v in later_keys.items() if k in cfg}, **saved["config"]}
+        step = saved["state"]["step"]
+    except Exception as e:  # (torch.load raises what its unpickler meets)
+        raise ValueError(f"the checkpoint '{ckpt}' cannot be read ({type(e).__name__}: {e}); it was damaged after "
+                         "it was written. Delete it to start this run over") from None
+    changed = _changed_keys(saved_cfg, cfg)
+    if not changed:
+        module.load_state_dict(saved[key])
+        opt.load_state_dict(saved["optimizer"])
+        say(step)
+        return saved["state"]
+    if main:
+        kept = ckpt.with_name(f"{ckpt.stem}.step{step}.other-config.pt")
+        ckpt.replace(kept)
+        print(f"the checkpoint of step {step} was saved under another config ("
+              + ", ".join(f"{k}: {saved_cfg.get(k)!r} -> {cfg.get(k)!r}" for k in changed)
+              + f"), so this run starts at step 0. It is kept as {kept}: to resume it, put those keys back and "
+              f"rename it to {ckpt.name}; else delete it", file=sys.stderr)
     return {"step": 0, "elapsed": 0.0, "curve": []}
+
+
+def _changed_keys(saved: dict, now: dict) -> list[str]:
+    free = RESUMABLE_KEYS + (RESUMABLE_AT_CONSTANT_LR if saved.get("lr_schedule", "constant") == "constant" and
+                             now.get("lr_schedule", "constant") == "constant" else ())
+    return sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
 
 
 def record_step(state: dict, t_start: float, loss: float, accuracy: list[float], pbar) -> None:
@@ -489,11 +525,16 @@ def record_heldout(state: dict, top1: list[float], pbar) -> None:
     pbar.write(f"step {state['step']}: held-out top-1 " + " ".join(f"{a:.3f}" for a in top1))
 
 
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Linear warmup over warmup_steps steps (0: none, the full rate from the first step)."""
+    return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
+
+
 def learning_rate_factor(cfg: dict, step: int, elapsed_seconds: float) -> float:
     """Multiplier of cfg['lr'] at `step`: linear warmup, then constant or cosine. The cosine's
     progress is the larger of the step and wall-clock fractions, so a run cut by max_minutes still
     ends its decay (on CPU the clock, not max_steps, usually binds)."""
-    warm = min(1.0, (step + 1) / cfg["warmup_steps"])
+    warm = warmup_factor(step, cfg["warmup_steps"])
     if cfg["lr_schedule"] == "constant":
         return warm
     progress = step / cfg["max_steps"]
@@ -546,9 +587,9 @@ def train(config) -> dict:
     else:
         heads = build_heads(cfg, target, frequent["order"])
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    ckpt = Path(cfg["work_dir"]) / f"ckpt-heads-{Path(cfg['out']).name}.pt"
+    ckpt = checkpoint_path(cfg, "heads")
     state = resumed_state(ckpt, cfg, heads, "heads", opt,
-                          lambda step: acc.print(f"[{cfg['kind']}] resumed from step {step}"))
+                          lambda step: acc.print(f"[{cfg['kind']}] resumed from step {step}"), main=acc.is_main_process)
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
     acc.print(step_size_line(cfg["kind"], cfg, acc.num_processes) + f"; the target in {target.dtype}")

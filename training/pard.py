@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .heads import (accumulated_backward, masked_cross_entropy, micro_batches, record_heldout, record_step,
-                    resumed_state, step_size_line, training_streams)
+from .heads import (accumulated_backward, checkpoint_path, masked_cross_entropy, micro_batches, record_heldout,
+                    record_step, resumed_state, step_size_line, training_streams, warmup_factor)
 from .heads_config import (LATER_KEYS as HEADS_LATER_KEYS, STEP_DEFAULTS, config_with_overrides, merged_config,
                            pard_parser)
 from ..config import read_json_object, read_yaml
@@ -184,9 +184,9 @@ def train(config) -> dict:
     mask_token = add_mask_token(model)
     model.to(acc.device)  # before the optimizer: a resumed state is loaded onto its parameters' device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    ckpt = Path(cfg["work_dir"]) / f"ckpt-pard-{Path(cfg['out']).name}.pt"
+    ckpt = checkpoint_path(cfg, "pard")
     state = resumed_state(ckpt, cfg, model, "model", opt, lambda step: acc.print(f"[pard] resumed from step {step}"),
-                          LATER_KEYS)
+                          LATER_KEYS, main=acc.is_main_process)
     model, opt = acc.prepare(model, opt)
     raw = acc.unwrap_model(model)
     acc.print(step_size_line("pard", cfg, acc.num_processes))
@@ -213,7 +213,7 @@ def train(config) -> dict:
         draw = (step, acc.process_index, cfg["seed"], cfg["batch_size"] * count, cfg["seq_len"])
         x = train_batch(train_stream, *draw).to(acc.device)
         for group in opt.param_groups:
-            group["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup_steps"])
+            group["lr"] = cfg["lr"] * warmup_factor(step, cfg["warmup_steps"])
         loss, accuracy = step_report(acc, *accumulated_backward(
             micro_batches(x, None, count), loss_of, acc.backward, lambda: acc.no_sync(model), count))
         if cfg["grad_clip"]:
