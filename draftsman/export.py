@@ -45,6 +45,10 @@ _LLAMA_LAYER_TARGETS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausa
 _WINDOW_KEYS = ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")
 # What an export writes (any engine's); an --out folder holding anything else is not an earlier export.
 _EXPORT_FILES = {"config.json", "model.safetensors", "medusa_lm_head.safetensors"}
+# Written beside every export (the engines read only config.json and the weights): an export is
+# written only into a new folder or an earlier export's, and a model's config.json and weights look
+# like an export's.
+EXPORT_MARK = ".draftsman-export.json"
 
 
 def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 0,
@@ -76,7 +80,6 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     out_dir = Path(out)
     check_out_folder(out_dir, heads_dir, target_dir)
     target = load_causal_lm(target_dir, "float32", "cpu", what="--target")
-    out_dir.mkdir(parents=True, exist_ok=True)
     cast = getattr(torch, dtype)
     if kind == "eagle":
         tensors, config, filename, generation = _eagle(heads_dir, target, engine)
@@ -87,11 +90,17 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     missing = expected ^ set(tensors)
     if missing:  # a bug in this file, not bad input
         raise RuntimeError(f"export wrote keys that differ from expected_keys: {sorted(missing)}")
-    # Both written before either replaces an earlier export's: Ctrl-C leaves no half file for an engine to load.
-    with replaced_together([out_dir / filename, out_dir / "config.json"], mode=0o644) as (weights, config_file):
+    out_dir.mkdir(parents=True, exist_ok=True)  # (only now: a refused export leaves no empty folder)
+    # All written before any replaces an earlier export's: Ctrl-C leaves no half file for an engine to load.
+    with replaced_together([out_dir / filename, out_dir / "config.json", out_dir / EXPORT_MARK],
+                           mode=0o644) as (weights, config_file, mark):
         save_file({k: (v.to(cast) if v.is_floating_point() else v).detach().contiguous() for k, v in tensors.items()},
                   str(weights))
         config_file.write_text(json.dumps(config, indent=2))
+        mark.write_text(json.dumps({"kind": kind, "engine": engine, "heads": str(heads_dir),
+                                    "target": str(target_dir)}, indent=2))
+    for stale in _EXPORT_FILES - {filename, "config.json"}:  # the other engine's weights, from an earlier export
+        (out_dir / stale).unlink(missing_ok=True)
     return out_dir
 
 
@@ -104,14 +113,17 @@ def check_out_folder(out_dir: Path, heads_dir: str, target_dir: str) -> None:
         if out_dir.resolve() == Path(given).resolve():
             raise ValueError(f"--out {out_dir} is the {what} folder: the export would overwrite its config.json and "
                              "weights; give a new folder")
-    if not out_dir.is_dir():
+    if not out_dir.is_dir() or (out_dir / EXPORT_MARK).is_file():  # a new folder, or an earlier export's
         return
     others = sorted(p.name for p in out_dir.iterdir() if p.name not in _EXPORT_FILES and not p.name.startswith("."))
     config_file = out_dir / "config.json"
     config = read_json_object(config_file) if config_file.exists() else {}
+    ours = sorted(p.name for p in out_dir.iterdir() if p.name in _EXPORT_FILES)
     found = ("a config.json no export wrote" if config is None
              else "draftsman heads (its config.json has a 'kind')" if "kind" in config
-             else f"files an export does not write ({', '.join(others[:4])})" if others else None)
+             else f"files an export does not write ({', '.join(others[:4])})" if others
+             else f"{' and '.join(ours)} without the {EXPORT_MARK} an export leaves (a model's, or an export made "
+                  "before exports left one: delete it to export there)" if ours else None)
     if found:
         raise ValueError(f"--out {out_dir} holds {found}: the export would replace its config.json and weights. "
                          "Give a new folder, or an earlier export's")

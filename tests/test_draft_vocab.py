@@ -220,6 +220,13 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
         assert "holds no token order (no 'tokens_by_frequency')" in capsys.readouterr().err
         assert out.read_bytes() == before
     assert (folder / "config.json").read_bytes() == config
+    heads_config = tmp_path / "heads" / "config.json"  # heads keep their order among other keys
+    heads_config.parent.mkdir()
+    heads_config.write_text(json.dumps({"kind": "eagle3", "tokens_by_frequency": [0, 1], "save_id": "x"}))
+    before = heads_config.read_bytes()
+    assert cli.main(["vocab", "--target", str(target), "--out", str(heads_config), "--corpus-root", "/no/such"]) == 2
+    assert "holds more than a token order (also ['kind', 'save_id'])" in capsys.readouterr().err
+    assert heads_config.read_bytes() == before
 
 
 def test_vocab_numbers_and_a_missing_corpus_are_named(tiny_models, tmp_path, capsys):

@@ -136,7 +136,7 @@ def test_an_interrupted_export_leaves_the_last_one_whole(llama, tmp_path, monkey
     monkeypatch.setattr(export_module, "save_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         export("medusa", str(tmp_path / "heads3"), str(folder), "vllm", str(out), dtype="float32")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".draftsman-export.json", "config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["num_heads"] == 2
     assert set(_read(out / "model.safetensors")) == expected_keys("medusa", "vllm", num_heads=2, num_layers=1)
 
@@ -174,11 +174,25 @@ def test_out_must_not_be_the_heads_the_target_or_any_model(llama, tmp_path):
         (copy / name).write_bytes((heads / name).read_bytes())
     with pytest.raises(ValueError, match=r"holds draftsman heads \(its config.json has a 'kind'\)"):
         export("medusa", str(heads), str(folder), "vllm", str(copy), dtype="float32")
+    bare = tmp_path / "bare-model"  # a model's config.json and weights alone were written over, exit 0
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((Path(folder) / name).read_bytes())
+    before.update({p: p.read_bytes() for p in bare.iterdir()})
+    with pytest.raises(ValueError, match=r"holds config.json and model.safetensors without the .draftsman-export"):
+        export("medusa", str(heads), str(folder), "vllm", str(bare), dtype="float32")
     assert {p: p.read_bytes() for p in before} == before
     out = tmp_path / "new" / "export"
-    for engine in ("vllm", "medusa", "vllm"):  # an earlier export, of either engine, is written over
+    for engine, weights in (("vllm", "model.safetensors"), ("medusa", "medusa_lm_head.safetensors"),
+                            ("vllm", "model.safetensors")):  # an earlier export, of either engine, is written over
         export("medusa", str(heads), str(folder), engine, str(out), dtype="float32")
+        assert sorted(p.name for p in out.iterdir()) == sorted([".draftsman-export.json", "config.json", weights])
     assert json.loads((out / "config.json").read_text())["num_heads"] == 2
+    assert json.loads((out / ".draftsman-export.json").read_text())["engine"] == "vllm"
+    refused = tmp_path / "refused"  # heads of another kind: refused, and no empty --out left behind
+    with pytest.raises(ValueError):
+        export("eagle", str(heads), str(folder), "vllm", str(refused), dtype="float32")
+    assert not refused.exists()
 
 def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys, monkeypatch):
     folder, target = llama

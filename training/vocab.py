@@ -62,15 +62,24 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
                           f"(windows of {seq_len})"}
 
 
+ORDER_KEYS = {"tokens_by_frequency", "coverage", "counted_on"}  # all an order file holds (count's result)
+
+
 def check_replaceable(out: Path) -> None:
     """The order is written over an earlier order only: --out model/config.json (a slip for the
-    model folder) must not replace the model's config."""
+    model folder) must not replace the model's config, nor a heads folder's, which holds an order
+    among its other keys."""
     if not out.exists():
         return
-    if "tokens_by_frequency" not in (read_json_object(out) or {}):
+    found = read_json_object(out) or {}
+    if "tokens_by_frequency" not in found:
         raise ValueError(f"--out '{out}' exists and holds no token order (no 'tokens_by_frequency'): the order "
                          "would replace it. Give the draft model's folder (the order goes in its "
                          "tokens_by_frequency.json) or a new file")
+    if not set(found) <= ORDER_KEYS:
+        raise ValueError(f"--out '{out}' holds more than a token order (also {sorted(set(found) - ORDER_KEYS)[:4]}): "
+                         "a heads config.json, say, which the order would replace. Give the draft model's folder "
+                         "(the order goes in its tokens_by_frequency.json) or a new file")
 
 
 @restores_torch_threads
