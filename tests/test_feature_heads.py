@@ -548,6 +548,28 @@ def test_training_config_names_the_kinds(tiny_models, tmp_path):
                "out": str(tmp_path)})
 
 
+@pytest.mark.parametrize("keys, message", [
+    ({"kind": "medusa", "num_heads": 16, "seq_len": 16}, "num_heads 16 needs windows longer than seq_len 16"),
+    ({"kind": "eagle3", "ttt_steps": 33, "seq_len": 32}, "ttt_steps 33 needs windows longer than seq_len 32"),
+    ({"kind": "mtp", "eval_depths": 20, "seq_len": 20}, "eval_depths 20 needs windows longer"),
+    ({"kind": "eagle3", "aux_layers": [1.5, 3, 5]}, r"aux_layers must be 3 different .*got \[1.5, 3, 5\]"),
+    ({"kind": "eagle3", "aux_layers": []}, "aux_layers must be 3 different"),
+    ({"kind": "eagle3", "aux_layers": [1, 1, 1]}, "aux_layers must be 3 different"),
+    ({"kind": "eagle3", "aux_layers": [3, 2, 1]}, "low to high"),
+    ({"kind": "medusa", "eval_ranks": 321}, "eval_ranks 321 is more than the target's 320 tokens"),
+    ({"kind": "eagle3", "draft_vocab": 1000}, r"draft_vocab 1000 is more than the target's 320 tokens: lower it \(or"),
+    ({"kind": "medusa", "seq_len": 257}, "seq_len 257 is longer than the target's 256 positions"),
+])
+def test_keys_that_failed_at_the_end_of_a_run_are_named_before_it(tiny_models, tmp_path, keys, message):
+    """These trained for the whole run and then failed (an IndexError in the training-time test's
+    scaling, torch's 'selected index k out of range' in the evaluation), or were quietly read as
+    something else (aux_layers [1.5, 3, 5] as [1, 3, 5], draft_vocab cut to the vocabulary). The
+    corpus is missing: each is named before it is read."""
+    with pytest.raises(ValueError, match=message):
+        train({"target": str(tiny_models["llama"][0]), "out": str(tmp_path / "out"), "threads": 1,
+               "corpus_root": str(tmp_path / "no-corpus"), "work_dir": str(tmp_path / "w"), **keys})
+
+
 def test_a_corpus_with_no_held_out_file_is_named(tiny_models, tmp_path):
     """Files are held out by a hash of their name: a small corpus may have none."""
     from draftsman.training.corpus import is_heldout

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from . import corpus as C
 from ..heads.common import check_heads_destination
 from ..heads.mlp_speculator import MLPSpeculator, load_mlp_speculator
-from ..models import DTYPES, pretrained_text_model, resolve_dtype, tokenizer_fingerprint
+from ..models import DTYPES, context_length, pretrained_text_model, resolve_dtype, tokenizer_fingerprint
 from .documents import data_file_digest, document_ids, document_ids_and_reply_mask, read_documents
 from .heads_config import (DEFAULTS, KINDS, LATER_KEYS, STEP_DEFAULTS, check_step_keys,  # noqa: F401 (heads'
                            config_with_overrides, merged_config, train_parser)  # own names, as before)
@@ -94,7 +94,35 @@ def load_config(raw) -> dict:
                          "tie_weights: false")
     if cfg["kind"] == "eagle3" and cfg["labels"] != "self_distill":
         raise ValueError("eagle3 heads learn the target's own distribution: set labels: self_distill")
+    # Head h (depth h + 1) is learned and measured at seq_len - h - 1 places of a window: a window
+    # shorter than the deepest failed at the end of the run (an IndexError, torch's batch sizes).
+    deepest = {"medusa": "num_heads", "mlp_speculator": "num_heads", "eagle3": "ttt_steps"}.get(cfg["kind"])
+    for key in ([deepest] if deepest else []) + (["eval_depths"] if cfg["kind"] in ("eagle", "eagle3", "mtp") else []):
+        if cfg[key] >= cfg["seq_len"]:
+            raise ValueError(f"{key} {cfg[key]} needs windows longer than seq_len {cfg['seq_len']} (depth d is learned "
+                             f"at seq_len - d places): lower {key} or raise seq_len")
+    aux = cfg["aux_layers"]
+    if aux is not None and (len(aux) != 3 or not all(type(k) is int for k in aux) or sorted(set(aux)) != aux):
+        raise ValueError(f"aux_layers must be 3 different hidden_states indices (whole numbers), low to high, e.g. "
+                         f"[2, 16, 29], or null for EAGLE-3's default; got {aux!r}")
     return cfg
+
+
+def check_against_target(cfg: dict, target: torch.nn.Module) -> None:
+    """What only the loaded target can say, said before the corpus is read or a step is taken: keys that
+    failed at the end of a run (eval_ranks past the vocabulary) or were quietly cut (draft_vocab)."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    for key in ("eval_ranks", "draft_vocab"):
+        if cfg.get(key) is not None and cfg[key] > vocab:
+            raise ValueError(f"{key} {cfg[key]} is more than the target's {vocab} tokens: lower it"
+                             + (" (or set null for all of them)" if key == "draft_vocab" else ""))
+    try:
+        positions = context_length(target.config)
+    except ValueError:  # a config that does not say: nothing to check against
+        positions = None
+    if positions is not None and cfg["seq_len"] > positions:
+        raise ValueError(f"seq_len {cfg['seq_len']} is longer than the target's {positions} positions: the heads would "
+                         f"learn from positions it was never trained on; set seq_len <= {positions}")
 
 
 def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -558,6 +586,7 @@ def evaluate_only(config) -> dict:
     if not acc.is_main_process:  # under a launcher: one evaluation, by the main process (each would rewrite `out`)
         return {}
     target = frozen_target(cfg, acc.device)
+    check_against_target(cfg, target)
     train_stream, held_stream, masks = training_streams(cfg, AutoTokenizer.from_pretrained(cfg["target"]))
     heads = load_heads(cfg, cfg["out"], target)
     held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)
@@ -576,6 +605,7 @@ def train(config) -> dict:
     torch.manual_seed(cfg["seed"])
     acc = accelerator(cfg["mixed_precision"])
     target = frozen_target(cfg, acc.device)
+    check_against_target(cfg, target)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)
     train_mask = masks[0] if masks else None
