@@ -96,10 +96,13 @@ def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, 
     # Another dataset in regenerate's own form was resumed: its lines counted as done, its last line cut.
     (LINES, ["--out", "OTHER-DATASET"], "line 1 is not the output of --data-file's line 1 (its conversation"),
     (LINES, ["--out", "EDITED-INPUT"], "line 2 is not the output of --data-file's line 2"),
+    ([], [], "in.jsonl' holds no lines: give a JSONL file"),  # loaded the target, wrote nothing, exit 0
+    (LINES, ["--data-file", "MISSING"], "missing.jsonl' does not exist: give a JSONL file with one"),
 ])
 def test_refusals_come_before_any_model_loads(tmp_path, capsys, lines, args, message):
     data = write(tmp_path / "in.jsonl", lines)
     files = {"FOLDER": tmp_path, "NOTES": tmp_path / "notes.txt", "ONE-LINE": tmp_path / "one.txt",
+             "MISSING": tmp_path / "missing.jsonl",
              "OTHER-JSON": tmp_path / "other.jsonl", "LONGER": tmp_path / "longer.jsonl",
              "OTHER-DATASET": tmp_path / "dataset.jsonl", "EDITED-INPUT": tmp_path / "edited.jsonl"}
     other = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer"}]}
@@ -117,10 +120,11 @@ def test_refusals_come_before_any_model_loads(tmp_path, capsys, lines, args, mes
     write(files["LONGER"], [{"text": "x"}] * 6)
     before = {path: path.read_bytes() for path in files.values() if path.is_file()}
     args = [str(data) if a == "SAME" else str(files[a]) if a in files else a for a in args]
-    base = ["regenerate", "--target", "/no/such/model", "--data-file", str(data)]
+    base = ["regenerate", "--target", "/no/such/model"] + ([] if "--data-file" in args else ["--data-file", str(data)])
     assert cli.main([*base, *([] if "--out" in args else ["--out", str(tmp_path / "o.jsonl")]), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+    assert "data_file: null" not in err  # (the training key's advice)
     assert {path: path.read_bytes() for path in before} == before
 
 

@@ -72,6 +72,12 @@ def test_missing_file_and_too_few_lines(tmp_path):
         read_documents(tmp_path / "none.jsonl")
     with pytest.raises(ValueError, match="gives 1 training and 0 held-out documents.*add lines"):
         read_documents(write(tmp_path / "one.jsonl", rows(1)))
+    # A folder read as "does not exist"; a Latin-1 file failed without its name.
+    with pytest.raises(ValueError, match=f"data_file '{tmp_path}' is a folder: give a JSONL file"):
+        read_documents(tmp_path)
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "café"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match="'.*latin1.jsonl' is not UTF-8 text .* at byte 13.*save it as UTF-8"):
+        read_documents(tmp_path / "latin1.jsonl")
 
 
 def config(folder, tmp_path, data_file, **over) -> dict:

@@ -50,10 +50,16 @@ def read_documents(path: str | Path, percent: int = HELDOUT_PERCENT) -> tuple[li
     return train, held
 
 
-def iter_documents(path: str | Path):
-    """("file:line", the line's text, its document) for each non-blank line, in file order."""
-    path = _existing(path)
-    for n, line, value in json_lines(path.read_text(encoding="utf-8"), str(path), f"each line holds one {FORMATS}"):
+def iter_documents(path: str | Path, what: str = "data_file"):
+    """("file:line", the line's text, its document) for each non-blank line, in file order. what: the
+    key or flag that named the file, for the errors."""
+    path = _existing(path, what)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} '{path}' is not UTF-8 text ({e.reason} at byte {e.start}): "
+                         "save it as UTF-8") from None
+    for n, line, value in json_lines(text, str(path), f"each line holds one {FORMATS}"):
         try:
             doc = _document(value)
         except ValueError as e:
@@ -66,11 +72,13 @@ def data_file_digest(path: str | Path) -> str:
     return hashlib.sha256(_existing(path).read_bytes()).hexdigest()[:12]
 
 
-def _existing(path: str | Path) -> Path:
+def _existing(path: str | Path, what: str = "data_file") -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} '{path}' is a folder: give a JSONL file with one {FORMATS} per line")
     if not path.is_file():
-        raise FileNotFoundError(f"data_file '{path}' does not exist: give a JSONL file with one {FORMATS} per line, "
-                                "or set data_file: null to train on corpus_root")
+        raise FileNotFoundError(f"{what} '{path}' does not exist: give a JSONL file with one {FORMATS} per line"
+                                + (", or set data_file: null to train on corpus_root" if what == "data_file" else ""))
     return path
 
 

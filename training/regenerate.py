@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     source, out = Path(args.data_file), Path(args.out)
     if source.resolve() == out.resolve():
         raise ValueError("--out must be another file than --data-file: it is written while the input is read")
-    documents = list(iter_documents(source))  # every line checked before any model loads
+    documents = list(iter_documents(source, "--data-file"))  # every line checked before any model loads
+    if not documents:  # (it loaded the target, wrote nothing and exited 0)
+        raise ValueError(f"--data-file '{source}' holds no lines: give a JSONL file of conversations or texts")
     if args.limit is not None:
         documents = documents[: args.limit]
     done = _resume(out, [doc for _, _, doc in documents])
