@@ -91,7 +91,13 @@ def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
 def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> torch.nn.Module:
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
     folder = check_model_folder(folder, what)  # (training reads targets through here, not load_causal_lm)
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    folder_config = json.loads((folder / "config.json").read_text())
+    model_type = folder_config.get("model_type")
+    kind = folder_config.get("kind")
+    if kind in ("medusa", "eagle", "eagle3", "mtp"):  # heads this package trained: no model class reads them
+        drafter = "eagle" if kind == "eagle3" else kind
+        raise ValueError(f"{what}: '{folder}' holds {kind} heads (draftsman train {kind}), which draft from a target's "
+                         f"hidden states and are not a causal LM: use drafter: {drafter} with path set to this folder")
     if model_type == "mlp_speculator":  # no model class in transformers: AutoConfig would not know it
         raise ValueError(f"{what}: '{folder}' holds an MLP speculator (model_type mlp_speculator), which drafts from "
                          "a target's hidden states and is not a causal LM: use drafter: mlp_speculator with path set "

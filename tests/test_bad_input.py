@@ -275,6 +275,13 @@ def test_missing_drafter_folder_is_named(llama, tmp_path):
         draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(missing)}))
 
 
+@pytest.mark.parametrize("kind, drafter", [("medusa", "medusa"), ("eagle3", "eagle"), ("mtp", "mtp")])
+def test_a_heads_folder_given_as_a_draft_model_names_its_drafter(llama, fresh_heads, kind, drafter):
+    """transformers' "Unrecognized model in ... Should have a `model_type` key" said nothing of heads."""
+    with pytest.raises(ValueError, match=f"holds {kind} heads .* not a causal LM: use drafter: {drafter} with path"):
+        draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(fresh_heads / kind)}))
+
+
 @pytest.mark.parametrize("drafter, message", [
     ({"name": "ngarm"}, "unknown drafter 'ngarm'"),
     ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\]"),

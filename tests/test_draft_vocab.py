@@ -212,6 +212,13 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
         assert cli.main(["vocab", "--target", str(target), "--out", str(out), "--corpus-root", str(tiny_corpus),
                          "--work-dir", str(tmp_path / "work"), "--tokens", "1024", "--seq-len", "64"]) == 0
     assert "tokens_by_frequency" in json.loads((tmp_path / "new" / "folder" / "order.json").read_text())
+    # "newdir/" wrote a file named newdir; more tokens than the corpus has were recorded as counted
+    assert cli.main(["vocab", "--target", str(target), "--out", f"{tmp_path / 'newdir'}/", "--corpus-root",
+                     str(tiny_corpus), "--work-dir", str(tmp_path / "work"), "--tokens", "10000000",
+                     "--seq-len", "64"]) == 0
+    counted_on = json.loads((tmp_path / "newdir" / "tokens_by_frequency.json").read_text())["counted_on"]
+    counted = int(counted_on.split(" on ")[1].split()[0])
+    assert 64 <= counted < 10000000 and counted % 64 == 0, counted_on
     capsys.readouterr()
     config = (folder / "config.json").read_bytes()
     for out in (folder / "config.json", folder / "model.safetensors"):

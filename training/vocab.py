@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..atomic_files import replaced_whole
@@ -57,8 +58,10 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     train_stream, _, masks = training_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
     frequent = target_token_frequencies(cfg, model, train_stream, autocast, masks[0] if masks else None)
     where = " inside assistant replies" if assistant_only else ""
+    # The tokens of the sample heldout_windows took: a corpus shorter than --tokens gives fewer.
+    counted = max(1, min(tokens, len(train_stream)) // seq_len) * seq_len
     return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],
-            "counted_on": f"greedy picks of {folder.name}{where} on {tokens} training-split tokens "
+            "counted_on": f"greedy picks of {folder.name}{where} on {counted} training-split tokens "
                           f"(windows of {seq_len})"}
 
 
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"need --threads >= 1 and --tokens >= --seq-len >= 2 (windows of --seq-len tokens are "
                          f"counted), got --threads {args.threads}, --tokens {args.tokens}, --seq-len {args.seq_len}")
     out = Path(args.out)
-    if out.is_dir():
+    if out.is_dir() or args.out.endswith(("/", os.sep)):  # a folder, or one to make ("newdir/" wrote a file)
         out = out / ORDER_FILE
     check_replaceable(out)  # before the count, which takes hours on a large target
     out.parent.mkdir(parents=True, exist_ok=True)
