@@ -85,6 +85,16 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+def parse_override(value: str, item: str) -> Any:
+    """An override's value (--set KEY=VALUE), parsed as YAML; a parse error names the override."""
+    try:
+        return parse_yaml(value)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--set {item!r}: the value {value!r} is not valid YAML ({problem}); quote a text value, "
+                         f"e.g. KEY='{value}'") from None
+
+
 def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
     """A YAML file's content (JSON is YAML too); a parse error names the file, which the parser's
     own words ("found character '\\t' that cannot start any token", a line and column) do not."""
@@ -234,7 +244,7 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"override '{item}': '{section}' is not a config section")
-        parsed = parse_yaml(value)
+        parsed = parse_override(value, item)
         if section == "drafter" and key == "name" and parsed != raw["drafter"].get("name"):
             raw["drafter"] = {}  # the old drafter's options mean nothing to the new one
         raw[section][key] = parsed

@@ -150,6 +150,7 @@ def test_overrides_do_not_change_their_input():
     ("k=6", "must look like section.key=value"),
     ("sampling.temprature=0.5", r"unknown key\(s\) \['sampling.temprature'\].*'temperature'"),
     ("decoding.k=6", r"unknown config key\(s\) \['decoding'\].*valid top-level keys"),
+    ("sampling.stop=[a,", r"--set 'sampling.stop=\[a,': the value '\[a,' is not valid YAML \(.*quote a text value"),
 ])
 def test_bad_overrides_say_what_is_wrong(item, message):
     with pytest.raises(ValueError, match=message):

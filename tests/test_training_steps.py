@@ -523,13 +523,19 @@ def test_a_number_pyyaml_reads_as_text_is_the_number(tiny_models, trainer, tmp_p
 
 
 def test_set_must_be_key_equals_value(tmp_path, capsys):
-    """`--set max_steps` (no "=") set max_steps to null; `--set =5` set a key ''."""
+    """`--set max_steps` (no "=") set max_steps to null; `--set =5` set a key ''; a value that is not
+    YAML, and a work_dir that is a file, got only the parser's or the OS's words."""
     from draftsman import cli
 
     config = Path(__file__).parents[1] / "training" / "configs" / "medusa.yaml"
     for item in ("max_steps", "=5"):
         assert cli.main(["train", "medusa", "--config", str(config), "--set", item]) == 2
         assert f"--set '{item}' must look like KEY=VALUE, e.g. max_steps=100" in capsys.readouterr().err
+    assert cli.main(["train", "medusa", "--config", str(config), "--set", f"work_dir={config}"]) == 2
+    assert f"work_dir '{config}' is a file: it is the folder for token caches" in capsys.readouterr().err
+    # a value that is not YAML gave the parser's words alone ("while parsing a flow node ...")
+    assert cli.main(["train", "medusa", "--config", str(config), "--set", "aux_layers=[1,"]) == 2
+    assert "--set 'aux_layers=[1,': the value '[1,' is not valid YAML (" in capsys.readouterr().err
 
 
 class _Stop(Exception):

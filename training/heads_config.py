@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from ..config import parse_yaml, read_yaml
+from ..config import parse_override, read_yaml
 
 KINDS = ("medusa", "eagle", "eagle3", "mtp", "mlp_speculator")
 
@@ -82,6 +82,10 @@ def merged_config(raw, defaults: dict, what: str, required: tuple[str, ...]) -> 
             raise ValueError(f"{what}: '{key}' is required")
     check_step_keys(cfg, what)
     check_values(cfg, defaults, what)
+    work = cfg.get("work_dir")
+    if work and Path(work).exists() and not Path(work).is_dir():  # (a bare "[Errno 17] File exists" at the cache)
+        raise ValueError(f"{what}: work_dir '{work}' is a file: it is the folder for token caches and checkpoints; "
+                         "give a folder's path")
     return cfg
 
 
@@ -165,7 +169,7 @@ def config_with_overrides(path: str, overrides: list[str]) -> dict:
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
             raise ValueError(f"--set {item!r} must look like KEY=VALUE, e.g. max_steps=100")
-        raw[key.strip()] = parse_yaml(value)
+        raw[key.strip()] = parse_override(value, item)
     return raw
 
 
