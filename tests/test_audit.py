@@ -215,6 +215,13 @@ def test_prompt_files_jsonl_or_one_per_line(tmp_path):
         read_prompts(tmp_path / "empty.txt")
 
 
+
+def test_a_jsonl_row_with_a_meta_key_is_audited(tmp_path):
+    """A prompt row with a "meta" key was taken for the file's header and silently left out."""
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"text": "def f(x):", "meta": "from run 3"}\n{"text": "def g(y):"}\n')
+    assert read_prompts(jsonl) == ["def f(x):", "def g(y):"]
+
 @pytest.fixture(scope="module")
 def config_file(target, close, tmp_path_factory):
     path = tmp_path_factory.mktemp("audit-cli") / "run.yaml"
@@ -261,6 +268,20 @@ def test_user_errors_exit_2(config_file, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
 
+
+
+@pytest.mark.parametrize("row, message", [
+    ('{"text": "def f(x):", "line": null}', '"line" must be a whole number >= 0'),
+    ('{"text": "def f(x):", "tokens": [1]}', '"tokens" must be a whole number >= 0'),
+    ('{"text": "def f(x):", "line": "abc"}', '"line" must be a whole number >= 0'),
+])
+def test_a_prompt_rows_bad_field_exits_2_naming_its_file_and_line(config_file, tmp_path, capsys, row, message):
+    """These failed as a TypeError traceback or as "invalid literal for int()", naming no file or line."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "import os"}\n' + row + "\n")
+    assert cli.main(["audit", "--config", str(config_file), "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:2: ") and message in err and "or left out, got" in err, err
 
 @pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"presence_penalty": 2.0, "frequency_penalty": 2.0},
                                        {"logit_bias": {5: -100.0, 9: 4.0}, "repetition_penalty": 1.3},

@@ -249,6 +249,33 @@ def test_config_mistakes_are_named_before_any_model_loads(tmp_path, capsys):
     assert load_bench_config(str(bad))["sampling"] == {"min_p": 0.001}
 
 
+
+def test_a_drafter_labelled_none_is_refused_beside_the_baseline(tmp_path, capsys):
+    """`label: none` on another drafter gave the baseline's label to it: the run exited 0 with the
+    baseline row showing that drafter's numbers. Labels are unique with the baseline among them."""
+    for drafters in ([{"name": "ngram", "label": "none"}], [{"name": "none"}, {"name": "ngram", "label": "none"}]):
+        with pytest.raises(ValueError, match=r"drafters\[\d\] \(ngram\): the label 'none' belongs to the baseline"):
+            load_bench_config(overrides={"target": {"path": "t"}, "drafters": drafters})
+    (tmp_path / "bench.yaml").write_text("drafters: [{name: ngram, label: none}]\ntemperatures: [0]\n")
+    assert cli.main(["compare", "--config", str(tmp_path / "bench.yaml"), "--out", str(tmp_path / "out")]) == 2
+    assert "choose another `label`" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    cfg = load_bench_config(overrides={"target": {"path": "t"}, "drafters": [{"name": "none", "label": "base"},
+                                                                            {"name": "ngram", "label": "ng"}]})
+    assert [d.get("label") for d in cfg["drafters"]] == ["base", "ng"]  # a baseline of another label is allowed
+
+
+def test_temperatures_that_are_not_finite_are_refused_before_the_target_loads(tiny_models, tmp_path, capsys):
+    """--temperatures nan or inf passed the config check (only < 0 was refused) and failed after
+    the target loaded, the --out folder already made."""
+    out, prompts = tmp_path / "out", tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    for value in ("nan", "inf"):
+        assert cli.main(["compare", "--target", str(tiny_models["llama"][0]), "--drafters", "ngram", "--quick",
+                         "--no-peers", "--no-progress", "--batch-sizes", "1", "--temperatures", f"0,{value}",
+                         "--prompts", str(prompts), "--out", str(out)]) == 2
+        assert f"temperatures must be finite numbers >= 0 (0 = greedy), got [0.0, {value}]" in capsys.readouterr().err
+        assert not out.exists()
+
 def test_target_and_drafters_flags_compare_without_a_file(tiny_models, tmp_path, capsys):
     """--target DIR --drafters ...: a user's own target without a compare config. The target
     section of a file keeps its dtype and device under --target; mistakes are named first."""
@@ -424,6 +451,37 @@ def test_jsonl_round_trip_and_user_files(tmp_path, tiny_tokenizer):
         with pytest.raises(ValueError, match="mine.jsonl:1: " + re.escape(message)):
             P.read_prompts(user)
 
+
+
+def test_a_prompt_rows_line_and_tokens_must_be_whole_numbers(tmp_path):
+    """"line": null and "tokens": [1] failed as a TypeError traceback, "line": "abc" as "invalid
+    literal for int()" naming no file or row, and 3.5, -2 or true were read as 3, -2, 1."""
+    user = tmp_path / "mine.jsonl"
+    for field, value in [("line", None), ("tokens", [1]), ("line", "abc"), ("line", 3.5), ("tokens", -2),
+                         ("line", True)]:
+        user.write_text('{"text": "ok"}\n' + json.dumps({"text": "def f(x):", field: value}) + "\n")
+        with pytest.raises(ValueError, match=rf'mine.jsonl:2: "{field}" must be a whole number >= 0 .* or left out'):
+            P.read_prompts(user)
+    user.write_text('{"text": "def f(x):", "line": 3.0, "tokens": "12"}\n')  # what int() read, whole, still reads
+    assert [(p.line, p.tokens) for p in P.read_prompts(user)[0]] == [(3, 12)]
+
+
+def test_a_prompt_row_with_a_meta_key_is_a_prompt_not_the_header(tmp_path):
+    """Any row with a "meta" key was taken for the header and its prompt silently dropped. The
+    header is {"meta": ...} alone on the first line; a row with a prompt is a prompt; a row with
+    "meta" and no prompt anywhere else is named."""
+    user = tmp_path / "mine.jsonl"
+    user.write_text('{"meta": {"built_by": "me"}}\n{"text": "def f(x):", "meta": "from run 3"}\n'
+                    '{"text": "def g(y):"}\n')
+    prompts, meta = P.read_prompts(user)
+    assert [p.text for p in prompts] == ["def f(x):", "def g(y):"] and meta == {"built_by": "me"}
+    for rows, message in [('{"text": "a"}\n{"meta": {"b": 1}}\n', "mine.jsonl:2: a second header or one after the"),
+                          ('{"meta": {}}\n\n{"meta": {"c": 2}}\n{"text": "a"}\n', "mine.jsonl:3: a second header"),
+                          ('{"meta": {}, "category": "copy"}\n{"text": "a"}\n',
+                           r'mine.jsonl:1: this row has "meta" and \[\'category\'\] but no prompt: give it a "text"')]:
+        user.write_text(rows)
+        with pytest.raises(ValueError, match=message):
+            P.read_prompts(user)
 
 def test_bundled_prompt_set():
     prompts, meta = P.read_prompts(BUNDLED_PROMPTS)

@@ -6,6 +6,7 @@ file are relative to that file (as in run configs); `out` is relative to the cur
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,13 @@ def _validate(cfg: dict) -> None:
             TypicalAcceptance.parse(d.get("lossy_typical_acceptance"))
         except ValueError as e:
             raise ValueError(f"drafters[{i}] ({d['name']}): {e}") from None
-    labels = [drafter_label(d) for d in drafters]
+    for i, d in enumerate(drafters):  # (its rows would be the baseline's, which compare adds as `none`)
+        if d["name"] != "none" and drafter_label(d) == "none":
+            raise ValueError(f"drafters[{i}] ({d['name']}): the label 'none' belongs to the baseline, the drafter "
+                             f"`none` (added when not listed); choose another `label`, or leave it out to use the name")
+    if not any(d["name"] == "none" for d in drafters):
+        drafters.insert(0, {"name": "none"})  # the baseline every speedup is measured against
+    labels = [drafter_label(d) for d in drafters]  # the baseline's among them
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         raise ValueError(f"drafter label(s) {dupes} appear twice; give each drafter a unique `label`")
@@ -193,8 +200,6 @@ def _validate(cfg: dict) -> None:
     if taken:
         raise ValueError(f"drafter label(s) {taken}: names starting with hf_ belong to the Hugging Face peers; "
                          "choose another `label`")
-    if not any(d["name"] == "none" for d in drafters):
-        drafters.insert(0, {"name": "none"})  # the baseline every speedup is measured against
 
     swept = cfg["sweep_drafters"]
     if swept is not None:
@@ -212,8 +217,8 @@ def _validate(cfg: dict) -> None:
         twice = sorted({x for x in v if v.count(x) > 1})
         if twice:  # (each ran again, its rows and table cells written twice under one key)
             raise ValueError(f"{key} {v} lists {twice} more than once: give each value once")
-    if any(t < 0 for t in cfg["temperatures"]):
-        raise ValueError(f"temperatures must be >= 0, got {cfg['temperatures']}")
+    if any(not math.isfinite(t) or t < 0 for t in cfg["temperatures"]):  # (nan failed after the target loaded)
+        raise ValueError(f"temperatures must be finite numbers >= 0 (0 = greedy), got {cfg['temperatures']}")
     _validate_sampling(cfg["sampling"])
     if any(not isinstance(b, int) or b < 1 for b in cfg["batch_sizes"]):
         raise ValueError(f"batch_sizes must be integers >= 1, got {cfg['batch_sizes']}")

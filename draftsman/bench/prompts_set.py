@@ -13,8 +13,9 @@ Which cut a file contributes is decided by a hash of (file, category, line), so 
 function of the files and the tokenizer. Files come in sorted order and give at most one prompt per
 category per pass over them, so a large repetitive file cannot fill a category on its own.
 
-JSONL: an optional first line {"meta": {...}} saying how the file was built, then one object per
-prompt: {"id", "category", "source", "line", "tokens", "text"}. A user's own file needs only
+JSONL: an optional first line {"meta": {...}} saying how the file was built (that key alone; a row
+with a prompt is a prompt, a "meta" key of its own ignored), then one object per prompt: {"id",
+"category", "source", "line", "tokens" (whole numbers, 0 = unknown), "text"}. A user's own file needs only
 "text" per line ("category" defaults to "default"), or, for a chat/instruct target, "messages":
 a conversation the target's chat template turns into the prompt, or "input_ids": token ids. The
 audit reads its JSONL files through this reader too (row_prompts).
@@ -44,6 +45,7 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 REPLAY_BATCH = 8  # questions whose earlier turns are answered side by side
 BUILD_COMMAND = "draftsman compare --build-prompts {out}"
 DEFAULT_CATEGORY = "default"
+PROMPT_KEYS = ("text", "messages", "input_ids", "turns")  # a row's prompt, one of them
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 COPY_MIN_OVERLAP = 0.7  # share of the continuation's word 3-grams found in the prompt: copy
@@ -78,10 +80,20 @@ def read_prompts(path: str | Path) -> tuple[list[Prompt], dict]:
                                 f"`{BUILD_COMMAND.format(out=path)}` or write one JSON object per line "
                                 'with a "text" key')
     prompts, meta, seen = [], {}, set()
-    for n, _, rec in json_lines(path.read_text(encoding="utf-8"), str(path), "each line must be one JSON object"):
+    lines = json_lines(path.read_text(encoding="utf-8"), str(path), "each line must be one JSON object")
+    for row, (n, _, rec) in enumerate(lines):
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{n}: expected a JSON object like {{\"text\": \"...\"}}, got {type(rec).__name__}")
-        if "meta" in rec:
+        if "meta" in rec and not any(rec.get(key) is not None for key in PROMPT_KEYS):
+            # The header: {"meta": {...}} alone, on the first line (write_prompts'). A row holding
+            # more is a prompt, its "meta" key ignored; neither is ever dropped unread.
+            header = '{"meta": {...}} alone on the first line'
+            if set(rec) != {"meta"}:
+                raise ValueError(f'{path}:{n}: this row has "meta" and {sorted(set(rec) - {"meta"})} but no prompt: '
+                                 f'give it a "text" (or "messages", "input_ids", "turns"); the header is {header}')
+            if row > 0:
+                raise ValueError(f"{path}:{n}: a second header or one after the prompts; the header is {header}: "
+                                 "remove this row, or give it a prompt \"text\"")
             meta = rec["meta"]
             continue
         category = str(rec.get("category") or DEFAULT_CATEGORY)
@@ -107,8 +119,9 @@ def row_prompts(rec: dict, where: str, default_id: str) -> list[Prompt]:
     if rec.get("tools") is not None and given != ["messages"]:
         raise ValueError(f'{where}: "tools" go with "messages", not with "text" or "input_ids"')
     category = str(rec.get("category") or DEFAULT_CATEGORY)
-    prompt = Prompt(str(rec.get("id") or default_id), category, str(rec.get("source", "")), int(rec.get("line", 0)),
-                    int(rec.get("tokens", 0)))
+    prompt = Prompt(str(rec.get("id") or default_id), category, str(rec.get("source", "")),
+                    _count(rec, "line", where, "the 1-based line of the cut in its source file"),
+                    _count(rec, "tokens", where, "the prompt's length in tokens"))
     if given == ["messages"]:
         try:
             prompt.messages = check_conversation(rec["messages"])
@@ -131,6 +144,19 @@ def row_prompts(rec: dict, where: str, default_id: str) -> list[Prompt]:
                          'like [{"role": "user", "content": "..."}] for a chat target, "input_ids": token ids, '
                          '"turns": a Spec-Bench question)')
     return [prompt]
+
+
+def _count(rec: dict, key: str, where: str, meaning: str) -> int:
+    """A row's "line" or "tokens": a whole number >= 0 (0 or left out: unknown); a whole float or
+    a string of digits reads as its number."""
+    value = rec.get(key, 0)
+    digits = isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()
+    if digits or isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'{where}: "{key}" must be a whole number >= 0 ({meaning}; 0 = unknown) or left out, '
+                         f"got {value!r}"[:300])
+    return value
 
 
 def turn_prompts(rec: dict, where: str) -> list[Prompt]:
