@@ -501,13 +501,25 @@ class Decoder:
         if joining is not None:
             def joined_rows():  # the engine's rows, with every setting: each joining prompt n times
                 rows = []
-                for given in joining():
+                prompts = joining()
+                if isinstance(prompts, JoiningPrompt) or isinstance(prompts, (list, tuple)) and any(
+                        x is None or isinstance(x, numbers.Number) for x in prompts):  # one prompt's fields
+                    raise ValueError("joining() returns a list of prompts ([] for none), got one prompt "
+                                     f"{_shown(prompts)}: put it in a list, [JoiningPrompt(input_ids, ...)]")
+                for k, given in enumerate(prompts):
                     own = JoiningPrompt.of(given)
+                    given_ids = own.input_ids.tolist() if hasattr(own.input_ids, "tolist") else own.input_ids
+                    text = isinstance(given_ids, (str, bytes))  # (generate's checks, a row at a time)
+                    if text or not isinstance(given_ids, Iterable):
+                        raise ValueError(f"joining()'s input_ids: prompt {k} has {_shown(given_ids)}, not token ids: "
+                                         + ("encode it first, decoder.encode(texts)[0]" if text else
+                                            "give a list of whole numbers, e.g. [5, 6, 7]"))
+                    given_ids = _token_ids(list(given_ids), "joining()'s input_ids", k)
                     decode = self._row_decodes(batch_keep if own.keep_in_text is None else own.keep_in_text, 1, 1)[0]
                     stop = default_stop if own.stop is None else self._stop_check(own.stop)
                     included = batch_include if own.include_stop_str_in_output is None else \
                         _row_flags(own.include_stop_str_in_output, 1, 1)[0]
-                    row = JoiningRow(list(map(int, own.input_ids)),
+                    row = JoiningRow(given_ids,
                                      default_limit if own.max_new_tokens is None else own.max_new_tokens,
                                      default_least if own.min_new_tokens is None else own.min_new_tokens,
                                      _row_stop(stop, decode, included),

@@ -330,6 +330,41 @@ def test_a_bad_joining_prompt_is_named(tiny_models):
                                   max_new_tokens=5))
 
 
+def once(prompts):
+    """A joining() that gives `prompts` when first asked, then nothing."""
+    asked = []
+
+    def joining():
+        asked.append(None)
+        return prompts if len(asked) == 1 else []
+    return joining
+
+
+def test_a_joining_prompts_ids_are_checked_as_generates_are(tiny_models):
+    """Float and bool ids were cut to other tokens (5.7 -> 5, True -> 1) and text failed as "invalid
+    literal for int()": a joining prompt's ids pass generate's check; ids as a tensor still join."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    for ids, message in [([5.7, 6.2, True], r"joining\(\)'s input_ids: prompt 0 has \[5.7, 6.2, True\], not token ids"),
+                         ("abc", r"prompt 0 has 'abc', not token ids: encode it first, decoder.encode"),
+                         (7, r"prompt 0 has 7, not token ids: give a list of whole numbers")]:
+        with pytest.raises(ValueError, match=message):
+            list(decoder.stream_batch([PROMPTS[0]], max_new_tokens=3, joining=once([(ids, 3)])))
+    out: dict[int, list[int]] = {}
+    joining = once([draftsman.JoiningPrompt(torch.tensor(PROMPTS[1]), 4)])
+    for row, chunk in decoder.stream_batch([PROMPTS[0]], max_new_tokens=3, joining=joining):
+        out.setdefault(row, []).extend(chunk.token_ids)
+    assert out[1] == decoder.generate(input_ids=[PROMPTS[1]], max_new_tokens=4).token_ids[0]
+
+
+def test_joining_that_returns_one_prompt_is_told_to_return_a_list(tiny_models):
+    """A bare JoiningPrompt was read as a list of prompts, its ids as one prompt's fields, and failed
+    as "stop must be a list of strings ... got 88"; the message now names the missing list."""
+    decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})
+    for one in (draftsman.JoiningPrompt(PROMPTS[1], 3), (PROMPTS[1], 3)):
+        with pytest.raises(ValueError, match=r"joining\(\) returns a list of prompts .*, got one prompt .*in a list"):
+            list(decoder.stream_batch([PROMPTS[0]], max_new_tokens=3, joining=once(one)))
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_cache_rows_added_equal_rows_prefilled_together(tiny_models, arch):
     """A cache built as batch [a] + rows [b, c] prefilled apart holds, row by row, the committed
