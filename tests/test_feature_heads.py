@@ -580,7 +580,7 @@ def test_a_corpus_with_no_held_out_file_is_named(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="the heldout split has 0 tokens.*add documents"):
         train({"kind": "eagle", "target": str(tiny_models["llama"][0]), "out": str(tmp_path / "out"),
                "work_dir": str(tmp_path / "work"), "corpus_root": str(tmp_path), "max_steps": 1,
-               "mixed_precision": "no", "threads": 1})
+               "mixed_precision": "no", "threads": 1, "seq_len": 64})  # (the tiny target has 256 positions)
 
 
 def test_a_llama_layer_starts_from_the_targets_projections_and_its_own_norms():
