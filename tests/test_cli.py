@@ -101,8 +101,13 @@ def test_the_drafter_listing_reads_the_sources_as_the_imported_classes_read():
     second, not 4-5 s); what it reads must be what the imported classes say, down to each option's help."""
     from draftsman import drafter_catalog
 
+    from draftsman.drafters import registry
+
     read = drafter_catalog.read_drafter_sources()
-    assert read == drafter_catalog.import_drafters()
+    # (other tests in this process may have registered drafters of their own)
+    built_in = [d for d in drafter_catalog.import_drafters()
+                if registry._REGISTRY[d["name"]].__module__.startswith("draftsman.drafters.")]
+    assert read == built_in
     assert {d["name"] for d in read} >= {"none", "ngram", "eagle", "cascade", "retrieval"}
     assert all(o["help"] for d in read for o in d["options"]), "an option without a same-line # comment"
     code = "import sys; from draftsman import cli; cli.main(['drafters']); print('torch' in sys.modules)"
@@ -117,7 +122,8 @@ def test_a_drafter_source_the_listing_cannot_read_is_listed_from_the_classes(mon
         raise ValueError("a default that is not a literal")
 
     monkeypatch.setattr(drafter_catalog, "read_drafter_sources", unreadable)
-    assert drafter_catalog.describe_drafters() == drafter_catalog.import_drafters()
+    listed = drafter_catalog.describe_drafters()
+    assert listed == drafter_catalog.import_drafters() and {"ngram", "eagle"} <= {d["name"] for d in listed}
 
 
 # ---------------------------------------------------------------------------- in-process

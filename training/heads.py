@@ -503,8 +503,8 @@ def resumed_state(ckpt: Path, cfg: dict, module: torch.nn.Module, key: str, opt,
         saved_cfg = {**{k: v for k, v in later_keys.items() if k in cfg}, **saved["config"]}
         step = saved["state"]["step"]
     except Exception as e:  # (torch.load raises what its unpickler meets)
-        raise ValueError(f"the checkpoint '{ckpt}' cannot be read ({type(e).__name__}: {e}); it was damaged after "
-                         "it was written. Delete it to start this run over") from None
+        raise ValueError(f"the checkpoint '{ckpt}' cannot be read ({type(e).__name__}: {e}): it is damaged, or not "
+                         "one this trainer wrote. Delete it to start this run over") from None
     changed = _changed_keys(saved_cfg, cfg)
     if not changed:
         module.load_state_dict(saved[key])
