@@ -199,6 +199,7 @@ def test_bad_options_are_named(tiny_models, options, message):
     ({"out": "x"}, "'draft' is required"),
     ({"draft": "/no/such/folder", "out": "x"}, "no config.json in draft '/no/such/folder'"),
     ({"draft": "D", "out": "x", "k": 1}, "k must be an integer >= 2"),
+    ({"draft": "D", "out": "x", "k": 32, "seq_len": 32}, "k 32 needs windows longer than seq_len 32"),
     ({"draft": "D", "out": "x", "heads": 4}, r"unknown key\(s\) \['heads'\] in the pard training config; valid keys"),
 ])
 def test_bad_training_configs_are_named(tiny_models, config, message):

@@ -75,6 +75,9 @@ def load_config(raw) -> dict:
                                 "local Hugging Face folder of a causal LM that shares the target's tokenizer")
     if not isinstance(cfg["k"], int) or cfg["k"] < 2:
         raise ValueError(f"pard training config: k must be an integer >= 2 (k - 1 masks), got {cfg['k']!r}")
+    if cfg["k"] >= cfg["seq_len"]:  # (deeper depths had no place in a window: 0.0 accuracy recorded for them)
+        raise ValueError(f"pard training config: k {cfg['k']} needs windows longer than seq_len {cfg['seq_len']} "
+                         "(depth d is learned at seq_len - d places): lower k or raise seq_len")
     check_pard_destination(Path(cfg["out"]), Path(cfg["draft"]))
     if cfg["data_file"] and cfg["corpus_root"]:
         raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
