@@ -68,7 +68,7 @@ def drafter_options(cls: type[Drafter], options: dict):
 
 def _option_help(opts_cls, key: str) -> str:
     """The `# comment` after an option in its Options class (what `draftsman drafters` prints), or ""."""
-    from draftsman.drafter_catalog import option_comments
+    from ..drafter_catalog import option_comments  # (torch-free: the listing's reader)
 
     return option_comments(opts_cls).get(key, "")
 

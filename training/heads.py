@@ -385,13 +385,13 @@ def build_heads(cfg: dict, target, frequent_order: list[int]):
 
 def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_mask=None) -> dict:
     """Which tokens the target picks most (greedy), counted on training text, never on held-out
-    text: the order draft_vocab and an EAGLE-3 head's vocabulary take their tokens from.
-    train_mask: reply_masks' train stream; only the picks inside replies count."""
+    text: the order draft_vocab and an EAGLE-3 head's vocabulary take their tokens from ("tokens": how
+    many tokens the sample held). train_mask: reply_masks' train stream; only the picks inside replies count."""
     from .feature_heads import tokens_by_frequency
     V = target.get_output_embeddings().weight.shape[0]
     windows, learned = sample_windows(train_stream, train_mask, cfg)
-    return tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast), windows, V,
-                               learned=learned)
+    return {**tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast), windows, V,
+                                  learned=learned), "tokens": windows.numel()}
 
 
 def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, learned: torch.Tensor | None = None,

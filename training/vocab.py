@@ -58,10 +58,9 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
     train_stream, _, masks = training_streams(cfg, AutoTokenizer.from_pretrained(folder), check_heldout=False)
     frequent = target_token_frequencies(cfg, model, train_stream, autocast, masks[0] if masks else None)
     where = " inside assistant replies" if assistant_only else ""
-    # The tokens of the sample heldout_windows took: a corpus shorter than --tokens gives fewer.
-    counted = max(1, min(tokens, len(train_stream)) // seq_len) * seq_len
+    # frequent["tokens"]: what the sample held, fewer than --tokens on a short corpus
     return {"tokens_by_frequency": frequent["order"], "coverage": frequent["coverage"],
-            "counted_on": f"greedy picks of {folder.name}{where} on {counted} training-split tokens "
+            "counted_on": f"greedy picks of {folder.name}{where} on {frequent['tokens']} training-split tokens "
                           f"(windows of {seq_len})"}
 
 
