@@ -141,3 +141,20 @@ def test_a_conversation_past_the_context_keeps_its_reply(chat_target, tmp_path, 
     assert summary["kept_past_context"] == 1 and summary["replies"] == 2
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written[0] == long and written[1] == replayed(folder)[0][0]
+
+
+def test_a_target_without_a_chat_template_is_named_before_out_is_written(tiny_models, tmp_path, capsys):
+    """Conversations need the target's chat template: without one the run stops before --out is
+    created (it left an empty file behind); plain text lines need none."""
+    folder, _ = tiny_models["llama"]
+    out = tmp_path / "out.jsonl"
+
+    def regenerate(lines):
+        data = write(tmp_path / "in.jsonl", lines)
+        return cli.main(["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out),
+                         "--max-new-tokens", "2"])
+    assert regenerate(LINES[:1]) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert not out.exists()
+    assert regenerate([{"text": "x = 1\n"}]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [{"text": "x = 1\n"}]

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from ..api import Decoder
+    from ..chat import require_chat_template
     from ..cli import build_config
 
     if args.batch_size < 1 or args.max_new_tokens < 1:
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args.config, args.drafter, args.overrides, args.target)
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
+    if any(not isinstance(doc, str) for _, _, doc in documents[done:]):  # named before --out is created
+        require_chat_template(decoder.tokenizer, cfg["target"]["path"])
     summary = {"lines": done, "replies": 0, "cut_at_max_new_tokens": 0, "kept_as_given": 0, "kept_past_context": 0}
     bar = tqdm(total=len(documents), initial=done, desc="regenerate", unit="line",
                mininterval=1 if sys.stderr.isatty() else 30)
