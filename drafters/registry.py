@@ -6,6 +6,7 @@ defaults), and `build_drafter` rejects keys that are not among them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -80,15 +81,24 @@ def _check_option(drafter: str, key: str, value, hint) -> None:
         if t is type(None) and value is None:
             return
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # (no option reads inf as "no limit": int(inf) failed mid-run)
+                raise ValueError(f"drafter '{drafter}': option {key} must be a finite number, got {value!r}")
             return
         if t is str and isinstance(value, (str, os.PathLike)):
             return
+        if typing.get_origin(t) is list:  # e.g. skip_layers: list[int]
+            if isinstance(value, list):
+                for at, each in enumerate(value):
+                    _check_option(drafter, f"{key}[{at}]", each, typing.get_args(t)[0])
+                return
+            continue
         if isinstance(t, type) and t is not type(None) and isinstance(value, t) and not (
                 isinstance(value, bool) and t is not bool):
             return
-        if not isinstance(t, type):  # complex hints (lists of dicts...) are checked by the drafter
+        if not isinstance(t, type):  # other hints are checked by the drafter
             return
-    names = " or ".join("null" if t is type(None) else getattr(t, "__name__", str(t)) for t in allowed)
+    names = " or ".join("null" if t is type(None) else str(t) if typing.get_origin(t)
+                        else getattr(t, "__name__", str(t)) for t in allowed)
     raise ValueError(f"drafter '{drafter}': option {key} must be {names}, got {value!r}")
 
 

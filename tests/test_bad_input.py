@@ -287,6 +287,12 @@ def test_a_heads_folder_given_as_a_draft_model_names_its_drafter(llama, fresh_he
     ({"name": "ngram", "kk": 3}, r"unknown option\(s\) \['kk'\]"),
     ({"name": "ngram", "k": "4"}, "option k must be int"),
     ({"name": "ngram", "adaptive": "yes"}, "adaptive must be true or false"),
+    # Accepted, these failed mid-run with a traceback: int(inf) in suffix's depth, a bare int iterated.
+    ({"name": "suffix", "max_spec_offset": float("inf")}, "option max_spec_offset must be a finite number, got inf"),
+    ({"name": "suffix", "max_spec_factor": float("nan")}, "option max_spec_factor must be a finite number, got nan"),
+    ({"name": "layer_skip", "skip_layers": 4}, r"option skip_layers must be list\[int\] or null, got 4"),
+    ({"name": "layer_skip", "skip_layers": [1, "4"]}, r"option skip_layers\[1\] must be int, got '4'"),
+    ({"name": "layer_skip", "skip_layers": [True]}, r"option skip_layers\[0\] must be int, got True"),
     ({"name": "eagle"}, "set drafter.path"),
     ({"name": "medusa", "path": "MISSING"}, "medusa: drafter.path '.*no-such-heads' does not exist"),
     ({"name": "cascade", "drafters": [{"name": "ngram"}, {"name": "mtp", "path": "MISSING"}]},
