@@ -55,7 +55,12 @@ def functions_of(tools: list[dict]) -> dict[str, dict]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ValueError('a forced tool call needs each tool as {"type": "function", "function": {"name": ..., '
                              f'"parameters": {{...}}}}}}, got {json.dumps(tool)[:200]}')
-        functions[function["name"]] = function.get("parameters") or NO_PARAMETERS
+        parameters = function.get("parameters") or NO_PARAMETERS
+        if not isinstance(parameters, dict) or not isinstance(parameters.get("$defs", {}), dict):
+            raise ValueError(f'tool {function["name"]!r}: "parameters" must be a JSON schema object (its "$defs" an '
+                             f'object of schemas), e.g. {json.dumps(NO_PARAMETERS)}; got '
+                             f'{json.dumps(function.get("parameters"))[:200]}')
+        functions[function["name"]] = parameters
     return functions
 
 

@@ -52,8 +52,10 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation
@@ -119,7 +121,15 @@ class Server(ThreadingHTTPServer):
         self.batcher = Batcher(decoder, self.generating, max_batch_rows, record=self.metrics.record,
                                record_request=self.metrics.record_request)
         self.metrics.watch(self.batcher)
+        self.answering = 0  # POST requests not yet answered: the exit lets them write their last bytes
+        self.answered = threading.Condition()
         super().__init__((host, port), Handler)
+
+    def wait_for_answers(self, wait: float = 5.0) -> None:
+        """After the batcher stopped: the handler threads are daemons, so an exit would cut the
+        answers (finish reason "abort", a stream's [DONE]) they are writing."""
+        with self.answered:
+            self.answered.wait_for(lambda: self.answering == 0, timeout=wait)
 
     @property
     def url(self) -> str:
@@ -134,41 +144,58 @@ POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detoken
 class Handler(BaseHTTPRequestHandler):
     server: Server
 
+    @property
+    def route(self) -> str:
+        """The path without its query string (\"?api-version=...\", which clients add) or a last slash."""
+        return urlsplit(self.path).path.rstrip("/")
+
     def do_GET(self):
         if not self._authorized():
             return
-        if self.path.rstrip("/") == "/health":
+        if self.route == "/health":
             return self._json(200, {"status": "ok"})
-        if self.path.rstrip("/") == "/v1/models":
+        if self.route == "/v1/models":
             return self._json(200, {"object": "list", "data": [
                 {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "draftsman"}]})
-        if self.path.rstrip("/") == "/metrics":
+        if self.route == "/metrics":
             return self._send(200, self.server.metrics.content_type, self.server.metrics.exposition())
-        if self.path.rstrip("/") in POST_ROUTES:
+        if self.route in POST_ROUTES:
             return self._wrong_method()
         self._error(404, f"no route GET {self.path}: try {', '.join(GET_ROUTES)}")
+
+    do_HEAD = do_GET  # (_send writes no body for HEAD)
 
     def _wrong_method(self) -> None:
         """405 with the method the route takes (http.server answered PUT, DELETE and the like with
         an HTML page; a GET of /v1/completions was 'no route')."""
-        path = self.path.rstrip("/")
+        path = self.route
         allowed = "GET" if path in GET_ROUTES else "POST" if path in POST_ROUTES else None
         if allowed is None:
             return self._error(404, f"no route {self.command} {self.path}: GET {', '.join(GET_ROUTES)}; "
                                     f"POST {', '.join(POST_ROUTES)}")
         self._error(405, f"{path} takes {allowed}, not {self.command}", {"Allow": allowed})
 
-    do_PUT = do_DELETE = do_PATCH = _wrong_method
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _wrong_method
 
     def do_POST(self):
         if not self._authorized():
             return
         routes = dict(zip(POST_ROUTES, (self._completions, self._chat, self._tokenize, self._detokenize)))
-        route = routes.get(self.path.rstrip("/"))
+        route = routes.get(self.route)
         if route is None:
-            if self.path.rstrip("/") in GET_ROUTES:
+            if self.route in GET_ROUTES:
                 return self._wrong_method()
             return self._error(404, f"no route POST {self.path}: try {' or '.join(routes)}")
+        with self.server.answered:
+            self.server.answering += 1
+        try:
+            self._post(route)
+        finally:
+            with self.server.answered:
+                self.server.answering -= 1
+                self.server.answered.notify_all()
+
+    def _post(self, route) -> None:
         try:
             body = self._body()
             route(body)
@@ -180,6 +207,9 @@ class Handler(BaseHTTPRequestHandler):
             self._error(503, str(e))
         except RuntimeError as e:  # e.g. out of memory: say so rather than drop the connection
             self._error(500, f"generation failed: {e}")
+        except Exception as e:  # a defect of ours: the client still gets an answer, the log the traceback
+            traceback.print_exc()
+            self._error(500, f"the server failed on this request ({type(e).__name__}: {e}); please report it")
 
     # ----------------------------------------------------------------------- the two endpoints
 
@@ -495,7 +525,10 @@ class Handler(BaseHTTPRequestHandler):
         key = self.server.api_key
         if not key or not self.path.startswith("/v1"):
             return True
-        if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+        # As bytes: compare_digest refuses str with non-ASCII characters (a header's "café" dropped the
+        # connection). http.server read the header as Latin-1, so this gives back the bytes sent.
+        given = self.headers.get("Authorization", "").encode("latin-1", "replace")
+        if hmac.compare_digest(given, f"Bearer {key}".encode()):
             return True
         self._error(401, 'this server needs the header "Authorization: Bearer <key>", the key it was started '
                          "with (draftsman serve --api-key; the OpenAI SDK sends its api_key so)")
@@ -512,14 +545,26 @@ class Handler(BaseHTTPRequestHandler):
                 "lossy": stats.lossy}
 
     def _body(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = json.loads(self._body_bytes() or b"null")
         except json.JSONDecodeError as e:
             raise RequestError(f"the request body is not valid JSON ({e.msg}): send one JSON object") from None
+        except RecursionError:
+            raise RequestError("the request body nests JSON too deeply to read: send a flatter object") from None
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
+
+    def _body_bytes(self) -> bytes:
+        """The body as Content-Length frames it, or as chunks (Transfer-Encoding: chunked, which
+        streaming HTTP clients send)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return read_chunked(self.rfile)
+        length = self.headers.get("Content-Length") or "0"
+        if not length.strip().isdigit():  # (-1 read until the client closed: the request hung)
+            self.close_connection = True  # the body's end is unknown: the connection cannot carry another
+            raise RequestError(f"Content-Length must be a whole number of bytes, got {length!r}")
+        return self.rfile.read(int(length))
 
     def _json(self, status: int, payload: dict, headers: dict | None = None) -> None:
         self._send(status, "application/json", json.dumps(payload).encode(), headers)
@@ -531,7 +576,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _error(self, status: int, message: str, headers: dict | None = None) -> None:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -541,6 +587,25 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # http.server's signature
         if not self.server.quiet:
             super().log_message(format, *args)
+
+
+def read_chunked(stream, limit: int = 1 << 30) -> bytes:
+    """A chunked body (RFC 9112 7.1): hex-sized chunks, a zero-sized one last, trailers after it."""
+    body = bytearray()
+    while True:
+        size = stream.readline(1024).split(b";")[0].strip()
+        try:
+            size = int(size, 16)
+        except ValueError:
+            raise RequestError(f"a chunked body's chunk size must be hexadecimal, got {size[:20]!r}") from None
+        if size < 0 or len(body) + size > limit:
+            raise RequestError(f"a chunked body's chunks must be 0 to {limit} bytes in all")
+        if size == 0:
+            while stream.readline(1024).strip():  # trailers, up to the blank line
+                pass
+            return bytes(body)
+        body += stream.read(size)
+        stream.readline(1024)  # the CRLF after the chunk
 
 
 def _by_text(top: list[tuple[int, float]], piece) -> dict[str, float]:
@@ -748,8 +813,9 @@ def run(args: argparse.Namespace) -> int:
         server.server_close()
         # docker stop / systemd send SIGTERM again, then SIGKILL: the save is not interrupted
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        server.batcher.stop()  # the running rows end within a round, so the save need not wait for them
-        server.batcher.save_memory_at_exit()
+        server.batcher.stop()  # the running rows end within a round (finish reason "abort")
+        server.batcher.finish_at_exit()
+        server.wait_for_answers()
     return 0
 
 

@@ -372,18 +372,19 @@ class Batcher:
         for job in {job for job, _ in list(self._owner)}:
             job.cancel()
 
-    def save_memory_at_exit(self, wait: float = 10.0) -> None:
-        """The drafter's memory, once the running batch lets go of the drafter (it is not read
-        while it changes; after stop() that is within a round); after `wait` seconds the last
-        save stands."""
-        if not self.decoder.drafter.memory_files():
-            return
+    def finish_at_exit(self, wait: float = 10.0) -> None:
+        """After stop(): waits for the running batch to let go of the models (within a round), then
+        saves the drafter's memory if it keeps one (it is not read while it changes). The wait
+        matters without memory too: a process that exits while the runner thread is inside a torch
+        call dies of SIGABRT, and its clients get no answer. After `wait` seconds it gives up (the
+        last save stands)."""
         if not self.lock.acquire(timeout=wait):
-            print(f"drafter memory not saved: a batch still ran after {wait:.0f} s; the last save stands",
-                  file=sys.stderr)
+            unsaved = "; drafter memory not saved, the last save stands" if self.decoder.drafter.memory_files() else ""
+            print(f"a batch still ran after {wait:.0f} s{unsaved}", file=sys.stderr)
             return
         try:
-            self._save_memory()
+            if self.decoder.drafter.memory_files():
+                self._save_memory()
         finally:
             self.lock.release()
 

@@ -265,9 +265,9 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
     dec.save_drafter_memory = saves
 
     with lock:  # a batch still runs: the exit save waits, then gives up and says so
-        batcher.save_memory_at_exit(wait=0.2)
-    assert not path.exists() and "not saved: a batch still ran" in capsys.readouterr().err
-    batcher.save_memory_at_exit()
+        batcher.finish_at_exit(wait=0.2)
+    assert not path.exists() and "a batch still ran after 0 s; drafter memory not saved" in capsys.readouterr().err
+    batcher.finish_at_exit()
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
 
@@ -349,7 +349,7 @@ def test_a_stopping_server_ends_its_batch_within_a_round_and_saves(tiny_models, 
         time.sleep(0.01)
     t0 = time.monotonic()
     batcher.stop()
-    batcher.save_memory_at_exit(wait=30)
+    batcher.finish_at_exit(wait=30)
     assert time.monotonic() - t0 < 10 and path.exists()
     long.join(30), waiting.join(30)
     assert answers["long"].stats.finish_reasons == ["abort"] and len(answers["long"].token_ids[0]) < 240

@@ -98,6 +98,11 @@ def test_a_forced_call_is_the_targets_output_under_its_grammar(server, choice):
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "would constrain it too: send one"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "which \"tools\" does not define"),
     ({"tool_choice": "required", "min_tokens": 3}, "holds EOS back"),
+    # A schema that is no object dropped the connection without an answer (an AttributeError).
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tool 'f': \"parameters\" must be a JSON schema object"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "$defs": [1]}}}]}, "its \"$defs\" an object of schemas"),
 ])
 def test_forced_calls_that_cannot_be_served_are_named(server, body, message):
     _, base = server

@@ -2,14 +2,22 @@
 the same settings (greedy, seeded sampling, batches, token-id prompts); streams join to the same
 text; OpenAI's field names map to ours; bad requests get a 400 that names the fix."""
 
+import http.client
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
-from draftsman import cli, serve_batch
+from draftsman import cli, serve, serve_batch
 
 from serving import NEW, call, events
 
@@ -251,6 +259,141 @@ def test_bad_bodies_and_routes(served):
     assert e.value.code == 404 and "GET /v1/models" in json.loads(e.value.read())["error"]["message"]
 
 
+def raw_request(base: str, method: str, path: str, body: bytes = b"", headers: dict | None = None):
+    """(status, headers, body bytes) of one request written as given (framing headers included)."""
+    host, port = urlsplit(base).hostname, urlsplit(base).port
+    connection = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        for name, value in (headers or {}).items():
+            connection.putheader(name, value)
+        connection.endheaders(body or None)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+def test_query_strings_head_options_and_body_framing(served):
+    """Clients add query strings (Azure's ?api-version=); HEAD and OPTIONS got http.server's 501 HTML
+    page; Content-Length -1 hung the request, "abc" named int()'s words; a chunked body was read as
+    none; JSON nested 100000 deep was a 500."""
+    decoder, base = served
+    status, got = call(base, "/v1/completions?api-version=2024-02-01", {"prompt": "a", "max_tokens": 2})
+    assert status == 200 and got["usage"]["completion_tokens"] == 2
+    assert call(base, "/health?probe=1") == (200, {"status": "ok"})
+    with socket.create_connection((urlsplit(base).hostname, urlsplit(base).port), timeout=60) as connection:
+        connection.sendall(b"HEAD /health HTTP/1.0\r\n\r\n")  # (http.client would not read a body after HEAD)
+        answer = b"".join(iter(lambda: connection.recv(4096), b""))
+    head, _, data = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and data == b"", answer
+    assert b"Content-Length: %d" % len(b'{"status": "ok"}') in head
+    status, headers, data = raw_request(base, "OPTIONS", "/v1/completions")
+    assert status == 405 and headers["Allow"] == "POST" and json.loads(data)["error"]["code"] == 405
+    body = json.dumps({"prompt": "a", "max_tokens": 2}).encode()
+    for length in ("-1", "abc"):
+        status, _, data = raw_request(base, "POST", "/v1/completions", body, {"Content-Length": length})
+        assert status == 400, data
+        assert f"Content-Length must be a whole number of bytes, got '{length}'" in json.loads(data)["error"]["message"]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:7], body[7:])) + b"0\r\n\r\n"
+    status, _, data = raw_request(base, "POST", "/v1/completions", chunked, {"Transfer-Encoding": "chunked"})
+    want = decoder.generate(["a"], max_new_tokens=2).texts[0]
+    assert status == 200 and json.loads(data)["choices"][0]["text"] == want
+    status, got = call(base, "/v1/completions", raw=b"[" * 100000 + b"]" * 100000)
+    assert status == 400 and "nests JSON too deeply" in got["error"]["message"]
+
+
 def test_the_command_checks_its_target_before_serving(capsys):
     assert cli.main(["serve", "--set", "target.path=/no/such/model", "--port", "0"]) == 2
     assert "/no/such/model" in capsys.readouterr().err
+
+
+# `draftsman serve` as a process, with rounds as slow as a big target's (0.2 s)
+SLOW_NGRAM_SERVER = """import sys, time
+from draftsman.cli import main
+from draftsman.drafters.ngram import NgramDrafter
+propose = NgramDrafter.propose
+def slow(self, contexts):
+    time.sleep(0.2)
+    return propose(self, contexts)
+NgramDrafter.propose = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_server_stopped_mid_request_answers_abort_and_exits_cleanly(tiny_models, stop):
+    """docker stop / systemd (SIGTERM) or Ctrl-C while rows generate: the process died of SIGABRT
+    (exit -6, "terminate called without an active exception"), the plain client got no answer and
+    the stream no finish reason nor [DONE]. Now the rows end with "abort" and the exit is 128 + signal."""
+    server = subprocess.Popen([sys.executable, "-c", SLOW_NGRAM_SERVER, "serve", "--drafter", "ngram", "--set",
+                               f"target.path={tiny_models['llama'][0]}", "--port", "0", "--quiet"],
+                              stderr=subprocess.PIPE, text=True)
+    answers = {}
+
+    def ask(name, body):
+        try:
+            answers[name] = (events if body.get("stream") else call)(base, "/v1/completions", body)
+        except Exception as e:  # noqa: BLE001 (the defect: the connection dropped)
+            answers[name] = e
+
+    try:
+        base = re.search(r"at (http://[^/\s]+)", server.stderr.readline()).group(1)
+        long = {"prompt": "def g(y):", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+        clients = [threading.Thread(target=ask, args=(name, {**long, "stream": name == "stream"}))
+                   for name in ("stream", "plain")]
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 30
+        while "num_requests_running 2.0" not in urllib.request.urlopen(base + "/metrics").read().decode():
+            assert time.monotonic() < deadline, "the requests never ran"
+            time.sleep(0.05)
+        server.send_signal(stop)
+        assert server.wait(timeout=60) == 128 + stop
+        for client in clients:
+            client.join(30)
+        assert "terminate called" not in server.stderr.read()
+    finally:
+        server.kill()
+        server.stderr.close()
+    status, plain = answers["plain"]
+    assert status == 200 and plain["choices"][0]["finish_reason"] == "abort", answers["plain"]
+    assert answers["stream"][-1]["choices"][0]["finish_reason"] == "abort"  # events() checked its [DONE]
+
+
+def test_the_exit_waits_for_answers_still_being_written(chat_target, monkeypatch):
+    """The handler threads are daemons: an exit while one still writes its answer would cut it."""
+    from serving import ngram_decoder, running
+
+    post = serve.Handler._post
+
+    def slow_post(self, route):
+        time.sleep(0.5)  # (an answer written slowly, after its rows ended)
+        post(self, route)
+
+    monkeypatch.setattr(serve.Handler, "_post", slow_post)
+    answers = []
+    with running(ngram_decoder(chat_target[0])) as (server, base):
+        client = threading.Thread(target=lambda: answers.append(call(base, "/v1/completions", {"prompt": "a"})))
+        client.start()
+        deadline = time.monotonic() + 30
+        while not server.answering:
+            assert time.monotonic() < deadline, "the request never came"
+            time.sleep(0.01)
+        server.wait_for_answers(wait=30)
+        assert server.answering == 0
+        client.join(30)
+    assert answers and answers[0][0] == 200
+
+
+def test_a_defect_of_ours_is_answered_with_a_500_not_a_dropped_connection(served, monkeypatch, capsys):
+    """An exception no handler expected (an AttributeError in a forced call's schema) closed the
+    connection with no answer; the client now gets a 500 that names it, the log its traceback."""
+    def broken(self, body):
+        raise AttributeError("'str' object has no attribute 'items'")
+
+    monkeypatch.setattr(serve.Handler, "_completions", broken)
+    status, got = call(served[1], "/v1/completions", {"prompt": "a"})
+    assert status == 500 and got["error"]["type"] == "server_error"
+    assert "(AttributeError: 'str' object has no attribute 'items'); please report it" in got["error"]["message"]
+    assert "Traceback" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def test_bad_token_requests(keyed, path, body, message):
 def test_the_v1_routes_need_the_key(keyed):
     decoder, base = keyed
     body = {"prompt": "x = [", "max_tokens": NEW}
-    for key in (None, "wrong"):
+    for key in (None, "wrong", "caf\xe9"):  # (a non-ASCII byte dropped the connection unanswered)
         status, got = post_with_key(base, "/v1/completions", body, key)
         assert status == 401 and got["error"]["type"] == "authentication_error"
         assert "Authorization: Bearer <key>" in got["error"]["message"]
