@@ -10,6 +10,7 @@ servers on one machine to compare them on the same prompts.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import statistics
@@ -176,44 +177,123 @@ def served_model(base: str, api_key: str | None) -> str:
                          "is --url an OpenAI-compatible API's root? Or name the model with --model") from None
 
 
+class BadAnswer(ValueError):
+    """A 200 answer that says the request failed (an error event) or that cannot be counted (no
+    usage, not JSON): the request counts as failed, with what was wrong."""
+
+
 def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, api_key: str | None) -> Result:
     chat = "messages" in fields
     body = {**fields, **settings}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     t0 = time.perf_counter()
-    first, tokens, tau, gaps, last = None, 0, None, [], 0.0
     try:
         with urllib.request.urlopen(_request(base + ("/chat/completions" if chat else "/completions"), body,
                                              api_key), timeout=600) as r:
-            if not stream:
-                answer = json.loads(r.read())
-                tokens = answer["usage"]["completion_tokens"]
-                tau = answer.get("draftsman", {}).get("tau")
-            else:
-                for line in r:
-                    line = line.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[len("data: "):])
-                    choice = (event.get("choices") or [{}])[0]
-                    text = choice.get("delta", {}).get("content") if chat else choice.get("text")
-                    if text:
-                        now = time.perf_counter() - t0
-                        if first is None:
-                            first = now
-                        else:
-                            gaps.append(now - last)
-                        last = now
-                    if event.get("usage"):
-                        tokens = event["usage"]["completion_tokens"]
-                    tau = event.get("draftsman", {}).get("tau", tau)
+            got = read_stream(r, chat, t0) if stream else read_answer(r.read())
     except urllib.error.HTTPError as e:
         return Result(prompt_id, False, f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # (a body cut short: IncompleteRead)
         return Result(prompt_id, False, f"{type(e).__name__}: {e}")
-    return Result(prompt_id, True, seconds=time.perf_counter() - t0, first_token_seconds=first,
-                  output_tokens=tokens, tau=tau, gaps=gaps)
+    except BadAnswer as e:
+        return Result(prompt_id, False, str(e))
+    return Result(prompt_id, True, seconds=time.perf_counter() - t0, **got)
+
+
+def read_answer(raw: bytes) -> dict:
+    """A non-streamed answer's Result fields: its output tokens from its usage, and tau."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:  # (UnicodeDecodeError is one too)
+        raise BadAnswer(f"the server's answer is not JSON: {_excerpt(raw)} "
+                        "(is --url an OpenAI-compatible API's root?)") from None
+    if not isinstance(answer, dict):
+        raise BadAnswer(f"the server's answer is not a JSON object: {_excerpt(raw)}")
+    if "error" in answer:
+        raise BadAnswer(f"the server answered 200 with an error: {error_message(answer['error'])}")
+    return {"output_tokens": completion_tokens(answer, raw), "tau": _tau(answer, None)}
+
+
+def read_stream(lines, chat: bool, t0: float) -> dict:
+    """A stream's Result fields: when its pieces of text came (seconds since t0), and its output
+    tokens from the usage event that stream_options.include_usage asks for."""
+    first, gaps, last, tokens, tau = None, [], 0.0, None, None
+    for line in lines:
+        line = line.decode(errors="replace").strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = _event(line[len("data: "):])
+        if "error" in event:  # how draftsman serve (and vLLM) fail once the 200 has gone out
+            raise BadAnswer(f"the stream ended in an error: {error_message(event['error'])}")
+        if _event_text(event, chat):
+            now = time.perf_counter() - t0
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+        if event.get("usage"):
+            tokens = completion_tokens(event, line)
+        tau = _tau(event, tau)
+    if tokens is None:  # 0 tokens would pass for a completed request and lower the throughput
+        raise BadAnswer("the stream has no usage event, so its output tokens cannot be counted: the server "
+                        "ignored stream_options.include_usage (run without --stream to count them)")
+    return {"first_token_seconds": first, "gaps": gaps, "output_tokens": tokens, "tau": tau}
+
+
+def _event(data: str) -> dict:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise BadAnswer(f"the stream sent an event that is not JSON: {_excerpt(data)}") from None
+    if not isinstance(event, dict):
+        raise BadAnswer(f"the stream sent an event that is not a JSON object: {_excerpt(data)}")
+    return event
+
+
+def _event_text(event: dict, chat: bool) -> str | None:
+    """The text a stream's event adds: a chat chunk's delta content, a completion chunk's text."""
+    choice = (event.get("choices") or [{}])[0]
+    if not isinstance(choice, dict):
+        return None
+    return (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+
+
+def completion_tokens(answer: dict, raw: bytes | str) -> int:
+    """The output tokens an answer's (or the last stream event's) usage counts."""
+    usage = answer.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise BadAnswer(f"the server's answer has no usage (completion_tokens), so its output tokens cannot be "
+                        f"counted: {_excerpt(raw)}")
+    return tokens
+
+
+def error_message(error) -> str:
+    """An OpenAI error's message ({"message": ...}), or the error as it came."""
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+
+
+def _tau(answer: dict, default: float | None) -> float | None:
+    """draftsman serve's tokens per target pass, where the answer reports it."""
+    ours = answer.get("draftsman")
+    return ours.get("tau", default) if isinstance(ours, dict) else default
+
+
+def _excerpt(raw: bytes | str) -> str:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return repr(text[:200] + ("..." if len(text) > 200 else ""))
+
+
+def send_counted(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool,
+                 api_key: str | None) -> Result:
+    """send, with whatever it raises made a failed request: an exception would end its client
+    thread, leaving that client's later requests unsent and their results missing."""
+    try:
+        return send(base, prompt_id, fields, settings, stream, api_key)
+    except Exception as e:  # noqa: BLE001  any fault is one request's, reported in the summary
+        return Result(prompt_id, False, f"the request could not be sent or read: {type(e).__name__}: {e}")
 
 
 def arrival_gaps(requests: int, rate: float | None, seed: int = 0) -> list[float]:
@@ -256,7 +336,7 @@ def run_load(base: str, prompts: list[tuple[str, dict]], settings: dict | list[d
             if i is None:
                 return
             prompt_id, fields = prompts[i % len(prompts)]
-            results[i] = send(base, prompt_id, fields, settings[i], stream, api_key)
+            results[i] = send_counted(base, prompt_id, fields, settings[i], stream, api_key)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(min(concurrency, requests))]
@@ -274,7 +354,7 @@ def _run_open_loop(base, prompts, settings, requests, concurrency, stream, api_k
     def one(i: int) -> None:
         try:
             prompt_id, fields = prompts[i % len(prompts)]
-            results[i] = send(base, prompt_id, fields, settings[i], stream, api_key)
+            results[i] = send_counted(base, prompt_id, fields, settings[i], stream, api_key)
         finally:
             slots.release()
 

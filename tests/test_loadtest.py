@@ -1,6 +1,9 @@
 """`draftsman loadtest`: every request is sent and counted, its tokens and timings read from the
 server's answers (streamed or not), and failures are reported, not hidden."""
 import json
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -74,6 +77,82 @@ def test_failures_are_reported(served, prompt_file, capsys):
     assert cli.main(["loadtest", "--url", "http://127.0.0.1:9/v1", "--prompts", str(prompt_file)]) == 2
     assert "error:" in capsys.readouterr().err
 
+
+@contextmanager
+def answering(body: bytes, content_type: str = "application/json"):
+    """(base URL, POSTs received) of a server that lists model 'm' and answers every POST 200 with
+    `body`: the odd answers a real server gives only when something is wrong."""
+    posts = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self._answer(json.dumps({"data": [{"id": "m"}]}).encode(), "application/json")
+
+        def do_POST(self):
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._answer(body, content_type)
+
+        def _answer(self, data: bytes, kind: str):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", posts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# What draftsman serve writes when generation fails after the stream's 200 went out (serve.py).
+FAILED_STREAM = (b'data: {"choices": [{"index": 0, "text": "abc", "finish_reason": null}]}\n\n'
+                 b'data: {"error": {"message": "generation failed: out of memory", "type": "server_error", '
+                 b'"param": null, "code": 500}}\n\ndata: [DONE]\n\n')
+NO_USAGE = json.dumps({"choices": [{"index": 0, "text": "abc", "finish_reason": "length"}]}).encode()
+UNCOUNTED_STREAM = b'data: {"choices": [{"index": 0, "text": "abc", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+
+
+@pytest.mark.parametrize("body, stream, named", [
+    (FAILED_STREAM, True, "the stream ended in an error: generation failed: out of memory"),
+    (UNCOUNTED_STREAM, True, "the stream has no usage event"),
+    (NO_USAGE, False, "the server's answer has no usage (completion_tokens)"),
+    (b"<html>oops</html>", False, "the server's answer is not JSON: '<html>oops</html>'")],
+    ids=["error-event", "stream-without-usage", "no-usage", "not-json"])
+def test_an_answer_that_failed_or_cannot_be_counted_is_a_failed_request(prompt_file, capsys, body, stream, named):
+    """A stream's error event passed for a completed request of 0 tokens; an answer without usage,
+    or not JSON, ended its client thread (its later requests never sent) and crashed the summary."""
+    with answering(body, "text/event-stream" if stream else "application/json") as (base, posts):
+        argv = ["loadtest", "--url", base, "--prompts", str(prompt_file), "--requests", "3", "--concurrency", "1",
+                "--max-tokens", "4"] + (["--stream"] if stream else [])
+        assert cli.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert len(posts) == 3  # the one client went on after each failure
+    assert "requests: 0 of 3 completed" in printed and f"failed: 3; the first: {named}" in printed
+
+
+@pytest.mark.parametrize("rate", [None, 1000.0])
+def test_a_fault_while_sending_is_a_failed_request_not_a_lost_one(monkeypatch, rate):
+    import draftsman.loadtest as L
+    sent = []
+
+    def send_that_fails_once(base, prompt_id, fields, settings, stream, api_key):
+        sent.append(prompt_id)
+        if len(sent) == 1:
+            raise RuntimeError("boom")
+        return Result(prompt_id, True, seconds=0.01, output_tokens=1)
+
+    monkeypatch.setattr(L, "send", send_that_fails_once)
+    results, wall = L.run_load("http://x", [("a", {})], {}, requests=3, concurrency=1, rate=rate)
+    assert len(sent) == 3 and [r.ok for r in results] == [False, True, True]
+    assert "RuntimeError: boom" in results[0].error
+    assert summary(results, wall)["failed"] == 1
 
 
 def test_a_wrong_url_or_a_missing_key_is_named_before_any_load(served, prompt_file, tmp_path, capsys):
