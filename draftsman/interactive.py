@@ -13,11 +13,13 @@ stops the reply being written, which the conversation then leaves out; at the pr
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import sys
 from typing import TYPE_CHECKING
 
 from .chat import require_chat_template
+from .config import merge
 from .replies import DeltaPrinter, ReplyStream, opened_thoughts, reply_message, use_parsers
 
 if TYPE_CHECKING:  # torch and transformers load with the model, not with `draftsman chat --help`
@@ -26,6 +28,8 @@ if TYPE_CHECKING:  # torch and transformers load with the model, not with `draft
 PROMPT = ">>> "
 COMMANDS = "/reset (forget the conversation), /exit (or Ctrl-D), /help; Ctrl-C stops a reply"
 EXIT, RESET, HELP = ("/exit", "/quit", "/bye"), ("/reset", "/clear"), ("/help", "/?")
+# The generation flags and the config keys they stand in for.
+FLAG_KEYS = {"max_new_tokens": ("generation", "max_new_tokens"), "temperature": ("sampling", "temperature")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from .api import Decoder
     from .cli import build_config, drafter_memory_kept, lossy_warning
 
-    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
-    lossy_warning({**cfg["sampling"], **({"temperature": args.temperature} if args.temperature is not None else {})})
+    cfg = with_flags(build_config(args.config, args.drafter, args.overrides, args.target), args)
+    lossy_warning(cfg["sampling"])
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -57,6 +61,23 @@ def run(args: argparse.Namespace) -> int:
         converse(decoder, sys.stdin, system, args.max_new_tokens, args.temperature, show_stats=not args.no_stats,
                  reasoning_parser=args.reasoning_parser)
     return 0
+
+
+def with_flags(cfg: dict, args: argparse.Namespace) -> dict:
+    """The config with the generation flags given set in it, each checked as the config's own value
+    is (config.merge). Every turn runs with them, so a value no reply could be made with is refused
+    before the model loads, rather than failing every message."""
+    for name, (section, key) in FLAG_KEYS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        raw = copy.deepcopy(cfg)
+        raw[section][key] = value
+        try:
+            cfg = merge(raw)
+        except ValueError as e:  # the config's own words, with the flag that set the value
+            raise ValueError(f"--{name.replace('_', '-')} {value}: {e}") from None
+    return cfg
 
 
 def converse(decoder: Decoder, lines, system: list[dict], max_new_tokens: int | None = None,

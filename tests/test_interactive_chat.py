@@ -63,6 +63,31 @@ def test_the_command_runs_on_stdin_and_refuses_a_target_without_a_template(chat_
     assert "has no chat template" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--max-new-tokens", "0"], "--max-new-tokens 0: generation.max_new_tokens must be >= 1, got 0"),
+    (["--temperature", "-1"], "--temperature -1.0: sampling.temperature must be >= 0"),
+    (["--max-new-tokens", "4", "--set", "generation.min_new_tokens=8"],
+     "--max-new-tokens 4: generation.min_new_tokens must be in [0, max_new_tokens = 4], got 8")],
+    ids=["max-new-tokens-0", "negative-temperature", "below-min-new-tokens"])
+def test_a_generation_flag_no_reply_could_use_is_refused_before_the_model_loads(chat_target, monkeypatch, capsys,
+                                                                                 flags, named):
+    """Such a flag reached the decoder on every turn: each message printed the same error, which
+    /reset could not help, and the chat exited 0."""
+    import draftsman.api
+
+    class NeverRead:
+        def readline(self):
+            raise AssertionError("input was read")
+
+    def no_load(cfg):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(sys, "stdin", NeverRead())
+    monkeypatch.setattr(draftsman.api, "Decoder", no_load)
+    assert cli.main(["chat", "--target", str(chat_target[0]), *flags]) == 2
+    assert named in capsys.readouterr().err
+
+
 def test_commands_are_not_sent_as_messages(decoder, capsys):
     """/help, /nosuch and the usual aliases were sent to the model as user messages."""
     lines = io.StringIO("import os\n/help\n/nosuch\n/CLEAR\nclass Foo:\n/usr is a folder\n/usr/bin/env\n/quit\nnever "
