@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Container, Iterable, NamedTuple
 
-from .chat import chat_ids, check_conversations
+from .chat import chat_ids, check_conversations, check_unicode
 from .replies import check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages
 from .tool_calls import arguments_as_objects
 from .config import load_config
@@ -232,6 +232,9 @@ class Decoder:
         if self.tokenizer is None:
             raise ValueError(f"target folder '{self.config['target']['path']}' has no tokenizer: "
                              "pass input_ids=[[...], ...] instead of text prompts")
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                check_unicode(prompt, f"prompt {i}")
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
     def encode_chat(self, conversations, *, continue_final_message: bool = False,

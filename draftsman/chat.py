@@ -51,8 +51,20 @@ def check_conversation(conversation, where: str = "the conversation") -> Convers
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"{where}, message {j}: 'content' must be a string, a list of text parts or "
                              f"null, got {content!r}")
+        if isinstance(message.get("content"), str):
+            check_unicode(message["content"], f"{where}, message {j}'s content")
         out.append(message)
     return out
+
+
+def check_unicode(text: str, what: str) -> None:
+    """Text a tokenizer can encode: a lone surrogate (JSON's "\\ud800", Python's "\\ud800") got the
+    tokenizer's "TextEncodeInput must be Union[...]", which names neither the text nor the place."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text: character {e.start} is {text[e.start]!r}, "
+                         "half of a surrogate pair; send the whole character, or drop it") from None
 
 
 def require_chat_template(tokenizer, folder: str) -> None:
@@ -77,7 +89,9 @@ def check_template_kwargs(template_kwargs: dict | None) -> dict:
                          f"got {template_kwargs!r}")
     from transformers import PreTrainedTokenizerBase
 
-    own = set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {"messages"}
+    # (and the names _render's own call takes: "tokenizer" collided there with a TypeError)
+    own = set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {"messages"} | (
+        set(inspect.signature(_apply_template).parameters) - {"how"})
     taken = sorted(set(template_kwargs) & own)
     if taken:
         raise ValueError(f"chat_template_kwargs {taken} are set by apply_chat_template itself, not free template "

@@ -58,7 +58,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from .api import Decoder, GenerationOutput, GenerationStats
-from .chat import check_conversation
+from .chat import check_conversation, check_unicode
 from .forced_calls import check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
                       reply_message)
@@ -218,6 +218,9 @@ class Handler(BaseHTTPRequestHandler):
         self._check_model(body)
         prompts = completion_prompts(body.get("prompt"))
         decoder = self.server.decoder
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):  # (encoded one by one below, each would be "prompt 0")
+                check_unicode(prompt, f"prompt {i}")
         ids = [decoder.encode([p])[0] if isinstance(p, str) else p for p in prompts]
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
@@ -230,8 +233,8 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict) -> None:
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
         self._check_model(body)
-        if "max_completion_tokens" in body:  # OpenAI's newer name for max_tokens
-            if "max_tokens" in body:
+        if body.get("max_completion_tokens") is not None:  # OpenAI's newer name for max_tokens
+            if body.get("max_tokens") is not None:
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
             body = dict(body)
             body["max_tokens"] = body.pop("max_completion_tokens")
@@ -716,6 +719,7 @@ def tool_call_reading(body: dict, parser: str | None) -> str | None:
 def generate_args(body: dict) -> dict:
     """The Decoder.generate arguments of a request's sampling fields (absent ones: the config's)."""
     args = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
+    check_one_value_fields(body)
     best_of, n = body.get("best_of"), body.get("n")
     if n is None:
         n = 1
@@ -730,12 +734,36 @@ def generate_args(body: dict) -> dict:
     if structured is not None:
         args["structured_output"] = structured
     if "logit_bias" in args:  # JSON object keys are strings
+        biases = args["logit_bias"]
+        if not isinstance(biases, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in biases.values()):
+            raise RequestError(f'"logit_bias" must map token ids to biases (numbers), e.g. {{"50256": -100}}; '
+                               f"got {json.dumps(biases)[:200]}")
         try:
-            args["logit_bias"] = {int(k): float(v) for k, v in args["logit_bias"].items()}
-        except (AttributeError, ValueError):
-            raise RequestError(f'"logit_bias" must map token ids to biases, e.g. {{"50256": -100}}; '
-                               f"got {args['logit_bias']!r}") from None
+            args["logit_bias"] = {int(k): float(v) for k, v in biases.items()}
+        except ValueError:
+            raise RequestError(f'"logit_bias" keys must be token ids, e.g. {{"50256": -100}}; '
+                               f"got {json.dumps(biases)[:200]}") from None
     return args
+
+
+# The Python API takes a list of one value per prompt for these; a request sets one value for all
+# its prompts (a list leaked into the API's per-prompt form: "max_new_tokens has 2 values for 4 prompts").
+ONE_VALUE_FIELDS = set(SAMPLING_FIELDS) - {"stop", "stop_token_ids", "logit_bias", "bad_words_ids"}
+
+
+def check_one_value_fields(body: dict) -> None:
+    for field in sorted(ONE_VALUE_FIELDS & set(body)):
+        if isinstance(body[field], (list, dict)):
+            raise RequestError(f'"{field}" takes one value for the whole request, got {json.dumps(body[field])[:100]}')
+    stop, ids = body.get("stop"), body.get("stop_token_ids")
+    # (a list holding null was the API's per-prompt form: no stop, silently)
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise RequestError(f'"stop" must be a string or a list of strings, got {json.dumps(stop)[:100]}')
+    if ids is not None and not (isinstance(ids, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+        raise RequestError(f'"stop_token_ids" must be a list of token ids, got {json.dumps(ids)[:100]}')
 
 
 def structured_output(body: dict) -> dict | None:

@@ -33,6 +33,7 @@ def config(target, **sections):
 @pytest.mark.parametrize("call, message", [
     (dict(prompts=""), "prompt 0 is empty"),  # no BOS in the tiny tokenizer: "" encodes to []
     (dict(input_ids=[[]]), "prompt 0 is empty"),
+    (dict(prompts=["a", "b\ud800"]), r"prompt 1 is not valid Unicode text: character 1 is '\\ud800', half of"),
     (dict(input_ids=[[5, 6], []]), "prompt 1 is empty"),
     (dict(prompts=[]), "no prompts given"),
     (dict(input_ids=[]), "no prompts given"),

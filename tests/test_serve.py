@@ -226,12 +226,31 @@ def test_vllm_clients_top_k_minus_1_is_served(served):
     ("/v1/completions", {"prompt": "a", "stream": "yes", "echo": True}, '"stream" must be true or false'),
     ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "never reads"),
+    # A null bias named no field (float()'s words); true was a bias of 1.0.
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": None}}, '"logit_bias" must map token ids to biases (num'),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": True}}, '"logit_bias" must map token ids to biases (num'),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"x": 1}}, '"logit_bias" keys must be token ids'),
+    # The Python API's one-value-per-prompt lists: [null] stopped nothing, silently.
+    ("/v1/completions", {"prompt": "a", "stop": [None]}, '"stop" must be a string or a list of strings, got [null]'),
+    ("/v1/completions", {"prompt": "a", "stop_token_ids": [None]}, '"stop_token_ids" must be a list of token ids'),
+    ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": [2, 3]}, '"max_tokens" takes one value for the whole'),
+    ("/v1/completions", {"prompt": ["a", "b\ud800"]}, "prompt 1 is not valid Unicode text: character 1 is '\\ud800'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udc80"}]}, "message 0's content is not valid"),
+    ("/v1/chat/completions", {"messages": USER, "chat_template_kwargs": {"tokenizer": None}},
+     "['tokenizer'] are set by apply_chat_template itself"),
 ])
 def test_bad_requests_get_a_400_naming_the_fix(served, path, body, message):
     _, base = served
     status, got = call(base, path, body)
     assert status == 400 and got["error"]["type"] == "invalid_request_error"
     assert message in got["error"]["message"]
+
+
+def test_a_null_max_completion_tokens_is_not_given(served):
+    """(it counted as given: 'give "max_completion_tokens" or "max_tokens", not both')"""
+    status, got = call(served[1], "/v1/chat/completions", {"messages": USER, "max_tokens": 2,
+                                                             "max_completion_tokens": None})
+    assert status == 200 and got["usage"]["completion_tokens"] == 2, got
 
 
 def test_bad_bodies_and_routes(served):
