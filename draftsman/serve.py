@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 
 from .api import Decoder, GenerationOutput, GenerationStats
 from .chat import check_conversation, check_unicode
+from .detokenize import IncrementalText
 from .forced_calls import check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
                       reply_message)
@@ -453,7 +454,19 @@ class Handler(BaseHTTPRequestHandler):
                              offset=prompt_chars)
         if tops is None:  # OpenAI's first prompt token has no alternatives either
             before["top_logprobs"][0] = None
+        before["text_offset"] = self._prompt_offsets(prompt, prompt_chars)
         return {key: before[key] + after[key] for key in before}
+
+    def _prompt_offsets(self, prompt: list[int], prompt_chars: int) -> list[int]:
+        """Where each prompt token starts in the echoed text: the length of the text the tokens
+        before it decode to. The tokens' own pieces would not do: a BOS the text leaves out ("<s>")
+        or a character split over byte tokens shifted every later offset, and the completion's
+        offsets then ran backwards. Never past the echoed prompt (a text prompt is echoed as sent)."""
+        text, offsets = IncrementalText(self.server.decoder.decode), []
+        for token in prompt:
+            offsets.append(min(len(text.text), prompt_chars))
+            text.add([token])
+        return offsets
 
     def _logprobs(self, out, row: int, chat: bool) -> dict:
         """Row `row`'s token scores in the endpoint's OpenAI shape."""

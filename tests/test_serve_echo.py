@@ -90,3 +90,25 @@ def test_bad_echo_requests(served, body, message):
     _, base = served
     status, got = call(base, "/v1/completions", {"prompt": "x = [", **body})  # body's prompt wins
     assert status == 400 and message in got["error"]["message"]
+
+
+def test_echo_offsets_index_the_text_past_special_and_byte_tokens(served):
+    """A special token the text leaves out (a BOS) or a character split over byte tokens: the
+    offsets counted each token's own piece ("<s>", "\ufffd"), so they ran past the prompt's text
+    and the completion's then ran backwards."""
+    decoder, base = served
+    special = next(iter(decoder.special_tokens()))
+    prompt = [special, *decoder.encode(["é = 'naïve'"])[0]]
+    assert any(decoder.decode_token(t) == "\ufffd" for t in prompt)  # (the test needs split characters)
+    status, got = call(base, "/v1/completions", {"prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 0,
+                                                  "ignore_eos": True})
+    assert status == 200, got
+    text, offsets = got["choices"][0]["text"], got["choices"][0]["logprobs"]["text_offset"]
+    echoed = decoder.decode(prompt)
+    assert text.startswith(echoed) and offsets == sorted(offsets) and offsets[-1] <= len(text)
+    assert offsets[:2] == [0, 0]  # the special token takes no room in the text
+    for i in range(1, len(prompt)):  # after whole characters: the length of the text before the token
+        before = decoder.decode(prompt[:i])
+        if not before.endswith("\ufffd"):
+            assert offsets[i] == len(before), i
+    assert offsets[len(prompt)] == len(echoed)
