@@ -318,8 +318,9 @@ class Handler(BaseHTTPRequestHandler):
         else:
             out, batch_rows = self.server.batcher.generate(ids, args, gone=self._client_gone)
         if echoed is not None and top is not None:
-            with self.server.generating:  # one model: no scoring while a batch generates
-                prompt_values, prompt_tops = self.server.decoder.prompt_logprobs(ids, top)
+            # one model: scored between a generation's rounds, or alone
+            prompt_values, prompt_tops = self.server.batcher.with_models(
+                lambda: self.server.decoder.prompt_logprobs(ids, top))
         choices = []
         reasoning_parser = self.server.reasoning_parser if chat else None
         opened = opened_thoughts(self.server.decoder.tokenizer, ids, len(out.texts), reasoning_parser)

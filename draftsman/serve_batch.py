@@ -253,6 +253,21 @@ class ClientGone(ConnectionError):
     """The request's client disconnected before its answer: nobody to answer."""
 
 
+class _ModelTask:
+    """Work on the models outside a generation (an echo's prompt scoring), run once under the lock."""
+
+    def __init__(self, work):
+        self.work, self.done, self.result, self.error = work, threading.Event(), None, None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as e:  # noqa: BLE001  raised again in the request's own thread
+            self.error = e
+        finally:
+            self.done.set()
+
+
 def check_max_rows(max_rows: int) -> None:
     if max_rows < 1:
         raise ValueError(f"--max-batch-rows must be >= 1 (1 serves one request at a time), got {max_rows}")
@@ -287,6 +302,7 @@ class Batcher:
         self._memory_saved_at = time.monotonic()
         self._owner: list = []  # the running generation's (job, row) pairs, joined rows included
         self.stopping = False
+        self._model_tasks: list[_ModelTask] = []  # with_models' work not yet run (under _waiting_lock)
 
     def generate(self, ids: list[list[int]], args: dict, gone=None) -> tuple[GenerationOutput, int]:
         """Decoder.generate(input_ids=ids, **args), maybe in a batch with other waiting requests:
@@ -359,6 +375,33 @@ class Batcher:
                         self._runner = False
                         return
                 self._run(batch)  # (which saves the drafter's memory when due)
+
+    def with_models(self, work):
+        """work() under the models' lock, without waiting for the running generation to end: under
+        a steady load requests keep joining it, so it may run for hours (an echo's scoring waited
+        18 s behind three looping clients). The runner calls it between two rounds; with no
+        generation running it runs here."""
+        task = _ModelTask(work)
+        with self._waiting_lock:
+            self._model_tasks.append(task)
+        while not task.done.is_set():
+            if self.lock.acquire(timeout=POLL_SECONDS):
+                try:
+                    self._run_model_tasks()
+                finally:
+                    self.lock.release()
+        if task.error is not None:
+            raise task.error
+        return task.result
+
+    def _run_model_tasks(self) -> None:
+        """Under the lock: the with_models work waiting, each taken once."""
+        if not self._model_tasks:  # (read without the lock: one round's delay at most)
+            return
+        with self._waiting_lock:
+            tasks, self._model_tasks = self._model_tasks, []
+        for task in tasks:
+            task.run()
 
     def stop(self) -> None:
         """The server is stopping: requests still waiting are answered with an error, and the rows
@@ -542,6 +585,7 @@ class Batcher:
                 # The engine yields after its drafter has seen the round: its memory is whole here
                 # (a running row's output so far is saved as a cached one).
                 self._save_memory_if_due()
+                self._run_model_tasks()
         except Exception as e:  # the jobs that joined are answered here; the batch's own by _run
             for job in joined:
                 job.fail(e)

@@ -391,3 +391,47 @@ def test_a_request_is_counted_in_the_metrics_before_it_is_answered(chat_target):
     assert sample("generation_tokens_total") == len(out.token_ids[0]) > 0
     reason = {"eos": "stop", "length": "length"}[out.stats.finish_reasons[0]]
     assert sample("request_success_total", finished_reason=reason) == 1
+
+
+def test_work_on_the_models_runs_between_rounds_of_a_running_generation():
+    """An echo's prompt scoring took the models' lock, which a generation holds until it ends; under
+    a steady load requests keep joining it, so the scoring waited for the load to stop (18 s behind
+    three looping clients). with_models runs it between two rounds."""
+    from draftsman.api import StreamChunk
+
+    release, rounds = threading.Event(), []
+
+    class EndlessDecoder:  # one row that generates until the test lets it end
+        can_join = False
+        config = {"sampling": {}, "generation": {}}
+
+        def stream_batch(self, rows, stats, **settings):
+            stats.finish_reasons = [""]
+            while not release.is_set():
+                rounds.append(time.monotonic())
+                time.sleep(0.01)
+                yield 0, StreamChunk("a", [1])
+            stats.finish_reasons = ["length"]
+            yield 0, StreamChunk("", [], finish_reason="length")
+
+    batcher = Batcher(EndlessDecoder(), threading.Lock())
+    _, chunks = batcher.stream([[5]], {})
+    reader = threading.Thread(target=lambda: list(chunks))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not rounds:
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.01)
+        got = []
+        scorer = threading.Thread(target=lambda: got.append(batcher.with_models(lambda: "scored")))
+        scorer.start()
+        scorer.join(10)
+        assert got == ["scored"], "the work waited for the generation to end"
+        assert not release.is_set() and batcher.lock.locked()  # while the generation still runs
+        with pytest.raises(ZeroDivisionError):  # the work's error is raised in the caller's thread
+            batcher.with_models(lambda: 1 / 0)
+    finally:
+        release.set()
+        reader.join(10)
+    assert batcher.with_models(lambda: "alone") == "alone"  # no generation: it runs in the caller
