@@ -37,7 +37,7 @@ class MedusaDrafter(LastHiddenRows, Drafter):
     @dataclass
     class Options:
         path: str | None = None  # folder of trained heads (draftsman train medusa)
-        tree: list | None = None  # explicit paths of candidate ranks, e.g. [[0], [1], [0, 0]]
+        tree: list[list[int]] | None = None  # explicit paths of candidate ranks, e.g. [[0], [1], [0, 0]]
         tree_budget: int | None = None  # rebuild the tree from the heads' accuracies with this many nodes
         draft_vocab: int | None = None  # rank candidates among the N tokens the target picks most (None = all)
 
@@ -46,6 +46,12 @@ class MedusaDrafter(LastHiddenRows, Drafter):
                 raise ValueError("medusa: set drafter.path to a trained heads folder (draftsman train medusa)")
             if self.tree_budget is not None and self.tree_budget < 1:
                 raise ValueError(f"medusa: tree_budget must be >= 1, got {self.tree_budget}")
+            if self.tree is not None and not self.tree:
+                raise ValueError("medusa: tree [] has no paths: give paths of candidate ranks, e.g. [[0], [1], "
+                                 "[0, 0]], or leave tree out for the heads' own tree")
+            if self.tree is not None and self.tree_budget is not None:  # (tree_budget was dropped without a word)
+                raise ValueError("medusa: tree gives the paths itself and tree_budget builds a tree instead of it: "
+                                 "drop one or the other")
 
     def __init__(self, options: "MedusaDrafter.Options", target):
         self.heads, config = MedusaHeads.load(options.path, target.model)

@@ -60,8 +60,8 @@ class RecyclingDrafter(KeepsMemory, Drafter):
     class Options:
         top_k: int = 8  # candidates kept per token id (the matrix's width)
         tree_budget: int = 16  # greedy rows: nodes of the tree built from rank_accuracy (widens the target pass)
-        tree: list | None = None  # greedy rows: explicit paths of candidate ranks instead, e.g. [[0], [1], [0, 0]]
-        rank_accuracy: list | None = None  # per depth, per rank (a report's `rank_accuracy`); None = built in
+        tree: list[list[int]] | None = None  # greedy rows: paths of candidate ranks instead, e.g. [[0], [1], [0, 0]]
+        rank_accuracy: list[list[float | None]] | None = None  # per depth, per rank (from a report); None = built in
         sampled_depth: int = 4  # sampled rows: a chain this long drawn from the recorded probabilities; 0 = the tree
         seed_from_prompt: bool = True  # tokens the target has not ranked yet: the prompt's next token as candidate
         memory_file: str | None = None  # the matrix kept across restarts: loaded at start, saved on exit / when asked
@@ -75,9 +75,17 @@ class RecyclingDrafter(KeepsMemory, Drafter):
                     raise ValueError(f"recycling: tree path {path} needs ranks in [0, top_k={self.top_k}); "
                                      "raise top_k or use lower ranks")
             if self.rank_accuracy is not None and not (
-                    self.rank_accuracy and all(isinstance(row, list) and row for row in self.rank_accuracy)):
-                raise ValueError("recycling: rank_accuracy is a list per depth of a list per rank, "
-                                 "e.g. [[0.6, 0.1], [0.65, 0.1]] (a report's `rank_accuracy`)")
+                    self.rank_accuracy and all(isinstance(row, list) and row for row in self.rank_accuracy)
+                    and all(a is None or 0 <= a <= 1 for row in self.rank_accuracy for a in row)):
+                raise ValueError("recycling: rank_accuracy is a list per depth of a list per rank of shares in [0, 1] "
+                                 "(null: never tried), e.g. [[0.6, 0.1], [0.65, 0.1]] (a report's `rank_accuracy`)")
+            if self.tree is not None and not self.tree:
+                raise ValueError("recycling: tree [] has no paths: give paths of candidate ranks, e.g. [[0], [1], "
+                                 "[0, 0]], or leave tree out for the tree built from rank_accuracy")
+            if self.tree is not None and (self.rank_accuracy is not None or self.tree_budget != type(self).tree_budget):
+                # (the tree was used and the others dropped without a word)
+                raise ValueError("recycling: tree gives the paths itself; tree_budget and rank_accuracy build a tree "
+                                 "instead of it: drop one or the other")
 
     def __init__(self, options: "RecyclingDrafter.Options", target):
         self.options = options

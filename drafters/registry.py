@@ -58,9 +58,11 @@ def drafter_options(cls: type[Drafter], options: dict):
     hints = typing.get_type_hints(opts_cls)
     for key, value in options.items():
         _check_option(cls.name, key, value, hints[key])
+    if isinstance(options.get("path"), str):  # "~/..." for every drafter (retrieval opened it as given)
+        options = {**options, "path": os.path.expanduser(options["path"])}
     opts = opts_cls(**options)
     path = getattr(opts, "path", None)
-    if isinstance(path, (str, os.PathLike)) and path and not Path(path).expanduser().exists():
+    if isinstance(path, (str, os.PathLike)) and path and not Path(path).exists():
         holds = _option_help(opts_cls, "path")
         holds = f"the {holds}" if holds else f"what `draftsman drafters` says {cls.name}'s path holds"
         raise FileNotFoundError(f"{cls.name}: drafter.path '{path}' does not exist; it should be {holds}")

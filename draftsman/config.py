@@ -115,6 +115,18 @@ def read_json_object(path: str | os.PathLike) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _paths_relative_to(values, folder: Path) -> None:
+    """The relative `path`s of a config section made relative to `folder`: a cascade's children
+    hold paths too, and so do the children of a cascade among them (those were left relative to
+    the working directory)."""
+    children = values.get("drafters") if isinstance(values, dict) else None
+    for child in children if isinstance(children, list) else []:
+        _paths_relative_to(child, folder)
+    p = values.get("path") if isinstance(values, dict) else None
+    if isinstance(p, str) and not os.path.isabs(os.path.expanduser(p)):
+        values["path"] = str(folder / p)
+
+
 def load_config(config: dict | str | os.PathLike) -> dict:
     """A dict, or the path of a YAML / JSON file -> a complete, validated config."""
     if isinstance(config, (str, os.PathLike)):
@@ -135,13 +147,8 @@ def load_config(config: dict | str | os.PathLike) -> dict:
         # Relative model paths in a config file are relative to that file, so configs travel (and
         # a same-named folder under the working directory cannot capture them).
         sections = [raw.get(s) for s in ("target", "drafter")] if isinstance(raw, dict) else []
-        drafter = raw.get("drafter") if isinstance(raw, dict) else None
-        if isinstance(drafter, dict) and isinstance(drafter.get("drafters"), list):
-            sections += drafter["drafters"]  # a cascade's children hold paths too
         for values in sections:
-            p = values.get("path") if isinstance(values, dict) else None
-            if isinstance(p, str) and not os.path.isabs(os.path.expanduser(p)):
-                values["path"] = str(path.parent / p)
+            _paths_relative_to(values, path.parent)
     elif isinstance(config, dict):
         raw = config
     else:

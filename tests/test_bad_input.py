@@ -294,6 +294,13 @@ def test_a_heads_folder_given_as_a_draft_model_names_its_drafter(llama, fresh_he
     ({"name": "layer_skip", "skip_layers": 4}, r"option skip_layers must be list\[int\] or null, got 4"),
     ({"name": "layer_skip", "skip_layers": [1, "4"]}, r"option skip_layers\[1\] must be int, got '4'"),
     ({"name": "layer_skip", "skip_layers": [True]}, r"option skip_layers\[0\] must be int, got True"),
+    # A rank of "x" failed mid-run ("bad operand type for unary -"); a tree took over the others silently.
+    ({"name": "recycling", "rank_accuracy": [[0.6, "x"]]}, r"option rank_accuracy\[0\]\[1\] must be float or null"),
+    ({"name": "recycling", "rank_accuracy": [[0.6, 1.5]]}, r"list per rank of shares in \[0, 1\]"),
+    ({"name": "recycling", "tree": []}, r"recycling: tree \[\] has no paths"),
+    ({"name": "recycling", "tree": [[0]], "tree_budget": 64}, "tree gives the paths itself; tree_budget and"),
+    ({"name": "medusa", "path": "x", "tree": [[0]], "tree_budget": 8}, "tree gives the paths itself and tree_budget"),
+    ({"name": "medusa", "path": "x", "tree": [["0"]]}, r"option tree\[0\]\[0\] must be int, got '0'"),
     ({"name": "eagle"}, "set drafter.path"),
     ({"name": "medusa", "path": "MISSING"}, "medusa: drafter.path '.*no-such-heads' does not exist"),
     ({"name": "cascade", "drafters": [{"name": "ngram"}, {"name": "mtp", "path": "MISSING"}]},
@@ -312,6 +319,18 @@ def test_a_drafter_mistake_is_named_before_the_target_loads(llama, tmp_path, mon
         child.update({k: missing for k, v in child.items() if v == "MISSING"})
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         draftsman.load(config(llama[0], drafter=drafter))
+
+
+@pytest.mark.parametrize("drafter", ["retrieval", "cross_tokenizer", "draft_model"])
+def test_a_home_relative_drafter_path_is_expanded_for_every_drafter(monkeypatch, tmp_path, drafter):
+    """The option check expanded "~" to find the path, but retrieval and cross_tokenizer then
+    opened it as given ("'~/corpus.txt' does not exist")."""
+    from draftsman.drafters import registry
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "given").write_text("x = 1\n")
+    options = registry.drafter_options(registry._REGISTRY[drafter], {"path": "~/given"})
+    assert options.path == str(tmp_path / "given")
 
 
 def test_missing_config_file_is_named(tmp_path):

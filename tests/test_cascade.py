@@ -190,3 +190,9 @@ def test_relative_child_paths_in_a_config_file_resolve_against_the_file(tiny_mod
     (tmp_path / "draft").symlink_to(draft)
     cfg = draftsman.config.load_config(tmp_path / "run.yaml")
     assert cfg["drafter"]["drafters"][1]["path"] == str(tmp_path / "draft")
+    # ... and those of a cascade among the children (they were left relative to the working directory)
+    (tmp_path / "nested.yaml").write_text(
+        f"target: {{path: {target}}}\n"
+        "drafter: {name: cascade, drafters: [{name: cascade, drafters: [{name: draft_model, path: draft}]}]}\n")
+    cfg = draftsman.config.load_config(tmp_path / "nested.yaml")
+    assert cfg["drafter"]["drafters"][0]["drafters"][0]["path"] == str(tmp_path / "draft")
