@@ -70,14 +70,18 @@ def load_index(path: str | Path, tokenizer, sizes: range, target: str = "TARGET"
     """The datastore in `path`, with the tables of `sizes` only, and the file's metadata. `target`
     names the target folder in the rebuild command an error suggests."""
     path = Path(path)
+    elsewhere = build_command("TEXT", target, str(path.with_name("datastore" + SUFFIX)))
+    if path.is_dir():  # (it said the index "does not exist", and its command's --out was refused)
+        raise ValueError(f"retrieval: datastore index '{path}' is a folder: give an index file, built with "
+                         f"`{elsewhere}`, or a folder of text without the {SUFFIX} suffix")
     if not path.is_file():
         raise FileNotFoundError(f"retrieval: datastore index '{path}' does not exist: build it with "
                                 f"`{build_command('TEXT', target, str(path))}`")
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
-        if meta.get("format") != FORMAT:
+        if meta.get("format") != FORMAT:  # (model weights? building over them is refused: another path)
             raise ValueError(f"retrieval: '{path}' is a safetensors file but not a datastore index: build one "
-                             f"with `{build_command('TEXT', target, str(path))}`, or give the text itself")
+                             f"at another path with `{elsewhere}`, or give the text itself")
         stored = [int(n) for n in meta["sizes"].split(",")]
         rebuild = build_command(meta.get("source", "TEXT"), target, str(path), sizes.start, sizes.stop - 1)
         if meta.get("version") != VERSION:

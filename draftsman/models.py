@@ -75,6 +75,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
 
 def check_model_folder(path: str | os.PathLike, what: str) -> Path:
     p = Path(path).expanduser()
+    if p.is_file():  # (it said the folder "does not exist")
+        raise FileNotFoundError(f"{what}: '{p}' is a file, not a model folder: give the folder that holds it and "
+                                "its config.json")
     if not p.is_dir():
         raise FileNotFoundError(f"{what}: model folder '{p}' does not exist; point the config at a local "
                                 "Hugging Face model folder (with config.json and weights)")
@@ -88,14 +91,19 @@ def load_causal_lm(path, dtype="float32", device="cpu", what="model"):
     return pretrained_text_model(p, resolve_dtype(dtype, device), what).to(resolve_device(device)).eval()
 
 
+def heads_drafter(kind) -> str | None:
+    """The drafter that loads heads of this `kind` (a heads folder's config.json), or None."""
+    return {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle", "mtp": "mtp"}.get(kind)
+
+
 def pretrained_text_model(folder, dtype: torch.dtype, what: str = "model") -> torch.nn.Module:
     """The causal LM in a model folder: a causal LM's, or an image-text model's text model."""
     folder = check_model_folder(folder, what)  # (training reads targets through here, not load_causal_lm)
     folder_config = json.loads((folder / "config.json").read_text())
     model_type = folder_config.get("model_type")
     kind = folder_config.get("kind")
-    if kind in ("medusa", "eagle", "eagle3", "mtp"):  # heads this package trained: no model class reads them
-        drafter = "eagle" if kind == "eagle3" else kind
+    drafter = heads_drafter(kind)
+    if drafter is not None:  # heads this package trained: no model class reads them
         raise ValueError(f"{what}: '{folder}' holds {kind} heads (draftsman train {kind}), which draft from a target's "
                          f"hidden states and are not a causal LM: use drafter: {drafter} with path set to this folder")
     if model_type == "mlp_speculator":  # no model class in transformers: AutoConfig would not know it

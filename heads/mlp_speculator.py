@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from ..models import heads_drafter
 from .common import check_fingerprint, check_same_save, save_checkpoint, target_fingerprint
 
 MODEL_TYPE = "mlp_speculator"
@@ -137,6 +138,10 @@ def read_config(folder: Path, drafter: str) -> dict:
         raise FileNotFoundError(f"{drafter}: '{folder}' holds no config.json; set drafter.path to the folder of an "
                                 "MLP speculator (e.g. a released *-accelerator checkpoint)")
     config = json.loads(path.read_text())
+    heads = heads_drafter(config.get("kind"))
+    if heads is not None:  # (it said "holds a None model")
+        raise ValueError(f"{drafter}: '{folder}' holds {config['kind']} heads (draftsman train {config['kind']}), not "
+                         f"an MLP speculator: use drafter: {heads} with path set to this folder")
     if config.get("model_type") != MODEL_TYPE:
         raise ValueError(f"{drafter}: '{folder}' holds a {config.get('model_type')!r} model, not an MLP speculator "
                          f"(model_type {MODEL_TYPE!r}); for a small causal LM use drafter 'draft_model', for Medusa "

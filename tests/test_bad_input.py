@@ -255,6 +255,13 @@ def test_missing_target_path_says_it_is_required():
         draftsman.load({})
 
 
+def test_a_model_file_given_as_its_folder_is_named(llama):
+    """(a model.safetensors given as the folder was said not to exist)"""
+    weights = llama[0] / "model.safetensors"
+    with pytest.raises(FileNotFoundError, match=f"target.path: '{weights}' is a file, not a model folder: give the"):
+        draftsman.load(config(weights))
+
+
 def test_a_folder_without_config_json_is_not_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         draftsman.load(config(tmp_path))
@@ -281,6 +288,9 @@ def test_a_heads_folder_given_as_a_draft_model_names_its_drafter(llama, fresh_he
     """transformers' "Unrecognized model in ... Should have a `model_type` key" said nothing of heads."""
     with pytest.raises(ValueError, match=f"holds {kind} heads .* not a causal LM: use drafter: {drafter} with path"):
         draftsman.load(config(llama[0], drafter={"name": "draft_model", "path": str(fresh_heads / kind)}))
+    # (mlp_speculator said the folder "holds a None model")
+    with pytest.raises(ValueError, match=f"holds {kind} heads .* not an MLP speculator: use drafter: {drafter} with"):
+        draftsman.load(config(llama[0], drafter={"name": "mlp_speculator", "path": str(fresh_heads / kind)}))
 
 
 @pytest.mark.parametrize("drafter, message", [

@@ -87,7 +87,9 @@ def test_bad_indexes_are_refused_with_the_fix(tiny_models, source, tmp_path, cap
     target, _ = tiny_models["llama"]
     narrow = tmp_path / "narrow.safetensors"
     assert build(source, target, narrow, 3, 4) == 0
-    foreign = tmp_path / "heads.safetensors"
+    foreign, texts = tmp_path / "heads.safetensors", tmp_path / "texts.safetensors"
+    texts.mkdir()
+    (texts / "a.txt").write_text("x = 1\n")
     save_file({"w": torch.zeros(2)}, str(foreign))
     with monkeypatch.context() as m:
         m.setattr(datastore_index, "VERSION", "0")
@@ -95,8 +97,10 @@ def test_bad_indexes_are_refused_with_the_fix(tiny_models, source, tmp_path, cap
         assert build(source, target, old) == 0
     cases = [(retrieval(narrow), r"holds n-gram sizes 3..4, not 2: set min_ngram / max_ngram within 3..4, or "
                                  r"rebuild it with `draftsman datastore .* --min-ngram 2 --max-ngram 4`"),
-             (retrieval(foreign), "is a safetensors file but not a datastore index: build one with `draftsman "
-                                  "datastore TEXT"),
+             # The commands suggested wrote over the file (refused) or into a folder (refused).
+             (retrieval(foreign), "is a safetensors file but not a datastore index: build one at another path "
+                                  f"with `draftsman datastore TEXT --target {target} --out {tmp_path / 'datastore'}"),
+             (retrieval(texts), "is a folder: give an index file, built with `draftsman datastore TEXT"),
              (retrieval(tmp_path / "missing.safetensors"),
               "'.*missing.safetensors' does not exist; it should be the datastore: .*`draftsman datastore`"),
              (retrieval(old), "has format version 0, this draftsman reads version 1: rebuild it")]
