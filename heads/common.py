@@ -77,8 +77,10 @@ def check_heads_destination(folder: str | Path, what: str = "out", kind: str | N
                              "there would replace them. Give the heads a folder of their own")
         return
     config = read_json_object(config_file) or {}
-    # Heads this package saved carry a kind, or (an MLP speculator, in its engines' layout) a save id.
-    saved_kind = config.get("kind") or (config.get("model_type") if SAVE_ID in config else None)
+    # Heads this package saved carry a kind, or (an MLP speculator, in its engines' layout) a save id,
+    # or, saved before save ids (the bundled zoo/python-mlp-speculator), their target's fingerprint.
+    ours = SAVE_ID in config or isinstance(config.get("target"), dict)
+    saved_kind = config.get("kind") or (config.get("model_type") if ours else None)
     if saved_kind is None:
         found = f"a {config['model_type']!r} model" if "model_type" in config else "a config.json no heads save wrote"
         raise ValueError(f"{what} '{folder}' holds {found}: saving heads there would replace its config.json and "

@@ -302,7 +302,7 @@ def trained(tiny_models, tiny_corpus, tmp_path_factory):
     return out / "speculator", train(cfg)
 
 
-def test_a_trained_speculator_is_evaluated_and_trained_again_in_its_own_folder(trained):
+def test_a_trained_speculator_is_evaluated_and_trained_again_in_its_own_folder(trained, tmp_path):
     """Its config.json is fms-extras' (a model_type, no kind): the heads trainer took it for a model's
     folder and refused `--eval-only` on it and a rerun into it. Its save id says this package wrote it."""
     from draftsman.training.heads import evaluate_only, load_config
@@ -313,6 +313,17 @@ def test_a_trained_speculator_is_evaluated_and_trained_again_in_its_own_folder(t
     assert ev["top1"] == metrics["heldout_agreement"]["top1"]
     with pytest.raises(ValueError, match="holds mlp_speculator heads: saving medusa heads there would replace them"):
         load_config({**metrics["config"], "kind": "medusa"})
+    # Saved before save ids (the bundled zoo/python-mlp-speculator): its target's fingerprint marks it ours.
+    older = tmp_path / "older"
+    shutil.copytree(folder, older)
+    config = json.loads((older / "config.json").read_text())
+    del config["save_id"]
+    (older / "config.json").write_text(json.dumps(config))
+    assert load_config({**metrics["config"], "out": str(older)})["out"] == str(older)
+    del config["target"]  # a released speculator's config.json: another's model, refused
+    (older / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="holds a 'mlp_speculator' model: saving heads there would replace"):
+        load_config({**metrics["config"], "out": str(older)})
 
 
 def test_training_lowers_the_loss_and_saves_the_fms_extras_layout(trained, tiny_models, tiny_corpus, tmp_path):
