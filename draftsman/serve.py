@@ -162,7 +162,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, self.server.metrics.content_type, self.server.metrics.exposition())
         if self.route in POST_ROUTES:
             return self._wrong_method()
-        self._error(404, f"no route GET {self.path}: try {', '.join(GET_ROUTES)}")
+        self._no_route()
 
     do_HEAD = do_GET  # (_send writes no body for HEAD)
 
@@ -172,11 +172,15 @@ class Handler(BaseHTTPRequestHandler):
         path = self.route
         allowed = "GET" if path in GET_ROUTES else "POST" if path in POST_ROUTES else None
         if allowed is None:
-            return self._error(404, f"no route {self.command} {self.path}: GET {', '.join(GET_ROUTES)}; "
-                                    f"POST {', '.join(POST_ROUTES)}")
+            return self._no_route()
         self._error(405, f"{path} takes {allowed}, not {self.command}", {"Allow": allowed})
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _wrong_method
+
+    def _no_route(self) -> None:
+        """404 listing every route with its method (a GET listed the GET routes only)."""
+        self._error(404, f"no route {self.command} {self.path}: GET {', '.join(GET_ROUTES)}; "
+                         f"POST {', '.join(POST_ROUTES)}")
 
     def do_POST(self):
         if not self._authorized():
@@ -186,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             if self.route in GET_ROUTES:
                 return self._wrong_method()
-            return self._error(404, f"no route POST {self.path}: try {' or '.join(routes)}")
+            return self._no_route()
         with self.server.answered:
             self.server.answering += 1
         try:

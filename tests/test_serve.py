@@ -261,6 +261,8 @@ def test_bad_bodies_and_routes(served):
     assert status == 400 and "must be a JSON object, got list" in got["error"]["message"]
     status, got = call(base, "/v1/embeddings", {"input": "a"})
     assert status == 404 and "/v1/completions" in got["error"]["message"]
+    status, got = call(base, "/nothing")  # (a GET listed the GET routes only)
+    assert status == 404 and "GET /v1/models, /metrics, /health; POST /v1/completions" in got["error"]["message"]
     # A route asked with the wrong method: 405 naming the one it takes (a GET of /v1/completions
     # was 'no route'; PUT and DELETE were http.server's HTML page)
     for method, path, allowed in (("GET", "/v1/completions", "POST"), ("POST", "/v1/models", "GET"),

@@ -38,7 +38,7 @@ def drafters_flag(text: str) -> list[dict]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="bench YAML (see configs/bench.yaml); default: the bundled zoo target with "
-                                    "none, ngram and draft_model")
+                                    "none, ngram, recycling and every drafter bundled in zoo/")
     p.add_argument("--target", metavar="DIR", help="the target model folder (sets target.path, over the config's); "
                                                    "its drafters are none and ngram unless --drafters or the config "
                                                    "names them")
