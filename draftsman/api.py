@@ -639,7 +639,14 @@ class Decoder:
         if not isinstance(text, str):  # (the tokenizer decodes a list of rows as a batch)
             raise ValueError(f"decode takes one row of token ids, got several rows ({_shown(tokens)}): decode "
                              "each, [decoder.decode(row) for row in rows]")
+        if len(tokens) and int(max(tokens)) >= self.engine.vocab_size:
+            self._outside_vocabulary(int(max(tokens)), "decode")
         return text
+
+    def _outside_vocabulary(self, token: int, call: str):
+        """(the tokenizer decodes an id past its vocabulary as "", silently)"""
+        raise ValueError(f"{call}: token id {token} is outside the target's vocabulary of {self.engine.vocab_size} "
+                         "tokens: were these ids made by another model's tokenizer?")
 
     def _decode_with(self, tokens: list[int], kept: dict[int, str]) -> str:
         if not self.tokenizer:
@@ -728,6 +735,8 @@ class Decoder:
         if isinstance(token, bool) or not hasattr(token, "__index__") or operator.index(token) < 0:
             raise ValueError(f"decode_token takes one token id (a whole number >= 0), got {_shown(token)}")
         token = operator.index(token)  # (a numpy or 0-d torch integer too)
+        if token >= self.engine.vocab_size:
+            self._outside_vocabulary(token, "decode_token")
         return self.tokenizer.decode([token]) if self.tokenizer else str(token)
 
     def _run_args(self, max_new_tokens, seed, stop, sampling: dict, min_new_tokens=None, stop_token_ids=None,

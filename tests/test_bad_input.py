@@ -128,6 +128,13 @@ def test_decode_names_what_is_not_one_row_of_token_ids(decoder):
     for bad in (-1, "5", 5.0, True, None):
         with pytest.raises(ValueError, match="decode_token takes one token id"):
             decoder.decode_token(bad)
+    # An id past the vocabulary decoded as "", silently (ids of another model's tokenizer).
+    vocab = decoder.engine.vocab_size
+    with pytest.raises(ValueError, match=f"decode: token id {vocab} is outside the target's vocabulary of {vocab}"):
+        decoder.decode([5, vocab])
+    with pytest.raises(ValueError, match="decode_token: token id 99999 is outside the target's vocabulary"):
+        decoder.decode_token(99999)
+    assert decoder.decode([]) == "" and decoder.decode([vocab - 1]) == decoder.decode(torch.tensor([vocab - 1]))
 
 def test_top_k_0_and_minus_1_mean_every_token_as_in_vllm(llama):
     """vLLM clients send top_k -1 for "no top-k" (HF uses 0); both were refused. They switch off a
