@@ -1,5 +1,8 @@
 """What the `draftsman serve` tests share: a server on a free port in a thread, and a client."""
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -88,3 +91,33 @@ def scrape(base: str) -> dict:
         text = r.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# A `draftsman serve` process whose drafter takes 0.2 s a round, as a big target's rounds would.
+# (SIGINT restored: a shell starts background jobs with it ignored, and Python then keeps it so)
+SLOW_SERVER = """import signal, sys, time
+from draftsman.cli import main
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from draftsman.drafters.{module} import {cls}
+propose = {cls}.propose
+def slow(self, contexts):
+    time.sleep(0.2)
+    return propose(self, contexts)
+{cls}.propose = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def slow_serve_process(drafter: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """(process, base URL) of `draftsman serve ARGS` whose drafter ("module:Class", e.g.
+    "ngram:NgramDrafter") takes 0.2 s a round, so a long request still runs when the test stops the
+    server. The caller kills the process."""
+    module, cls = drafter.split(":")
+    server = subprocess.Popen([sys.executable, "-c", SLOW_SERVER.format(module=module, cls=cls), "serve", *args,
+                               "--port", "0", "--quiet"], stderr=subprocess.PIPE, text=True)
+    line = server.stderr.readline()  # "serving 'NAME' with drafter D at URL (Ctrl-C stops)"
+    found = re.search(r"at (http://[^/\s]+)", line)
+    if found is None:
+        server.kill()
+        raise AssertionError(f"the server did not start: {line}{server.stderr.read()}")
+    return server, found.group(1)

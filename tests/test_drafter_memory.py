@@ -4,9 +4,7 @@ cache of outputs and the `recycling` candidate matrix are written by Decoder.sav
 written for another target, tokenizer or drafter is refused and left as it is."""
 import io
 import json
-import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +19,7 @@ from draftsman.cli import main
 from draftsman.drafters import memory_file
 from draftsman.serve_batch import Batcher, ServerStopping
 
-from serving import call, running
+from serving import call, running, slow_serve_process
 from tiny_models import load_for_reference
 
 PROMPTS = [[3, 4, 5, 6, 7], [9, 8, 7, 6], [5, 5, 6, 6, 7]]
@@ -271,31 +269,14 @@ def test_a_server_saves_the_memory_between_batches_and_at_exit(tiny_models, tmp_
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
 
-# `draftsman serve` with rounds as slow as a big target's (0.2 s), so a long request still runs
-# when the server is told to stop
-SLOW_SERVER = """import sys, time
-from draftsman.cli import main
-from draftsman.drafters.recycling import RecyclingDrafter
-propose = RecyclingDrafter.propose
-def slow(self, contexts):
-    time.sleep(0.2)
-    return propose(self, contexts)
-RecyclingDrafter.propose = slow
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_served_drafter_keeps_its_memory_when_the_server_is_stopped(tiny_models, tmp_path):
     """`draftsman serve` as a process: SIGTERM (docker stop, systemd) stops it as Ctrl-C does, and
     the drafter's memory is written on the way out, within a round of the request still running
     (docker stop kills after 10 s; a save that waited for the request would not come)."""
     folder, path = tiny_models["llama"][0], tmp_path / "served.safetensors"
-    server = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "serve", "--drafter", "recycling", "--set",
-                               f"target.path={folder}", "--set", f"drafter.memory_file={path}", "--port", "0",
-                               "--quiet"], stderr=subprocess.PIPE, text=True)
+    server, base = slow_serve_process("recycling:RecyclingDrafter", "--drafter", "recycling", "--set",
+                                      f"target.path={folder}", "--set", f"drafter.memory_file={path}")
     try:
-        line = server.stderr.readline()  # "serving 'NAME' with drafter recycling at URL (Ctrl-C stops)"
-        base = re.search(r"at (http://[^/\s]+)", line).group(1)
         status, answer = call(base, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
         assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
         assert not path.exists()  # the periodic save is due after 300 s

@@ -4,11 +4,8 @@ text; OpenAI's field names map to ours; bad requests get a 400 that names the fi
 
 import http.client
 import json
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -19,7 +16,7 @@ import pytest
 
 from draftsman import cli, serve, serve_batch
 
-from serving import NEW, call, events
+from serving import NEW, call, events, slow_serve_process
 
 USER = [{"role": "user", "content": "def parse(text):"}]
 
@@ -329,27 +326,13 @@ def test_the_command_checks_its_target_before_serving(capsys):
     assert "/no/such/model" in capsys.readouterr().err
 
 
-# `draftsman serve` as a process, with rounds as slow as a big target's (0.2 s)
-SLOW_NGRAM_SERVER = """import sys, time
-from draftsman.cli import main
-from draftsman.drafters.ngram import NgramDrafter
-propose = NgramDrafter.propose
-def slow(self, contexts):
-    time.sleep(0.2)
-    return propose(self, contexts)
-NgramDrafter.propose = slow
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_a_server_stopped_mid_request_answers_abort_and_exits_cleanly(tiny_models, stop):
     """docker stop / systemd (SIGTERM) or Ctrl-C while rows generate: the process died of SIGABRT
     (exit -6, "terminate called without an active exception"), the plain client got no answer and
     the stream no finish reason nor [DONE]. Now the rows end with "abort" and the exit is 128 + signal."""
-    server = subprocess.Popen([sys.executable, "-c", SLOW_NGRAM_SERVER, "serve", "--drafter", "ngram", "--set",
-                               f"target.path={tiny_models['llama'][0]}", "--port", "0", "--quiet"],
-                              stderr=subprocess.PIPE, text=True)
+    server, base = slow_serve_process("ngram:NgramDrafter", "--drafter", "ngram", "--set",
+                                      f"target.path={tiny_models['llama'][0]}")
     answers = {}
 
     def ask(name, body):
@@ -359,7 +342,6 @@ def test_a_server_stopped_mid_request_answers_abort_and_exits_cleanly(tiny_model
             answers[name] = e
 
     try:
-        base = re.search(r"at (http://[^/\s]+)", server.stderr.readline()).group(1)
         long = {"prompt": "def g(y):", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
         clients = [threading.Thread(target=ask, args=(name, {**long, "stream": name == "stream"}))
                    for name in ("stream", "plain")]
