@@ -639,8 +639,9 @@ class Decoder:
         if not isinstance(text, str):  # (the tokenizer decodes a list of rows as a batch)
             raise ValueError(f"decode takes one row of token ids, got several rows ({_shown(tokens)}): decode "
                              "each, [decoder.decode(row) for row in rows]")
-        if len(tokens) and int(max(tokens)) >= self.engine.vocab_size:
-            self._outside_vocabulary(int(max(tokens)), "decode")
+        highest = int(max(tokens)) if len(tokens) else -1
+        if highest >= self.engine.vocab_size:
+            self._outside_vocabulary(highest, "decode")
         return text
 
     def _outside_vocabulary(self, token: int, call: str):

@@ -435,3 +435,25 @@ def test_work_on_the_models_runs_between_rounds_of_a_running_generation():
         release.set()
         reader.join(10)
     assert batcher.with_models(lambda: "alone") == "alone"  # no generation: it runs in the caller
+
+
+def test_scoring_between_rounds_leaves_the_generation_exactly_as_alone(chat_target):
+    """with_models runs a target pass in the middle of a generation: the generation's tokens and the
+    scores must both be what each gives alone (the pass may not touch the generation's state)."""
+    decoder = ngram_decoder(chat_target[0])
+    prompt, other = decoder.encode(["def parse(text):\n"])[0], decoder.encode(["import os\nimport"])[0]
+    args = {"max_new_tokens": 120, "ignore_eos": True, "temperature": 0.0}
+    alone = decoder.generate(input_ids=[prompt], **args).token_ids[0]
+    scores_alone = decoder.prompt_logprobs([other])[0]
+    batcher = Batcher(decoder, threading.Lock())
+    out = []
+    generation = threading.Thread(target=lambda: out.append(batcher.generate([prompt], dict(args))[0]))
+    generation.start()
+    mid_run = 0
+    while generation.is_alive():
+        scores = batcher.with_models(lambda: decoder.prompt_logprobs([other])[0])
+        assert scores[0][0] is None and scores[0][1:] == pytest.approx(scores_alone[0][1:], abs=1e-6)
+        mid_run += batcher.running > 0
+    generation.join()
+    assert mid_run > 0, "no scoring ran while the generation did"
+    assert out[0].token_ids[0] == alone
