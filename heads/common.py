@@ -30,19 +30,58 @@ def target_fingerprint(model: torch.nn.Module) -> dict:
     # Read where the weights are, in float32, without a float copy of the whole head on the CPU
     # (2.5 GB for a 152k x 4096 one): heads and drafter memories take it at every start.
     probes = weight[rows.to(weight.device), cols.to(weight.device)].float().cpu()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return {
         "architecture": type(model).__name__,
         "hidden_size": d,
         "vocab_size": V,
         "lm_head_probe": [round(float(x), 4) for x in probes],
         "lm_head_norm": round(float(torch.linalg.vector_norm(weight, dtype=torch.float32)), 3),
+        # A depth-pruned model or a fine-tune keeps its LM head: the layers tell those targets apart.
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "body_probe": _body_probe(model, weight),
     }
+
+
+_BODY_WEIGHTS = 8
+_FLOAT_WEIGHTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _body_probe(model: torch.nn.Module, head_weight: torch.Tensor) -> list[float | None]:
+    """Two seeded values from each of a few weights spread through the layers, picked by position
+    among all of them. A weight stored in another form (int8, packed 4-bit, fp8) reads None, so a
+    quantized copy of the same target is compared on the weights it keeps in float."""
+    embeddings = model.get_input_embeddings().weight
+    weights = [p.detach() for p in model.parameters()
+               if p is not embeddings and p.data_ptr() != head_weight.data_ptr()]
+    if not weights:
+        return []
+    g = torch.Generator().manual_seed(1)
+    values = []
+    for i in range(_BODY_WEIGHTS):
+        weight = weights[i * (len(weights) - 1) // (_BODY_WEIGHTS - 1)]
+        at = torch.randint(0, weight.numel(), (2,), generator=g)
+        if weight.dtype not in _FLOAT_WEIGHTS or weight.device.type == "meta":
+            values += [None, None]
+            continue
+        values += [round(float(x), 4) for x in weight.reshape(-1)[at.to(weight.device)].float().cpu()]
+    return values
+
+
+def _same_values(saved: list, now: list) -> bool:
+    """Equal within bf16 storage's rounding where both records read the weight; a record of another
+    length (an empty one, written before body probes) has nothing to compare."""
+    pairs = [(a, b) for a, b in zip(saved, now) if a is not None and b is not None]
+    return len(saved) != len(now) or not pairs or torch.allclose(
+        torch.tensor([a for a, _ in pairs]), torch.tensor([b for _, b in pairs]), rtol=2e-2, atol=2e-3)
 
 
 def fingerprint_difference(saved: dict, now: dict) -> str | None:
     """How the target fingerprint `saved` was taken from differs from the one `now` was (both
-    target_fingerprint()s); None when it looks the same."""
-    for key in ("architecture", "hidden_size", "vocab_size"):
+    target_fingerprint()s); None when it looks the same. Records written before a key existed
+    (num_hidden_layers, body_probe) are compared on the keys they hold."""
+    keys = ["architecture", "hidden_size", "vocab_size"] + ["num_hidden_layers"] * ("num_hidden_layers" in saved)
+    for key in keys:
         if saved.get(key) != now[key]:
             return f"{key} is {saved.get(key)!r} in the record but {now[key]!r} in this target"
     # bf16 storage moves weights by ~0.4%: compare with a tolerance, not bit for bit.
@@ -50,6 +89,8 @@ def fingerprint_difference(saved: dict, now: dict) -> str | None:
                            rtol=2e-2, atol=2e-3)
     if not close or abs(saved["lm_head_norm"] - now["lm_head_norm"]) > 0.02 * now["lm_head_norm"]:
         return "the target's LM head weights differ from the recorded ones"
+    if not _same_values(saved.get("body_probe") or [], now["body_probe"]):
+        return "the target's layer weights differ from the recorded ones (same LM head: a fine-tune or another model)"
     return None
 
 

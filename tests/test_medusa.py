@@ -3,6 +3,7 @@ another target are refused; output through the `medusa` drafter equals the targe
 output (batch 1 and 4) and follows its distribution when sampling."""
 import contextlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -55,6 +56,40 @@ def test_heads_for_another_target_are_refused(trained_heads, tiny_models):
         MedusaHeads.load(folder, load_for_reference(tiny_models["qwen2"][0]))
     with pytest.raises(ValueError, match="trained for another target"):
         draftsman.load({"target": {"path": str(tiny_models["gpt2"][0])}, "drafter": {"name": "medusa", "path": str(folder)}})
+
+
+def test_heads_for_a_target_that_only_shares_the_lm_head_are_refused(trained_heads, tiny_models, tmp_path):
+    """A depth-pruned target, or one whose layers were retrained, keeps the LM head the record
+    probed: both were taken for the heads' own target (export wrote them for it, too)."""
+    folder, _ = trained_heads
+    source = tiny_models["llama"][0]
+    MedusaHeads.load(folder, load_for_reference(source).to(torch.bfloat16))  # bf16 storage: the same target
+    quantized = load_for_reference(source)  # int8 matrices (as bitsandbytes keeps them) are not read
+    for layer in quantized.model.layers:
+        layer.mlp.up_proj.weight = torch.nn.Parameter(layer.mlp.up_proj.weight.to(torch.int8), requires_grad=False)
+    MedusaHeads.load(folder, quantized)
+    retrained = load_for_reference(source)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for weight in retrained.model.layers.parameters():
+            weight.normal_(0, 0.05)
+    with pytest.raises(ValueError, match="trained for another target: the target's layer weights differ"):
+        MedusaHeads.load(folder, retrained)
+    pruned = load_for_reference(source)
+    layers = pruned.config.num_hidden_layers
+    del pruned.model.layers[1:]
+    pruned.config.num_hidden_layers = 1
+    with pytest.raises(ValueError, match=f"num_hidden_layers is {layers} in the record but 1 in this target"):
+        MedusaHeads.load(folder, pruned)
+    # Records written before the layers were (the bundled zoo heads) are checked on what they hold.
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    config = json.loads((old / "config.json").read_text())
+    del config["target"]["num_hidden_layers"], config["target"]["body_probe"]
+    (old / "config.json").write_text(json.dumps(config))
+    MedusaHeads.load(old, load_for_reference(source))
+    with pytest.raises(ValueError, match="trained for another target"):
+        MedusaHeads.load(old, load_for_reference(tiny_models["qwen2"][0]))
 
 
 def test_a_model_folder_given_as_heads_is_named(tiny_models):
