@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Container, Iterable, NamedTuple
@@ -11,7 +12,7 @@ from .chat import chat_ids, check_conversations, check_unicode
 from .replies import check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages
 from .tool_calls import arguments_as_objects
 from .config import load_config
-from .models import check_model_folder, context_length, eos_ids, load_causal_lm, load_tokenizer, resolve_device
+from .models import check_model_folder, eos_ids, load_causal_lm, load_tokenizer, resolve_device, verified_context
 from .drafters import TargetInfo, build_drafter, check_drafter_config
 from .detokenize import IncrementalText
 from .stop import StopStrings, check_stop_strings
@@ -189,8 +190,11 @@ class Decoder:
         vocab = self.target.get_output_embeddings().weight.shape[0]
         info = TargetInfo(self.target, str(t["path"]), self.tokenizer, vocab, self.device, self.target.dtype)
         self.drafter = build_drafter(config["drafter"], info)
-        self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer),
-                                        context_length(self.target.config))
+        context, context_note = verified_context(self.target.config)
+        if context_note:
+            warnings.warn(f"target {t['path']}: {context_note}", stacklevel=2)
+        self.engine = SpeculativeEngine(self.target, self.drafter, eos_ids(self.target, self.tokenizer), context,
+                                        context_note)
         self.engine.recurrent_branches = t["recurrent_branches"]
         if self.tokenizer is not None:  # built when a request first asks for structured_output
             self.engine.grammars = GrammarCompiler(self.tokenizer, vocab, self.engine.eos_token_ids)
@@ -212,7 +216,7 @@ class Decoder:
                           self.engine.vocab_size, self.device, self.target.dtype)
         other.drafter = build_drafter(other.config["drafter"], info)
         other.engine = SpeculativeEngine(self.target, other.drafter, self.engine.eos_token_ids,
-                                         self.engine.max_context)
+                                         self.engine.max_context, self.engine.context_note)
         other.engine.grammars = self.engine.grammars  # one compiler per tokenizer
         other.engine.recurrent_branches = self.engine.recurrent_branches
         return other

@@ -223,6 +223,28 @@ def context_length(config) -> int:
                      "has none of max_position_embeddings / n_positions")
 
 
+def verified_context(config) -> tuple[int, str]:
+    """(positions, why): how far a generation may run with output exact to the target's own, and why
+    that is short of its context ("" when it is not). A longrope target (the long-context Phi-3,
+    Phi-3.5 and Phi-4-mini) rotates every position with other frequencies once a sequence passes
+    original_max_position_embeddings; its generate then computes the whole cache again with them.
+    A verify pass cannot take that switch mid-generation, and a pass whose positions straddle it
+    rotates all of them the long way: within the original positions every pass stays short."""
+    context = context_length(config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or {}
+    for params in (rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope else [rope]):
+        if params.get("rope_type") != "longrope":
+            continue
+        switch = params.get("original_max_position_embeddings") or getattr(text, "original_max_position_embeddings",
+                                                                          None)
+        if isinstance(switch, int) and 0 < switch < context:
+            return switch, (f"this longrope target switches its RoPE frequencies past original_max_position_embeddings "
+                            f"= {switch} (of {context} positions), which speculative decoding cannot reproduce "
+                            f"exactly yet: prompt and output together are kept within {switch} tokens")
+    return context, ""
+
+
 def eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):

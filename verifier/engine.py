@@ -102,7 +102,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int):
+    def __init__(self, target: torch.nn.Module, drafter: Drafter, eos_token_ids: set[int], max_context: int,
+                 context_note: str = ""):
         # Its sliding / chunked layers hold about a window (and what a drafter reading them needs).
         self.target = CachedLM(target, trim_windows=True, trim_margin=drafter.needs.target_cache_margin)
         if drafter.needs.target_cache:  # it reads the target's keys (drafters/base.py TargetNeeds)
@@ -110,6 +111,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
+        self.context_note = context_note  # why max_context is short of the target's own, when it is
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.device = self.target.device
         self._context_seen = self._generated_counts = self._bans = None  # per request
@@ -152,7 +154,8 @@ class SpeculativeEngine:
             if len(p) >= self.max_context:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens but the target's context is {self.max_context} "
-                    f"positions, leaving no room to generate: shorten it to at most {self.max_context - 1} tokens")
+                    f"positions, leaving no room to generate: shorten it to at most {self.max_context - 1} tokens"
+                    + (f" ({self.context_note})" if self.context_note else ""))
             bad = [t for t in p if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the target's vocabulary "
