@@ -43,6 +43,9 @@ def config(target, **sections):
     (dict(prompts="x = 1\n" * 200), f"the target's context is {CONTEXT} positions.*at most {CONTEXT - 1}"),
     (dict(input_ids=[[5, 100000]]), r"token ids \[100000\] outside the target's vocabulary \[0, 320\)"),
     (dict(input_ids=[[5, -1]]), r"token ids \[-1\] outside"),
+    # Every token banned: id 0 came out, as if allowed, under greedy and sampling alike.
+    (dict(input_ids=[[5]], bad_words_ids=[[t] for t in range(320)]),
+     r"bad_words_ids ban every one of the target's 320 tokens on its own, leaving none to generate: ban fewer"),
     (dict(input_ids=[[5]], max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(input_ids=[[5]], max_new_tokens=4, min_new_tokens=5),
      r"min_new_tokens must be in \[0, max_new_tokens = 4\], got 5: raise max_new_tokens"),

@@ -5,6 +5,7 @@ be what the target gives that token after the row's prompt and earlier tokens: c
 target run over the whole sequence at once (teacher forcing) and against Hugging Face
 `generate(output_logits=True)`. Broken variants this catches: reading the logits one slot off, the
 logits after penalties or the EOS mask, and values not cut where a row ends."""
+import json
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor
                           SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 import draftsman
+from draftsman import cli
 
 from tiny_models import load_for_reference, perturbed_copy
 
@@ -85,9 +87,9 @@ def assert_matches(where, tokens, values, top, want: torch.Tensor):
     assert all(v > float("-inf") for v in values), where  # every token was drawn from its distribution
     best = want.topk(TOP, dim=-1)
     for pos, ids, lps in zip(top, best.indices.tolist(), best.values.tolist()):
-        finite = [i for i, lp in enumerate(lps) if lp > float("-inf")]
-        assert [pos[i][0] for i in finite] == [ids[i] for i in finite], where
-        assert [lp for _, lp in pos] == pytest.approx(lps, abs=1e-4), where
+        finite = [i for i, lp in enumerate(lps) if lp > float("-inf")]  # ruled-out tokens are left out
+        assert [token for token, _ in pos] == [ids[i] for i in finite], where
+        assert [lp for _, lp in pos] == pytest.approx([lps[i] for i in finite], abs=1e-4), where
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -146,6 +148,24 @@ def test_logprobs_end_where_the_row_ends(tiny_models, tiny_tokenizer, close_draf
         assert len(values) == len(tokens)  # later rounds run a smaller batch: equal up to rounding
         assert torch.allclose(torch.tensor(values), torch.tensor(whole[: len(values)]), atol=1e-5)
     assert decoder.generate(PROMPT_TEXTS, max_new_tokens=4).logprobs is None  # not asked for
+
+
+def test_top_logprobs_leave_out_the_tokens_the_settings_rule_out(tiny_models, capsys):
+    """Under top_k 2, "processed" top_logprobs 3 listed a third token at -inf, an arbitrary one of
+    those ruled out, and `generate --json` printed it as -Infinity, which JSON parsers refuse."""
+    target = str(tiny_models["llama"][0])
+    decoder = draftsman.load({"target": {"path": target}})
+    out = decoder.generate(input_ids=[[5, 6]], max_new_tokens=4, temperature=1, top_k=2, seed=0,
+                           logprobs="processed", top_logprobs=3)
+    assert [len(pos) for pos in out.top_logprobs[0]] == [2] * 4
+    assert all(token in dict(pos) for token, pos in zip(out.token_ids[0], out.top_logprobs[0]))
+    assert cli.main(["generate", "--target", target, "--input-ids", "5,6", "--max-new-tokens", "2", "--temperature",
+                     "1", "--top-k", "2", "--json", "--logprobs", "processed", "--top-logprobs", "3"]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    printed = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert [len(pos) for pos in printed["top_logprobs"][0]] == [2, 2]
 
 
 def test_top_logprobs_stop_at_the_vocabulary(tiny_models):

@@ -417,6 +417,10 @@ class SpeculativeEngine:
             if outside:
                 raise ValueError(f"{name} has token ids {outside[:5]} outside the target's vocabulary "
                                  f"[0, {self.vocab_size}): drop them")
+        for params in settings:  # else every score is -inf and the "choice" is whatever id 0 is
+            if len({word[0] for word in params.bad_words_ids or () if len(word) == 1}) == self.vocab_size:
+                raise ValueError(f"bad_words_ids ban every one of the target's {self.vocab_size} tokens on its own, "
+                                 "leaving none to generate: ban fewer")
 
     def _check_structured(self, settings: list[SamplingParams], minimums: list[int], ignored: list[bool]) -> None:
         """Each row's structured_output compiles, and the row lets its grammar decide where it

@@ -23,9 +23,9 @@ MODES = ("raw", "processed")
 
 class TokenLogprobs:
     """Per row of a request: the log-probability of each kept token (`values`) and, with `top` > 0,
-    the `top` most likely tokens at its position as (token id, log-probability), most likely first
-    (`top_tokens`; None without). The engine reads each round's block once (`read`) and keeps what
-    each row commits (`keep`)."""
+    the `top` most likely tokens at its position (fewer where the settings rule out the rest) as
+    (token id, log-probability), most likely first (`top_tokens`; None without). The engine reads
+    each round's block once (`read`) and keeps what each row commits (`keep`)."""
 
     def __init__(self, rows: int, top: int = 0, mode: str = "raw"):
         if mode not in MODES:
@@ -56,8 +56,11 @@ class TokenLogprobs:
         if not self.top:
             return values, None
         best = logp.topk(min(self.top, logp.shape[-1]), dim=-1)
-        return values, [[list(zip(ids, lps)) for ids, lps in zip(row_ids, row_lps)]
-                        for row_ids, row_lps in zip(best.indices.tolist(), best.values.tolist())]
+        # A token the settings rule out ("processed": -inf) could not have been drawn: it is left out
+        # (else which ruled-out ids fill the list is arbitrary, and JSON has no -Infinity).
+        drawable = [[[(i, lp) for i, lp in zip(ids, lps) if lp > float("-inf")] for ids, lps in zip(row_ids, row_lps)]
+                    for row_ids, row_lps in zip(best.indices.tolist(), best.values.tolist())]
+        return values, drawable
 
     def keep(self, row: int, round_read, index: int, count: int) -> None:
         """Request row `row` committed the first `count` tokens of the round's row `index`."""
