@@ -239,7 +239,9 @@ class Decoder:
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 check_unicode(prompt, f"prompt {i}")
-        return [self.tokenizer(p)["input_ids"] for p in prompts]
+        # verbose=False: the tokenizer's "longer than the specified maximum" warning would come before
+        # check_prompts' own error, which names the context and the fix.
+        return [self.tokenizer(p, verbose=False)["input_ids"] for p in prompts]
 
     def encode_chat(self, conversations, *, continue_final_message: bool = False,
                     chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[list[int]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -32,7 +33,7 @@ import yaml
 
 from . import __version__
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
-from .config import DEFAULTS, apply_overrides, load_config, parse_yaml
+from .config import DEFAULTS, apply_overrides, load_config, merge, parse_yaml
 from .drafter_catalog import describe_drafters
 from .json_lines import json_lines
 from .reasoning import PARSERS as REASONING_PARSERS
@@ -145,9 +146,12 @@ def parse_input_ids(text: str) -> list[int]:
     if "" in parts and parts != [""]:
         raise UserError(f"--input-ids '{text}': an id is missing between commas (or before or after them)")
     try:
-        return [int(x) for x in parts if x]
+        ids = [int(x) for x in parts if x]
     except ValueError:
         raise UserError(f"--input-ids '{text}': expected integers separated by commas, e.g. \"1,2,3\"") from None
+    if not ids:  # (a text prompt may be "": its tokenizer may add a BOS token)
+        raise UserError(f"--input-ids '{text}': no token ids: give at least one (e.g. the BOS token's)")
+    return ids
 
 
 def build_config(config_path: str | None, drafter: str | None, overrides: list[str], target: str | None = None) -> dict:
@@ -162,6 +166,29 @@ def build_config(config_path: str | None, drafter: str | None, overrides: list[s
     if target is not None:
         cfg["target"]["path"] = target
     return cfg
+
+
+# Config keys whose flag is not the key dashed (max_new_tokens -> --max-new-tokens): one item a flag.
+_FLAG_NAMES = {"stop_token_ids": "--stop-token-id", "bad_words_ids": "--bad-word"}
+
+
+def with_generate_flags(cfg: dict, args: argparse.Namespace) -> dict:
+    """The config the run uses: cfg with the sampling and generation flags given over it, checked as any
+    config is (config.merge). So a bad flag value is refused before a model loads, and --json's "config"
+    holds what the run used (rerunning from it repeats the run)."""
+    given = {("sampling", key): value for key, value in sampling_flags(args).items() if value is not None}
+    given.update({("generation", key): getattr(args, key) for key in DEFAULTS["generation"]
+                  if getattr(args, key, None) is not None})
+    raw = copy.deepcopy(cfg)
+    for (section, key), value in given.items():
+        raw[section][key] = value
+    try:
+        return merge(raw)
+    except ValueError as e:
+        # The message names the config key (generation.max_new_tokens); say which flag set it.
+        flags = [_FLAG_NAMES.get(key, "--" + key.replace("_", "-")) for section, key in given
+                 if re.search(rf"\b{section}\.{key}\b", str(e))]
+        raise UserError(f"{', '.join(flags)}: {e}" if flags else str(e)) from None
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -186,13 +213,18 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.top_logprobs and not args.logprobs:
         raise UserError("--top-logprobs needs --logprobs (and --json): add them")
     input_ids = [parse_input_ids(s) for s in args.input_ids] or None
-    cfg = build_config(args.config, args.drafter, args.overrides, args.target)
-    lossy_warning({key: cfg["sampling"][key] if value is None else value
-                   for key, value in sampling_flags(args).items()})
+    cfg = with_generate_flags(build_config(args.config, args.drafter, args.overrides, args.target), args)
+    lossy_warning(cfg["sampling"])
 
     from transformers.utils import logging as hf_logging
 
-    from .api import Decoder
+    from .api import Decoder, _check_samples
+    from .verifier.sampling import SamplingParams
+
+    try:  # the rule generate applies, before the model loads rather than after
+        _check_samples(args.num_return_sequences, SamplingParams(**cfg["sampling"]))
+    except ValueError as e:
+        raise UserError(f"--num-return-sequences: {e}") from None
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the output on stderr
     decoder = Decoder(cfg)
@@ -209,7 +241,7 @@ def _generate_with(decoder: Decoder, args: argparse.Namespace, cfg: dict, conver
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
         opened = opened_thoughts(decoder.tokenizer, input_ids or [], 1, args.reasoning_parser)[0]
-        return _stream_one(decoder, args, cfg, input_ids[0] if input_ids else None, parsers, tools, opened)
+        return _stream_one(decoder, args, input_ids[0] if input_ids else None, parsers, tools, opened)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
@@ -236,7 +268,7 @@ def _generate_with(decoder: Decoder, args: argparse.Namespace, cfg: dict, conver
             continue
         # Without a tokenizer there is no text: show the ids rather than an empty line.
         print(text if decoder.tokenizer is not None else " ".join(map(str, ids)))
-    _print_stats(cfg, out.stats)
+    _print_stats(decoder.drafter.name, out.stats)
     return 0
 
 
@@ -373,11 +405,7 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
         return [[*system, {"role": "user", "content": text}] for text in args.chat]
     if not args.messages:
         return None
-    try:
-        with open(args.messages, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise UserError(f"--messages: no such file '{args.messages}'") from None
+    text = read_flag_file("--messages", args.messages)
     if args.messages.endswith(".jsonl"):
         messages = _jsonl_conversations(args.messages, text)
     else:
@@ -391,6 +419,24 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
         return check_conversations(messages)
     except ValueError as e:
         raise UserError(f"--messages '{args.messages}': {e}") from None
+
+
+def read_flag_file(flag: str, path: str) -> str:
+    """The text of the file a flag names; a file that cannot be read is named with the flag and the fix
+    (the OSError or codec error alone named neither)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{flag}: no such file '{path}'") from None
+    except IsADirectoryError:
+        raise UserError(f"{flag} '{path}' is a folder: give the file in it") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} '{path}' is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") \
+            from None
+    except OSError as e:  # permission denied, ...
+        raise UserError(f"{flag} '{path}' cannot be read ({e.strerror}): check the path and its permissions") \
+            from None
 
 
 def _jsonl_conversations(path: str, text: str) -> list:
@@ -417,18 +463,16 @@ def read_tools(path: str | None) -> list[dict] | None:
     """--tools FILE: its checked list of tool definitions; None without the flag."""
     if not path:
         return None
+    text = read_flag_file("--tools", path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return check_tools(json.load(f))
-    except FileNotFoundError:
-        raise UserError(f"--tools: no such file '{path}'") from None
+        return check_tools(json.loads(text))
     except json.JSONDecodeError as e:
         raise UserError(f"--tools '{path}' is not valid JSON ({e}): expected a list like [{TOOL_SHAPE}]") from None
     except ValueError as e:
         raise UserError(f"--tools '{path}': {e}") from None
 
 
-def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids: list[int] | None = None,
+def _stream_one(decoder: Decoder, args: argparse.Namespace, input_ids: list[int] | None = None,
                 parsers: tuple[str | None, str | None] = (None, None), tools: list[dict] | None = None,
                 opened: bool = False) -> int:
     """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it;
@@ -453,12 +497,13 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, cfg: dict, input_ids
     else:
         printer.write(reply.feed("", final=True))
         printer.end()
-    _print_stats(cfg, stats)
+    _print_stats(decoder.drafter.name, stats)
     return 0
 
 
-def _print_stats(cfg: dict, s: GenerationStats) -> None:
-    print(f"[stats] drafter {cfg['drafter']['name']}: tau {s.tau:.2f} tokens/pass, "
+def _print_stats(drafter: str, s: GenerationStats) -> None:
+    """drafter: the name of the one that ran (decoder.drafter.name: adaptive(ngram) where the config says ngram)."""
+    print(f"[stats] drafter {drafter}: tau {s.tau:.2f} tokens/pass, "
           f"{s.tokens_per_second:.1f} tokens/s, {s.rounds} rounds, {s.new_tokens} new tokens, "
           f"{s.total_seconds:.2f} s" + (" (LOSSY: typical acceptance)" if s.lossy else ""))
 

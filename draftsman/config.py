@@ -95,12 +95,23 @@ def parse_override(value: str, item: str) -> Any:
                          f"e.g. KEY='{value}'") from None
 
 
+def read_text(path: Path, what: str) -> str:
+    """A config file's text, as UTF-8 (as YAML and JSON are); a file in another encoding is named, which
+    the codec's own words ("'utf-8' codec can't decode byte 0xe9") do not."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} '{path}' is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") \
+            from None
+
+
 def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
     """A YAML file's content (JSON is YAML too); a parse error names the file, which the parser's
     own words ("found character '\\t' that cannot start any token", a line and column) do not."""
     path = Path(path)
+    text = read_text(path, what)
     try:
-        return parse_yaml(path.read_text())
+        return parse_yaml(text)
     except yaml.YAMLError as e:
         raise ValueError(f"{what} '{path}' is not valid YAML: {e}") from None
 
@@ -115,16 +126,22 @@ def read_json_object(path: str | os.PathLike) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+# The options that name a file or folder: target.path, and the drafters' (a model or heads folder, a
+# retrieval datastore; suffix's and recycling's memory_file; draft_vocab's vocab_order).
+PATH_KEYS = ("path", "memory_file", "vocab_order")
+
+
 def _paths_relative_to(values, folder: Path) -> None:
-    """The relative `path`s of a config section made relative to `folder`: a cascade's children
-    hold paths too, and so do the children of a cascade among them (those were left relative to
-    the working directory)."""
+    """The relative paths (PATH_KEYS) of a config section made relative to `folder`: a cascade's
+    children hold paths too, and so do the children of a cascade among them (those were left
+    relative to the working directory). "~/..." is kept as written: it is absolute once expanded."""
     children = values.get("drafters") if isinstance(values, dict) else None
     for child in children if isinstance(children, list) else []:
         _paths_relative_to(child, folder)
-    p = values.get("path") if isinstance(values, dict) else None
-    if isinstance(p, str) and not os.path.isabs(os.path.expanduser(p)):
-        values["path"] = str(folder / p)
+    for key in PATH_KEYS:
+        p = values.get(key) if isinstance(values, dict) else None
+        if isinstance(p, str) and p and not os.path.isabs(os.path.expanduser(p)):  # "" = unset (retrieval's)
+            values[key] = str(folder / p)
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -137,8 +154,9 @@ def load_config(config: dict | str | os.PathLike) -> dict:
         if not path.is_file():
             raise FileNotFoundError(f"config file '{path}' does not exist")
         if path.suffix == ".json":
+            text = read_text(path, "config file")
             try:
-                raw = json.loads(path.read_text())
+                raw = json.loads(text)
             except ValueError as e:  # the parser's words say where; these say which file
                 raise ValueError(f"config file '{path}' is not valid JSON: {e}") from None
         else:

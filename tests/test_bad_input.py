@@ -1,5 +1,7 @@
 """Every kind of bad input gets its own error that names the problem (and the fix), and a failed
 call leaves the Decoder as good as new."""
+import logging
+
 import pytest
 import torch
 
@@ -84,6 +86,23 @@ def config(target, **sections):
 def test_bad_generate_calls_name_the_problem(decoder, call, message):
     with pytest.raises(ValueError, match=message):
         decoder.generate(**call)
+
+
+def test_a_prompt_past_the_tokenizers_maximum_is_named_by_the_engine_alone(llama):
+    """transformers' "Token indices sequence length is longer than the specified maximum ... will
+    result in indexing errors" came first, about a limit the engine's own error then named."""
+    decoder = draftsman.load(config(llama[0]))
+    decoder.tokenizer.model_max_length = 8  # (a real tokenizer's: the target's context)
+    said = []
+    listener = logging.Handler()
+    listener.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(listener)  # its loggers' parent; stderr is not theirs here
+    try:
+        with pytest.raises(ValueError, match="tokens but the target's context is"):
+            decoder.generate("x = 1\n" * 200)
+    finally:
+        logging.getLogger("transformers").removeHandler(listener)
+    assert not [message for message in said if "Token indices sequence length" in message]
 
 
 def test_token_ids_as_tensors_and_one_prompt_for_stream(decoder):

@@ -294,3 +294,65 @@ def test_names_the_light_flags_repeat_are_the_heavy_modules_own():
     vocab.add_arguments(parser)
     assert draft_vocab.ORDER_FILE in parser.format_help().replace("\n", "").replace(" ", "")
 
+
+def test_json_config_holds_the_flags_the_run_used(config_file, capsys):
+    """--json's "config" held the file's sampling and generation values, not the flags': rerunning from
+    it gave another output."""
+    flags = {"--temperature": "0.8", "--top-k": "5", "--max-new-tokens": "5", "--seed": "3", "--stop": "zz"}
+    assert cli.main(["generate", "--config", str(config_file), "--prompt", PROMPTS[0], "--json",
+                     *[part for pair in flags.items() for part in pair]]) == 0
+    got = json.loads(capsys.readouterr().out)
+    cfg = got["config"]
+    assert (cfg["sampling"]["temperature"], cfg["sampling"]["top_k"]) == (float(flags["--temperature"]),
+                                                                          int(flags["--top-k"]))
+    assert (cfg["generation"]["max_new_tokens"], cfg["generation"]["seed"], cfg["generation"]["stop"]) == (
+        int(flags["--max-new-tokens"]), int(flags["--seed"]), [flags["--stop"]])
+    again = draftsman.load(cfg).generate(PROMPTS[0])  # the config alone repeats the run
+    assert again.token_ids == got["token_ids"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens: generation.max_new_tokens must be >= 1"),
+    (["--min-new-tokens", "5", "--max-new-tokens", "2"], "--min-new-tokens: generation.min_new_tokens must be in"),
+    (["--top-p", "0"], "--top-p: sampling.top_p must be in (0, 1]"),
+    (["--temperature", "-1"], "--temperature: sampling.temperature must be >= 0"),
+    (["--stop", ""], "--stop: generation.stop: stop strings must not be empty"),
+    (["--stop-token-id", "-1"], "--stop-token-id: generation.stop_token_ids must be a list of token ids"),
+    (["--num-return-sequences", "3"], "--num-return-sequences: num_return_sequences=3 at temperature 0"),
+])
+def test_bad_flag_values_are_refused_before_a_model_loads(tmp_path, capsys, args, message):
+    """They were checked by generate, after the model loaded (seconds to minutes). The target folder
+    here does not exist: a check after loading would report that instead."""
+    assert cli.main(["generate", "--target", str(tmp_path / "none"), "--prompt", "a", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}"), err
+
+
+def test_empty_input_ids_are_refused_before_a_model_loads(tmp_path, capsys):
+    assert cli.main(["generate", "--target", str(tmp_path / "none"), "--input-ids", " "]) == 2
+    assert capsys.readouterr().err.startswith("error: --input-ids ' ': no token ids: give at least one")
+
+
+@pytest.mark.parametrize("flag", ["--messages", "--tools"])
+def test_a_file_flag_that_cannot_be_read_names_the_flag_and_the_file(tmp_path, capsys, flag):
+    """A folder said "[Errno 21] Is a directory: '/tmp'"; a file in another encoding only the codec's words."""
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('[{"role": "user", "content": "café"}]'.encode("latin-1"))
+    prompt = ["--chat", "hi"] if flag == "--tools" else []
+    for path, problem in ((tmp_path, "is a folder: give the file in it"),
+                          (latin1, "is not UTF-8 text (invalid continuation byte at byte ")):
+        assert cli.main(["generate", "--target", str(tmp_path / "none"), *prompt, flag, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flag} '{path}' {problem}"), err
+        assert "save it as UTF-8" in err or "folder" in problem
+
+
+def test_the_stats_line_names_the_drafter_that_ran(config_file, capsys):
+    """With drafter.adaptive it said `drafter ngram`, the config's name, not adaptive's."""
+    args = ["--drafter", "ngram", "--set", "drafter.adaptive=true", "--max-new-tokens", "3"]
+    cfg = cli.build_config(str(config_file), "ngram", args[3:4])
+    ran = draftsman.load(cfg).drafter.name
+    assert ran != cfg["drafter"]["name"]
+    for prompts in (["--prompt", PROMPTS[0]], ["--prompt", PROMPTS[0], "--prompt", PROMPTS[1]]):  # streamed, not
+        assert cli.main(["generate", "--config", str(config_file), *prompts, *args]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith(f"[stats] drafter {ran}: tau ")

@@ -189,3 +189,42 @@ def test_target_flag_sets_the_folder_as_typed_over_the_config_and_set(config_dir
     cfg = build_config(_write(config_dir, RUN), None, ["target.path=/elsewhere"], target="yes")
     assert cfg["target"]["path"] == "yes" and cfg["drafter"]["name"] == "draft_model"
     assert build_config(None, None, [], target="1.0")["target"]["path"] == "1.0"
+
+
+def test_drafter_file_options_resolve_relative_to_the_config_file(config_dir, tmp_path_factory, monkeypatch):
+    """memory_file and vocab_order were left relative to the working directory (only `path` was not):
+    a suffix drafter's memory was written wherever the command ran."""
+    path = config_dir / "sub" / "run.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({"drafter": {"name": "cascade", "drafters": [
+        {"name": "suffix", "memory_file": "mem.safetensors"},
+        {"name": "layer_skip", "vocab_order": "../order.json"},
+        {"name": "recycling", "memory_file": "~/recycling.safetensors"}]}}))
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    suffix, layer_skip, recycling = load_config(path)["drafter"]["drafters"]
+    assert suffix["memory_file"] == str(path.parent / "mem.safetensors")
+    assert layer_skip["vocab_order"] == str(path.parent / "../order.json")
+    assert recycling["memory_file"] == "~/recycling.safetensors"  # as `path`: absolute once expanded
+
+
+def test_every_drafter_option_naming_a_file_is_resolved_as_a_path():
+    """An option added later that holds a file or folder must join PATH_KEYS, or it would resolve
+    against the working directory again."""
+    import re
+
+    from draftsman.config import PATH_KEYS
+    from draftsman.drafter_catalog import read_drafter_sources
+
+    named = {o["name"] for d in read_drafter_sources() for o in d["options"]
+             if o["type"].startswith("str") and (o["name"] == "path" or o["name"].endswith(("_file", "_order"))
+                                                 or re.search(r"\b(file|folder)\b", o["help"]))}
+    assert named and named <= set(PATH_KEYS), sorted(named - set(PATH_KEYS))
+
+
+@pytest.mark.parametrize("name", ["latin1.yaml", "latin1.json"])
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path, name):
+    """The codec's words alone ("'utf-8' codec can't decode byte 0xe9") named no file."""
+    path = tmp_path / name
+    path.write_bytes('{"target": {"path": "café"}}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=f"config file '.*{name}' is not UTF-8 text .*: save it as UTF-8"):
+        load_config(path)
