@@ -41,8 +41,8 @@ from ..verifier.tree import TreeBlock
 from .base import Drafter, DraftTree
 from .context_window import window_start
 from .chain_draws import ChainRules, chain_trees, draw_step
-from .draft_vocab import (ShrunkHeadIds, check_needs_draft_vocab, full_vocab, read_token_order, shrunk_linear,
-                          top_tokens)
+from .draft_vocab import (ShrunkHeadIds, check_fits_vocabulary, check_needs_draft_vocab, full_vocab,
+                          read_token_order, shrunk_linear, top_tokens)
 from .dynamic_tree import dynamic_tree, grow_level
 from .int8_linear import check_quantize, quantize_linears, quantize_output_layers, resolve_quantize
 from .parallel_draft import check_parallel_options, feed_with_masks, mask_token, warn_if_deeper_than_trained
@@ -64,6 +64,7 @@ def check_chain_options(drafter: str, options) -> None:
 @register
 class DraftModelDrafter(ShrunkHeadIds, Drafter):
     name = "draft_model"
+    runs_part_of_its_layers = False  # a view of some of a model's layers (layer_skip): its cache needs own_masks
 
     @dataclass
     class Options:
@@ -93,6 +94,8 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
     def __init__(self, options: "DraftModelDrafter.Options", target):
         self.options = options
         self.k = options.k
+        if options.draft_vocab is not None:  # named before the draft model loads or its order is looked for
+            check_fits_vocabulary(options.draft_vocab, target.vocab_size, self.name)
         quantize = resolve_quantize(self.name, options.quantize, target.device)
         model = self._load_model(options, target, quantize)
         self.vocab_size = target.vocab_size
@@ -112,7 +115,8 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
             self._quantize(model)
         # A hybrid's states return to accepted lengths (snapshots); sliding and chunked layers keep
         # about a window, plus the k positions a round's rollback may go back (trim_margin).
-        self.lm = CachedLM(model, direct=True, snapshots=True, trim_windows=True, trim_margin=self.k)
+        self.lm = CachedLM(model, direct=True, snapshots=True, trim_windows=True, trim_margin=self.k,
+                           own_masks=self.runs_part_of_its_layers)
         if self.lm.recurrent and options.top_k > 1:
             raise ValueError(f"draft_model: top_k={options.top_k} grows a tree a depth at a time without accepting, "
                              f"which the recurrent layers of '{options.path}' cannot: set drafter.top_k to 1 (a chain)")
@@ -126,7 +130,8 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
         self._use_head(greedy=True)
         self.context = context_length(model.config)
         if self.k >= self.context:
-            raise ValueError(f"draft_model: k={self.k} leaves no room in the draft model's context of "
+            drafting = "the target's" if self.runs_part_of_its_layers else "the draft model's"  # layer_skip: its layers
+            raise ValueError(f"{self.name}: k={self.k} leaves no room in {drafting} context of "
                              f"{self.context} positions: set drafter.k below it")
 
     def _load_model(self, options, target, quantize: str | None) -> torch.nn.Module:

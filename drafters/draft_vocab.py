@@ -17,7 +17,13 @@ ORDER_FILE = "tokens_by_frequency.json"
 
 def check_needs_draft_vocab(drafter: str, draft_vocab: int | None, **options) -> None:
     """Options that only mean something under draft_vocab (draft_vocab_sampling, vocab_order): set
-    without it, a named error rather than a silent no-op."""
+    without it, a named error rather than a silent no-op. And draft_vocab's lower bound, which needs
+    no model, so that a bad count is named before the target loads (its upper bound, the target's
+    vocabulary: check_fits_vocabulary)."""
+    if draft_vocab is not None and draft_vocab < 1:
+        raise ValueError(f"{drafter}: draft_vocab must be >= 1 (the number of tokens the target picks most to draft "
+                         f"among), got {draft_vocab}: set a positive count, or leave draft_vocab unset to draft "
+                         "among all tokens")
     for key, value in options.items():
         if value and draft_vocab is None:
             raise ValueError(f"{drafter}: {key} only applies with draft_vocab; set draft_vocab too "
@@ -36,9 +42,15 @@ def frequent_tokens(head_config: dict, path: str, n: int, vocab_size: int, draft
 
 def top_tokens(order: list[int], n: int, vocab_size: int, drafter: str, device) -> torch.Tensor:
     """Sorted ids of the first n tokens of `order` (most frequent first)."""
-    if not 1 <= n <= vocab_size:
-        raise ValueError(f"{drafter}: draft_vocab must be between 1 and the vocabulary size {vocab_size}, got {n}")
+    check_fits_vocabulary(n, vocab_size, drafter)
     return torch.tensor(sorted(order[:n]), dtype=torch.long, device=device)
+
+
+def check_fits_vocabulary(n: int, vocab_size: int, drafter: str) -> None:
+    """draft_vocab against the target's vocabulary (the range its Options cannot check)."""
+    if not 1 <= n <= vocab_size:
+        raise ValueError(f"{drafter}: draft_vocab must be between 1 and the vocabulary size {vocab_size}, got {n}: "
+                         f"set it to at most {vocab_size}, or leave it unset to draft among all tokens")
 
 
 def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:

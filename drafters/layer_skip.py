@@ -18,7 +18,9 @@ of the agreement, and for checkpoints trained with an early-exit loss (LayerSkip
 The view's causal LM keeps the target's config, so its KV cache has a slot list for every layer and
 each kept layer writes to its own index (a skipped layer's stays empty): the layers carry their
 index in the model they came from. Its base model reads a config of the kept layers only (their
-per-layer lists in their order: each layer's mask kind).
+per-layer lists in their order: each layer's mask kind). Hugging Face sizes the masks it builds from
+the cache's first (or first sliding) layer, which the view may skip and never write: its cache always
+passes draftsman's own mask (CachedLM's own_masks).
 """
 from __future__ import annotations
 
@@ -105,6 +107,8 @@ def kept_layers(exit_layer: int | None, skip_layers: list[int] | None, count: in
 @register
 class LayerSkipDrafter(DraftModelDrafter):
     name = "layer_skip"
+    # Its cache's skipped layers stay empty, and Hugging Face sizes the masks it builds from the first ones.
+    runs_part_of_its_layers = True
 
     @dataclass
     class Options:
@@ -130,6 +134,17 @@ class LayerSkipDrafter(DraftModelDrafter):
             if (self.exit_layer is None) == (self.skip_layers is None):
                 raise ValueError("layer_skip: set exactly one of exit_layer (draft with the target's first N layers) "
                                  "and skip_layers (draft with all its layers but these)")
+            # The bounds that need no model (the layer count is checked once the target loads: kept_layers).
+            if self.exit_layer is not None and self.exit_layer < 1:
+                raise ValueError(f"layer_skip: exit_layer={self.exit_layer} must be >= 1: the drafts run the "
+                                 "target's first exit_layer decoder layers")
+            if self.skip_layers == []:  # the drafts would run the whole target: as slow as it, for tau about k + 1
+                raise ValueError("layer_skip: skip_layers is empty, so the drafts would run every layer of the "
+                                 "target: skip at least one layer, or set exit_layer instead")
+            negative = sorted({i for i in self.skip_layers or [] if i < 0})
+            if negative:
+                raise ValueError(f"layer_skip: skip_layers {negative} are not layers: decoder layers count from 0 "
+                                 "(a negative index does not count from the end)")
             check_chain_options("layer_skip", self)
 
     def __init__(self, options: "LayerSkipDrafter.Options", target):

@@ -10,6 +10,7 @@ import torch
 
 import draftsman
 from draftsman import cli
+from draftsman.drafters import check_drafter_config
 from draftsman.drafters import draft_model as draft_model_module
 from draftsman.drafters.int8_linear import Int8Linear
 from draftsman.verifier.sampling import SamplingParams
@@ -185,10 +186,25 @@ def test_an_order_counted_for_another_vocabulary_is_refused(tiny_models, tmp_pat
         load(target, path=str(tiny_models["llama"][1]), draft_vocab=8, vocab_order=str(order))
 
 
-def test_draft_vocab_must_fit_the_vocabulary(greedy_case):
+@pytest.mark.parametrize("with_order", [True, False], ids=["order_file", "no_order_file"])
+def test_draft_vocab_must_fit_the_vocabulary(greedy_case, tiny_models, with_order):
+    """Named as the count it is, whether or not the draft model's folder has an order to read."""
     target, draft, _, _ = greedy_case
-    with pytest.raises(ValueError, match="draft_vocab must be between 1 and the vocabulary size"):
-        load(target, path=str(draft), draft_vocab=0)
+    draft = draft if with_order else tiny_models["llama"][1]
+    with pytest.raises(ValueError, match=r"^draft_model: draft_vocab must be between 1 and the vocabulary size \d+, "
+                                         r"got 1000000: set it to at most \d+, or leave it unset"):
+        load(target, path=str(draft), draft_vocab=10 ** 6)
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "native_mtp"])
+@pytest.mark.parametrize("count", [0, -1])
+def test_a_draft_vocab_below_1_is_named_before_the_target_loads(tiny_models, drafter, count):
+    """Options shared by the drafters that read draft_vocab: the check that runs before the target
+    loads names it (no target here), before any missing order."""
+    folder = {"path": str(tiny_models["llama"][1])} if drafter == "draft_model" else {"vocab_order": "/no/order"}
+    with pytest.raises(ValueError, match=rf"^{drafter}: draft_vocab must be >= 1 \(the number of tokens the target "
+                                         rf"picks most to draft among\), got {count}: set a positive count"):
+        check_drafter_config({"name": drafter, "draft_vocab": count, **folder})
 
 
 # ----------------------------------------------------------------------------- draftsman vocab

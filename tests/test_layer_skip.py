@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import draftsman
+from draftsman.drafters import check_drafter_config
 
 from test_engine_sampling import assert_sampled_marginals_fit
 from tiny_models import load_for_reference, model_config
@@ -188,7 +189,6 @@ def test_draft_vocab_reads_the_targets_order_and_owns_only_its_rows(deep_targets
     ({}, "set exactly one of exit_layer .* and skip_layers"),
     ({"exit_layer": 1, "skip_layers": [2]}, "set exactly one of exit_layer"),
     ({"exit_layer": 4}, r"exit_layer=4 must be in 1..3 \(the target has 4 decoder layers"),
-    ({"exit_layer": 0}, r"exit_layer=0 must be in 1..3"),
     ({"skip_layers": [1, 7]}, r"skip_layers \[7\] are not layers of the target, whose decoder layers are 0..3"),
     ({"skip_layers": [0, 1, 2, 3]}, "skips all 4 decoder layers"),
     ({"exit_layer": 2, "k": 0}, "layer_skip: k must be >= 1, got 0"),
@@ -196,7 +196,67 @@ def test_draft_vocab_reads_the_targets_order_and_owns_only_its_rows(deep_targets
     ({"exit_layer": 2, "vocab_order": "x"}, "vocab_order only applies with draft_vocab"),
     ({"exit_layer": 2, "path": "x"}, r"unknown option\(s\) \['path'\] for drafter 'layer_skip'; valid options"),
     ({"exit_layer": 2, "quantize": "int8"}, r"unknown option\(s\) \['quantize'\]"),
+    ({"exit_layer": 2, "k": 1000}, r"^layer_skip: k=1000 leaves no room in the target's context of 256 positions: "
+                                   "set drafter.k below it"),
+    # (no order file in the target's folder: the count is named, not the missing order)
+    ({"exit_layer": 2, "draft_vocab": 10 ** 6}, r"layer_skip: draft_vocab must be between 1 and the vocabulary size "
+                                                r"\d+, got 1000000: set it to at most"),
 ])
 def test_bad_options_are_named(deep_targets, options, message):
     with pytest.raises(ValueError, match=message):
         _decoder(deep_targets["llama"], {"name": "layer_skip", **options})
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"exit_layer": 0}, r"exit_layer=0 must be >= 1: the drafts run the target's first exit_layer decoder layers"),
+    ({"exit_layer": -1}, r"exit_layer=-1 must be >= 1"),
+    ({"skip_layers": [-1]}, r"skip_layers \[-1\] are not layers: decoder layers count from 0"),
+    ({"skip_layers": [2, -1, -3, -1]}, r"skip_layers \[-3, -1\] are not layers"),
+    ({"skip_layers": []}, "skip_layers is empty, so the drafts would run every layer of the target: skip at least "
+                          "one layer, or set exit_layer instead"),
+    ({"exit_layer": 2, "draft_vocab": 0}, r"^layer_skip: draft_vocab must be >= 1 .*, got 0: set a positive count"),
+    ({"exit_layer": 2, "draft_vocab": -1}, r"^layer_skip: draft_vocab must be >= 1 .*, got -1"),
+])
+def test_values_that_need_no_target_are_named_before_it_loads(options, message):
+    """The check that runs before the target loads (minutes for a large one) names them: no target here."""
+    with pytest.raises(ValueError, match=message):
+        check_drafter_config({"name": "layer_skip", **options})
+
+
+# A short one and two longer than the window
+SLIDING_PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 5, 9, 13, 17],
+                   [7, 8, 9, 7, 8, 9, 7, 8, 9, 10, 11]]
+
+
+@pytest.fixture(scope="module")
+def sliding_targets(tiny_tokenizer, tmp_path_factory):
+    """{arch: (folder, greedy outputs of SLIDING_PROMPTS)}: the 4-layer sliding-window targets of
+    test_sliding_window.py, with a window of 4 (Gemma 2 / 3: sliding and full layers mixed; Mistral: all sliding; Qwen2:
+    layers 2 and 3 sliding)."""
+    from test_sliding_window import config
+    from tiny_models import greedy_targets
+
+    archs = ["gemma2", "gemma3", "mistral", "qwen2"]
+    configs = {arch: config(arch, len(tiny_tokenizer), tiny_tokenizer.eos_token_id) for arch in archs}
+    for sliding in configs.values():
+        sliding.sliding_window = 4  # (a window that short makes Gemma 3's drafts at batch 1 fail without own masks)
+    return greedy_targets(tmp_path_factory, tiny_tokenizer, configs, 40, SLIDING_PROMPTS, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral", "qwen2"])
+@pytest.mark.parametrize("skip", [[0], [0, 1]])
+def test_skipping_layer_0_of_a_sliding_window_target_drafts_the_kept_layers(sliding_targets, arch, skip):
+    """A row alone (batch 1: its cache has no holes, the case where the masks could be left to
+    Hugging Face, which sizes them from the cache's first layers) on a target whose skipped layer 0
+    the view never writes: every round's chain is what a model of the kept layers drafts, a tree
+    runs, and the output is the target's own."""
+    folder, expected = sliding_targets[arch]
+    keep = [i for i in range(4) if i not in skip]
+    reference = model_of_layers(folder, keep)
+    tree = _decoder(folder, {"name": "layer_skip", "skip_layers": skip, "k": 3, "top_k": 2, "total_tokens": 5})
+    for prompt, own in zip(SLIDING_PROMPTS, expected):
+        chain = _decoder(folder, {"name": "layer_skip", "skip_layers": skip, "k": 3})
+        checked, out = check_drafts_against(chain, reference, [prompt], NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+        assert checked > 5 and out.token_ids == [own]
+        out = tree.generate(input_ids=[prompt], max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, temperature=0.0)
+        assert out.token_ids == [own]

@@ -94,7 +94,8 @@ class SlotLayer(DynamicLayer):
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, direct: bool = False,
-                 snapshots: bool = False, trim_windows: bool = False, trim_margin: int = 0):
+                 snapshots: bool = False, trim_windows: bool = False, trim_margin: int = 0,
+                 own_masks: bool = False):
         """dtype: what the attention computes in, for the 4D mask (default: the model's dtype; a
         head drafting in bfloat16 inside a body whose shared embeddings stay float32 says so).
         direct: call the model's layers without Hugging Face's wrappers where its family allows
@@ -106,8 +107,12 @@ class CachedLM:
         docstring); such a cache cannot take rows from a trimmed one.
         trim_margin: with trim_windows, how far rollback() may go back (a draft model's drafts of a
         round): those layers keep the keys the tokens this many positions back would see, and a
-        rollback goes back at most so far (or to 0, a row fed afresh)."""
+        rollback goes back at most so far (or to 0, a row fed afresh).
+        own_masks: always pass draftsman's mask, never let Hugging Face build one: it sizes its masks
+        from the cache's first (or first sliding) layer, which a view of part of a model's layers
+        (layer_skip) may never write."""
         self.model = model
+        self.own_masks = own_masks
         self.device = next(model.parameters()).device
         self.dtype = dtype or model.dtype
         self.cache_kwarg = cache_kwarg(model)  # 'cache' or 'past_key_values', by transformers release
@@ -200,7 +205,7 @@ class CachedLM:
         if not self._attends:  # no attention layer to mask (Mamba's would read a 4D mask as padding)
             mask = None
         elif (direct is None and also_visible is None and not self.recurrent and not self.local_start
-              and self._dense() and block.is_full_chain()):
+              and not self.own_masks and self._dense() and block.is_full_chain()):
             # Slot j holds position j in every row and the block continues them as a chain: plain
             # causal attention, which the model builds itself (cheaper than our 4D mask); its
             # sliding window too, as slot j is position j.
