@@ -71,21 +71,30 @@ def expected_keys(kind: str, engine: str, num_heads: int = 0, num_layers: int = 
 
 
 def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dtype: str = "bfloat16") -> Path:
+    if kind == "mtp":
+        raise ValueError(
+            "MTP heads are not exported: vLLM and SGLang load MTP modules only for model families that ship them "
+            "(DeepSeek, MiMo, ...), and the EAGLE-1 layout cannot hold an MTP module: it normalises both inputs "
+            "before fc, keeps its layer's input norm and reads out through a final norm, none of which that layout "
+            "has (left out, the engine would draft from another function). Serve the MTP heads with draftsman "
+            f"(`drafter: {{name: mtp, path: {heads_dir}}}` in the config of `draftsman serve --config`), "
+            "or train an `eagle` head (`draftsman train eagle`) and export that")
     if kind not in ENGINES:
-        raise ValueError(f"cannot export {kind!r} heads: exportable kinds are {sorted(ENGINES)}. An MTP module "
-                         "has input norms and a final norm the EAGLE-1 layout cannot hold, and vLLM / SGLang load "
-                         "MTP only for model families that ship it (DeepSeek, MiMo, ...)")
+        raise ValueError(f"cannot export {kind!r} heads: exportable kinds are {sorted(ENGINES)}")
     if engine not in ENGINES[kind]:
         raise ValueError(f"{kind} heads export to engines {list(ENGINES[kind])}, not {engine!r}")
     out_dir = Path(out)
     check_out_folder(out_dir, heads_dir, target_dir)
+    # Recorded in what is written (the Medusa repo's base_model_name_or_path, the export mark): a
+    # relative path would resolve only from the folder the export was run in.
+    heads_path, target_path = (str(Path(p).expanduser().resolve()) for p in (heads_dir, target_dir))
     target = load_causal_lm(target_dir, "float32", "cpu", what="--target")
     cast = getattr(torch, dtype)
     if kind == "eagle":
         tensors, config, filename, generation = _eagle(heads_dir, target, engine)
         expected = expected_keys(generation, engine, attention_bias=config.get("attention_bias", False))
     else:
-        tensors, config, filename, sizes = _medusa(heads_dir, target, engine, target_dir)
+        tensors, config, filename, sizes = _medusa(heads_dir, target, engine, target_path)
         expected = expected_keys(kind, engine, *sizes)
     missing = expected ^ set(tensors)
     if missing:  # a bug in this file, not bad input
@@ -97,8 +106,8 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
         save_file({k: (v.to(cast) if v.is_floating_point() else v).detach().contiguous() for k, v in tensors.items()},
                   str(weights))
         config_file.write_text(json.dumps(config, indent=2))
-        mark.write_text(json.dumps({"kind": kind, "engine": engine, "heads": str(heads_dir),
-                                    "target": str(target_dir)}, indent=2))
+        mark.write_text(json.dumps({"kind": kind, "engine": engine, "heads": heads_path, "target": target_path},
+                                   indent=2))
     for stale in _EXPORT_FILES - {filename, "config.json"}:  # the other engine's weights, from an earlier export
         (out_dir / stale).unlink(missing_ok=True)
     return out_dir
@@ -207,7 +216,7 @@ def _eagle3(head, state, target, engine):
     return tensors, config
 
 
-def _medusa(heads_dir, target, engine, target_dir):
+def _medusa(heads_dir, target, engine, target_path: str):
     from .heads.medusa import MedusaHeads
 
     heads, saved = MedusaHeads.load(heads_dir, target)
@@ -227,7 +236,7 @@ def _medusa(heads_dir, target, engine, target_dir):
                   "num_heads": c.num_heads, "num_hidden_layers": c.num_layers, "medusa_fc_bias": True}
         return tensors, config, "model.safetensors", (c.num_heads, c.num_layers)
     config = {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
-              "base_model_name_or_path": str(target_dir)}
+              "base_model_name_or_path": target_path}
     return tensors, config, "medusa_lm_head.safetensors", (c.num_heads, c.num_layers)
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 
 ENGINES = {"eagle": ("vllm", "sglang"), "medusa": ("vllm", "medusa")}
+# Heads `draftsman train` writes that no engine layout can hold: accepted as a kind so that
+# `draftsman export mtp` reaches export.export()'s refusal (why, and how to serve them), not argparse's.
+NOT_EXPORTABLE = ("mtp",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=sorted(ENGINES), help="kind of heads to export")
+    p.add_argument("kind", choices=sorted(ENGINES) + list(NOT_EXPORTABLE),
+                   help="kind of heads to export (mtp heads are refused, saying why and how to serve them)")
     p.add_argument("--heads", required=True, help="heads folder written by draftsman train")
     p.add_argument("--target", required=True, help="the target model folder the heads were trained for")
     p.add_argument("--engine", required=True, help="vllm | sglang (eagle); vllm | medusa (medusa)")

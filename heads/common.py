@@ -153,7 +153,7 @@ def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[di
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"'{folder}' is not a heads folder of kind {' / '.join(kinds)} (config.json + "
                                 f"model.safetensors missing); train one with `draftsman train {kinds[0]}`")
-    config = json.loads((folder / "config.json").read_text())
+    config = read_heads_config(folder / "config.json")
     if "kind" not in config and "model_type" in config:  # a model's folder, e.g. the target's own
         raise ValueError(f"'{folder}' holds a {config['model_type']!r} model, not {' or '.join(map(repr, kinds))} "
                          f"heads: point drafter.path at a heads folder (`draftsman train {kinds[0]}` writes one); a "
@@ -162,6 +162,42 @@ def load_checkpoint(folder: str | Path, kind: str | tuple[str, ...]) -> tuple[di
         raise ValueError(f"'{folder}' holds {config.get('kind')!r} heads, not {' or '.join(map(repr, kinds))} heads")
     check_same_save(folder, config)
     return config, load_file(str(folder / "model.safetensors"))
+
+
+def read_heads_config(path: Path) -> dict:
+    """A heads (or speculator) folder's config.json as a dict; a broken one is refused by its path
+    (json's own message names only a line and column)."""
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"'{path}' is not valid JSON ({e}): restore it from a copy, or save or train the heads "
+                         "again") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"'{path}' holds a JSON {type(config).__name__}, not the object a heads config.json is: "
+                         "restore it from a copy, or save or train the heads again")
+    return config
+
+
+def load_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor], folder: str | Path) -> None:
+    """module.load_state_dict(tensors), refused by name where the weights do not fit the module its
+    config.json builds (the two files of different heads), instead of torch's traceback."""
+    expected = module.state_dict()
+    mismatched = [f"{k} {tuple(v.shape)} in model.safetensors, {tuple(expected[k].shape)} by config.json"
+                  for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
+    missing, unknown = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    problems = []
+    if mismatched:
+        more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
+        problems.append(f"shapes differ: {'; '.join(mismatched[:3])}{more}")
+    if missing:
+        problems.append(f"tensors missing from model.safetensors: {missing[:4]}")
+    if unknown:
+        problems.append(f"tensors config.json has no place for: {unknown[:4]}")
+    if problems:
+        raise ValueError(f"config.json and model.safetensors in '{folder}' do not belong together (the files of two "
+                         f"different heads?): {', '.join(problems)}. Copy both files from one heads folder, or "
+                         "train the heads again")
+    module.load_state_dict(tensors)
 
 
 def check_same_save(folder: Path, config: dict) -> None:

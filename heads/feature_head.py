@@ -37,7 +37,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from . import eagle3
-from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
+from .common import check_fingerprint, load_checkpoint, load_weights, save_checkpoint, target_fingerprint
 
 KINDS = ("eagle", "eagle3", "mtp")
 LAYERS = ("target", "llama")  # the head's decoder layer: of the target's class, or a Llama layer
@@ -237,7 +237,7 @@ class FeatureHead(nn.Module):
         check_fingerprint(config["target"], target, folder)
         fields = {f.name for f in dataclasses.fields(FeatureHeadConfig)}
         head = cls(FeatureHeadConfig(**{k: v for k, v in config.items() if k in fields}), target)
-        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+        load_weights(head, {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, folder)
         device = next(target.parameters()).device
         return head.to(device=device).eval(), config
 

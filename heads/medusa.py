@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .common import check_fingerprint, load_checkpoint, save_checkpoint, target_fingerprint
+from .common import check_fingerprint, load_checkpoint, load_weights, save_checkpoint, target_fingerprint
 
 
 @dataclass
@@ -91,6 +91,6 @@ class MedusaHeads(nn.Module):
         check_fingerprint(config["target"], target, folder)
         keys = ("hidden_size", "vocab_size", "num_heads", "num_layers", "share_lm_head")
         heads = cls(MedusaConfig(**{k: config[k] for k in keys if k in config}), target.get_output_embeddings())
-        heads.load_state_dict({k: v.float() for k, v in tensors.items()})
+        load_weights(heads, {k: v.float() for k, v in tensors.items()}, folder)
         device = next(target.parameters()).device
         return heads.to(device).eval(), config

@@ -22,7 +22,6 @@ this layout, with the target's fingerprint in config.json, so what reads the rel
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..models import heads_drafter
-from .common import check_fingerprint, check_same_save, save_checkpoint, target_fingerprint
+from .common import check_fingerprint, check_same_save, read_heads_config, save_checkpoint, target_fingerprint
 
 MODEL_TYPE = "mlp_speculator"
 
@@ -137,7 +136,7 @@ def read_config(folder: Path, drafter: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{drafter}: '{folder}' holds no config.json; set drafter.path to the folder of an "
                                 "MLP speculator (e.g. a released *-accelerator checkpoint)")
-    config = json.loads(path.read_text())
+    config = read_heads_config(path)
     heads = heads_drafter(config.get("kind"))
     if heads is not None:  # (it said "holds a None model")
         raise ValueError(f"{drafter}: '{folder}' holds {config['kind']} heads (draftsman train {config['kind']}), not "

@@ -669,3 +669,49 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(failing, tiny_models, 
     assert any(n.startswith("hf_prompt_lookup failed: RuntimeError: cannot reshape tensor of 0 elements "
                             f"(on a {failing} prompt)") for n in res["notes"]), res["notes"]
     assert "hf_prompt_lookup failed" in capsys.readouterr().out
+
+
+def test_drafters_flag_keeps_the_files_sweep_to_the_drafters_given():
+    """`--config configs/bench-zoo-cpu.yaml --drafters ngram` was refused: the file's sweep_drafters
+    named drafters the flag had replaced. The flag overrides the file: its sweep keeps the labels
+    among the given drafters, and sweeps them all where it names none of them."""
+    from draftsman.bench.command import drafters_flag
+
+    zoo_config = BUNDLED_PROMPTS.parents[3] / "configs" / "bench-zoo-cpu.yaml"
+    assert "ngram" in load_bench_config(zoo_config)["sweep_drafters"]
+    assert load_bench_config(zoo_config, {"drafters": drafters_flag("ngram")})["sweep_drafters"] == ["ngram"]
+    assert load_bench_config(zoo_config, {"drafters": drafters_flag("ngram,recycling")})["sweep_drafters"] == ["ngram"]
+    assert load_bench_config(zoo_config, {"drafters": drafters_flag("recycling")})["sweep_drafters"] is None
+
+
+def test_drafters_flag_with_a_name_missing_is_refused(tmp_path, capsys):
+    """'ngram,,recycling' ran ngram and recycling, and '' the default set, without a word."""
+    for drafters, message in (("ngram,,recycling", "a drafter name is missing between commas"),
+                              ("ngram,", "a drafter name is missing"), ("", "--drafters is empty"),
+                              (" ", "--drafters is empty")):
+        assert cli.main(["compare", "--target", "nowhere", "--drafters", drafters, "--out", str(tmp_path / "o")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_compare_leaves_no_empty_out_folder(tiny_models, tmp_path, capsys):
+    """--out was made before the prompts, the target and the categories were checked: a refused run
+    left it behind, empty (with its parents). A folder that was there before stays."""
+    target = tiny_models["llama"][0]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    flags = ["--quick", "--no-progress", "--no-peers", "--temperatures", "0", "--batch-sizes", "1",
+             "--drafters", "ngram"]
+    out = tmp_path / "new" / "out"
+    for refused in (["--target", str(target), "--prompts", str(tmp_path / "missing.jsonl")],
+                    ["--target", str(target), "--prompts", str(tmp_path / "empty.jsonl")],
+                    ["--target", str(tmp_path / "no-target"), "--prompts", str(tmp_path / "prompts.jsonl")],
+                    ["--target", str(target), "--prompts", str(tmp_path / "prompts.jsonl"), "--categories", "nope"]):
+        assert cli.main(["compare", *flags, *refused, "--out", str(out)]) == 2, refused
+        capsys.readouterr()
+        assert not (tmp_path / "new").exists(), refused
+    there = tmp_path / "there"
+    there.mkdir()
+    assert cli.main(["compare", *flags, "--target", str(target), "--prompts", str(tmp_path / "empty.jsonl"),
+                     "--out", str(there)]) == 2
+    assert there.is_dir()

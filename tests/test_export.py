@@ -2,6 +2,7 @@
 extra), shapes follow the target, and the exported tensors rebuilt into a plain model compute what
 the trained module computes."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -196,7 +197,7 @@ def test_out_must_not_be_the_heads_the_target_or_any_model(llama, tmp_path):
 
 def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tmp_path, capsys, monkeypatch):
     folder, target = llama
-    with pytest.raises(ValueError, match="MTP module has input norms"):
+    with pytest.raises(ValueError, match="MTP heads are not exported: .* normalises both inputs"):
         export("mtp", "x", str(folder), "vllm", str(tmp_path))
     with pytest.raises(ValueError, match=r"export to engines \['vllm', 'sglang'\]"):
         export("eagle", "x", str(folder), "tgi", str(tmp_path))
@@ -227,6 +228,34 @@ def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tm
     FeatureHead.for_target(target, "eagle3").save(tmp_path / "e3", target)
     with pytest.raises(ValueError, match=r"fuses hidden_states \[0, 1, 2\]; engines read the inputs of layers 1..1"):
         export("eagle", str(tmp_path / "e3"), str(folder), "sglang", str(tmp_path / "o3"))
+
+
+def test_export_mtp_on_the_command_line_says_why_not_and_what_to_do(llama, tmp_path, capsys):
+    """`draftsman export mtp` stopped at argparse ("invalid choice: 'mtp'"), never reaching the reason."""
+    folder, _ = llama
+    out = tmp_path / "out"
+    code = main(["export", "mtp", "--heads", str(tmp_path / "mtp-heads"), "--target", str(folder),
+                 "--engine", "vllm", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "invalid choice" not in err
+    assert "MTP heads are not exported" in err and "EAGLE-1 layout cannot hold" in err
+    assert f"drafter: {{name: mtp, path: {tmp_path / 'mtp-heads'}}}" in err and "train an `eagle` head" in err
+    assert not out.exists()
+
+
+def test_paths_written_by_an_export_resolve_from_anywhere(llama, tmp_path, monkeypatch):
+    """The Medusa repo's base_model_name_or_path (and the export mark's paths) were written as typed:
+    a relative --target resolved only from the folder the export ran in."""
+    folder, target = llama
+    MedusaHeads.for_target(target, num_heads=2, num_layers=1).save(tmp_path / "heads", target, dtype=torch.float32)
+    monkeypatch.chdir(tmp_path)
+    out = export("medusa", "heads", os.path.relpath(folder), "medusa", "out", dtype="float32")
+    monkeypatch.chdir(Path(folder).parent)  # where an engine might run: elsewhere
+    config = json.loads((tmp_path / out / "config.json").read_text())
+    assert config["base_model_name_or_path"] == str(Path(folder).resolve())
+    mark = json.loads((tmp_path / out / ".draftsman-export.json").read_text())
+    assert mark["target"] == str(Path(folder).resolve())
+    assert mark["heads"] == str((tmp_path / "heads").resolve())
 
 
 def _rms(x, weight, eps):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -20,8 +21,15 @@ def _numbers(kind):
 
 def drafters_flag(text: str) -> list[dict]:
     """--drafters: "ngram,recycling" (names with their defaults) or a YAML list of drafter configs."""
+    if not text.strip():  # (it ran the default set, as if the flag were not there)
+        raise ValueError("--drafters is empty: name the drafters to compare (e.g. --drafters ngram,recycling), or "
+                         "leave the flag out for the default set")
     if not text.strip().startswith("["):
-        return [{"name": name} for name in text.replace(" ", "").split(",") if name]
+        names = text.replace(" ", "").split(",")
+        if "" in names:  # 'ngram,,recycling' or 'ngram,': a name lost, not a shorter list to run
+            raise ValueError(f"--drafters '{text}': a drafter name is missing between commas (or before or after "
+                             "them); e.g. --drafters ngram,recycling")
+        return [{"name": name} for name in names]
     import yaml
 
     from ..config import parse_yaml
@@ -47,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of drafter configs ('[{name: draft_model, path: DIR, k: 4}, {name: ngram}]'); none, the "
                         "baseline, is always added")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 2 prompts per category, 16 new tokens, 1 repeat, batch sizes 1,2")
+                   help="smoke run: 2 prompts per category, 16 new tokens, 1 repeat, batch sizes 1,2 (still "
+                        "minutes on a CPU: every drafter runs; --drafters ngram --no-peers for the shortest)")
     p.add_argument("--out", help="output folder (default results/compare)")
     p.add_argument("--prompts", help="JSONL prompt file, one {\"text\": ..., \"category\": ...} per line, or "
                                      "\"messages\" (a conversation for the target's chat template) in place of "
@@ -100,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
              "min_new_tokens": args.min_new_tokens, "repeats": args.repeats,
              "peers": False if args.no_peers else None,
              "target": {"path": args.target} if args.target else None,
-             "drafters": drafters_flag(args.drafters) if args.drafters else None}
+             "drafters": drafters_flag(args.drafters) if args.drafters is not None else None}
     overrides.update({k: v for k, v in flags.items() if v is not None})
     cfg = load_bench_config(args.config, overrides, quick=args.quick)
     hf_logging.disable_progress_bar()  # "Loading weights" bars would tangle with ours
@@ -113,8 +122,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(cfg["out"])
     if out.exists() and not out.is_dir():  # found now, not after an hour of runs
         raise ValueError(f"out '{out}' is a file: the results go in a folder; give a folder (--out DIR)")
-    out.mkdir(parents=True, exist_ok=True)
-    results = run_compare(cfg, command_line(args), progress=not args.no_progress)
+    created = _missing_folders(out)
+    out.mkdir(parents=True, exist_ok=True)  # now: a folder that cannot be made is named before the runs
+    try:
+        results = run_compare(cfg, command_line(args), progress=not args.no_progress)
+    except BaseException:  # refused (prompts, target, categories) or stopped: leave no empty folder of ours
+        for folder in created:
+            with contextlib.suppress(OSError):  # (rmdir refuses a folder something was written into)
+                folder.rmdir()
+        raise
     files = write_all(results, Path(cfg["out"]))
     print(markdown(results))
     print("\nwrote " + ", ".join(str(f) for f in files))
@@ -124,6 +140,15 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def build(cfg: dict, out: Path, per_category: int) -> int:

@@ -42,7 +42,10 @@ DEFAULTS: dict[str, Any] = {
     "out": "results/compare",  # output folder, relative to the current directory
 }
 
-# --quick: a smoke run that finishes in seconds on tiny models.
+# --quick: a smoke run, to see a config work end to end, not to read speedups from. Every drafter
+# still loads and runs each category at each temperature, beside the peers, so it takes minutes on a
+# CPU, not seconds: on the bundled target, `--drafters ngram` alone took 3 minutes of CPU time, and
+# the default set adds every bundled drafter's turn.
 QUICK = {"prompts_per_category": 2, "max_new_tokens": 16, "repeats": 1, "sweep_repeats": 1, "batch_sizes": [1, 2]}
 
 
@@ -120,6 +123,9 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
                            else [{"name": "none"}, {"name": "ngram"}])
     if cfg["prompts"] is None:
         cfg["prompts"] = str(BUNDLED_PROMPTS)
+    overridden = overrides or {}
+    if overridden.get("drafters") is not None and overridden.get("sweep_drafters") is None:
+        cfg["sweep_drafters"] = _swept_among(cfg["sweep_drafters"], cfg["drafters"])
     low, high = cfg["min_new_tokens"], cfg["max_new_tokens"]
     if quick and "min_new_tokens" not in (overrides or {}) and type(low) is int and type(high) is int:
         cfg["min_new_tokens"] = min(low, high)
@@ -127,6 +133,17 @@ def load_bench_config(path: str | os.PathLike | None = None, overrides: dict | N
     if cfg["sweep_repeats"] is None:
         cfg["sweep_repeats"] = cfg["repeats"]
     return cfg
+
+
+def _swept_among(swept, drafters):
+    """The file's sweep_drafters when --drafters replaced its drafters: the labels among the given
+    drafters, or None (sweep them all) where none is; a label the file's list alone had is no error.
+    Anything malformed is left for _validate to name."""
+    if not isinstance(swept, list) or not all(isinstance(d, dict) and "name" in d for d in drafters):
+        return swept
+    given = {drafter_label(d) for d in drafters}
+    kept = [label for label in swept if label in given]
+    return kept or None
 
 
 def _check_keys(raw: dict) -> None:
