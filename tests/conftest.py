@@ -24,6 +24,36 @@ def one_torch_thread():
         pytest.fail(f"the test left torch with {left} threads (a trainer's `threads` not put back?)")
 
 
+def _loading_hooks() -> dict:
+    """What Hugging Face's loading swaps for no-ops while a model loads and puts back after
+    (transformers/initialization.py: no_init_weights, no_tie_weights)."""
+    from transformers import PreTrainedModel
+    from transformers.initialization import TORCH_INIT_FUNCTIONS
+
+    hooks = {("PreTrainedModel", name): getattr(PreTrainedModel, name) for name in ("tie_weights", "init_weights")}
+    hooks.update({("torch.nn.init", name): getattr(torch.nn.init, name) for name in TORCH_INIT_FUNCTIONS})
+    return hooks
+
+
+_LOADING_HOOKS = _loading_hooks()
+
+
+@pytest.fixture(autouse=True)
+def loading_hooks_put_back():
+    """Two loads at once in one process (threads) can leave those no-ops in place for good: every
+    later load of a tied model in that worker then left its LM head empty (on the meta device) and
+    a dozen unrelated tests failed. The test that did it fails here, by name, and the originals go back."""
+    yield
+    left = [".".join(key) for key, hook in _loading_hooks().items() if hook is not _LOADING_HOOKS[key]]
+    if left:
+        from transformers import PreTrainedModel
+
+        for (owner, name), hook in _LOADING_HOOKS.items():
+            setattr(PreTrainedModel if owner == "PreTrainedModel" else torch.nn.init, name, hook)
+        pytest.fail(f"the test left Hugging Face's loading no-ops in place of {left} (models loaded in two threads "
+                    "at once?)")
+
+
 @pytest.fixture(autouse=True)
 def forget_test_drafters():
     """Drafters registered by a test leave the registry afterwards (other tests list it)."""

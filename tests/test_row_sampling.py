@@ -121,15 +121,15 @@ def test_sampled_rows_each_follow_their_own_distribution(tiny_models, close_draf
 
 
 def test_logprobs_are_each_rows_own_processed_distribution(tiny_models):
-    """logprobs="processed" reads each row's own warped distribution: top_k 2 leaves a third
-    likeliest token at -inf in that row only."""
+    """logprobs="processed" reads each row's own warped distribution: top_k 2 leaves two tokens
+    to list in that row only (a ruled-out one is left out)."""
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])},
                               "drafter": {"name": "ngram", "k": 3, "min_ngram": 1}})
     out = decoder.generate(input_ids=PROMPTS[:2], max_new_tokens=8, temperature=1.0, top_k=[None, 2],
                            logprobs="processed", top_logprobs=3, seed=1)
     wide, narrow = out.top_logprobs
     assert all(top[2][1] > float("-inf") for top in wide)
-    assert all(top[1][1] > float("-inf") and top[2][1] == float("-inf") for top in narrow)
+    assert all(len(top) == 2 and top[1][1] > float("-inf") for top in narrow)
 
 
 def test_joining_rows_bring_their_own_warpers(tiny_models, close_draft):  # noqa: F811
