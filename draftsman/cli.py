@@ -33,7 +33,7 @@ import yaml
 
 from . import __version__
 from .chat import TOOL_SHAPE, check_conversations, check_template_kwargs, check_tools
-from .config import DEFAULTS, apply_overrides, load_config, merge, parse_yaml
+from .config import DEFAULTS, apply_overrides, load_config, merge, parse_yaml, read_text
 from .drafter_catalog import describe_drafters
 from .json_lines import json_lines
 from .reasoning import PARSERS as REASONING_PARSERS
@@ -422,21 +422,13 @@ def chat_conversations(args: argparse.Namespace) -> list[list[dict]] | None:
 
 
 def read_flag_file(flag: str, path: str) -> str:
-    """The text of the file a flag names; a file that cannot be read is named with the flag and the fix
-    (the OSError or codec error alone named neither)."""
+    """The text of the file a flag names; one that cannot be read is named with the flag and the fix."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        return read_text(path, flag)
     except FileNotFoundError:
         raise UserError(f"{flag}: no such file '{path}'") from None
-    except IsADirectoryError:
-        raise UserError(f"{flag} '{path}' is a folder: give the file in it") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{flag} '{path}' is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") \
-            from None
-    except OSError as e:  # permission denied, ...
-        raise UserError(f"{flag} '{path}' cannot be read ({e.strerror}): check the path and its permissions") \
-            from None
+    except ValueError as e:  # a folder, not UTF-8, not readable
+        raise UserError(str(e)) from None
 
 
 def _jsonl_conversations(path: str, text: str) -> list:

@@ -95,13 +95,22 @@ def parse_override(value: str, item: str) -> Any:
                          f"e.g. KEY='{value}'") from None
 
 
-def read_text(path: Path, what: str) -> str:
-    """A config file's text, as UTF-8 (as YAML and JSON are); a file in another encoding is named, which
-    the codec's own words ("'utf-8' codec can't decode byte 0xe9") do not."""
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """A file's text, as UTF-8 (as YAML and JSON are). One that cannot be read is named with `what`
+    and the fix, which the OSError's or the codec's own words ("'utf-8' codec can't decode byte
+    0xe9") do not; a missing one raises FileNotFoundError, for the caller to word."""
+    path = Path(path)
     try:
         return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise ValueError(f"{what} '{path}' is a folder: give the file in it") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{what} '{path}' is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") \
+            from None
+    except OSError as e:  # permission denied, ...
+        raise ValueError(f"{what} '{path}' cannot be read ({e.strerror}): check the path and its permissions") \
             from None
 
 

@@ -179,25 +179,15 @@ def read_heads_config(path: Path) -> dict:
 
 
 def load_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor], folder: str | Path) -> None:
-    """module.load_state_dict(tensors), refused by name where the weights do not fit the module its
-    config.json builds (the two files of different heads), instead of torch's traceback."""
-    expected = module.state_dict()
-    mismatched = [f"{k} {tuple(v.shape)} in model.safetensors, {tuple(expected[k].shape)} by config.json"
-                  for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
-    missing, unknown = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-    problems = []
-    if mismatched:
-        more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
-        problems.append(f"shapes differ: {'; '.join(mismatched[:3])}{more}")
-    if missing:
-        problems.append(f"tensors missing from model.safetensors: {missing[:4]}")
-    if unknown:
-        problems.append(f"tensors config.json has no place for: {unknown[:4]}")
-    if problems:
+    """module.load_state_dict(tensors); weights that do not fit the module its config.json builds (the
+    files of two different heads) are refused naming the folder and the fix, torch's list of the
+    mismatched, missing and unexpected tensors on one line (its traceback named neither)."""
+    try:
+        module.load_state_dict(tensors)
+    except RuntimeError as e:
         raise ValueError(f"config.json and model.safetensors in '{folder}' do not belong together (the files of two "
-                         f"different heads?): {', '.join(problems)}. Copy both files from one heads folder, or "
-                         "train the heads again")
-    module.load_state_dict(tensors)
+                         f"different heads?): {' '.join(str(e).split())} Copy both files from one heads folder, or "
+                         "train the heads again") from None
 
 
 def check_same_save(folder: Path, config: dict) -> None:
