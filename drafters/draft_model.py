@@ -105,7 +105,8 @@ class DraftModelDrafter(ShrunkHeadIds, Drafter):
         whole = (model.get_output_embeddings(), None)
         self.output_layers = {True: whole, False: whole}
         if options.draft_vocab is not None:
-            order = read_token_order(options.vocab_order or options.path, self.vocab_size, self.name)
+            order = read_token_order(options.vocab_order or options.path, self.vocab_size, self.name,
+                                     target_model=target.model)
             keep = top_tokens(order, options.draft_vocab, self.vocab_size, self.name, target.device)
             self.output_layers[True] = (shrunk_linear(model.get_output_embeddings(), keep), keep)
             self._parameters += len(keep) * model.get_output_embeddings().weight.shape[1]  # the rows' own copy

@@ -53,22 +53,24 @@ def check_fits_vocabulary(n: int, vocab_size: int, drafter: str) -> None:
                          f"set it to at most {vocab_size}, or leave it unset to draft among all tokens")
 
 
-def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:
+def read_token_order(source: str, vocab_size: int, drafter: str, target_model: torch.nn.Module | None = None
+                     ) -> list[int]:
     """The token order in `source`: a JSON file (`draftsman vocab` writes one), or a folder holding
-    tokens_by_frequency.json or a heads config.json trained for the same target."""
+    tokens_by_frequency.json or a heads config.json trained for the same target. target_model: the
+    target's model, to refuse an order recorded for another target (files that record none still load)."""
     path = Path(source)
     out = path / ORDER_FILE if path.is_dir() else path
     fix = (f"write one with `draftsman vocab --target TARGET_FOLDER --out {out}`, or set vocab_order to a heads "
            "folder trained for this target")
     if path.is_dir():  # its own order file, else a heads config.json that carries the order
-        found = [(c, json.loads(c.read_text())) for c in (path / ORDER_FILE, path / "config.json") if c.is_file()]
+        found = [(c, _json_of(c, drafter)) for c in (path / ORDER_FILE, path / "config.json") if c.is_file()]
         found = [(c, data) for c, data in found if isinstance(data, dict) and "tokens_by_frequency" in data]
         if not found:
             raise ValueError(f"{drafter}: draft_vocab needs token frequencies, and '{source}' has neither "
                              f"{ORDER_FILE} nor a config.json with tokens_by_frequency; {fix}")
         path, data = found[0]
     elif path.is_file():
-        data = json.loads(path.read_text())
+        data = _json_of(path, drafter)
     else:
         raise ValueError(f"{drafter}: vocab_order '{source}' does not exist; {fix}")
     order = data.get("tokens_by_frequency") if isinstance(data, dict) else data
@@ -77,7 +79,33 @@ def read_token_order(source: str, vocab_size: int, drafter: str) -> list[int]:
     if not all(0 <= t < vocab_size for t in order):
         raise ValueError(f"{drafter}: '{path}' was counted for another vocabulary (token ids up to {max(order)}; the "
                          f"target has {vocab_size} tokens); {fix}")
+    if target_model is not None and isinstance(data, dict):
+        check_counted_for(data.get("target"), target_model, path, drafter, fix)
     return order
+
+
+def _json_of(path: Path, drafter: str):
+    """A vocab_order file's JSON; one that is not JSON is named with the key and the fix (json's own
+    message names only a line and a column)."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{drafter}: vocab_order: '{path}' is not valid JSON ({e}); point vocab_order at the token "
+                         f"order `draftsman vocab --target TARGET_FOLDER --out FILE` writes, or at a heads folder "
+                         "trained for this target") from None
+
+
+def check_counted_for(recorded: dict | None, target_model: torch.nn.Module, path: Path, drafter: str,
+                      fix: str) -> None:
+    """Refuse an order whose record names another target (a heads config.json's or a `draftsman vocab`
+    file's target fingerprint): its ranking is another model's picks. None (older files): nothing to check."""
+    if not isinstance(recorded, dict) or "lm_head_probe" not in recorded:
+        return
+    from ..heads.common import fingerprint_difference, target_fingerprint
+
+    why = fingerprint_difference(recorded, target_fingerprint(target_model))
+    if why:
+        raise ValueError(f"{drafter}: vocab_order '{path}' was trained for another target: {why}; {fix}")
 
 
 class ShrunkHeadIds:

@@ -76,12 +76,13 @@ class MLPSpeculatorDrafter(LastHiddenRows, ShrunkHeadIds, Drafter):
         quantize = resolve_quantize(self.name, options.quantize, target.device)
         if quantize:
             self.speculator.float()  # around its int8 products
-        self.readouts = self._readouts(options, config.get("tokens_by_frequency"))
+        self.readouts = self._readouts(options, config.get("tokens_by_frequency"), target.model)
         self._parameters = sum(p.numel() for p in self.speculator.parameters())  # (int8 layers hold none)
         if quantize:
             self._quantize()
 
-    def _readouts(self, options, saved_order: list[int] | None) -> dict[bool, tuple[list, torch.Tensor | None]]:
+    def _readouts(self, options, saved_order: list[int] | None, target_model
+                  ) -> dict[bool, tuple[list, torch.Tensor | None]]:
         """By round kind (greedy: True): each stage's LM head and its row -> token id map (None:
         every token). Under draft_vocab a greedy round's heads keep only the rows of the N tokens
         the target picks most (its 8192-row heads were most of a CPU drafting step, as the other
@@ -91,7 +92,7 @@ class MLPSpeculatorDrafter(LastHiddenRows, ShrunkHeadIds, Drafter):
         if options.draft_vocab is None:
             return {True: whole, False: whole}
         if options.vocab_order:
-            order = read_token_order(options.vocab_order, self.vocab_size, self.name)
+            order = read_token_order(options.vocab_order, self.vocab_size, self.name, target_model=target_model)
         else:
             order = saved_order  # the target's order, recorded when draftsman trained it
             if order is None:

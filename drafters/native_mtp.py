@@ -52,7 +52,8 @@ class NativeMTPDrafter(FeatureHeadDrafter):
         head = load_native_mtp(target.model, self.name)
         config = {"kind": "mtp"}  # what a trained head's config.json says; no token order unless given
         if options.draft_vocab is not None:
-            config["tokens_by_frequency"] = read_token_order(options.vocab_order, target.vocab_size, self.name)
+            config["tokens_by_frequency"] = read_token_order(options.vocab_order, target.vocab_size, self.name,
+                                                              target_model=target.model)
         return head, config
 
     def draft(self, feature, logits, depth, ready):

@@ -50,17 +50,28 @@ def _mlp(layer: nn.Module) -> nn.Module | None:
     return mlp if mlp is not None else getattr(layer, "feed_forward", None)
 
 
-def make_midlayer(layer: nn.Module) -> nn.Module:
-    """Turn a body's decoder layer (Llama / Qwen2 / Mistral family) into EAGLE-3's midlayer in place:
-    q/k/v take 2d inputs, a second input norm for h. The class becomes a subclass of the original,
-    so Hugging Face still records its output as a hidden state."""
+def midlayer_problem(layer: nn.Module) -> str | None:
+    """Why a decoder layer cannot become EAGLE-3's midlayer (with the fix), or None when it can;
+    the trainer asks it of the target's layers before it reads the corpus."""
     attn = getattr(layer, "self_attn", None)
     if attn is None or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")) \
             or not all(hasattr(layer, p) for p in ("input_layernorm", "post_attention_layernorm")) \
             or _mlp(layer) is None:
-        raise NotImplementedError(f"{type(layer).__name__}: an EAGLE-3 head needs a decoder layer with "
-                                  "self_attn.q_proj/k_proj/v_proj, input_layernorm, post_attention_layernorm and mlp "
-                                  "(Llama, Qwen2, Mistral family); use an EAGLE-1/2 head (kind eagle) for this target")
+        return (f"{type(layer).__name__}: an EAGLE-3 head needs a decoder layer with self_attn.q_proj/k_proj/v_proj, "
+                "input_layernorm, post_attention_layernorm and mlp (Llama, Qwen2, Mistral family); set `layer: llama` "
+                "(a Llama layer of the target's sizes, e.g. --set layer=llama), or use an EAGLE-1/2 head (kind eagle) "
+                "for this target")
+    return None
+
+
+def make_midlayer(layer: nn.Module) -> nn.Module:
+    """Turn a body's decoder layer (Llama / Qwen2 / Mistral family) into EAGLE-3's midlayer in place:
+    q/k/v take 2d inputs, a second input norm for h. The class becomes a subclass of the original,
+    so Hugging Face still records its output as a hidden state."""
+    problem = midlayer_problem(layer)
+    if problem:
+        raise NotImplementedError(problem)
+    attn = layer.self_attn
     for name in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, name)
         wide = nn.Linear(2 * old.in_features, old.out_features, bias=old.bias is not None)

@@ -12,6 +12,7 @@ import draftsman
 from draftsman import cli
 from draftsman.drafters import check_drafter_config
 from draftsman.drafters import draft_model as draft_model_module
+from draftsman.drafters.draft_vocab import read_token_order
 from draftsman.drafters.int8_linear import Int8Linear
 from draftsman.verifier.sampling import SamplingParams
 
@@ -186,6 +187,59 @@ def test_an_order_counted_for_another_vocabulary_is_refused(tiny_models, tmp_pat
         load(target, path=str(tiny_models["llama"][1]), draft_vocab=8, vocab_order=str(order))
 
 
+def test_a_vocab_order_that_is_not_json_names_the_key_the_file_and_the_fix(tiny_models, tmp_path):
+    """It was json's bare "Extra data: line 2 column 1 (char 208)", naming neither (a JSONL file, a
+    damaged tokens_by_frequency.json or heads config.json in a folder)."""
+    target, draft = tiny_models["llama"]
+    jsonl = tmp_path / "regen.jsonl"
+    jsonl.write_text('{"a": 1}\n{"a": 2}\n')
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "tokens_by_frequency.json").write_text('{"tokens_by_frequency": [1, 2')
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    (heads / "config.json").write_bytes(b"\xff\xfe not text")
+    for source, bad in ((jsonl, jsonl), (folder, folder / "tokens_by_frequency.json"), (heads, heads / "config.json")):
+        with pytest.raises(ValueError, match=rf"^draft_model: vocab_order: '{bad}' is not valid JSON .*; point "
+                                             r"vocab_order at the token order `draftsman vocab"):
+            read_token_order(str(source), 320, "draft_model")
+
+
+def test_an_order_recorded_for_another_target_is_refused(tiny_models, tmp_path):
+    """A heads folder's config.json and a `draftsman vocab` file record the target's fingerprint: an
+    order of another target (even of the same vocabulary) is refused; one without a record loads."""
+    from draftsman.heads.common import target_fingerprint
+
+    llama, qwen2 = (load_for_reference(tiny_models[arch][0]) for arch in ("llama", "qwen2"))
+    order = list(range(llama.config.vocab_size))
+    for name, record in (("heads", "config.json"), ("counted", "tokens_by_frequency.json")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / record).write_text(json.dumps({"tokens_by_frequency": order, "target": target_fingerprint(qwen2)}))
+        with pytest.raises(ValueError, match=rf"vocab_order '{folder / record}' was trained for another target: "
+                                             r"architecture is 'Qwen2ForCausalLM' in the record"):
+            read_token_order(str(folder), len(order), "draft_model", target_model=llama)
+        (folder / record).write_text(json.dumps({"tokens_by_frequency": order, "target": target_fingerprint(llama)}))
+        assert read_token_order(str(folder), len(order), "draft_model", target_model=llama) == order
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"tokens_by_frequency": order, "counted_on": "greedy picks of llama"}))
+    assert read_token_order(str(old), len(order), "draft_model", target_model=llama) == order
+
+
+def test_the_drafters_refuse_an_order_counted_for_another_target(greedy_case, tiny_models, tmp_path):
+    """The check above, where the drafters read vocab_order (draft_model; mlp_speculator and native_mtp
+    call read_token_order the same way)."""
+    from draftsman.heads.common import target_fingerprint
+
+    target, draft, _, _ = greedy_case
+    qwen2 = load_for_reference(tiny_models["qwen2"][0])
+    order = list(range(qwen2.config.vocab_size))
+    other = tmp_path / "tokens_by_frequency.json"
+    other.write_text(json.dumps({"tokens_by_frequency": order, "target": target_fingerprint(qwen2)}))
+    with pytest.raises(ValueError, match="was trained for another target"):
+        load(target, path=str(draft), draft_vocab=8, vocab_order=str(other))
+
+
 @pytest.mark.parametrize("with_order", [True, False], ids=["order_file", "no_order_file"])
 def test_draft_vocab_must_fit_the_vocabulary(greedy_case, tiny_models, with_order):
     """Named as the count it is, whether or not the draft model's folder has an order to read."""
@@ -216,6 +270,7 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
                      "--work-dir", str(tmp_path / "work"), "--tokens", "2048", "--seq-len", "64", "--threads", "1"])
     assert code == 0 and "coverage" in capsys.readouterr().out
     written = json.loads((folder / "tokens_by_frequency.json").read_text())
+    assert written["target"]["architecture"] == "LlamaForCausalLM"  # the fingerprint a drafter checks
     V = load_for_reference(target).config.vocab_size
     assert sorted(written["tokens_by_frequency"]) == list(range(V))  # every token, once
     assert set(written["coverage"]) == {"256", "1024", "2048", "4096"}
@@ -250,6 +305,28 @@ def test_the_vocab_command_writes_the_order_a_draft_model_reads(tiny_models, tin
     assert cli.main(["vocab", "--target", str(target), "--out", str(heads_config), "--corpus-root", "/no/such"]) == 2
     assert "holds more than a token order (also ['kind', 'save_id'])" in capsys.readouterr().err
     assert heads_config.read_bytes() == before
+
+
+def test_the_vocab_command_reports_its_draft_vocabs_coverage_and_refuses_windows_past_the_target(
+        tiny_models, tiny_corpus, tmp_path, capsys):
+    """Only 256 / 1024 / 2048 / 4096 were reported (1.0 each on a 320-token vocabulary), never the size
+    drafted among; and --seq-len 300 on a 256-position target counted, where `draftsman train` refuses it."""
+    target, _ = tiny_models["llama"]
+    base = ["vocab", "--target", str(target), "--out", str(tmp_path / "order.json"), "--corpus-root",
+            str(tiny_corpus), "--work-dir", str(tmp_path / "work"), "--threads", "1"]
+    assert cli.main(base + ["--tokens", "1024", "--seq-len", "64", "--draft-vocab", "48"]) == 0
+    assert "'48': " in capsys.readouterr().out
+    coverage = json.loads((tmp_path / "order.json").read_text())["coverage"]
+    assert set(coverage) == {"48", "256", "1024", "2048", "4096"} and 0 < coverage["48"] < 1
+    (tmp_path / "order.json").unlink()
+    for flags, message in ((["--tokens", "1024", "--seq-len", "300"], "--seq-len 300 is longer than the target's 256 "
+                                                                      "positions: the count would come from positions"),
+                           (["--tokens", "1024", "--seq-len", "64", "--draft-vocab", "1000"],
+                            "--draft-vocab 1000 is more than the target's 320 tokens"),
+                           (["--draft-vocab", "0"], "--draft-vocab must be >= 1")):
+        assert cli.main(base + ["--work-dir", str(tmp_path / "w2")] + flags) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "order.json").exists() and not (tmp_path / "w2").exists()  # refused before tokenizing
 
 
 def test_vocab_numbers_and_a_missing_corpus_are_named(tiny_models, tmp_path, capsys):

@@ -70,6 +70,10 @@ def test_training_lowers_the_loss_and_records_the_target(trained, kind):
     if kind == "eagle3":  # the greedy-tree calibration, fitted on training text
         assert 0.3 <= config["greedy_score_scale"] <= 10
     agreement = metrics["heldout_agreement"]
+    # the configured draft_vocab's coverage, besides the fixed sizes (all past the 320-token vocabulary: 1.0)
+    coverage = agreement["draft_vocab_coverage"]
+    assert set(coverage) == {"256", "1024", "2048", "4096"} | ({"200"} if kind == "eagle3" else set())
+    assert kind != "eagle3" or 0 < coverage["200"] <= coverage["256"]
     assert len(agreement["top1"]) == 3
     assert all(0 <= a <= b <= 1 for a, b in zip(agreement["top1"], agreement["top5"]))
     assert agreement["top1"][0] > 0.2  # the tiny target's greedy choice is learnable; a broken loss is not
@@ -183,6 +187,25 @@ def test_greedy_output_equals_the_target_on_other_architectures(untrained, tiny_
     plain = _decoder(target, device=target_device(extra)).generate(input_ids=PROMPTS, max_new_tokens=20)
     dec = _decoder(target, {"name": "mtp" if kind == "mtp" else "eagle", "path": str(untrained[arch, kind]), **extra})
     assert dec.generate(input_ids=PROMPTS, max_new_tokens=20).token_ids == plain.token_ids
+
+
+def test_training_eagle3_in_a_gpt2_layer_names_layer_llama_before_the_corpus_is_read(tiny_models, tiny_corpus,
+                                                                                      tmp_path, capsys):
+    """It was a traceback ending in NotImplementedError, after the corpus was tokenized, pointing only to a
+    weaker kind; `layer: llama` (the documented fix) trains it."""
+    import yaml
+
+    from draftsman import cli
+
+    config = tmp_path / "eagle3.yaml"
+    config.write_text(yaml.safe_dump({"target": str(tiny_models["gpt2"][0]), "out": str(tmp_path / "heads"),
+                                      "work_dir": str(tmp_path / "work"), "corpus_root": str(tiny_corpus),
+                                      "threads": 1, "mixed_precision": "no", "seq_len": 32, "max_steps": 1}))
+    assert cli.main(["train", "eagle3", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: GPT2Block: an EAGLE-3 head needs") and "set `layer: llama`" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "work").exists()  # refused before any token cache was written
 
 
 def test_eagle3_needs_a_llama_like_layer(tiny_models):

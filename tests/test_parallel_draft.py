@@ -234,3 +234,28 @@ def test_out_replaces_an_earlier_parallel_model_only(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="holds no model .no config.json.: saving the model there would replace"):
         save_hf_folder(load_for_reference(draft), draft, files)
     assert [p.name for p in files.iterdir()] == ["notes.txt"]
+
+
+def test_eval_only_measures_the_model_in_out_and_a_kind_other_than_pard_is_refused(tiny_models, tiny_corpus,
+                                                                                    tmp_path, capsys):
+    """`draftsman train --help` listed pard with [--eval-only], which `train pard` rejected; and its
+    config's `kind` was dropped silently (`--set kind=medusa` trained a PARD model)."""
+    import yaml
+
+    from draftsman import cli
+
+    config = tmp_path / "pard.yaml"
+    config.write_text(yaml.safe_dump({
+        "draft": str(tiny_models["llama"][1]), "out": str(tmp_path / "pard"), "k": 3, "threads": 1,
+        "work_dir": str(tmp_path / "w"), "corpus_root": str(tiny_corpus), "seq_len": 32, "batch_size": 4,
+        "max_steps": 2, "eval_tokens": 128}))
+    assert cli.main(["train", "pard", "--config", str(config), "--eval-only"]) == 2
+    assert "holds no parallel draft model to evaluate" in capsys.readouterr().err
+    assert cli.main(["train", "pard", "--config", str(config), "--set", "kind=medusa"]) == 2
+    assert "the config trains 'medusa' but the command asked for 'pard'" in capsys.readouterr().err
+    assert not (tmp_path / "pard").exists()
+    assert cli.main(["train", "pard", "--config", str(config), "--set", "kind=pard"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["heldout_accuracy_by_depth"]
+    assert cli.main(["train", "pard", "--config", str(config), "--eval-only"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["kind"] == "pard" and report["heldout_accuracy_by_depth"] == pytest.approx(trained, abs=0.02)

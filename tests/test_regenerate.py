@@ -61,8 +61,9 @@ def test_replies_are_the_targets_own_turn_by_turn(chat_target, tmp_path, capsys)
     want, cut = replayed(folder)
     assert [json.loads(line) for line in out.read_text().splitlines()] == want
     assert want[0]["messages"][1]["content"] != "pass"  # replaced, and then answered after
-    assert summary["lines"] == 5 and summary["replies"] == 5 and summary["kept_as_given"] == 2
-    assert summary["cut_at_max_new_tokens"] == cut
+    run = summary["this_run"]
+    assert summary["lines"] == run["lines"] == 5 and run["replies"] == 5 and run["kept_as_given"] == 2
+    assert run["cut_at_max_new_tokens"] == cut
 
 
 def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, capsys):
@@ -80,6 +81,36 @@ def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, 
     capsys.readouterr()
     assert cli.main([*base, "--out", str(part), "--limit", "3"]) == 2
     assert "already holds 5 lines, more than the 3 to write" in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_is_refused_naming_both(chat_target, tmp_path, capsys):
+    """--max-new-tokens and sampling are recorded beside --out; a resume with others mixed 8-token and
+    2-token (or greedy and sampled) replies silently. An output from before the record still resumes.
+    The summary counts the file's lines and says what this run added."""
+    folder, _ = chat_target
+    data = write(tmp_path / "in.jsonl", LINES)
+    out = tmp_path / "out.jsonl"
+    base = ["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out)]
+    assert cli.main([*base, "--max-new-tokens", str(NEW), "--limit", "2"]) == 0
+    record = json.loads((tmp_path / "out.jsonl.settings.json").read_text())
+    assert record["max_new_tokens"] == NEW and record["sampling"]["temperature"] == 0.0
+    capsys.readouterr()
+    written = out.read_bytes()
+    sampled = ["--max-new-tokens", str(NEW), "--set", "sampling.temperature=0.7"]
+    for change, message in ((["--max-new-tokens", "2"], "max_new_tokens: 8 then, 2 now"),
+                            (sampled, "'temperature': 0.7")):
+        assert cli.main([*base, *change]) == 2
+        err = capsys.readouterr().err
+        assert f"--out '{out}' was written with other settings (" in err and message in err, err
+        assert "Rerun with the same settings, or give a new --out" in err
+    assert out.read_bytes() == written
+    assert cli.main([*base, "--max-new-tokens", str(NEW), "--limit", "3"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["lines"] == 3 and summary["resumed_after_lines"] == 2 and summary["this_run"]["lines"] == 1
+    (tmp_path / "out.jsonl.settings.json").unlink()  # as an older version left it
+    assert cli.main([*base, "--max-new-tokens", "2", "--limit", "4"]) == 0
+    assert "has no out.jsonl.settings.json" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl.settings.json").exists()
 
 
 @pytest.mark.parametrize("lines, args, message", [
@@ -138,7 +169,7 @@ def test_a_conversation_past_the_context_keeps_its_reply(chat_target, tmp_path, 
     assert cli.main(["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out),
                      "--max-new-tokens", str(NEW)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["kept_past_context"] == 1 and summary["replies"] == 2
+    assert summary["this_run"]["kept_past_context"] == 1 and summary["this_run"]["replies"] == 2
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written[0] == long and written[1] == replayed(folder)[0][0]
 

@@ -73,11 +73,16 @@ def evaluate_feature_head(head, target_pass, windows: torch.Tensor, autocast, de
     return {"top1": (top1 / counts.clamp_min(1)).tolist(), "top5": (top5 / counts.clamp_min(1)).tolist()}
 
 
+COVERAGE_SIZES = (256, 1024, 2048, 4096)
+
+
 @torch.no_grad()
 def tokens_by_frequency(target_pass, windows: torch.Tensor, vocab_size: int, batch: int = 4,
-                        learned: torch.Tensor | None = None) -> dict:
+                        learned: torch.Tensor | None = None, draft_vocab: int | None = None) -> dict:
     """Token ids ordered by how often the target picks them (greedy) on training text, and the
-    share of picks the top 256 / 1024 / 2048 / 4096 cover. A drafter can restrict its candidates to
+    share of picks the top 256 / 1024 / 2048 / 4096 cover, and the top draft_vocab (the size a head
+    or drafter is configured with, when given: the fixed sizes may all be past a small vocabulary,
+    where they read 1.0). A drafter can restrict its candidates to
     the first N (option draft_vocab: its LM head shrinks to N rows; EAGLE-3's reduced draft
     vocabulary). Drafts stay exact: they are proposals, whatever set they come from.
     learned: which positions' picks count (assistant_only_loss: those inside replies); None: all."""
@@ -88,5 +93,6 @@ def tokens_by_frequency(target_pass, windows: torch.Tensor, vocab_size: int, bat
         counts += torch.bincount(picks.reshape(-1), minlength=vocab_size)[:vocab_size]
     order = torch.argsort(counts, descending=True, stable=True)
     cumulative = counts[order].cumsum(0).float() / counts.sum().clamp_min(1)
-    coverage = {str(n): round(float(cumulative[min(n, vocab_size) - 1]), 4) for n in (256, 1024, 2048, 4096)}
+    sizes = sorted(set(COVERAGE_SIZES) | ({draft_vocab} if draft_vocab else set()))
+    coverage = {str(n): round(float(cumulative[min(n, vocab_size) - 1]), 4) for n in sizes}
     return {"order": order.tolist(), "coverage": coverage}

@@ -125,6 +125,19 @@ def check_against_target(cfg: dict, target: torch.nn.Module) -> None:
                          f"learn from positions it was never trained on; set seq_len <= {positions}")
 
 
+def check_eagle3_layer(cfg: dict, target: torch.nn.Module) -> None:
+    """An EAGLE-3 head in the target's own layer needs a Llama-like one: refused here, by its fix
+    (layer: llama), not by a traceback once the corpus is tokenized and the head is built."""
+    if cfg["kind"] != "eagle3" or cfg["layer"] != "target":
+        return
+    from ..heads.eagle3 import midlayer_problem
+    from ..heads.feature_head import _decoder_layers
+
+    problems = [midlayer_problem(layer) for layer in _decoder_layers(target)]
+    if all(problems):  # (a hybrid target's head takes one of its attention layers)
+        raise ValueError(problems[0])
+
+
 def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text; none for no texts (a split no file fell in: training_streams names it)."""
     return tokenizer(texts)["input_ids"] if texts else []
@@ -391,7 +404,7 @@ def target_token_frequencies(cfg: dict, target, train_stream, autocast, train_ma
     V = target.get_output_embeddings().weight.shape[0]
     windows, learned = sample_windows(train_stream, train_mask, cfg)
     return {**tokens_by_frequency(lambda x: target_pass(target, x.to(target.device), autocast), windows, V,
-                                  learned=learned), "tokens": windows.numel()}
+                                  learned=learned, draft_vocab=cfg.get("draft_vocab")), "tokens": windows.numel()}
 
 
 def batch_loss(cfg: dict, heads, target, x: torch.Tensor, autocast, generator, learned: torch.Tensor | None = None,
@@ -527,6 +540,23 @@ def _changed_keys(saved: dict, now: dict) -> list[str]:
     return sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
 
 
+def feature_noise_generator(seed: int, step: int, rank: int, device) -> torch.Generator:
+    """EAGLE's feature noise for one step, seeded by (seed, step, rank) as train_batch draws windows:
+    a resumed run draws the noise an uninterrupted one would, with no generator state in the checkpoint."""
+    # (another multiplier than train_batch's, so the noise is not tied to the window draw's stream)
+    return torch.Generator(device=device).manual_seed((seed * 0x85EBCA6B + step * 2_000_003 + rank + 1) % (2**63))
+
+
+def say_if_noise_restarts(cfg: dict, state: dict, say) -> None:
+    """Mark the state as drawing noise by step; a checkpoint written before that (one stream seeded at
+    each start) still resumes, but its earlier steps saw other noise, so the run is said not to be
+    bit-exact with an uninterrupted one."""
+    if state["step"] and "noise_by_step" not in state and cfg["kind"] == "eagle" and cfg["feature_noise"] > 0:
+        say(f"[eagle] the checkpoint of step {state['step']} was written before feature noise was drawn by step: "
+            "this run goes on, but its weights will not equal an uninterrupted run's bit for bit")
+    state["noise_by_step"] = True
+
+
 def record_step(state: dict, t_start: float, loss: float, accuracy: list[float], pbar) -> None:
     """One step done: the step count and clock, the curve every 10 steps, the progress bar."""
     state["step"] += 1
@@ -606,6 +636,8 @@ def train(config) -> dict:
     acc = accelerator(cfg["mixed_precision"])
     target = frozen_target(cfg, acc.device)
     check_against_target(cfg, target)
+    if not cfg["init_from"]:  # (heads to continue bring their own layer, as heads to evaluate do)
+        check_eagle3_layer(cfg, target)
     tokenizer = AutoTokenizer.from_pretrained(cfg["target"])
     train_stream, held_stream, masks = training_streams(cfg, tokenizer)
     train_mask = masks[0] if masks else None
@@ -623,8 +655,7 @@ def train(config) -> dict:
     heads, opt = acc.prepare(heads, opt)
     raw = acc.unwrap_model(heads)
     acc.print(step_size_line(cfg["kind"], cfg, acc.num_processes) + f"; the target in {target.dtype}")
-    # EAGLE's feature noise: each process its own stream (process 0's is a single process's).
-    noise = torch.Generator(device=acc.device).manual_seed(cfg["seed"] + 1 + acc.process_index)
+    say_if_noise_restarts(cfg, state, acc.print)
 
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     held_sample = sample_windows(held_stream, masks[1] if masks else None, cfg)  # eval_every's and the final one
@@ -646,6 +677,7 @@ def train(config) -> dict:
         learned = None if train_mask is None else learned_positions(train_batch(train_mask, *draw)).to(acc.device)
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * learning_rate_factor(cfg, step, elapsed)
+        noise = feature_noise_generator(cfg["seed"], step, acc.process_index, acc.device)
         step_counts = step_learned_counts(learned, count * acc.num_processes, lambda t: acc.reduce(t, "sum"))
 
         def loss_of(x, learned):

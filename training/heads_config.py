@@ -192,4 +192,7 @@ def pard_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", required=True, help="YAML file (see training/configs/pard.yaml)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override one config key, value parsed as YAML (repeatable)")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="measure the held-out accuracy by depth of the parallel draft model already in `out` "
+                         "instead of training")
     return ap

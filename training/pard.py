@@ -68,7 +68,7 @@ LATER_KEYS = {**HEADS_LATER_KEYS, "mixed_precision": "no"}
 def load_config(raw) -> dict:
     if not isinstance(raw, dict):
         raw = read_yaml(raw, "pard training config") or {}
-    raw = {key: value for key, value in raw.items() if key != "kind"}
+    raw = without_pard_kind(raw)
     cfg = merged_config(raw, DEFAULTS, "pard training config", ("draft", "out"))
     if not Path(cfg["draft"], "config.json").is_file():
         raise FileNotFoundError(f"pard training config: no config.json in draft '{cfg['draft']}': point draft at the "
@@ -83,6 +83,16 @@ def load_config(raw) -> dict:
         raise ValueError("set either data_file (a JSONL of conversations or texts) or corpus_root (a folder of "
                          "source files), not both")
     return cfg
+
+
+def without_pard_kind(raw: dict) -> dict:
+    """The config without its `kind` key, which may only say pard (`--set kind=medusa` was dropped
+    silently: the heads trainer refuses a kind that differs from the command's too)."""
+    kind = raw.get("kind", "pard")
+    if kind != "pard":
+        raise ValueError(f"the config trains {kind!r} but the command asked for 'pard': run `draftsman train {kind}`, "
+                         "or set kind: pard (or drop it)")
+    return {key: value for key, value in raw.items() if key != "kind"}
 
 
 def check_pard_destination(out: Path, draft: Path) -> None:
@@ -252,12 +262,42 @@ def train(config) -> dict:
     return metrics
 
 
+@restores_torch_threads
+def evaluate_only(config) -> dict:
+    """Held-out accuracy by depth of the parallel draft model already in `out`, on the held-out windows
+    training's final evaluation reads: `draftsman train pard --config FILE --eval-only`."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(config)
+    out = Path(cfg["out"])
+    if not out.is_dir():  # (load_config refuses an out that is something else)
+        raise ValueError(f"pard training config: out '{out}' holds no parallel draft model to evaluate: train one "
+                         "there first (drop --eval-only), or point out at one")
+    torch.set_num_threads(cfg["threads"])
+    acc = accelerator(cfg["mixed_precision"])
+    if not acc.is_main_process:  # under a launcher: one evaluation, by the main process
+        return {}
+    tokenizer = AutoTokenizer.from_pretrained(cfg["draft"])
+    streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
+    _, held_stream, _ = training_streams(streams_cfg, tokenizer)
+    model = load_fp32(out).to(acc.device).eval()
+    held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(acc.device)
+    with acc.autocast():
+        heldout = evaluate(model, held_windows, int(model.config.pard_token), cfg["k"], len(tokenizer))
+    return {"kind": "pard", "k": cfg["k"], "heldout_accuracy_by_depth": heldout}
+
+
 def main(argv=None) -> int:
     return run(pard_parser().parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
     """`draftsman train pard` with its flags parsed (heads_config.pard_parser)."""
+    if args.eval_only:
+        report = evaluate_only(config_with_overrides(args.config, args.overrides))
+        if report:  # (the main process's)
+            print(json.dumps(report))
+        return 0
     metrics = train(config_with_overrides(args.config, args.overrides))
     if not metrics:  # not the main process
         return 0

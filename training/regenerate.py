@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..atomic_files import replaced_whole
 from .documents import ToolConversation, iter_documents
 
 
@@ -62,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
         documents = documents[: args.limit]
     done = _resume(out, [doc for _, _, doc in documents])
     cfg = build_config(args.config, args.drafter, args.overrides, args.target)
+    check_same_settings(out, done, reply_settings(cfg, args.max_new_tokens))
     hf_logging.disable_progress_bar()
     decoder = Decoder(cfg)
     if any(not isinstance(doc, str) for _, _, doc in documents[done:]):  # named before --out is created
         require_chat_template(decoder.tokenizer, cfg["target"]["path"])
-    summary = {"lines": done, "replies": 0, "cut_at_max_new_tokens": 0, "kept_as_given": 0, "kept_past_context": 0}
+    summary = {"lines": 0, "replies": 0, "cut_at_max_new_tokens": 0, "kept_as_given": 0, "kept_past_context": 0}
     bar = tqdm(total=len(documents), initial=done, desc="regenerate", unit="line",
                mininterval=1 if sys.stderr.isatty() else 30)
     with out.open("a", encoding="utf-8") as f:
@@ -78,8 +80,55 @@ def run(args: argparse.Namespace) -> int:
             summary["lines"] += len(batch)
             bar.update(len(batch))
     bar.close()
-    print(json.dumps({**summary, "out": str(out)}))
+    # The file's lines, and what this run added (a resumed file's earlier replies were counted by its earlier runs)
+    print(json.dumps({"lines": done + summary["lines"], "resumed_after_lines": done, "this_run": summary,
+                      "out": str(out)}))
     return 0
+
+
+def settings_path(out: Path) -> Path:
+    """The record of the settings --out's replies were generated with, beside it."""
+    return out.with_name(out.name + ".settings.json")
+
+
+def reply_settings(cfg: dict, max_new_tokens: int) -> dict:
+    """What decides the replies besides the target and the conversation: the length limit, sampling and
+    the other generation keys (the drafter does not: the output is the target's whatever it is)."""
+    generation = {k: v for k, v in cfg["generation"].items() if k != "max_new_tokens"}
+    settings = {"max_new_tokens": max_new_tokens, "sampling": cfg["sampling"], "generation": generation}
+    return json.loads(json.dumps(settings))  # as the record reads back (tuples as lists)
+
+
+def check_same_settings(out: Path, done: int, settings: dict) -> None:
+    """A resumed --out goes on only with the settings its lines were written with (a mix of 8- and 2-token
+    replies, or greedy and sampled ones, is no dataset); a new one records them. An output written
+    before the record existed resumes unchecked, and gets none: its earlier settings are unknown."""
+    record = settings_path(out)
+    if done == 0 or record.is_file():
+        recorded = _recorded_settings(record) if done else None
+        if recorded is not None and recorded != settings:
+            changed = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+            raise ValueError(f"--out '{out}' was written with other settings ("
+                             + "; ".join(f"{k}: {recorded.get(k)!r} then, {settings.get(k)!r} now" for k in changed)
+                             + f", as {record.name} records): resuming would mix them. Rerun with the same "
+                               "settings, or give a new --out")
+        if recorded is None:
+            with replaced_whole(record) as tmp:
+                tmp.write_text(json.dumps(settings, indent=1) + "\n")
+    else:
+        print(f"--out '{out}' has no {record.name} (written before regenerate recorded its settings): resuming "
+              "without checking that this run's settings are the ones its lines were written with", file=sys.stderr)
+
+
+def _recorded_settings(record: Path) -> dict:
+    try:
+        recorded = json.loads(record.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"'{record}' (the settings --out was written with) is not valid JSON ({e}): restore it, "
+                         "or delete it and --out to start over") from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"'{record}' holds no settings object: restore it, or delete it and --out to start over")
+    return recorded
 
 
 def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dict, **generate_args) -> list[dict]:
