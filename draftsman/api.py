@@ -9,7 +9,8 @@ from functools import partial
 from typing import Container, Iterable, NamedTuple
 
 from .chat import chat_ids, check_conversations, check_unicode
-from .replies import check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages
+from .replies import (check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages,
+                      with_default_grammar)
 from .tool_calls import arguments_as_objects
 from .config import load_config
 from .models import check_model_folder, eos_ids, load_causal_lm, load_tokenizer, resolve_device, verified_context
@@ -289,14 +290,17 @@ class Decoder:
             tool_call_parser = None
         ids = self.encode_chat(conversations, continue_final_message=continue_final_message,
                                chat_template_kwargs=chat_template_kwargs, tools=tools)
-        grammar = generate_args.get("structured_output")
-        if grammar is not None and not isinstance(grammar, list):  # the grammar holds the answer, after the thought
-            generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammar, reasoning_parser)
+        if reasoning_parser is not None:  # each grammar, the config's too, holds the answer, after the thought
+            grammars = with_default_grammar(generate_args.get("structured_output"),
+                                            self.config["sampling"]["structured_output"])
+            generate_args["structured_output"] = grammar_after_thought(self.tokenizer, ids, grammars, reasoning_parser,
+                                                                       forced_call=forced is not None)
         markers = kept_in_text(tool_call_parser, reasoning_parser)
         if markers:  # kept in these replies' text only (per call: the decoder's own setting is left as it is)
             generate_args["keep_in_text"] = self._with_markers(generate_args.get("keep_in_text"), markers)
         out = self.generate(input_ids=ids, **generate_args)
-        opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser)
+        opened = opened_thoughts(self.tokenizer, ids, len(out.texts), reasoning_parser,
+                                 generate_args.get("structured_output"))
         out.messages = reply_messages(out.texts, tool_call_parser, reasoning_parser, tools, opened,
                                       one_call=not parallel_tool_calls)
         return out

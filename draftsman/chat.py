@@ -41,6 +41,7 @@ def check_conversation(conversation, where: str = "the conversation") -> Convers
             # (a 'text' or 'message' key rendered an empty turn, and the model answered nothing)
             raise ValueError(f"{where}, message {j} ({message['role']!r}) has no 'content' (its keys: "
                              f"{sorted(message)}): give its text as 'content', like {MESSAGE_SHAPE}")
+        check_message_tool_calls(message.get("tool_calls"), f"{where}, message {j}")
         content = message.get("content")
         if isinstance(content, list):
             if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
@@ -55,6 +56,20 @@ def check_conversation(conversation, where: str = "the conversation") -> Convers
             check_unicode(message["content"], f"{where}, message {j}'s content")
         out.append(message)
     return out
+
+
+CALL_SHAPE = "{'id': ..., 'type': 'function', 'function': {'name': ..., 'arguments': '{...}'}}"
+
+
+def check_message_tool_calls(calls, where: str) -> None:
+    """An assistant message's earlier calls, in OpenAI's shape: a dict or a call without a function
+    reached the template, which refused it in its own words ('str object' has no attribute 'function')."""
+    if calls is None:
+        return
+    if not isinstance(calls, (list, tuple)) or not all(
+            isinstance(call, dict) and isinstance(call.get("function"), dict)
+            and isinstance(call["function"].get("name"), str) for call in calls):
+        raise ValueError(f"{where}: 'tool_calls' must be a list of calls like {CALL_SHAPE}, got {_short(calls)}")
 
 
 def check_unicode(text: str, what: str) -> None:
@@ -121,7 +136,28 @@ def check_tools(tools) -> list[dict] | None:
         return None
     if not isinstance(tools, (list, tuple)) or not tools or not all(isinstance(t, dict) for t in tools):
         raise ValueError(f"tools must be a non-empty list of tool definitions like {TOOL_SHAPE}, got {tools!r}")
+    for i, tool in enumerate(tools):
+        check_tool(tool, i)
     return list(tools)
+
+
+def check_tool(tool: dict, i: int) -> None:
+    """One tool definition in OpenAI's form, as vLLM's request model checks it: a tool with no name
+    (or a messages file given as --tools) was rendered into the prompt without a word."""
+    function = tool.get("function")
+    if tool.get("type", "function") != "function" or not isinstance(function, dict) or \
+            not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f"tools[{i}] is not a function tool: each tool must be like {TOOL_SHAPE}, with a "
+                         f"'name'; got {_short(tool)}")
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ValueError(f"tool {function['name']!r}: \"parameters\" must be a JSON schema object, e.g. "
+                         f"{{'type': 'object', 'properties': {{}}}}; got {_short(parameters)}")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _render(tokenizer, conversation: Conversation, folder: str, **how) -> list[int]:
@@ -147,15 +183,18 @@ def _apply_template(tokenizer, conversation: Conversation, folder: str, **how):
 
 
 def chat_ids(tokenizer, conversation: Conversation, folder: str, continue_final_message: bool = False,
-             template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
+             template_kwargs: dict | None = None, tools: list[dict] | None = None,
+             add_generation_prompt: bool = True) -> list[int]:
     """The token ids of one conversation under the tokenizer's chat template, ending with the
     header of the assistant's turn (or, with continue_final_message, inside the last assistant
-    message, so the model continues it). template_kwargs: extra template variables; tools: tool
+    message, so the model continues it; with add_generation_prompt False, after the last message,
+    no turn opened: vLLM's request field). template_kwargs: extra template variables; tools: tool
     definitions for a tool-calling template (check_tools)."""
     if continue_final_message and conversation[-1]["role"] != "assistant":
         raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
                          f"it is the {conversation[-1]['role']!r} message")
-    return _render(tokenizer, conversation, folder, add_generation_prompt=not continue_final_message,
+    opens_turn = add_generation_prompt and not continue_final_message
+    return _render(tokenizer, conversation, folder, add_generation_prompt=opens_turn,
                    continue_final_message=continue_final_message, tools=check_tools(tools),
                    **check_template_kwargs(template_kwargs))
 

@@ -37,8 +37,8 @@ from .config import DEFAULTS, apply_overrides, load_config, merge, parse_yaml, r
 from .drafter_catalog import describe_drafters
 from .json_lines import json_lines
 from .reasoning import PARSERS as REASONING_PARSERS
-from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, message_deltas, opened_thoughts, reply_messages,
-                      use_parsers)
+from .replies import (PARSER_FLAGS, DeltaPrinter, ReplyStream, grammar_after_thought, message_deltas, opened_thoughts,
+                      reply_messages, use_parsers, with_default_grammar)
 from .tool_calls import PARSERS as TOOL_CALL_PARSERS
 from .verifier.structured import StructuredOutput
 
@@ -238,16 +238,26 @@ def _generate_with(decoder: Decoder, args: argparse.Namespace, cfg: dict, conver
     use_parsers(decoder, *parsers)
     if conversations is not None:
         input_ids = decoder.encode_chat(conversations, chat_template_kwargs=template_kwargs, tools=tools)
+    sampling = sampling_flags(args)
+    if conversations is not None and args.reasoning_parser:  # the grammar holds the answer, after the thought
+        grammars = with_default_grammar(sampling["structured_output"], decoder.config["sampling"]["structured_output"])
+        try:
+            sampling["structured_output"] = grammar_after_thought(decoder.tokenizer, input_ids, grammars,
+                                                                  args.reasoning_parser)
+        except ValueError as e:
+            raise UserError(str(e)) from None
     one_prompt = len(args.prompt) == 1 or (conversations is not None and len(input_ids) == 1)
     if not args.json and one_prompt and args.num_return_sequences == 1 and decoder.tokenizer is not None:
-        opened = opened_thoughts(decoder.tokenizer, input_ids or [], 1, args.reasoning_parser)[0]
-        return _stream_one(decoder, args, input_ids[0] if input_ids else None, parsers, tools, opened)
+        opened = opened_thoughts(decoder.tokenizer, input_ids or [], 1, args.reasoning_parser,
+                                 sampling["structured_output"])[0]
+        return _stream_one(decoder, args, input_ids[0] if input_ids else None, parsers, tools, opened, sampling)
     out = decoder.generate(args.prompt or None, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                            min_new_tokens=args.min_new_tokens, seed=args.seed, stop=args.stop,
                            stop_token_ids=args.stop_token_ids, num_return_sequences=args.num_return_sequences,
                            ignore_eos=args.ignore_eos,
-                           logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling_flags(args))
-    opened = opened_thoughts(decoder.tokenizer, input_ids or [], len(out.texts), args.reasoning_parser)
+                           logprobs=args.logprobs or False, top_logprobs=args.top_logprobs, **sampling)
+    opened = opened_thoughts(decoder.tokenizer, input_ids or [], len(out.texts), args.reasoning_parser,
+                             sampling["structured_output"])
     if args.json:
         logprobs = {"logprobs": out.logprobs} if args.logprobs else {}
         if args.top_logprobs:
@@ -466,11 +476,12 @@ def read_tools(path: str | None) -> list[dict] | None:
 
 def _stream_one(decoder: Decoder, args: argparse.Namespace, input_ids: list[int] | None = None,
                 parsers: tuple[str | None, str | None] = (None, None), tools: list[dict] | None = None,
-                opened: bool = False) -> int:
+                opened: bool = False, sampling: dict | None = None) -> int:
     """One prompt (text, or the ids of a conversation): print the continuation as rounds accept it;
     parsers (tool-call, reasoning): a chat reply's thought and calls printed apart as they come
-    (tools: the tool definitions, whose types qwen3_coder's values are read by; opened: the prompt
-    opened the thought)."""
+    (tools: the tool definitions, whose types qwen3_coder's values are read by; opened: the reply
+    is read as starting inside the thought, opened_thoughts); sampling: the sampling settings
+    (default: sampling_flags(args))."""
     from .api import GenerationStats
 
     stats = GenerationStats()
@@ -479,7 +490,7 @@ def _stream_one(decoder: Decoder, args: argparse.Namespace, input_ids: list[int]
     for piece in decoder.stream(prompt, input_ids=input_ids, max_new_tokens=args.max_new_tokens,
                                 min_new_tokens=args.min_new_tokens, seed=args.seed, stats=stats,
                                 stop=args.stop, stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,
-                                **sampling_flags(args)):
+                                **(sampling_flags(args) if sampling is None else sampling)):
         if reply is None:
             print(piece, end="", flush=True)
         else:

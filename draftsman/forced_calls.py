@@ -64,12 +64,25 @@ def functions_of(tools: list[dict]) -> dict[str, dict]:
     return functions
 
 
+def check_schemas_compile(functions: dict[str, dict]) -> None:
+    """Each tool's parameters schema, compiled alone: compiled inside the forced grammar, a bad one
+    was refused as a "structured_output" the client never sent."""
+    from llguidance import LLMatcher
+
+    for name, parameters in functions.items():
+        error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(parameters)), None)
+        if error:
+            raise ValueError(f'tool {name!r}: "parameters" is not a JSON schema that can hold a forced call '
+                             f"({error.strip()}): fix the tool's parameters schema, or leave tool_choice out")
+
+
 class ForcedCalls:
     """A request's forced calls: the grammar its reply is held to (`structured_output`) and how the
     reply reads back as calls (`opener` and `parse`, as tool_calls.py's whole-reply formats)."""
 
     def __init__(self, tools: list[dict], name: str | None = None, parallel: bool = True):
         functions = functions_of(tools)
+        check_schemas_compile(functions)
         if name is not None and name not in functions:
             raise ValueError(f'tool_choice names function {name!r}, which "tools" does not define; defined: '
                              f"{sorted(functions)}")

@@ -79,35 +79,79 @@ def kept_in_text(tool_call_parser, reasoning_parser) -> tuple[str, ...]:
     return tool + REASONING_KEPT.get(reasoning_parser, ())
 
 
-def grammar_after_thought(tokenizer, prompts: list[list[int]], structured_output, reasoning_parser: str | None):
-    """Under a reasoning parser, a chat reply's grammar (structured_output, one for all prompts)
-    holds the answer only: it begins after the thought's "</think>", as vLLM begins it where its
-    reasoning parser sees the thought end, so the model still thinks first. A prompt that holds
-    "</think>" already (thinking switched off: the template closed an empty thought) is held from
-    the first token, as vLLM holds it. Returns one setting per prompt, one for a single prompt (the
-    one given, without a parser or a grammar). "</think>" must be one token, or where the model wrote it could not be
-    told from its tokens: such a tokenizer is refused."""
-    if reasoning_parser is None or structured_output is None:
-        return structured_output
-    end = REASONING_TAGS[reasoning_parser][1]
-    marker = tuple(tokenizer.encode(end, add_special_tokens=False))
-    if len(marker) != 1:
-        raise ValueError(f"under a reasoning parser a grammar begins after {end}, which this tokenizer writes as "
-                         f"{len(marker)} tokens, so where the thought ends cannot be told from the tokens: leave "
-                         "out the reasoning parser or the structured output")
-    spec = StructuredOutput.parse(structured_output)
-    specs = [spec if marker[0] in ids else dataclasses.replace(spec, after=marker) for ids in prompts]
-    return specs[0] if len(specs) == 1 else specs
+def with_default_grammar(structured_output, default):
+    """A generate call's structured_output with the config's (`default`) for each None in it (one
+    grammar, or a list of one per prompt): the grammar each row is held to."""
+    if isinstance(structured_output, list):
+        return [default if grammar is None else grammar for grammar in structured_output]
+    return default if structured_output is None else structured_output
 
 
-def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_parser: str | None) -> list[bool]:
-    """Per reply row (prompt by prompt, the same number of rows each), whether its chat prompt
-    ends inside a thought the template opened (draftsman/reasoning.py); all False without a
-    reasoning parser."""
+def grammar_after_thought(tokenizer, prompts: list[list[int]], structured_output, reasoning_parser: str | None,
+                          forced_call: bool = False):
+    """Under a reasoning parser, a chat reply's grammar (structured_output: one for all prompts, or
+    a list of one per prompt, None for none) holds the answer only: it begins after the thought's
+    "</think>", as vLLM begins it where its reasoning parser sees the thought end, so the model still
+    thinks first. Where a prompt's thought has ended already, the grammar holds the reply from the
+    first token, as vLLM holds it: the prompt's last marker, read from its end, is "</think>"
+    (thinking switched off: the template closed an empty thought), not "<think>" (a template that
+    opens the thought, after earlier turns' closed ones). Returns one setting per prompt, one for
+    a single prompt (the one given, without a parser or a grammar). "</think>" must be one token,
+    or where the model wrote it could not be told from its tokens: such a tokenizer is refused.
+    forced_call: the grammar is tool_choice's (draftsman/forced_calls.py), as the refusal names it."""
+    per_prompt = isinstance(structured_output, list)
+    grammars = structured_output if per_prompt else [structured_output] * len(prompts)
+    if reasoning_parser is None or len(grammars) != len(prompts) or all(g is None for g in grammars):
+        return structured_output  # (a list of the wrong length is refused by generate, with its count)
+    start, end = (_marker(tokenizer, tag) for tag in REASONING_TAGS[reasoning_parser])
+    if len(end) != 1:
+        raise ValueError(_end_in_pieces(REASONING_TAGS[reasoning_parser][1], len(end), forced_call))
+    specs = [None if grammar is None else StructuredOutput.parse(grammar) for grammar in grammars]
+    specs = [spec if spec is None or _thought_ended(ids, start, end) else dataclasses.replace(spec, after=end)
+             for spec, ids in zip(specs, prompts)]
+    return specs if per_prompt or len(specs) > 1 else specs[0]
+
+
+def _marker(tokenizer, tag: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(tag, add_special_tokens=False))
+
+
+def _thought_ended(ids: list[int], start: tuple[int, ...], end: tuple[int, ...]) -> bool:
+    """Whether the prompt's last thought marker, read from its end, is the thought's end (vLLM's
+    is_reasoning_end): a "</think>" in an earlier turn does not end a thought the template opened."""
+    ids = list(ids)
+    for i in range(len(ids) - 1, -1, -1):
+        if tuple(ids[i:i + len(start)]) == start:
+            return False
+        if tuple(ids[i:i + len(end)]) == end:
+            return True
+    return False
+
+
+def _end_in_pieces(end: str, pieces: int, forced_call: bool) -> str:
+    """The refusal of a grammar under a reasoning parser whose thought end is several tokens,
+    naming what set the grammar: the request's structured output, or its forced tool call."""
+    why = (f"under a reasoning parser a grammar begins after {end}, which this tokenizer writes as {pieces} "
+           "tokens, so where the thought ends cannot be told from the tokens")
+    if forced_call:
+        return (f'tool_choice "required" or a named function holds the reply to tool calls by a grammar, but {why}: '
+                'leave out the reasoning parser, or send tool_choice "auto" and read the calls the model writes')
+    return f"{why}: leave out the reasoning parser or the structured output"
+
+
+def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_parser: str | None,
+                    grammars=None) -> list[bool]:
+    """Per reply row (prompt by prompt, the same number of rows each), whether it is read as
+    starting inside a thought: its chat prompt ends inside one the template opened
+    (draftsman/reasoning.py), or its grammar begins after the thought (grammars: the
+    structured_output grammar_after_thought gave), so its answer is what follows "</think>",
+    where the grammar began. All False without a reasoning parser."""
     if not reasoning_parser or not prompts:
         return [False] * rows
     # The end of a prompt is enough: 16 tokens hold "<think>" and its line even spelled out.
     opened = [prompt_opens_thought(tokenizer.decode(list(ids)[-16:]), reasoning_parser) for ids in prompts]
+    specs = grammars if isinstance(grammars, list) else [grammars] * len(prompts)
+    opened = [inside or bool(getattr(spec, "after", ())) for inside, spec in zip(opened, specs)]
     return [opened[row // (rows // len(prompts))] for row in range(rows)]
 
 

@@ -14,10 +14,11 @@ decoding by changing their base URL.
   completions' `echo` adds the prompt and its scores (lm-evaluation-harness's loglikelihood).
 - Fields: OpenAI's sampling fields (temperature, top_p, max_tokens, stop, seed, n, presence and
   frequency penalties, logit_bias) and vLLM's extras (top_k, min_p, repetition_penalty, min_tokens,
-  stop_token_ids, ignore_eos, chat_template_kwargs; best_of when it equals n, as benchmark clients
-  send it) and Hugging Face's (typical_p, epsilon_cutoff,
+  stop_token_ids, ignore_eos, chat_template_kwargs, add_generation_prompt and continue_final_message;
+  best_of when it equals n, as benchmark clients send it) and Hugging Face's (typical_p, epsilon_cutoff,
   eta_cutoff, top_h, no_repeat_ngram_size, bad_words_ids). An unknown field is refused with the list of valid ones:
-  a setting that silently did nothing would be a lie about the output.
+  a setting that silently did nothing would be a lie about the output. A 400's "param" names the
+  field at fault where it is known (error_param), as OpenAI's does.
 - Structured output: OpenAI's `response_format` (json_schema, json_object), vLLM's
   `structured_outputs` (json, regex, choice, grammar) and its older `guided_json`, `guided_regex`,
   `guided_choice`, `guided_grammar`: the output is held to the grammar, exactly as plain decoding
@@ -46,6 +47,7 @@ import argparse
 import hmac
 import itertools
 import json
+import re
 import select
 import signal
 import socket
@@ -58,16 +60,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from .api import Decoder, GenerationOutput, GenerationStats
-from .chat import check_conversation, check_unicode
+from .chat import chat_ids, check_conversation, check_unicode
 from .detokenize import IncrementalText
-from .forced_calls import check_tool_choice, forced_calls
+from .forced_calls import ForcedCalls, check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
-                      reply_message)
+                      reply_message, with_default_grammar)
 from .serve_batch import Batcher, ServerStopping, check_max_rows
 from .serve_flags import DEFAULT_PREFILL_CHUNK, add_arguments  # noqa: F401 (draftsman.serve's own names)
 from .serve_flags import check_address, listen_error
 from .serve_metrics import ServeMetrics
-from .tool_calls import PARSERS
+from .tool_calls import PARSERS, arguments_as_objects
+from .verifier.logprobs import prompt_logprobs
 from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -93,17 +96,36 @@ STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "gu
 DECODING_FIELDS = {"skip_special_tokens"}
 COMPLETION_FIELDS = ({"prompt", "logprobs", "echo"} | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS)
                      | DECODING_FIELDS)
-TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"}
+# vLLM's fields that choose the turn the chat template leaves open (assistant prefill)
+TURN_FIELDS = {"add_generation_prompt", "continue_final_message"}
+TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens", "messages", "tools", "chat_template_kwargs"} | TURN_FIELDS
 CHAT_FIELDS = ({"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-                "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"}
+                "chat_template_kwargs", "logprobs", "top_logprobs", "include_reasoning"} | TURN_FIELDS
                | set(SAMPLING_FIELDS) | IGNORED_FIELDS | set(STRUCTURED_FIELDS) | DECODING_FIELDS)
+REQUEST_FIELDS = COMPLETION_FIELDS | TOKENIZE_FIELDS | CHAT_FIELDS | {"tokens"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5)
 # OpenAI's finish reasons for the engine's.
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
 
 class RequestError(ValueError):
-    """A request the server refuses (400), with a message that says what to change."""
+    """A request the server refuses (400), with a message that says what to change; param: the
+    request field at fault, for the error body's "param" (OpenAI's), when the message does not
+    begin by naming it (error_param)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def error_param(error: Exception) -> str | None:
+    """The request field an error is about: its own param, else the field its message begins with
+    ('"top_p" must be ...'), as OpenAI fills "param"; None when not known."""
+    param = getattr(error, "param", None)
+    if param is not None:
+        return param
+    named = re.match(r'"(\w+)"', str(error))
+    return named.group(1) if named and named.group(1) in REQUEST_FIELDS else None
 
 
 class Server(ThreadingHTTPServer):
@@ -205,7 +227,7 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body()
             route(body)
         except (ValueError, TypeError) as e:  # RequestError, and the Decoder's own checks of the input
-            self._error(400, str(e))
+            self._error(400, str(e), param=error_param(e))
         except ConnectionError:  # the client left (a broken pipe, or ClientGone): nothing to answer
             pass
         except ServerStopping as e:
@@ -241,8 +263,8 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("max_completion_tokens") is not None:  # OpenAI's newer name for max_tokens
             if body.get("max_tokens") is not None:
                 raise RequestError('give "max_completion_tokens" or "max_tokens", not both')
-            body = dict(body)
-            body["max_tokens"] = body.pop("max_completion_tokens")
+            # (kept beside max_tokens: the errors name the field the client sent, max_field)
+            body = {**body, "max_tokens": body["max_completion_tokens"]}
         reading = tool_call_reading(body, self.server.tool_call_parser)
         ids = self._chat_ids(body)  # checks the tools
         try:
@@ -259,6 +281,15 @@ class Handler(BaseHTTPRequestHandler):
             body = {**body, "structured_outputs": forced.structured_output}
         self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading,
                      one_call=body.get("parallel_tool_calls") is False)
+
+    def _prompt_scores(self, ids: list[list[int]], top: int, scoring_only: bool) -> tuple[list, list | None]:
+        """The prompts' logprobs (Decoder.prompt_logprobs). Scoring only, a prompt may fill the whole
+        context (lm-eval's loglikelihood at full length), which Decoder.prompt_logprobs' check, made
+        for prompts that generate after them, refuses; checked above with generates=False."""
+        decoder = self.server.decoder
+        if scoring_only:
+            return prompt_logprobs(decoder.target, ids, top)
+        return decoder.prompt_logprobs(ids, top)
 
     def _kept_in_text(self, body: dict, args: dict, chat: bool, tool_parser) -> list[str]:
         """The special tokens a request's text keeps. A chat reply under a parser: those its format
@@ -278,11 +309,15 @@ class Handler(BaseHTTPRequestHandler):
         return [*kept, *(text for token, text in self.server.special_tokens.items() if token not in ends)]
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
-        """A request's "messages" (with its "tools" and "chat_template_kwargs") as prompt ids
-        (earlier tool calls' arguments reach the template as objects: Decoder.encode_chat)."""
+        """A request's "messages" (with its "tools", "chat_template_kwargs" and vLLM's turn fields,
+        chat_turn) as prompt ids (earlier tool calls' arguments reach the template as objects, as
+        Decoder.encode_chat gives them; its call has no add_generation_prompt)."""
         messages = check_conversation(body.get("messages"), '"messages"')
-        return self.server.decoder.encode_chat(messages, tools=body.get("tools"),
-                                               chat_template_kwargs=body.get("chat_template_kwargs"))
+        continues, opens_turn = chat_turn(body)
+        decoder = self.server.decoder
+        return [chat_ids(decoder.tokenizer, arguments_as_objects(messages), decoder.config["target"]["path"],
+                         continues, body.get("chat_template_kwargs"), body.get("tools"),
+                         add_generation_prompt=opens_turn)]
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
                 parsed_tools: list[dict] | None = None, tool_parser=None, one_call: bool = False) -> None:
@@ -294,13 +329,18 @@ class Handler(BaseHTTPRequestHandler):
         a chat reply's reasoning is split from it under --reasoning-parser (draftsman/reasoning.py),
         and left out when the request sends vLLM's "include_reasoning": false."""
         args = generate_args(body)
+        check_token_counts(body, self.server.decoder.config["generation"]["max_new_tokens"])
         args["keep_in_text"] = self._kept_in_text(body, args, chat, tool_parser)
-        if chat and "structured_output" in args:  # the grammar holds the answer, after the thought
-            try:
-                args["structured_output"] = grammar_after_thought(
-                    self.server.decoder.tokenizer, ids, args["structured_output"], self.server.reasoning_parser)
-            except ValueError as e:
-                raise RequestError(str(e)) from None
+        if chat and self.server.reasoning_parser:  # each grammar (the config's too) holds the answer, after the thought
+            grammar = with_default_grammar(args.get("structured_output"),
+                                           self.server.decoder.config["sampling"]["structured_output"])
+            if grammar is not None:
+                try:
+                    args["structured_output"] = grammar_after_thought(
+                        self.server.decoder.tokenizer, ids, grammar, self.server.reasoning_parser,
+                        forced_call=isinstance(tool_parser, ForcedCalls))
+                except ValueError as e:
+                    raise RequestError(str(e)) from None
         include_usage = stream_usage(body)
         shows_reasoning = include_reasoning(body)
         top = logprobs_asked(body, chat)
@@ -313,8 +353,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._stream(ids, args, head, kind, chat, include_usage, parsed_tools, shows_reasoning,
                                 tool_parser, one_call)
         n = args.get("num_return_sequences", 1)
-        if echoed is not None and args.get("max_new_tokens") == 0:  # score the prompts, generate nothing
-            self.server.decoder.engine.check_prompts(ids)  # what generate would have refused
+        scoring_only = echoed is not None and args.get("max_new_tokens") == 0
+        if scoring_only:  # score the prompts, generate nothing: a prompt may fill the context
+            self.server.decoder.engine.check_prompts(ids, generates=False)
             rows = len(ids) * n
             out, batch_rows = GenerationOutput([""] * rows, [[] for _ in range(rows)],
                                                GenerationStats(finish_reasons=["length"] * rows),
@@ -324,10 +365,11 @@ class Handler(BaseHTTPRequestHandler):
         if echoed is not None and top is not None:
             # one model: scored between a generation's rounds, or alone
             prompt_values, prompt_tops = self.server.batcher.with_models(
-                lambda: self.server.decoder.prompt_logprobs(ids, top))
+                lambda: self._prompt_scores(ids, top, scoring_only))
         choices = []
         reasoning_parser = self.server.reasoning_parser if chat else None
-        opened = opened_thoughts(self.server.decoder.tokenizer, ids, len(out.texts), reasoning_parser)
+        opened = opened_thoughts(self.server.decoder.tokenizer, ids, len(out.texts), reasoning_parser,
+                                 args.get("structured_output"))
         for i, (text, reason) in enumerate(zip(out.texts, out.stats.finish_reasons)):
             scores = self._logprobs(out, i, chat) if top is not None else None
             if echoed is not None:
@@ -373,7 +415,8 @@ class Handler(BaseHTTPRequestHandler):
 
         replies = None
         if chat and (tool_parser or self.server.reasoning_parser):
-            opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser)
+            opened = opened_thoughts(self.server.decoder.tokenizer, ids, job.rows, self.server.reasoning_parser,
+                                     args.get("structured_output"))
             replies = [ReplyStream(tool_parser, self.server.reasoning_parser, parsed_tools, opened[row], one_call)
                        for row in range(job.rows)]
 
@@ -600,10 +643,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
-    def _error(self, status: int, message: str, headers: dict | None = None) -> None:
+    def _error(self, status: int, message: str, headers: dict | None = None, param: str | None = None) -> None:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 405: "invalid_request_error"}.get(status, "server_error")
-        self._json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}}, headers)
+        self._json(status, {"error": {"message": message, "type": kind, "param": param, "code": status}}, headers)
 
     def log_message(self, format, *args):  # http.server's signature
         if not self.server.quiet:
@@ -695,6 +738,46 @@ def streams(body: dict) -> bool:
     if stream is not None and not isinstance(stream, bool):
         raise RequestError(f'"stream" must be true or false, got {json.dumps(stream)}')
     return bool(stream)
+
+
+def max_field(body: dict) -> str:
+    """The field a request gave its token limit in: chat's "max_completion_tokens" or "max_tokens"."""
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
+def check_token_counts(body: dict, default_max: int) -> None:
+    """max_tokens and min_tokens, refused in the request's words (the engine's own checks name
+    the Python API's max_new_tokens and min_new_tokens, which the client never sent)."""
+    most, least, named = body.get("max_tokens"), body.get("min_tokens"), max_field(body)
+    lowest = 0 if body.get("echo") is True else 1  # "max_tokens": 0 with echo scores the prompt
+    if most is not None and (not whole_number(most) or most < lowest):
+        raise RequestError(f'"{named}" must be a whole number >= {lowest}, got {json.dumps(most)}', param=named)
+    if least is None:
+        return
+    if not whole_number(least):
+        raise RequestError(f'"min_tokens" must be a whole number (the tokens before EOS or a stop may end the '
+                           f'reply), got {json.dumps(least)}', param="min_tokens")
+    limit = default_max if most is None else most
+    if not 0 <= least <= limit:
+        raise RequestError(f'"min_tokens" must be in [0, "{named}" = {limit}], got {least}: raise "{named}" or '
+                           'lower "min_tokens"', param="min_tokens")
+
+
+def whole_number(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def chat_turn(body: dict) -> tuple[bool, bool]:
+    """vLLM's (continue_final_message, add_generation_prompt) of a chat request: by default the
+    assistant's turn is opened; continuing the last (assistant's) message opens none."""
+    continues, opens = body.get("continue_final_message"), body.get("add_generation_prompt")
+    for field, value in (("continue_final_message", continues), ("add_generation_prompt", opens)):
+        if value is not None and not isinstance(value, bool):
+            raise RequestError(f'"{field}" is true or false, got {json.dumps(value)}')
+    if continues and opens:  # vLLM's check: the template cannot both continue a message and open a turn
+        raise RequestError('"continue_final_message" and "add_generation_prompt" cannot both be true: send '
+                           '"add_generation_prompt": false to continue the last (assistant) message')
+    return bool(continues), opens is not False
 
 
 def stream_usage(body: dict) -> bool:

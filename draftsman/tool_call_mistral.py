@@ -29,7 +29,7 @@ def mistral_call_id() -> str:
 
 
 def mistral_call_parts(text: str) -> tuple[str | None, list[tuple[str, object]]] | None:
-    """(the content before [TOOL_CALLS], None when empty; each call's (name, arguments) after
+    """(the content before [TOOL_CALLS] as written, None when only white space; each call's (name, arguments) after
     it), or None when the reply holds no [TOOL_CALLS] or what follows it is not calls (it is
     then all content)."""
     if CALLS not in text:
@@ -41,7 +41,7 @@ def mistral_call_parts(text: str) -> tuple[str | None, list[tuple[str, object]]]
         if not part_calls:
             return None
         calls += part_calls
-    return content.strip() or None, calls
+    return (content if content.strip() else None), calls  # unstripped, as vLLM's: as it streams
 
 
 def _json_list_calls(part: str) -> list[tuple[str, object]]:

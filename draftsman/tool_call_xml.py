@@ -1,5 +1,6 @@
 """Qwen3-Coder's XML tool calls (`--tool-call-parser qwen3_coder`, vLLM's name): a block in the
-hermes tags whose call is written as elements, each value as raw text,
+hermes tags whose call is written as elements, each value as raw text (a block may hold several
+<function=...> elements, as vLLM reads them),
 
     <tool_call>
     <function=get_weather>
@@ -25,18 +26,27 @@ import json
 import math
 import re
 
-_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
+# Non-greedy, as vLLM's: one block may hold several <function=...> elements.
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 _STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
 
 
-def xml_call_parts(block: str, tools: list[dict] | None) -> tuple[str, dict] | None:
-    """(name, arguments) of the call a block's text holds, or None when it is not wholly one
-    <function=...> element of <parameter=...> elements."""
-    function = _FUNCTION.fullmatch(block)
-    if function is None:
-        return None
-    name, body = function.group(1).strip(), function.group(2)
+def xml_calls_parts(block: str, tools: list[dict] | None) -> list[tuple[str, dict]] | None:
+    """(name, arguments) of each call a block's text holds, or None when it is not wholly
+    <function=...> elements of <parameter=...> elements (vLLM reads every function in a block)."""
+    calls, at = [], 0
+    while (function := _FUNCTION.match(block, at)) is not None:
+        parts = _function_parts(function.group(1).strip(), function.group(2), tools)
+        if parts is None:
+            return None
+        calls.append(parts)
+        at = function.end()
+    return calls if calls and not block[at:].strip() else None
+
+
+def _function_parts(name: str, body: str, tools: list[dict] | None) -> tuple[str, dict] | None:
+    """(name, arguments) of one <function=NAME> element's body, or None when it is not wholly parameters."""
     schema, arguments, at = _parameters_schema(name, tools), {}, 0
     while (parameter := _PARAMETER.match(body, at)) is not None:
         key, value = parameter.group(1).strip(), parameter.group(2)

@@ -26,9 +26,10 @@ reason "tool_calls"), for `draftsman serve --tool-call-parser hermes|qwen3_coder
   (Llama 4's <|python_start|> / <|python_end|> around it are special tokens, dropped). A streamed
   reply that starts with "[" is held to its end, as llama3_json's "{" is.
 
-A block or reply that is not such a call (bad JSON, no name) stays in the content as the model
-wrote it: nothing is dropped. Parsing reads the output only; it does not steer generation, so
-the output stays exactly the target's.
+A block or reply that is not such a call (bad JSON, no name, arguments with NaN or Infinity, which
+are not JSON) stays in the content as the model wrote it: nothing is dropped. The content beside
+calls is as written (vLLM's parsers do not strip it), so a stream's pieces join to it. Parsing
+reads the output only; it does not steer generation, so the output stays exactly the target's.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import uuid
 from .tool_call_mistral import CALLS as MISTRAL_CALLS
 from .tool_call_mistral import MARKERS as MISTRAL_MARKERS
 from .tool_call_mistral import mistral_call_id, mistral_call_parts
-from .tool_call_xml import xml_call_parts
+from .tool_call_xml import xml_calls_parts
 
 PARSERS = ("hermes", "qwen3_coder", "llama3_json", "pythonic", "mistral")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -50,8 +51,12 @@ KEPT_IN_TEXT = {"mistral": MISTRAL_MARKERS}
 
 
 def tool_call(name: str, arguments, call_id: str | None = None) -> dict:
-    """One call in OpenAI's shape: arguments as a JSON string, a fresh id (or call_id)."""
-    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    """One call in OpenAI's shape: arguments as a JSON string, a fresh id (or call_id). Arguments
+    with no JSON for them (NaN, Infinity, which Python's json reads) raise ValueError: a client's
+    JSON.parse refuses them, so the parsers leave such a call in the content (as tool_call_xml.py
+    never reads such a value as a number)."""
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False,
+                                                                        allow_nan=False)
     return {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -62,28 +67,34 @@ def _mistral_calls(text: str) -> tuple[str | None, list[dict]] | None:
     if parsed is None:
         return None
     content, parts = parsed
-    return content, [tool_call(name, arguments, mistral_call_id()) for name, arguments in parts]
+    try:
+        return content, [tool_call(name, arguments, mistral_call_id()) for name, arguments in parts]
+    except ValueError:  # arguments with no JSON for them: the reply is content
+        return None
 
 
-def _json_call_of(block: str, tools: list[dict] | None = None) -> dict | None:
-    """hermes: the call a block's JSON holds, or None when it holds none."""
+def _json_calls_of(block: str, tools: list[dict] | None = None) -> list[dict] | None:
+    """hermes: the call a block's JSON holds (a list of one), or None when it holds none."""
     try:
         value = json.loads(block)
     except json.JSONDecodeError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    return tool_call(value["name"], value.get("arguments", {}))
+    try:
+        return [tool_call(value["name"], value.get("arguments", {}))]
+    except ValueError:  # arguments with no JSON for them (NaN)
+        return None
 
 
-def _xml_call_of(block: str, tools: list[dict] | None = None) -> dict | None:
-    """qwen3_coder: the call a block's elements hold, or None when it holds none."""
-    parts = xml_call_parts(block, tools)
-    return tool_call(*parts) if parts is not None else None
+def _xml_calls_of(block: str, tools: list[dict] | None = None) -> list[dict] | None:
+    """qwen3_coder: the calls a block's elements hold, or None when it holds none."""
+    parts = xml_calls_parts(block, tools)
+    return [tool_call(*call) for call in parts] if parts is not None else None
 
 
-# Formats whose calls are blocks in the tags: each block's parse (block text, the request's tools).
-BLOCK_CALLS = {"hermes": _json_call_of, "qwen3_coder": _xml_call_of}
+# Formats whose calls are blocks in the tags: each block's parse (block text, the request's tools) -> its calls.
+BLOCK_CALLS = {"hermes": _json_calls_of, "qwen3_coder": _xml_calls_of}
 
 
 def parse_tool_calls(text: str, parser: str = "hermes",
@@ -103,15 +114,19 @@ def parse_tool_calls(text: str, parser: str = "hermes",
         if CLOSE not in after:  # an unclosed block: the model stopped inside it
             break
         block, rest = after.split(CLOSE, 1)
-        call = BLOCK_CALLS[parser](block, tools)
-        content.append(before if call is not None else before + OPEN + block + CLOSE)
-        if call is not None:
-            calls.append(call)
+        block_calls = BLOCK_CALLS[parser](block, tools)
+        content.append(before if block_calls is not None else before + OPEN + block + CLOSE)
+        calls += block_calls or []
     content.append(rest)
     if not calls:
         return text, []
-    joined = "".join(content).strip()
-    return joined or None, calls
+    return content_beside_calls("".join(content)), calls
+
+
+def content_beside_calls(content: str) -> str | None:
+    """The content of a reply with calls: as written, as vLLM's parsers return the text before a call
+    (unstripped, so the streamed pieces join to it), and None when it is only white space."""
+    return content if content.strip() else None
 
 
 def _json_calls(text: str) -> list[dict]:
@@ -127,7 +142,10 @@ def _json_calls(text: str) -> list[dict]:
         if not isinstance(value.get("name") if isinstance(value, dict) else None, str) or \
                 not isinstance(arguments, (dict, str)):
             return []
-        calls.append(tool_call(value["name"], arguments))
+        try:
+            calls.append(tool_call(value["name"], arguments))
+        except ValueError:  # arguments with no JSON for them (NaN)
+            return []
         at = len(text) - len(text[at:].lstrip().removeprefix(";").lstrip())
     return calls
 
@@ -148,8 +166,8 @@ def _pythonic_calls(text: str) -> list[dict]:
             return []
         try:
             arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords}
-            calls.append(tool_call(node.func.id, json.dumps(arguments, ensure_ascii=False)))
-        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or no JSON for it (a set)
+            calls.append(tool_call(node.func.id, arguments))
+        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or no JSON for it (a set, inf)
             return []
     return calls
 
@@ -211,7 +229,8 @@ class ToolCallStream:
     as its block closes."""
 
     def __init__(self, parser: str = "hermes", tools: list[dict] | None = None):
-        self.call_of, self.tools = BLOCK_CALLS[parser], tools
+        self.calls_of, self.tools = BLOCK_CALLS[parser], tools
+        self.content = ContentGate()
         self.held = ""  # text not yet sent: a possible block opening, or a block's body
         self.inside = False
         self.calls = 0
@@ -223,21 +242,21 @@ class ToolCallStream:
             if not self.inside:
                 if OPEN in self.held:
                     before, self.held = self.held.split(OPEN, 1)
-                    deltas += _content(before)
+                    deltas += self.content.feed(before)
                     self.inside = True
                     continue
                 keep = tag_start_at_end(self.held, OPEN)  # the end of the text may be the start of OPEN
-                deltas += _content(self.held[: len(self.held) - keep])
+                deltas += self.content.feed(self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep:]
                 return deltas
             if CLOSE not in self.held:
                 return deltas
             block, self.held = self.held.split(CLOSE, 1)
             self.inside = False
-            call = self.call_of(block, self.tools)
-            if call is None:
-                deltas += _content(OPEN + block + CLOSE)
-            else:
+            calls = self.calls_of(block, self.tools)
+            if calls is None:
+                deltas += self.content.feed(OPEN + block + CLOSE)
+            for call in calls or []:
                 deltas.append({"tool_calls": [{"index": self.calls, **call}]})
                 self.calls += 1
 
@@ -245,7 +264,7 @@ class ToolCallStream:
         """The text still held when the reply ends (an unclosed block is content)."""
         held, self.held = (OPEN if self.inside else "") + self.held, ""
         self.inside = False
-        return _content(held)
+        return self.content.finish(held, had_calls=self.calls > 0)
 
 
 class MistralCallStream:
@@ -257,6 +276,7 @@ class MistralCallStream:
         self.held = ""
         self.in_calls = False
         self.calls = 0
+        self.content = ContentGate()
 
     def feed(self, piece: str) -> list[dict]:
         self.held += piece
@@ -265,19 +285,44 @@ class MistralCallStream:
         if MISTRAL_CALLS in self.held:
             before, after = self.held.split(MISTRAL_CALLS, 1)
             self.held, self.in_calls = MISTRAL_CALLS + after, True
-            return _content(before)
+            return self.content.feed(before)
         keep = tag_start_at_end(self.held, MISTRAL_CALLS)
         sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
-        return _content(sent)
+        return self.content.feed(sent)
 
     def finish(self) -> list[dict]:
         held, self.held = self.held, ""
         parsed = _mistral_calls(held) if self.in_calls else None
         if parsed is None:
-            return _content(held)
+            return self.content.finish(held, had_calls=False)
         _, calls = parsed  # (no content: what came before the marker was sent)
         self.calls = len(calls)
-        return [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+        return self.content.finish("", had_calls=True) + \
+            [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(calls)]
+
+
+class ContentGate:
+    """A stream's content as content_beside_calls gives the whole reply's: white space that opens
+    it is held until text follows, and dropped when the reply turns out to be only calls."""
+
+    def __init__(self):
+        self.space = ""  # white space not yet sent: all the content so far
+        self.opened = False  # text other than white space was sent
+
+    def feed(self, text: str) -> list[dict]:
+        if self.opened:
+            return _content(text)
+        self.space += text
+        if not self.space.strip():
+            return []
+        self.opened, text, self.space = True, self.space, ""
+        return _content(text)
+
+    def finish(self, text: str, had_calls: bool) -> list[dict]:
+        """The reply's last text: white space alone beside calls is no content."""
+        deltas = self.feed(text)
+        space, self.space = self.space, ""
+        return deltas + ([] if had_calls else _content(space))
 
 
 def _content(text: str) -> list[dict]:

@@ -52,6 +52,9 @@ def config(target, **sections):
     (dict(input_ids=[[5]], max_new_tokens=4, min_new_tokens=5),
      r"min_new_tokens must be in \[0, max_new_tokens = 4\], got 5: raise max_new_tokens"),
     (dict(input_ids=[[5]], min_new_tokens=-1), r"min_new_tokens must be in \[0, max_new_tokens"),
+    # A wrong type read as out of range, with "raise max_new_tokens" as the fix.
+    (dict(input_ids=[[5]], max_new_tokens=3, min_new_tokens="1"), "min_new_tokens must be a whole number, got '1'$"),
+    (dict(input_ids=[[5]], max_new_tokens=3, min_new_tokens=2.5), "min_new_tokens must be a whole number, got 2.5$"),
     (dict(input_ids=[[5]], temperature=-1.0), "temperature must be >= 0"),
     (dict(input_ids=[[5]], top_k=-2), r"top_k must be a positive integer, or 0, -1 or null \(no top-k\)"),
     (dict(input_ids=[[5]], top_k=True), "top_k must be a positive integer"),  # ran as top_k 1

@@ -2,6 +2,7 @@
 model's chat template, as apply_chat_template(tools=...) and vLLM's LLM.chat(tools=...) pass them;
 in a data_file, a conversation line may carry its "tools"."""
 import json
+import re
 import shutil
 
 import pytest
@@ -160,3 +161,30 @@ def test_audit_and_compare_prompt_files_take_tools(tool_target, tmp_path, capsys
         for read in (audit.read_prompts, prompts_set.read_prompts):
             with pytest.raises(ValueError, match=f"prompts.jsonl:1: .*{message}"):
                 read(path)
+
+
+BAD_TOOLS = [  # (tools, what the error says): accepted without a word before, and rendered into the prompt
+    ([{"type": "function", "function": {"description": "no name"}}], "tools[0] is not a function tool"),
+    ([{"type": "retrieval"}], "tools[0] is not a function tool"),
+    ([*TOOLS, {"type": "function", "function": {"name": "f", "parameters": "x"}}],
+     "tool 'f': \"parameters\" must be a JSON schema object"),
+    (ASK, "tools[0] is not a function tool"),  # a messages file given as --tools
+]
+
+
+def test_tool_definitions_and_earlier_calls_are_checked_where_they_enter(tool_target, tmp_path, capsys):
+    """One check (chat.check_tools) for the Python API, the CLI and the server (tests/test_serve_tool_calls.py),
+    as vLLM's request model checks tools; an earlier call's tool_calls given as a dict is named too."""
+    folder, _ = tool_target
+    dec = draftsman.load({"target": {"path": str(folder)}})
+    for tools, message in BAD_TOOLS:
+        for entry in (dec.encode_chat, dec.chat):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                entry(ASK, tools=tools, max_new_tokens=1) if entry == dec.chat else entry(ASK, tools=tools)
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps(ASK))
+    assert cli.main(["generate", "--set", "target.path=/no/such/model", "--chat", "hi", "--tools", str(messages)]) == 2
+    assert "tools[0] is not a function tool" in capsys.readouterr().err
+    as_dict = [*ASK, {"role": "assistant", "tool_calls": {"id": "c1"}}]  # the template's 'str object' error
+    with pytest.raises(ValueError, match=r"message 1: 'tool_calls' must be a list of calls like \{'id'"):
+        dec.encode_chat(as_dict, tools=TOOLS)

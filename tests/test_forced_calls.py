@@ -103,6 +103,9 @@ def test_a_forced_call_is_the_targets_output_under_its_grammar(server, choice):
      "tool 'f': \"parameters\" must be a JSON schema object"),
     ({"tool_choice": "required", "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "$defs": [1]}}}]}, "its \"$defs\" an object of schemas"),
+    # A schema that does not compile was named as a "structured_output" the client never sent.
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "objectx"}}}]}, "tool 'f': \"parameters\" is not a JSON schema that can hold a forced call (Invalid"),
 ])
 def test_forced_calls_that_cannot_be_served_are_named(server, body, message):
     _, base = server
@@ -125,6 +128,9 @@ def test_decoder_chat_takes_a_tool_choice(server):
     for kwargs, message in [({"tool_choice": "always"}, '"tool_choice" must be "auto", "none", "required"'),
                             ({"tool_choice": "required", "tools": None}, 'goes with "tools"'),
                             ({"tool_choice": "required", "tools": [{"type": "function"}]}, "needs each tool as"),
+                            ({"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [{
+                                "type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]},
+                             "tool 'f': \"parameters\" is not a JSON schema that can hold a forced call"),
                             ({"tool_choice": "required", "structured_output": {"regex": "a"}}, "pass one of them")]:
         with pytest.raises(ValueError, match=message):
             decoder.chat(USER, **{"tools": TOOLS, "max_new_tokens": 4, **kwargs})

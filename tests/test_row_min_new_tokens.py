@@ -199,6 +199,7 @@ def test_sampled_rows_each_follow_their_own_masked_distribution(tiny_models):
     ([3], r"min_new_tokens has 1 values for 2 prompts: give one number, or one per prompt"),
     ([3, 7], r"min_new_tokens must be in \[0, max_new_tokens = 6\], got 7 \(row 1\)"),
     ([3, -1], r"min_new_tokens must be in \[0, max_new_tokens = 6\], got -1 \(row 1\)"),
+    ([3, True], r"min_new_tokens must be a whole number, got True \(row 1\)"),  # not "raise max_new_tokens"
 ])
 def test_bad_minimums_are_named(tiny_models, minimums, message):
     decoder = draftsman.load({"target": {"path": str(tiny_models["llama"][0])}})

@@ -400,3 +400,55 @@ def test_a_defect_of_ours_is_answered_with_a_500_not_a_dropped_connection(served
     assert status == 500 and got["error"]["type"] == "server_error"
     assert "(AttributeError: 'str' object has no attribute 'items'); please report it" in got["error"]["message"]
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, body, message, param", [
+    # The engine's words named max_new_tokens / min_new_tokens, which the client never sent, and
+    # read a min_tokens of the wrong type as out of range ("raise max_new_tokens").
+    ("/v1/completions", {"prompt": "a", "max_tokens": 3, "min_tokens": "1"},
+     '"min_tokens" must be a whole number', "min_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 3, "min_tokens": True}, '"min_tokens" must be a whole number',
+     "min_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 3, "min_tokens": 2.5}, '"min_tokens" must be a whole number',
+     "min_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 3, "min_tokens": 10},
+     '"min_tokens" must be in [0, "max_tokens" = 3], got 10: raise "max_tokens" or lower "min_tokens"', "min_tokens"),
+    ("/v1/completions", {"prompt": "a", "max_tokens": "10"}, '"max_tokens" must be a whole number >= 1, got "10"',
+     "max_tokens"),
+    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": 0},
+     '"max_completion_tokens" must be a whole number >= 1, got 0', "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": 2, "min_tokens": 5},
+     '"min_tokens" must be in [0, "max_completion_tokens" = 2]', "min_tokens"),
+    # OpenAI's "param": the field a message begins by naming.
+    ("/v1/completions", {"prompt": "a", "top_logprobs": 2}, "does not take", None),
+    ("/v1/chat/completions", {"messages": USER, "stream": 1}, '"stream" must be true or false', "stream"),
+])
+def test_token_count_errors_name_the_requests_field(served, path, body, message, param):
+    status, got = call(served[1], path, body)
+    assert status == 400 and message in got["error"]["message"], got
+    assert got["error"]["param"] == param and "new_tokens" not in got["error"]["message"]
+
+
+def test_the_turn_fields_choose_what_the_template_leaves_open(served):
+    """vLLM's add_generation_prompt and continue_final_message (assistant prefill), on the chat
+    endpoint and /tokenize, as Decoder.encode_chat renders them; both true is refused, as vLLM does."""
+    decoder, base = served
+    prefill = [*USER, {"role": "assistant", "content": "    return text.split("}]
+    tokenizer = decoder.tokenizer
+    _, opened = call(base, "/tokenize", {"messages": USER})
+    _, closed = call(base, "/tokenize", {"messages": USER, "add_generation_prompt": False})
+    assert closed["tokens"] == list(tokenizer.apply_chat_template(USER, add_generation_prompt=False, tokenize=True,
+                                                                  return_dict=False))
+    assert opened["tokens"] != closed["tokens"] and opened["tokens"][:len(closed["tokens"])] == closed["tokens"]
+    body = {"messages": prefill, "continue_final_message": True, "add_generation_prompt": False}
+    _, continued = call(base, "/tokenize", body)
+    assert continued["tokens"] == decoder.encode_chat(prefill, continue_final_message=True)[0]
+    status, got = call(base, "/v1/chat/completions", {**body, "max_tokens": 4, "temperature": 0})
+    want = decoder.chat(prefill, continue_final_message=True, max_new_tokens=4, temperature=0)
+    assert status == 200 and got["choices"][0]["message"]["content"] == want.texts[0]
+    for bad, message in [({**body, "add_generation_prompt": True}, "cannot both be true"),
+                         ({"messages": USER, "continue_final_message": True}, "must be the assistant's"),
+                         ({"messages": USER, "add_generation_prompt": "no"}, '"add_generation_prompt" is true or')]:
+        for path in ("/tokenize", "/v1/chat/completions"):
+            status, got = call(base, path, bad)
+            assert status == 400 and message in got["error"]["message"], (path, got)

@@ -83,7 +83,7 @@ def test_echo_with_no_new_tokens_scores_the_prompt(served):
 @pytest.mark.parametrize("body, message", [
     ({"echo": "yes"}, '"echo" is true or false'),
     ({"echo": True, "stream": True}, '"echo" is not served with "stream": true'),
-    ({"max_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"max_tokens": 0}, '"max_tokens" must be a whole number >= 1, got 0'),  # the request's field
     ({"max_tokens": 0, "echo": True, "prompt": [5, 10**9]}, "outside the target's vocabulary"),
 ])
 def test_bad_echo_requests(served, body, message):
@@ -112,3 +112,20 @@ def test_echo_offsets_index_the_text_past_special_and_byte_tokens(served):
         if not before.endswith("\ufffd"):
             assert offsets[i] == len(before), i
     assert offsets[len(prompt)] == len(echoed)
+
+
+def test_a_prompt_that_fills_the_context_is_scored(served):
+    """lm-eval's loglikelihood at full length: "max_tokens": 0 with echo asks for no room to
+    generate, and a prompt of the whole context fits one pass; generating after it is refused."""
+    decoder, base = served
+    context = decoder.engine.max_context
+    prompt = (decoder.encode(["def parse(text):\n    return text\n" * 40])[0] * 4)[:context]
+    status, got = call(base, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1})
+    assert status == 200, got
+    values, _ = decoder.prompt_logprobs([prompt[:64]])
+    assert got["choices"][0]["logprobs"]["token_logprobs"][1:64] == pytest.approx(values[0][1:], abs=1e-4)
+    for body, message in [({"prompt": prompt, "max_tokens": 1, "echo": True}, "leaving no room to generate"),
+                          ({"prompt": prompt + [5], "max_tokens": 0, "echo": True},
+                           f"shorten it to at most {context} tokens")]:
+        status, got = call(base, "/v1/completions", body)
+        assert status == 400 and message in got["error"]["message"], got

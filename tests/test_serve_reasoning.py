@@ -95,19 +95,19 @@ def thinking_server(tool_server):  # noqa: F811
 
 
 def test_a_reply_with_a_thought_and_calls(thinking_server, monkeypatch):
-    from test_serve_tool_calls import REPLY
+    from test_serve_tool_calls import CONTENT, REPLY
 
     server, base = thinking_server
     replying(server, monkeypatch, THOUGHT + REPLY)
     status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
     message = got["choices"][0]["message"]
     assert status == 200 and message["reasoning_content"] == "\nThe user wants the weather.\n"
-    assert message["content"] == "Let me look." and len(message["tool_calls"]) == 2
+    assert message["content"] == "\n\n" + CONTENT and len(message["tool_calls"]) == 2  # after </think>, as written
     assert got["choices"][0]["finish_reason"] == "tool_calls"
     streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
     deltas = [e["choices"][0]["delta"] for e in streamed]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "\nThe user wants the weather.\n"
-    assert "".join(d.get("content", "") for d in deltas).strip() == "Let me look."
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
     assert len(calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d])) == 2
     assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
@@ -148,18 +148,18 @@ def test_the_parser_is_checked_when_the_server_starts(chat_target):
 
 def test_include_reasoning_false_leaves_the_thought_out(thinking_server, monkeypatch):
     """vLLM's "include_reasoning": false: the answer as with the parser, the thought dropped."""
-    from test_serve_tool_calls import REPLY
+    from test_serve_tool_calls import CONTENT, REPLY
 
     server, base = thinking_server
     replying(server, monkeypatch, THOUGHT + REPLY)
     body = {"messages": USER, "tools": TOOLS, "include_reasoning": False}
     status, got = call(base, "/v1/chat/completions", body)
     message = got["choices"][0]["message"]
-    assert status == 200 and message["reasoning_content"] is None and message["content"] == "Let me look."
+    assert status == 200 and message["reasoning_content"] is None and message["content"] == "\n\n" + CONTENT
     assert len(message["tool_calls"]) == 2
     deltas = [e["choices"][0]["delta"] for e in events(base, "/v1/chat/completions", {**body, "stream": True})]
     assert not any("reasoning_content" in d for d in deltas)
-    assert "".join(d.get("content", "") for d in deltas).strip() == "Let me look."
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
     status, got = call(base, "/v1/chat/completions", {**body, "include_reasoning": True})
     assert got["choices"][0]["message"]["reasoning_content"] == "\nThe user wants the weather.\n"
     status, got = call(base, "/v1/chat/completions", {**body, "include_reasoning": "no"})

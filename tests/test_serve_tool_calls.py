@@ -21,6 +21,9 @@ WEATHER = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}
 TIME = {"name": "get_time", "arguments": {}}
 REPLY = (f"Let me look.\n<tool_call>\n{json.dumps(WEATHER)}\n</tool_call>\n"
          f"<tool_call>\n{json.dumps(TIME)}\n</tool_call>")
+# Its content beside the calls, as written (vLLM's hermes parser returns the text before a call
+# unstripped), so the streamed pieces join to it.
+CONTENT = "Let me look.\n\n"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -33,7 +36,7 @@ def calls_of(calls: list[dict]) -> list[tuple]:
 
 def test_a_reply_is_split_into_content_and_calls():
     content, calls = parse_tool_calls(REPLY)
-    assert content == "Let me look." and calls_of(calls) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
+    assert content == CONTENT and calls_of(calls) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
     assert len({c["id"] for c in calls}) == 2
     content, calls = parse_tool_calls(f"<tool_call>{json.dumps(TIME)}</tool_call>")
     assert content is None and calls_of(calls) == [("get_time", {})]
@@ -63,7 +66,7 @@ def test_a_streamed_reply_gives_what_the_whole_reply_gives(seed):
     content = "".join(d.get("content", "") for d in deltas)
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     whole_content, whole_calls = parse_tool_calls(text)
-    assert content.strip() == whole_content and calls_of(calls) == calls_of(whole_calls)
+    assert content == whole_content and calls_of(calls) == calls_of(whole_calls)  # exactly: nothing stripped
     assert [c["index"] for c in calls] == [0, 1] and stream.calls == 2
     assert all(set(d) in ({"content"}, {"tool_calls"}) and (d.get("content") != "") for d in deltas)
 
@@ -134,7 +137,7 @@ def test_a_reply_with_calls_is_answered_with_tool_calls(tool_server, monkeypatch
     status, got = call(base, "/v1/chat/completions", body)
     assert status == 200, got
     choice = got["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == CONTENT
     assert calls_of(choice["message"]["tool_calls"]) == [(WEATHER["name"], WEATHER["arguments"]), ("get_time", {})]
 
 
@@ -146,7 +149,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(tool_server, monkeypatch
     body = {"messages": USER, "tools": TOOLS, "parallel_tool_calls": False}
     status, got = call(base, "/v1/chat/completions", body)
     choice = got["choices"][0]
-    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == CONTENT
     assert calls_of(choice["message"]["tool_calls"]) == [(WEATHER["name"], WEATHER["arguments"])]
     deltas = [e["choices"][0]["delta"] for e in events(base, "/v1/chat/completions", {**body, "stream": True})]
     calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
@@ -178,7 +181,7 @@ def test_replies_that_are_not_tool_calls_stay_text(tool_server, monkeypatch, bod
     status, got = call(base, "/v1/chat/completions", {"messages": USER, **body})
     choice = got["choices"][0]
     assert status == 200 and ("tool_calls" in choice["message"]) == parsed
-    assert choice["message"]["content"] == ("Let me look." if parsed else REPLY)
+    assert choice["message"]["content"] == (CONTENT if parsed else REPLY)
     assert choice["finish_reason"] == ("length" if reason == "length" else "stop")
 
 
@@ -341,3 +344,55 @@ def test_vllms_enable_auto_tool_choice_flag_is_taken(capsys):
     assert parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]).enable_auto_tool_choice
     assert cli.main(["serve", "--set", "target.path=/no/such/model", "--enable-auto-tool-choice"]) == 2
     assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0] is not a function tool"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0] is not a function tool"),  # (a 200 before, as "auto")
+    ({"tools": TOOLS, "messages": [*USER, {"role": "assistant", "tool_calls": {"id": "c1"}}]},
+     "message 1: 'tool_calls' must be a list of calls"),  # was the template's "'str object' has no attribute"
+])
+def test_bad_tools_get_a_400(tool_server, body, message):
+    status, got = call(tool_server[1], "/v1/chat/completions", {"messages": USER, "max_tokens": 2, **body})
+    assert status == 400 and message in got["error"]["message"], got
+
+
+# (parser, reply with content and calls, its content). vLLM's parsers return the text before a call
+# unstripped; white space alone beside the calls is no content.
+AS_WRITTEN = [
+    ("hermes", f"Sure.\n<tool_call>\n{json.dumps(TIME)}\n</tool_call>\n", "Sure.\n\n"),
+    ("hermes", f"\n<tool_call>{json.dumps(TIME)}</tool_call>\n<tool_call>{json.dumps(TIME)}</tool_call>\n", None),
+    ("qwen3_coder", "  Sure.\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "  Sure.\n"),
+    ("mistral", 'Sure.\n[TOOL_CALLS]get_time[ARGS]{}', "Sure.\n"),
+    ("mistral", ' \n[TOOL_CALLS]get_time[ARGS]{}', None),
+]
+
+
+@pytest.mark.parametrize("parser, text, content", AS_WRITTEN)
+def test_content_beside_calls_is_as_written_whole_and_streamed(parser, text, content):
+    """The whole reply's content is what its streamed pieces join to (it was stripped whole only)."""
+    assert parse_tool_calls(text, parser)[0] == content
+    for size in (1, 3, len(text)):
+        stream, deltas = tool_call_stream(parser), []
+        for at in range(0, len(text), size):
+            deltas += stream.feed(text[at:at + size])
+        deltas += stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == (content or "") and stream.calls >= 1
+        assert all(d.get("content") != "" for d in deltas)
+
+
+@pytest.mark.parametrize("parser, text", [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>'),
+    ("llama3_json", '{"name": "f", "parameters": {"a": Infinity}}'),
+    ("pythonic", "[f(a=1e999)]"),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"a": -Infinity}'),
+])
+def test_arguments_with_no_json_for_them_are_not_calls(parser, text):
+    """NaN and Infinity, which Python's json reads, are not JSON: a client's JSON.parse refused the
+    arguments. Such a call stays content, as tool_call_xml never reads such a value as a number."""
+    assert parse_tool_calls(text, parser) == (text, [])
+    stream, deltas = tool_call_stream(parser), []
+    for piece in (text[:7], text[7:]):
+        deltas += stream.feed(piece)
+    deltas += stream.finish()
+    assert "".join(d.get("content", "") for d in deltas) == text and stream.calls == 0

@@ -48,7 +48,7 @@ def test_a_value_is_read_as_its_schema_type(text, schema, value):
 
 def test_a_reply_is_split_into_content_and_typed_calls():
     content, calls = parse_tool_calls(REPLY, "qwen3_coder", TOOLS)
-    assert content == "I will search." and calls_of(calls) == CALLS
+    assert content == "I will search.\n\n" and calls_of(calls) == CALLS  # as written, as vLLM's
     _, untyped = parse_tool_calls(REPLY, "qwen3_coder")  # no tools: every value is its text
     assert calls_of(untyped)[0][1] == {"query": "007", "limit": "5", "score": "0.5", "exact": "TRUE",
                                        "tags": '["a", "b"]', "filters": '{"lang": "py"}'}
@@ -79,7 +79,7 @@ def test_a_streamed_reply_gives_what_the_whole_reply_gives(seed):
         deltas += stream.feed(text[a:b])
     deltas += stream.finish()
     whole_content, whole_calls = parse_tool_calls(text, "qwen3_coder", TOOLS)
-    assert "".join(d.get("content", "") for d in deltas).strip() == whole_content
+    assert "".join(d.get("content", "") for d in deltas) == whole_content
     assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == calls_of(whole_calls) == CALLS
 
 
@@ -90,8 +90,26 @@ def test_serve_types_the_values_by_the_requests_tools(tool_server, monkeypatch):
         status, got = call(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
         choice = got["choices"][0]
         assert status == 200 and choice["finish_reason"] == "tool_calls"
-        assert choice["message"]["content"] == "I will search." and calls_of(choice["message"]["tool_calls"]) == CALLS
+        message = choice["message"]
+        assert message["content"] == "I will search.\n\n" and calls_of(message["tool_calls"]) == CALLS
         streamed = events(base, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "stream": True})
         deltas = [e["choices"][0]["delta"] for e in streamed]
         assert calls_of([d["tool_calls"][0] for d in deltas if "tool_calls" in d]) == CALLS
         assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_block_may_hold_several_functions():
+    """vLLM's qwen3_coder parser reads every <function=...> in a block (they stayed content)."""
+    text = "<tool_call>\n<function=search>\n<parameter=limit>\n5\n</parameter>\n</function>\n" \
+           "<function=get_time>\n</function>\n</tool_call>"
+    content, calls = parse_tool_calls(text, "qwen3_coder", TOOLS)
+    assert content is None and calls_of(calls) == [("search", {"limit": 5}), ("get_time", {})]
+    stream, deltas = tool_call_stream("qwen3_coder", TOOLS), []
+    for at in range(0, len(text), 4):
+        deltas += stream.feed(text[at:at + 4])
+    deltas += stream.finish()
+    streamed = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert [c["index"] for c in streamed] == [0, 1] and calls_of(streamed) == calls_of(calls)
+    assert not any("content" in d for d in deltas)
+    stray = text.replace("<function=get_time>", "x <function=get_time>")  # text between them: not wholly calls
+    assert parse_tool_calls(stray, "qwen3_coder", TOOLS) == (stray, [])

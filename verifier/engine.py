@@ -145,13 +145,18 @@ class SpeculativeEngine:
         # paid at batch 1 and lost at batch 4 (scripts/hybrid_branches_experiment.py).
         self.recurrent_branches = 2
 
-    def check_prompts(self, prompts: list[list[int]]) -> None:
+    def check_prompts(self, prompts: list[list[int]], generates: bool = True) -> None:
+        """generates False: the prompts are only scored (one pass, which fills the whole context)."""
         if not prompts:
             raise ValueError("no prompts given: pass at least one prompt (text or token ids)")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: give at least one token (e.g. the BOS token)")
-            if len(p) >= self.max_context:
+            if not generates and len(p) > self.max_context:
+                raise ValueError(f"prompt {i} has {len(p)} tokens but the target's context is {self.max_context} "
+                                 f"positions: shorten it to at most {self.max_context} tokens"
+                                 + (f" ({self.context_note})" if self.context_note else ""))
+            if generates and len(p) >= self.max_context:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens but the target's context is {self.max_context} "
                     f"positions, leaving no room to generate: shorten it to at most {self.max_context - 1} tokens"
@@ -496,12 +501,16 @@ class SpeculativeEngine:
                 raise ValueError(f"min_new_tokens has {len(min_new_tokens)} values for {len(limits)} rows: "
                                  "give one number, or one per row")
             for row, (least, limit) in enumerate(zip(min_new_tokens, limits)):
-                if isinstance(least, bool) or not isinstance(least, int) or not 0 <= least <= limit:
+                if isinstance(least, bool) or not isinstance(least, int):
+                    raise ValueError(f"min_new_tokens must be a whole number, got {least!r} (row {row})")
+                if not 0 <= least <= limit:
                     raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {limit}], got {least!r} "
                                      f"(row {row}): raise max_new_tokens or lower min_new_tokens")
             return list(min_new_tokens)
-        if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) \
-                or not 0 <= min_new_tokens <= min(limits):
+        if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int):
+            # ("1" read as out of range, with "raise max_new_tokens" as the fix)
+            raise ValueError(f"min_new_tokens must be a whole number, got {min_new_tokens!r}")
+        if not 0 <= min_new_tokens <= min(limits):
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens = {min(limits)}], got {min_new_tokens}: "
                              "raise max_new_tokens or lower min_new_tokens")
         return [min_new_tokens] * len(limits)

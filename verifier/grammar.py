@@ -41,12 +41,13 @@ class GrammarCompiler:
             except ImportError:
                 raise ValueError("structured_output needs llguidance, which draftsman depends on and this "
                                  "environment lacks: pip install llguidance") from None
+            n_vocab = max(self.vocab_size, len(self.hf_tokenizer))
             try:
-                self._tokenizer = llguidance.hf.from_tokenizer(
-                    self.hf_tokenizer, n_vocab=max(self.vocab_size, len(self.hf_tokenizer)),
-                    eos_token=self.eos_token_ids or None)
+                built = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=n_vocab,
+                                                     eos_token=self.eos_token_ids or None)
             except ValueError as e:
                 raise ValueError(f"structured_output needs a fast (tokenizers) tokenizer: {e}") from None
+            self._tokenizer = _with_added_text_tokens(built, self.hf_tokenizer, n_vocab)
         return self._tokenizer
 
     def matcher(self, spec: StructuredOutput):
@@ -77,6 +78,42 @@ class GrammarCompiler:
     def check(self, spec: StructuredOutput) -> None:
         """Refuse a grammar that does not compile (compiled once, and kept for the rows that use it)."""
         self.matcher(spec)
+
+
+def _with_added_text_tokens(built, hf_tokenizer, n_vocab: int):
+    """llguidance's tokenizer `built`, with the added tokens the HF tokenizer keeps as text (special
+    false: Qwen's <think>, <tool_call>) made text tokens; `built` itself when there are none.
+
+    llguidance makes every added token spelled <...> special, so a grammar could not write one, yet
+    its mask allows it where the grammar's text is that token's: the matcher then refuses the
+    token the mask let through. As text tokens, the grammar writes and reads them as the text
+    they decode to; special tokens (EOS, turn markers) stay special."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+    added = hf_tokenizer.added_tokens_decoder  # id -> AddedToken
+    text_tokens = {i: token.content for i, token in added.items()
+                   if not token.special and i < n_vocab and built.is_special_token(i)}
+    if not text_tokens:
+        return built
+    # Every other token as llguidance built it (the special ones' bytes without its marker,
+    # which LLTokenizer puts back for special_ids), the logits' padding past the vocabulary too.
+    tokens = [text_tokens[i].encode() if i in text_tokens else built.decode_bytes([i]) for i in range(n_vocab)]
+    special_ids = [i for i in range(n_vocab) if i not in text_tokens and built.is_special_token(i)]
+    wrapped = TokenizerWrapper(_Vocabulary(hf_tokenizer, tokens, special_ids, built.eos_token))
+    return LLTokenizer(wrapped, n_vocab=n_vocab, eos_token=built.eos_tokens)  # the end tokens llguidance chose
+
+
+class _Vocabulary:
+    """What llguidance's TokenizerWrapper reads of a tokenizer: each token's bytes, which are
+    special, and how text encodes (as the HF tokenizer encodes it, as llguidance's own does)."""
+
+    def __init__(self, hf_tokenizer, tokens: list[bytes], special_token_ids: list[int], eos_token_id: int):
+        self.hf_tokenizer, self.tokens, self.special_token_ids = hf_tokenizer, tokens, special_token_ids
+        self.eos_token_id, self.bos_token_id = eos_token_id, hf_tokenizer.bos_token_id
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # TokenizerWrapper then passes text, never cut UTF-8
+            raise TypeError("text only")
+        return self.hf_tokenizer.encode(text, add_special_tokens=False)
 
 
 class RowGrammars:
