@@ -635,7 +635,7 @@ class Decoder:
         the first (vLLM's prompt_logprobs); with top_logprobs=N also the N likeliest tokens at each
         position, as generate's top_logprobs. The model's raw distribution; no drafter involved."""
         ids = _token_rows(input_ids)
-        self.engine.check_prompts(ids)
+        self.engine.check_prompts(ids, generates=False)  # scored in one pass: a prompt may fill the context
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
         return prompt_logprobs(self.target, ids, top_logprobs)

@@ -70,7 +70,6 @@ from .serve_flags import DEFAULT_PREFILL_CHUNK, add_arguments  # noqa: F401 (dra
 from .serve_flags import check_address, listen_error
 from .serve_metrics import ServeMetrics
 from .tool_calls import PARSERS, arguments_as_objects
-from .verifier.logprobs import prompt_logprobs
 from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -282,15 +281,6 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(body, ids, chat=True, parsed_tools=body["tools"] if reading else None, tool_parser=reading,
                      one_call=body.get("parallel_tool_calls") is False)
 
-    def _prompt_scores(self, ids: list[list[int]], top: int, scoring_only: bool) -> tuple[list, list | None]:
-        """The prompts' logprobs (Decoder.prompt_logprobs). Scoring only, a prompt may fill the whole
-        context (lm-eval's loglikelihood at full length), which Decoder.prompt_logprobs' check, made
-        for prompts that generate after them, refuses; checked above with generates=False."""
-        decoder = self.server.decoder
-        if scoring_only:
-            return prompt_logprobs(decoder.target, ids, top)
-        return decoder.prompt_logprobs(ids, top)
-
     def _kept_in_text(self, body: dict, args: dict, chat: bool, tool_parser) -> list[str]:
         """The special tokens a request's text keeps. A chat reply under a parser: those its format
         is read by (Mistral's [TOOL_CALLS]; none for tool_choice "none" or a forced call), as vLLM
@@ -365,7 +355,7 @@ class Handler(BaseHTTPRequestHandler):
         if echoed is not None and top is not None:
             # one model: scored between a generation's rounds, or alone
             prompt_values, prompt_tops = self.server.batcher.with_models(
-                lambda: self._prompt_scores(ids, top, scoring_only))
+                lambda: self.server.decoder.prompt_logprobs(ids, top))
         choices = []
         reasoning_parser = self.server.reasoning_parser if chat else None
         opened = opened_thoughts(self.server.decoder.tokenizer, ids, len(out.texts), reasoning_parser,

@@ -154,7 +154,8 @@ def test_the_answer_is_what_follows_the_thought_end_the_grammar_began_at(thinkin
 
 
 def test_a_forced_call_under_a_thought_end_in_pieces_names_tool_choice(chat_target, tmp_path):
-    """The refusal names what set the grammar: tool_choice, not a structured output never sent."""
+    """The refusal names what set the grammar: tool_choice, not a structured output never sent
+    (chat() and the server alike)."""
     shutil.copytree(chat_target[0], tmp_path, dirs_exist_ok=True)
     tok = chat_target[1]
     tok.chat_template, template = with_tools(tok.chat_template), tok.chat_template
@@ -163,10 +164,15 @@ def test_a_forced_call_under_a_thought_end_in_pieces_names_tool_choice(chat_targ
     finally:
         tok.chat_template = template  # (the session's tokenizer, shared)
     tools = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object", "properties": {}}}}]
-    decoder = draftsman.load({"target": {"path": str(tmp_path)}})
+    decoder = ngram_decoder(tmp_path)
     with pytest.raises(ValueError, match='tool_choice "required" or a named function holds the reply') as caught:
         decoder.chat(USER, tools=tools, tool_choice="required", reasoning_parser="qwen3", max_new_tokens=4)
     assert "structured output" not in str(caught.value)
+    with running(decoder, reasoning_parser="qwen3", tool_call_parser="hermes") as (_, base):
+        status, got = call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": 4, "tools": tools,
+                                                          "tool_choice": "required"})
+        assert status == 400 and 'tool_choice "required" or a named function' in got["error"]["message"], got
+
 
 
 @pytest.mark.parametrize("text", ["</think>yes.", "x<think>y</think>no!", "<think>y</think>\n\nno.", "cut off </thi"])
@@ -204,18 +210,3 @@ def test_serve_reads_the_answer_from_where_the_grammar_began(thinking):
         status, got = call(base, "/v1/chat/completions", {k: v for k, v in body.items() if k != "structured_outputs"})
         assert status == 200 and got["choices"][0]["message"] == want, got
         assert got["usage"]["completion_tokens"] == tokens and out.token_ids[0][0] == end
-
-
-def test_serve_names_tool_choice_when_a_forced_call_cannot_wait_for_the_thought(chat_target, tmp_path):
-    shutil.copytree(chat_target[0], tmp_path, dirs_exist_ok=True)
-    tok = chat_target[1]
-    tok.chat_template, template = with_tools(tok.chat_template), tok.chat_template
-    try:
-        tok.save_pretrained(tmp_path)
-    finally:
-        tok.chat_template = template  # (the session's tokenizer, shared)
-    tools = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object", "properties": {}}}}]
-    with running(ngram_decoder(tmp_path), reasoning_parser="qwen3", tool_call_parser="hermes") as (_, base):
-        status, got = call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": 4, "tools": tools,
-                                                          "tool_choice": "required"})
-        assert status == 400 and 'tool_choice "required" or a named function' in got["error"]["message"], got

@@ -122,8 +122,10 @@ def test_a_prompt_that_fills_the_context_is_scored(served):
     prompt = (decoder.encode(["def parse(text):\n    return text\n" * 40])[0] * 4)[:context]
     status, got = call(base, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1})
     assert status == 200, got
-    values, _ = decoder.prompt_logprobs([prompt[:64]])
-    assert got["choices"][0]["logprobs"]["token_logprobs"][1:64] == pytest.approx(values[0][1:], abs=1e-4)
+    values, _ = decoder.prompt_logprobs([prompt])  # the Python API scores it too
+    assert got["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(values[0][1:], abs=1e-4)
+    with pytest.raises(ValueError, match=f"shorten it to at most {context} tokens"):
+        decoder.prompt_logprobs([prompt + [5]])
     for body, message in [({"prompt": prompt, "max_tokens": 1, "echo": True}, "leaving no room to generate"),
                           ({"prompt": prompt + [5], "max_tokens": 0, "echo": True},
                            f"shorten it to at most {context} tokens")]:
