@@ -6,6 +6,7 @@ import pytest
 
 import draftsman
 from draftsman import cli
+from draftsman.training.regenerate import without_cut_character
 
 NEW = 8
 CALL = {"role": "assistant", "content": None,
@@ -189,3 +190,25 @@ def test_a_target_without_a_chat_template_is_named_before_out_is_written(tiny_mo
     assert not out.exists()
     assert regenerate([{"text": "x = 1\n"}]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == [{"text": "x = 1\n"}]
+
+
+def test_a_reply_cut_inside_a_character_drops_the_cut_characters_tokens(chat_target):
+    """A cut "é" (two byte tokens here) decodes to U+FFFD; the reply keeps only whole characters."""
+    tok = chat_target[1]
+    ids = tok.encode("ab é", add_special_tokens=False)
+    assert tok.decode(ids[:-1]).endswith("\ufffd")
+    assert without_cut_character(tok.decode, ids[:-1], tok.decode(ids[:-1])) == "ab "
+    assert without_cut_character(tok.decode, ids, tok.decode(ids)) == "ab é"  # whole: kept
+
+
+def test_regenerate_writes_whole_characters_only(chat_target, tmp_path, capsys):
+    """Replies pushed to the first byte of "é" and cut there (logit_bias, 1 new token): nothing of it is written."""
+    folder, tok = chat_target
+    first_byte = tok.encode("é", add_special_tokens=False)[0]
+    out = tmp_path / "out.jsonl"
+    args = ["regenerate", "--target", str(folder), "--data-file", str(write(tmp_path / "in.jsonl", LINES[:2])),
+            "--out", str(out), "--max-new-tokens", "1", "--set", f"sampling.logit_bias={{{first_byte}: 100}}"]
+    assert cli.main(args) == 0
+    replies = [m["content"] for line in out.read_text().splitlines() for m in json.loads(line)["messages"]
+               if m["role"] == "assistant" and m.get("content") is not None]
+    assert "" in replies and not any("\ufffd" in reply for reply in replies), replies

@@ -153,12 +153,27 @@ def regenerate_batch(decoder, documents: list, max_new_tokens: int, summary: dic
             if not fits:
                 continue
             out = decoder.generate(input_ids=[ids[k] for k in fits], max_new_tokens=max_new_tokens, **generate_args)
-            for k, text, reason in zip(fits, out.texts, out.stats.finish_reasons):
+            for k, text, tokens, reason in zip(fits, out.texts, out.token_ids, out.stats.finish_reasons):
                 c, at = group[k]
+                if reason == "length":
+                    text = without_cut_character(decoder.decode, tokens, text)
                 chats[c]["messages"][at] = {**chats[c]["messages"][at], "content": text}
                 summary["replies"] += 1
                 summary["cut_at_max_new_tokens"] += reason == "length"
     return chats
+
+
+def without_cut_character(decode, tokens: list[int], text: str) -> str:
+    """A reply cut at max_new_tokens may end inside a character whose bytes span tokens: its text
+    ends in U+FFFD, which tokenizes to tokens the target never wrote, so heads would learn from
+    them. Drop the cut character's tokens (at most 3: UTF-8's longest character is 4 bytes; a
+    U+FFFD the model wrote itself at the very end of a cut reply reads the same and goes too)."""
+    kept = text
+    for cut in range(1, min(3, len(tokens)) + 1):
+        if not kept.endswith("\ufffd"):
+            return kept
+        kept = decode(tokens[:-cut])
+    return text if kept.endswith("\ufffd") else kept
 
 
 def _as_chat(doc) -> dict:
