@@ -11,6 +11,8 @@ Qwen3 and DeepSeek-R1 think between <think> and </think> before they answer:
 - Under either parser, a reply to a prompt that ends in <think> (`opened`: the template opened
   the thought, as Qwen3-Thinking-2507's does) starts inside the thought, as deepseek_r1's does.
   The prompt says so before the first token, so a stream needs to hold nothing to know it.
+- A reply to a prompt that ends in </think> (`opened` None: the template closed an empty
+  thought, thinking switched off) is all answer, streamed or whole, a <think> in it too.
 - `mistral`: Magistral's [THINK] ... [/THINK], read as qwen3's, except that a thought opened
   and not closed is reasoning (cut off while thinking): the tags are special tokens, which no
   answer writes by chance. Decoded text drops special tokens, so under this parser it keeps
@@ -33,6 +35,14 @@ KEPT_IN_TEXT = {"mistral": TAGS["mistral"]}
 def prompt_opens_thought(prompt_text: str, parser: str = "qwen3") -> bool:
     """Whether a prompt (its end is enough) leaves the reply inside an opened thought."""
     return prompt_text.rstrip().endswith(TAGS[parser][0])
+
+
+def prompt_ends_thought(prompt_text: str, parser: str = "qwen3") -> bool:
+    """Whether a prompt (its end is enough) closed the thought already, so the reply is all answer:
+    a template with thinking switched off writes an empty <think></think> (vLLM's stream then
+    sends everything as content). Only the prompt's end counts: an earlier turn's closed thought,
+    which a tool loop's prompt keeps, does not stop the new reply from thinking."""
+    return prompt_text.rstrip().endswith(TAGS[parser][1])
 
 
 def split_reasoning(text: str, parser: str, opened: bool = False) -> tuple[str | None, str | None]:

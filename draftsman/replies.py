@@ -12,7 +12,7 @@ import sys
 
 from .reasoning import KEPT_IN_TEXT as REASONING_KEPT
 from .reasoning import TAGS as REASONING_TAGS
-from .reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
+from .reasoning import ReasoningStream, prompt_ends_thought, prompt_opens_thought, split_reasoning
 from .tool_calls import KEPT_IN_TEXT as TOOL_CALL_KEPT
 from .tool_calls import TAGS, parse_tool_calls, tool_call_stream
 from .verifier.structured import StructuredOutput
@@ -140,18 +140,21 @@ def _end_in_pieces(end: str, pieces: int, forced_call: bool) -> str:
 
 
 def opened_thoughts(tokenizer, prompts: list[list[int]], rows: int, reasoning_parser: str | None,
-                    grammars=None) -> list[bool]:
+                    grammars=None) -> list[bool | None]:
     """Per reply row (prompt by prompt, the same number of rows each), whether it is read as
     starting inside a thought: its chat prompt ends inside one the template opened
     (draftsman/reasoning.py), or its grammar begins after the thought (grammars: the
     structured_output grammar_after_thought gave), so its answer is what follows "</think>",
-    where the grammar began. All False without a reasoning parser."""
+    where the grammar began. None: the prompt ends the thought (an empty one, thinking switched
+    off), so the reply is all answer, streamed or whole. All False without a reasoning parser."""
     if not reasoning_parser or not prompts:
         return [False] * rows
     # The end of a prompt is enough: 16 tokens hold "<think>" and its line even spelled out.
-    opened = [prompt_opens_thought(tokenizer.decode(list(ids)[-16:]), reasoning_parser) for ids in prompts]
+    ends = [tokenizer.decode(list(ids)[-16:]) for ids in prompts]
+    opened = [prompt_opens_thought(end, reasoning_parser) for end in ends]
     specs = grammars if isinstance(grammars, list) else [grammars] * len(prompts)
-    opened = [inside or bool(getattr(spec, "after", ())) for inside, spec in zip(opened, specs)]
+    opened = [None if prompt_ends_thought(end, reasoning_parser) else inside or bool(getattr(spec, "after", ()))
+              for inside, spec, end in zip(opened, specs, ends)]
     return [opened[row // (rows // len(prompts))] for row in range(rows)]
 
 
@@ -163,10 +166,13 @@ def reply_message(text: str, finish_reason: str, tool_call_parser: str | None = 
     answer's calls are `tool_calls` (left out when there are none), and a reply that ended
     normally ("stop") in calls ends with "tool_calls". tools: the request's tool definitions
     (qwen3_coder reads its values' types from them); opened: the prompt opened the thought, so
-    the reply starts inside it (opened_thoughts); one_call: only the first call is kept (OpenAI's
+    the reply starts inside it (opened_thoughts; None: the prompt ended it, so the reply is all
+    answer); one_call: only the first call is kept (OpenAI's
     parallel_tool_calls false, as vLLM keeps it: the calls after it are dropped)."""
     message = {"role": "assistant", "content": text}
-    if reasoning_parser:
+    if reasoning_parser and opened is None:  # the prompt ended the thought: all answer (as ReplyStream)
+        message["reasoning_content"], message["content"] = None, text or None
+    elif reasoning_parser:
         message["reasoning_content"], message["content"] = split_reasoning(text, reasoning_parser, opened)
     if tool_call_parser and message["content"] is not None:
         message["content"], calls = parse_tool_calls(message["content"], tool_call_parser, tools)
@@ -198,8 +204,9 @@ class ReplyStream:
     a tag is held until the next piece tells."""
 
     def __init__(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 tools: list[dict] | None = None, opened: bool = False, one_call: bool = False):
-        self.thought = ReasoningStream(reasoning_parser, opened) if reasoning_parser else None
+                 tools: list[dict] | None = None, opened: bool | None = False, one_call: bool = False):
+        # opened None: the prompt ended the thought, so nothing is read as one (reply_message's reading)
+        self.thought = ReasoningStream(reasoning_parser, opened) if reasoning_parser and opened is not None else None
         self.parser, self.one_call = tool_call_parser, one_call
         self.calls = tool_call_stream(tool_call_parser, tools) if tool_call_parser else None
 

@@ -85,6 +85,8 @@ SAMPLING_FIELDS = {
     "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words_ids": "bad_words_ids",
     "include_stop_str_in_output": "include_stop_str_in_output",  # vLLM's: the text keeps the stop string
 }
+# Decoder.generate argument -> request field, for the errors that name the argument (error_param)
+GENERATE_FIELDS = {arg: field for field, arg in SAMPLING_FIELDS.items() if arg != field}
 # read elsewhere, or change nothing here (best_of: vLLM's; benchmark clients send best_of 1, which is n's sampling)
 IGNORED_FIELDS = {"model", "stream", "stream_options", "user", "best_of"}
 # The output held to a grammar (verifier/structured.py): OpenAI's response_format, vLLM's
@@ -117,14 +119,29 @@ class RequestError(ValueError):
         self.param = param
 
 
-def error_param(error: Exception) -> str | None:
-    """The request field an error is about: its own param, else the field its message begins with
-    ('"top_p" must be ...'), as OpenAI fills "param"; None when not known."""
+def error_param(error: Exception, body: dict | None = None) -> str | None:
+    """The request field an error is about, as OpenAI fills "param"; None when not known: the
+    error's own param, else the name its message begins with, quoted ('"top_p" must be ...') or
+    bare as the Python API writes it ('temperature must be ...'), mapped back to the field the
+    client sent (body: the request, when it was read)."""
     param = getattr(error, "param", None)
     if param is not None:
         return param
-    named = re.match(r'"(\w+)"', str(error))
-    return named.group(1) if named and named.group(1) in REQUEST_FIELDS else None
+    named = re.match(r'("?)(\w+)', str(error))
+    if not named:
+        return None
+    quoted, name = named.groups()
+    sent = body if isinstance(body, dict) else {}
+    if name == "structured_output":  # the grammar came from the one structured field the request sent
+        given = [field for field in STRUCTURED_FIELDS if sent.get(field) is not None]
+        return given[0] if len(given) == 1 else None
+    if name == "max_new_tokens" and sent.get("max_completion_tokens") is not None:
+        return "max_completion_tokens"  # (chat's newer name, read as max_tokens)
+    name = GENERATE_FIELDS.get(name, name)  # e.g. num_return_sequences -> n
+    if name not in REQUEST_FIELDS:
+        return None
+    # A bare word is taken for a field only when the request sent that field (else it is just a word).
+    return name if quoted or name in sent else None
 
 
 class Server(ThreadingHTTPServer):
@@ -222,11 +239,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.server.answered.notify_all()
 
     def _post(self, route) -> None:
+        body = None  # (unread when the body itself is refused)
         try:
             body = self._body()
             route(body)
         except (ValueError, TypeError) as e:  # RequestError, and the Decoder's own checks of the input
-            self._error(400, str(e), param=error_param(e))
+            self._error(400, str(e), param=error_param(e, body))
         except ConnectionError:  # the client left (a broken pipe, or ClientGone): nothing to answer
             pass
         except ServerStopping as e:
@@ -674,7 +692,7 @@ def _by_text(top: list[tuple[int, float]], piece) -> dict[str, float]:
 def check_fields(body: dict, valid: set[str], endpoint: str) -> None:
     unknown = sorted(set(body) - valid)
     if unknown:
-        raise RequestError(f"{endpoint} does not take {unknown}; valid fields: {sorted(valid)}")
+        raise RequestError(f"{endpoint} does not take {unknown}; valid fields: {sorted(valid)}", param=unknown[0])
 
 
 def completion_prompts(prompt) -> list:
@@ -709,7 +727,7 @@ def logprobs_asked(body: dict, chat: bool) -> int | None:
     top = 0 if top is None else top
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
         raise RequestError(f"the number of top logprobs must be a whole number in [0, {MAX_TOP_LOGPROBS}], "
-                           f"got {top!r}")
+                           f"got {top!r}", param="top_logprobs" if chat else "logprobs")
     return top
 
 

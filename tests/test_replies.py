@@ -242,6 +242,27 @@ def test_opened_thoughts_follow_each_rows_prompt(decoder):
     assert opened_thoughts(decoder.tokenizer, prompts, 4, None) == [False] * 4
 
 
+def test_a_prompt_that_ended_the_thought_streams_as_its_whole_reply_reads(decoder):
+    """Thinking switched off (the template wrote an empty <think></think>): the reply is all answer,
+    a "<think>" written inside it too; the stream sent what followed it as reasoning, the whole not."""
+    tok = decoder.tokenizer
+    ended = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    earlier = tok.encode("<think>\nx\n</think>\n\nok<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                         "<|im_start|>assistant\n")
+    # (a closed thought of an earlier turn, which a tool loop's prompt keeps, leaves the new reply free to think)
+    assert opened_thoughts(tok, [ended, earlier], 2, "qwen3") == [None, False]
+    text = '[{"name": "w", "parameters": {"c": "a<think>b"}}] and <think>more</think> after'
+    for tool_parser, parser in (("hermes", "qwen3"), (None, "qwen3"), (None, "deepseek_r1"), ("hermes", "mistral")):
+        message, _ = reply_message(text, "length", tool_parser, parser, opened=None)
+        assert message["content"] == text and message["reasoning_content"] is None
+        for cut in (1, 3, 7):
+            stream = ReplyStream(tool_parser, parser, opened=None)
+            pieces = [text[i:i + cut] for i in range(0, len(text), cut)]
+            deltas = [d for k, piece in enumerate(pieces) for d in stream.feed(piece, final=k == len(pieces) - 1)]
+            assert "".join(d.get("content", "") for d in deltas) == text
+            assert not any("reasoning_content" in d for d in deltas)
+
+
 def test_a_reply_to_a_prompt_that_opened_the_thought_is_split_everywhere(thinking_target, monkeypatch, capsys):
     """Decoder.chat, the CLI (whole and streamed) and the terminal chat read the reply as starting
     inside the thought, because the prompt ends in <think>."""

@@ -420,13 +420,57 @@ def test_a_defect_of_ours_is_answered_with_a_500_not_a_dropped_connection(served
     ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": 2, "min_tokens": 5},
      '"min_tokens" must be in [0, "max_completion_tokens" = 2]', "min_tokens"),
     # OpenAI's "param": the field a message begins by naming.
-    ("/v1/completions", {"prompt": "a", "top_logprobs": 2}, "does not take", None),
+    ("/v1/completions", {"prompt": "a", "top_logprobs": 2}, "does not take", "top_logprobs"),
     ("/v1/chat/completions", {"messages": USER, "stream": 1}, '"stream" must be true or false', "stream"),
 ])
 def test_token_count_errors_name_the_requests_field(served, path, body, message, param):
     status, got = call(served[1], path, body)
     assert status == 400 and message in got["error"]["message"], got
     assert got["error"]["param"] == param and "new_tokens" not in got["error"]["message"]
+
+
+TOOL = {"type": "function", "function": {"name": "w", "parameters": {"type": "object",
+                                                                        "properties": {"c": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("body, param", [
+    # "param" was null for each: the messages begin with the Python API's bare names, not a quoted field.
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 2}, "top_p"),
+    ({"top_k": -5}, "top_k"),
+    ({"seed": "x", "temperature": 1}, "seed"),
+    ({"n": 2}, "n"),  # num_return_sequences at temperature 0: the request said n
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ({"logit_bias": {"5": 500}}, "logit_bias"),
+    ({"tools": {"a": 1}}, "tools"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
+     "response_format"),
+    ({"structured_outputs": {"regex": "(("}}, "structured_outputs"),
+    ({"guided_regex": "(("}, "guided_regex"),
+    ({"foo": 1, "zoo": 2}, "foo"),  # the first unknown field
+    ({"model": "nope"}, "model"),
+    ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
+])
+def test_errors_name_the_field_the_request_sent(served, body, param):
+    status, got = call(served[1], "/v1/chat/completions", {"messages": USER, "max_tokens": 3, **body})
+    assert status == 400 and got["error"]["param"] == param, got
+
+
+def test_error_param_maps_the_python_names_back_to_the_request():
+    """(this target's template reads no tools, so tool_choice's own errors are checked here)"""
+    param = serve.error_param
+    assert param(ValueError("tool_choice names function 'zz', which \"tools\" does not define"),
+                 {"tools": [TOOL], "tool_choice": {"function": {"name": "zz"}}}) == "tool_choice"
+    assert param(ValueError("max_new_tokens must be >= 1"), {"max_tokens": 0}) == "max_tokens"
+    assert param(ValueError("max_new_tokens must be >= 1"), {"max_completion_tokens": 0}) == "max_completion_tokens"
+    assert param(ValueError("num_return_sequences=2 at temperature 0"), {"n": 2}) == "n"
+    assert param(ValueError("structured_output 'regex ((' does not compile"), {"guided_json": 5}) == "guided_json"
+    # not confident: two structured fields, a bare word the request did not send, no field at all
+    assert param(ValueError("structured_output 'x' does not compile"), {"guided_json": 5, "guided_regex": "a"}) is None
+    assert param(ValueError("stop strings are ..."), {"prompt": "a"}) is None
+    assert param(ValueError("the prompt is too long"), {"prompt": "a"}) is None
 
 
 def test_the_turn_fields_choose_what_the_template_leaves_open(served):

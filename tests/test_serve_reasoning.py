@@ -124,6 +124,23 @@ def test_a_reply_without_a_thought_is_all_answer(thinking_server, monkeypatch):
     assert not any("reasoning_content" in d for d in deltas)
 
 
+def test_a_prompt_that_ended_the_thought_streams_what_the_whole_reply_gives(thinking_server, monkeypatch):
+    """The prompt closed the thought (as enable_thinking false's empty <think></think> does, here an
+    assistant prefill): the reply is all answer, a <think> inside it too. The stream sent the text
+    after that <think> as reasoning, where the whole reply kept it as content."""
+    server, base = thinking_server
+    reply = '{"c": "a<think>b"} and <think>more</think> after'
+    replying(server, monkeypatch, reply)
+    body = {"messages": USER + [{"role": "assistant", "content": "<think>\n\n</think>\n\n"}],
+            "add_generation_prompt": False, "continue_final_message": True}
+    status, got = call(base, "/v1/chat/completions", body)
+    assert status == 200 and got["choices"][0]["message"] == {"role": "assistant", "content": reply,
+                                                              "reasoning_content": None}
+    deltas = [e["choices"][0]["delta"] for e in events(base, "/v1/chat/completions", {**body, "stream": True})]
+    assert "".join(d.get("content") or "" for d in deltas) == reply
+    assert not any(d.get("reasoning_content") for d in deltas)
+
+
 def test_completions_are_not_split(thinking_server, monkeypatch):
     """/v1/completions returns text as it is: a prompt's own format is the client's to read."""
     server, base = thinking_server
