@@ -9,6 +9,7 @@ import yaml
 import draftsman
 from draftsman import audit, cli
 from draftsman.bench import prompts_set as P
+from draftsman.training.regenerate import without_cut_character
 
 NEW = 10
 QUESTIONS = [  # Spec-Bench's own row shape
@@ -59,7 +60,8 @@ def test_a_question_id_used_twice_is_refused(tmp_path):
 
 def test_later_turns_carry_the_targets_greedy_replies(chat_target, tmp_path):
     """Each later turn's conversation is what a turn-by-turn replay gives: the target's greedy reply
-    to each earlier turn (dec.chat at temperature 0), one replay per question."""
+    to each earlier turn (dec.chat at temperature 0, a cut one ending before a cut character, as
+    `draftsman regenerate` writes it), one replay per question."""
     folder, _ = chat_target
     dec = draftsman.load({"target": {"path": str(folder)}, "sampling": {"temperature": 1.0}})
     prompts, _ = P.read_prompts(write(tmp_path / "question.jsonl", QUESTIONS))
@@ -71,7 +73,10 @@ def test_later_turns_carry_the_targets_greedy_replies(chat_target, tmp_path):
             expected.append(user(turn))
             got = next(p for p in prompts if p.id == (str(question["question_id"]) + (f"-turn{k}" if k > 1 else "")))
             assert got.messages == expected
-            reply = dec.chat(expected, max_new_tokens=NEW, temperature=0).texts[0]
+            out = dec.chat(expected, max_new_tokens=NEW, temperature=0)
+            reply = out.texts[0]
+            if out.stats.finish_reasons[0] == "length":  # cut: no part of a character (regenerate's replies)
+                reply = without_cut_character(dec.decode, out.token_ids[0], reply)
             expected = expected + [{"role": "assistant", "content": reply}]
     assert any(p.messages[1]["content"] for p in prompts if p.id.endswith("-turn2"))  # not all replies are empty
 
