@@ -53,6 +53,11 @@ def read_prompts(path: str | Path) -> list[str | list[int] | list[dict]]:
     a plain text file with one prompt per line (blank lines skipped). A file whose first non-blank
     line starts with '{' is read as JSONL."""
     p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"prompts file '{p}' is a folder: give a file in it (JSONL, or one prompt per line)")
+    if p.exists() and not p.is_file():  # /dev/null, a pipe: read twice below (JSONL), or empty
+        raise ValueError(f"prompts file '{p}' is not a regular file: save the prompts to a file (JSONL, or one "
+                         "prompt per line) and give its path")
     if not p.is_file():
         raise FileNotFoundError(f"prompts file '{p}' does not exist")
     lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -98,14 +103,16 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
     penalties, if any, for the context before it)."""
     tol = TIE_TOLERANCE.get(decoder.target.dtype, 1e-3) if tolerance is None else tolerance
     params = SamplingParams(**{**decoder.config["sampling"], "temperature": 0.0})  # the config's penalties
-    out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop=[])
-    eos = decoder.engine.eos_token_ids
     # The config's generation settings, as the engine applies them: the tokens that end a row (EOS
-    # unless ignore_eos, and stop_token_ids), held back before min_new_tokens.
+    # unless ignore_eos, and stop_token_ids), held back before min_new_tokens. A min_new_tokens above
+    # --max-new-tokens is capped: the engine refuses it, and it bans those tokens at every position anyway.
     generation = decoder.config["generation"]
+    least = min(generation.get("min_new_tokens") or 0, max_new_tokens)
+    out = decoder.generate(input_ids=prompts, max_new_tokens=max_new_tokens, min_new_tokens=least,
+                           temperature=0.0, stop=[])
+    eos = decoder.engine.eos_token_ids
     stop_ids = set(generation.get("stop_token_ids") or ())
     ends = stop_ids | (set() if generation.get("ignore_eos") else set(eos))
-    least = generation.get("min_new_tokens") or 0
     rows = []
     for i, (prompt, new) in enumerate(zip(prompts, out.token_ids)):
         row = {"prompt": i, "tokens": len(new), "mismatches": [], "near_ties": [], "problems": []}
@@ -168,15 +175,22 @@ def greedy_check(decoder: Decoder, prompts: list[list[int]], max_new_tokens: int
 # --------------------------------------------------------------------------- sampling
 
 def _samples(decoder: Decoder, prompt: list[int], n: int, positions: int, params: SamplingParams,
-             seeds, batch_size: int) -> tuple[list[list[int]], float]:
-    """n independent samples of the first `positions` tokens (one seed per batch), and tau."""
-    rows, new, row_rounds = [], 0, 0
+             seeds, batch_size: int) -> tuple[list[list[int]], float, list[dict]]:
+    """n independent samples of the first `positions` tokens (one seed per batch), tau, and the
+    drafter's report() of each engine call (empty where it has none)."""
+    # The config's min_new_tokens, capped at `positions` (the engine refuses one above max_new_tokens):
+    # it only holds EOS and the stop ids back before it, so the first `positions` tokens are distributed
+    # exactly as in a run with the config's own max_new_tokens, and both sides get the same cap.
+    least = min(decoder.config["generation"].get("min_new_tokens") or 0, positions)
+    rows, new, row_rounds, reports = [], 0, 0, []
     for start in range(0, n, batch_size):
         out = decoder.generate(input_ids=[prompt] * min(batch_size, n - start), max_new_tokens=positions,
-                               stop=[], seed=next(seeds), **dataclasses.asdict(params))
+                               min_new_tokens=least, stop=[], seed=next(seeds), **dataclasses.asdict(params))
         rows += out.token_ids
         new, row_rounds = new + out.stats.new_tokens, row_rounds + out.stats.row_rounds
-    return rows, new / max(row_rounds, 1)
+        if out.stats.drafter_report:
+            reports.append(out.stats.drafter_report)
+    return rows, new / max(row_rounds, 1), reports
 
 
 ENDED = -1  # the category of "this row ended (at EOS) before position j"
@@ -196,11 +210,12 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
         raise ValueError("the sampling check needs temperature > 0")
     plain = decoder.with_drafter({"name": "none"})
     seeds = iter(range(seed, seed + 10**9))  # every engine call its own seed: independent samples
-    tests, taus = [], []
+    tests, taus, reports = [], [], []
     for i, prompt in enumerate(prompts):
-        spec, tau = _samples(decoder, prompt, samples, positions, params, seeds, batch_size)
-        base, _ = _samples(plain, prompt, samples, positions, params, seeds, batch_size)
+        spec, tau, calls = _samples(decoder, prompt, samples, positions, params, seeds, batch_size)
+        base, _, _ = _samples(plain, prompt, samples, positions, params, seeds, batch_size)
         taus.append(tau)
+        reports.append(calls)
         for j in range(1, positions + 1):
             # The token at j alone (most power), and for j > 1 the joint of tokens 1..j, which also
             # sees wrong dependence between positions. ENDED marks rows that stopped at EOS before j.
@@ -212,10 +227,15 @@ def sampling_check(decoder: Decoder, prompts: list[list[int]], params: SamplingP
     threshold = alpha / max(len(tests), 1)
     for t in tests:
         t["passed"] = t["p_value"] >= threshold
-    return {"passed": all(t["passed"] for t in tests), **dataclasses.asdict(params),
-            "samples": samples, "positions": positions, "alpha": alpha,
-            "threshold": threshold, "seed": seed, "tau": taus,
-            "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
+    result = {"passed": all(t["passed"] for t in tests), **dataclasses.asdict(params),
+              "samples": samples, "positions": positions, "alpha": alpha,
+              "threshold": threshold, "seed": seed, "tau": taus,
+              "min_p_value": min((t["p_value"] for t in tests), default=1.0), "tests": tests}
+    if any(reports):
+        # Per sampled prompt, each engine call's report as it came: reports hold ratios and sizes
+        # as well as counts (e.g. cross_tokenizer's shared_tokens), so they are not summed.
+        result["drafter_reports"] = reports
+    return result
 
 
 # --------------------------------------------------------------------------- both, and the report
@@ -276,6 +296,8 @@ def format_report(r: dict) -> str:
                      f"p={t['p_value']:.2g}{'' if t['passed'] else ' FAIL'}"
                      for t in s["tests"] if t["prompt"] == i]
             lines.append(f"  prompt {i}: " + ", ".join(cells))
+            if s.get("drafter_reports") and s["drafter_reports"][i]:
+                lines.append(f"    drafter report, per engine call: {json.dumps(s['drafter_reports'][i])}")
         lines.append(f"  sampling: {'PASS' if s['passed'] else 'FAIL'} (smallest p-value {s['min_p_value']:.2g}; "
                      f"fails below {s['threshold']:.2g} = alpha {s['alpha']:g} / {len(s['tests'])} tests)")
     lines += [f"\nwarning: {w}" for w in r["warnings"]]

@@ -258,6 +258,7 @@ def test_command_exits_1_on_a_failure(config_file, monkeypatch, capsys):
     (["--tie-tolerance", "-1"], "--tie-tolerance must be >= 0 (a logit gap), got -1.0"),
     (["--tie-tolerance", "nan"], "--tie-tolerance must be >= 0"),
     (["--prompts", "/no/such/prompts.jsonl"], "prompts file '/no/such/prompts.jsonl' does not exist"),
+    (["--prompts", "/dev/null"], "prompts file '/dev/null' is not a regular file"),
     (["--temperature", "0"], "--temperature must be > 0 for the sampling check"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--min-p", "1.5"], "min_p must be in [0, 1]"),
@@ -298,3 +299,36 @@ def test_a_config_with_penalties_and_stop_strings_passes(target, close, penaltie
     result = run_audit(dec, PROMPTS, sampling=SamplingParams(1.0, **penalties), **SMALL)
     assert result["passed"], format_report(result)
     assert result["greedy"]["tokens"] == 32
+
+
+def test_a_min_new_tokens_above_positions_or_max_new_tokens_is_capped(target, close, tmp_path, capsys):
+    """A valid config with generation.min_new_tokens 5 was refused after the greedy check ran: the
+    sampling check generates --positions tokens (2 here), below it. Capped, it still bans EOS at every
+    sampled position, as the config does; so is one above --max-new-tokens in the greedy check."""
+    path = tmp_path / "minnew.yaml"
+    path.write_text(f"target: {{path: {target}}}\ndrafter: {{name: draft_model, path: {close}, k: 3}}\n"
+                    "generation: {max_new_tokens: 12, min_new_tokens: 5}\n")
+    assert cli.main(["audit", "--config", str(path), *QUICK]) == 0, capsys.readouterr().err
+    assert "RESULT: PASS" in capsys.readouterr().out
+    assert cli.main(["audit", "--config", str(path), "--only", "greedy", "--max-new-tokens", "3"]) == 0
+    assert "greedy: PASS" in capsys.readouterr().out
+
+
+def test_a_prompts_path_that_is_a_folder_or_not_a_regular_file_says_so(tmp_path):
+    """Both were reported as a file that "does not exist"."""
+    with pytest.raises(IsADirectoryError, match="is a folder: give a file in it"):
+        read_prompts(tmp_path)
+    with pytest.raises(ValueError, match="'/dev/null' is not a regular file: save the prompts to a file"):
+        read_prompts("/dev/null")
+
+
+def test_the_sampling_check_reports_the_drafters_report(plain, close):
+    """A cascade's report() was printed only by the greedy check: `--only sampling` showed none."""
+    cascade = {"name": "cascade", "drafters": [{"name": "ngram", "min_ngram": 2},
+                                               {"name": "draft_model", "path": str(close), "k": 3}]}
+    result = run_audit(plain.with_drafter(cascade), PROMPTS, sampling=SamplingParams(1.0), checks=("sampling",),
+                       **{**SMALL, "samples": 100, "batch_size": 50})
+    calls = result["sampling"]["drafter_reports"]
+    assert len(calls) == 1 and len(calls[0]) == 2  # one sampled prompt, two engine calls of 50 rows
+    assert [d["drafter"] for d in calls[0][0]["drafters"]] == ["0:ngram", "1:draft_model"]
+    assert "drafter report, per engine call: " in format_report(result)

@@ -301,6 +301,27 @@ def test_a_hybrid_draft_model_drafts_what_it_would_from_scratch(hybrid_targets, 
             assert len(windows) >= 3, windows  # the window moved, twice at least
 
 
+@pytest.mark.parametrize("arch", ["jamba", "mamba"])
+def test_a_hybrid_draft_model_drafts_for_repeated_prompts(hybrid_targets, arch, tmp_path):
+    """Rows of one prompt feed the draft model's empty cache once and copy its row
+    (drafters/first_feed.py): each copy keeps the snapshot at the prompt's length, so its first
+    round's rollback returns there (it raised "cannot return to length ..." before)."""
+    from tiny_models import perturbed_copy
+
+    folder, expected = hybrid_targets[arch]
+    draft = perturbed_copy(folder, tmp_path / "close", noise=0.05)
+    dec = draftsman.load({"target": {"path": str(folder)}, "drafter": {"name": "draft_model", "path": str(draft),
+                                                                        "k": 3}})
+    a = PROMPTS[0]
+    out = dec.generate(input_ids=[a, a], max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    assert out.token_ids == [expected[0]] * 2
+    assert len({n for row in out.stats.accepted_per_round for n in row}) >= 2  # rollbacks to several depths
+    # num_return_sequences copies each prompt's rows the same way (sampled: greedy copies are refused)
+    sampled = dec.generate(input_ids=[a, a], max_new_tokens=NEW, min_new_tokens=NEW, temperature=1.0, seed=0,
+                           num_return_sequences=2)
+    assert [len(row) for row in sampled.token_ids] == [NEW] * 4
+
+
 def test_a_hybrid_draft_model_is_refused_where_it_cannot_go_back(hybrid_targets):
     folder = str(hybrid_targets["lfm2"][0])
     with pytest.raises(ValueError, match="top_k=2 grows a tree .* set drafter.top_k to 1"):

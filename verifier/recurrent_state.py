@@ -113,7 +113,10 @@ class RecurrentStates:
         self._tokens, self._before = 0, {}
 
     def select_rows(self, ix: torch.Tensor) -> None:
-        self.snapshots.clear()  # rows change between rounds, after a draft model's rollback
+        # The snapshots follow the rows: a draft model's first feed runs a repeated prompt once,
+        # then copies its row, and each copy must still return to the prompt's length.
+        self.snapshots = [(lengths[ix.to(lengths.device)], [copy[ix] for copy in copies])
+                          for lengths, copies in self.snapshots]
         for layer in self.layers:
             for states, ready in _tables(layer):
                 for i in states:
