@@ -62,9 +62,9 @@ def test_replies_are_the_targets_own_turn_by_turn(chat_target, tmp_path, capsys)
     want, cut = replayed(folder)
     assert [json.loads(line) for line in out.read_text().splitlines()] == want
     assert want[0]["messages"][1]["content"] != "pass"  # replaced, and then answered after
-    run = summary["this_run"]
-    assert summary["lines"] == run["lines"] == 5 and run["replies"] == 5 and run["kept_as_given"] == 2
-    assert run["cut_at_max_new_tokens"] == cut
+    assert summary["lines"] == 5 and summary["replies"] == 5 and summary["kept_as_given"] == 2
+    assert summary["resumed_after_lines"] == 0
+    assert summary["cut_at_max_new_tokens"] == cut
 
 
 def test_a_stopped_run_resumes_after_its_last_whole_line(chat_target, tmp_path, capsys):
@@ -107,7 +107,7 @@ def test_a_resume_with_other_settings_is_refused_naming_both(chat_target, tmp_pa
     assert out.read_bytes() == written
     assert cli.main([*base, "--max-new-tokens", str(NEW), "--limit", "3"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["lines"] == 3 and summary["resumed_after_lines"] == 2 and summary["this_run"]["lines"] == 1
+    assert summary["lines"] == 3 and summary["resumed_after_lines"] == 2
     (tmp_path / "out.jsonl.settings.json").unlink()  # as an older version left it
     assert cli.main([*base, "--max-new-tokens", "2", "--limit", "4"]) == 0
     assert "has no out.jsonl.settings.json" in capsys.readouterr().err
@@ -170,7 +170,7 @@ def test_a_conversation_past_the_context_keeps_its_reply(chat_target, tmp_path, 
     assert cli.main(["regenerate", "--target", str(folder), "--data-file", str(data), "--out", str(out),
                      "--max-new-tokens", str(NEW)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["this_run"]["kept_past_context"] == 1 and summary["this_run"]["replies"] == 2
+    assert summary["kept_past_context"] == 1 and summary["replies"] == 2
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written[0] == long and written[1] == replayed(folder)[0][0]
 

@@ -80,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
             summary["lines"] += len(batch)
             bar.update(len(batch))
     bar.close()
-    # The file's lines, and what this run added (a resumed file's earlier replies were counted by its earlier runs)
-    print(json.dumps({"lines": done + summary["lines"], "resumed_after_lines": done, "this_run": summary,
-                      "out": str(out)}))
+    # lines: the file's (as before); the other counts are this run's, after resumed_after_lines lines written earlier
+    print(json.dumps({**summary, "lines": done + summary["lines"], "resumed_after_lines": done, "out": str(out)}))
     return 0
 
 
