@@ -210,3 +210,12 @@ def test_serve_reads_the_answer_from_where_the_grammar_began(thinking):
         status, got = call(base, "/v1/chat/completions", {k: v for k, v in body.items() if k != "structured_outputs"})
         assert status == 200 and got["choices"][0]["message"] == want, got
         assert got["usage"]["completion_tokens"] == tokens and out.token_ids[0][0] == end
+
+
+def test_a_grammar_that_waits_for_the_thought_is_named_in_words(thinking):
+    """A bad grammar's refusal says it begins after the thought, not which token ids it waits for."""
+    decoder, _ = thinking
+    with pytest.raises(ValueError, match=r"structured_output 'regex \(red \(held after the thought ends\)' does "
+                                         r"not compile") as caught:
+        decoder.chat(USER, reasoning_parser="qwen3", structured_output={"regex": "(red"}, max_new_tokens=4)
+    assert "tokens [" not in str(caught.value)

@@ -103,4 +103,4 @@ class StructuredOutput:
     def describe(self) -> str:
         text = self.text if len(self.text) <= 80 else self.text[:77] + "..."
         return f"{self.kind} {text}" + (" (disable_any_whitespace)" if self.compact else "") + \
-            (f" after tokens {list(self.after)}" if self.after else "")
+            (" (held after the thought ends)" if self.after else "")  # not its token ids: users read this
