@@ -245,14 +245,17 @@ class Decoder:
         return [self.tokenizer(p, verbose=False)["input_ids"] for p in prompts]
 
     def encode_chat(self, conversations, *, continue_final_message: bool = False,
-                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[list[int]]:
+                    chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[list[int]]:
         """The prompt ids of one conversation ([{"role": ..., "content": ...}, ...]) or a list of
         them, rendered by the target tokenizer's chat template (draftsman/chat.py); tools: tool
         definitions every conversation offers, for a tool-calling template. Earlier tool calls'
         arguments given as JSON strings (OpenAI's form, and chat(tool_call_parser=)'s messages)
-        reach the template as the objects templates expect."""
+        reach the template as the objects templates expect. add_generation_prompt False: no
+        assistant's turn is opened after the last message (vLLM's request field)."""
         return [chat_ids(self.tokenizer, arguments_as_objects(c), self.config["target"]["path"], continue_final_message,
-                         chat_template_kwargs, tools) for c in check_conversations(conversations)]
+                         chat_template_kwargs, tools, add_generation_prompt)
+                for c in check_conversations(conversations)]
 
     def chat(self, conversations, *, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None, tool_call_parser: str | None = None, reasoning_parser: str | None = None,

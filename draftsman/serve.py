@@ -60,7 +60,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from .api import Decoder, GenerationOutput, GenerationStats
-from .chat import chat_ids, check_conversation, check_unicode
+from .chat import check_conversation, check_unicode
 from .detokenize import IncrementalText
 from .forced_calls import ForcedCalls, check_tool_choice, forced_calls
 from .replies import (PARSER_FLAGS, ReplyStream, check_parsers, grammar_after_thought, kept_in_text, opened_thoughts,
@@ -69,7 +69,7 @@ from .serve_batch import Batcher, ServerStopping, check_max_rows
 from .serve_flags import DEFAULT_PREFILL_CHUNK, add_arguments  # noqa: F401 (draftsman.serve's own names)
 from .serve_flags import check_address, listen_error
 from .serve_metrics import ServeMetrics
-from .tool_calls import PARSERS, arguments_as_objects
+from .tool_calls import PARSERS
 from .verifier.structured import StructuredOutput
 
 # OpenAI / vLLM request field -> Decoder.generate argument.
@@ -318,14 +318,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def _chat_ids(self, body: dict) -> list[list[int]]:
         """A request's "messages" (with its "tools", "chat_template_kwargs" and vLLM's turn fields,
-        chat_turn) as prompt ids (earlier tool calls' arguments reach the template as objects, as
-        Decoder.encode_chat gives them; its call has no add_generation_prompt)."""
+        chat_turn) as prompt ids (earlier tool calls' arguments reach the template as objects:
+        Decoder.encode_chat)."""
         messages = check_conversation(body.get("messages"), '"messages"')
         continues, opens_turn = chat_turn(body)
-        decoder = self.server.decoder
-        return [chat_ids(decoder.tokenizer, arguments_as_objects(messages), decoder.config["target"]["path"],
-                         continues, body.get("chat_template_kwargs"), body.get("tools"),
-                         add_generation_prompt=opens_turn)]
+        return self.server.decoder.encode_chat(messages, continue_final_message=continues, tools=body.get("tools"),
+                                               chat_template_kwargs=body.get("chat_template_kwargs"),
+                                               add_generation_prompt=opens_turn)
 
     def _answer(self, body: dict, ids: list[list[int]], chat: bool, echoed: list[str] | None = None,
                 parsed_tools: list[dict] | None = None, tool_parser=None, one_call: bool = False) -> None:

@@ -61,16 +61,23 @@ def tool_call(name: str, arguments, call_id: str | None = None) -> dict:
             "function": {"name": name, "arguments": arguments}}
 
 
+def read_call(name: str, arguments, call_id: str | None = None) -> dict | None:
+    """tool_call for a call read from the output, or None when its arguments have no JSON (the
+    parsers then leave it in the content)."""
+    try:
+        return tool_call(name, arguments, call_id)
+    except ValueError:
+        return None
+
+
 def _mistral_calls(text: str) -> tuple[str | None, list[dict]] | None:
     """mistral: (content, calls) of a reply that holds them, else None (draftsman/tool_call_mistral.py)."""
     parsed = mistral_call_parts(text)
     if parsed is None:
         return None
     content, parts = parsed
-    try:
-        return content, [tool_call(name, arguments, mistral_call_id()) for name, arguments in parts]
-    except ValueError:  # arguments with no JSON for them: the reply is content
-        return None
+    calls = [read_call(name, arguments, mistral_call_id()) for name, arguments in parts]
+    return None if None in calls else (content, calls)  # a call with no JSON for it: the reply is content
 
 
 def _json_calls_of(block: str, tools: list[dict] | None = None) -> list[dict] | None:
@@ -81,16 +88,14 @@ def _json_calls_of(block: str, tools: list[dict] | None = None) -> list[dict] | 
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    try:
-        return [tool_call(value["name"], value.get("arguments", {}))]
-    except ValueError:  # arguments with no JSON for them (NaN)
-        return None
+    call = read_call(value["name"], value.get("arguments", {}))
+    return None if call is None else [call]
 
 
 def _xml_calls_of(block: str, tools: list[dict] | None = None) -> list[dict] | None:
     """qwen3_coder: the calls a block's elements hold, or None when it holds none."""
     parts = xml_calls_parts(block, tools)
-    return [tool_call(*call) for call in parts] if parts is not None else None
+    return [tool_call(*call) for call in parts] if parts is not None else None  # (XML values are never NaN)
 
 
 # Formats whose calls are blocks in the tags: each block's parse (block text, the request's tools) -> its calls.
@@ -142,10 +147,10 @@ def _json_calls(text: str) -> list[dict]:
         if not isinstance(value.get("name") if isinstance(value, dict) else None, str) or \
                 not isinstance(arguments, (dict, str)):
             return []
-        try:
-            calls.append(tool_call(value["name"], arguments))
-        except ValueError:  # arguments with no JSON for them (NaN)
+        call = read_call(value["name"], arguments)
+        if call is None:  # arguments with no JSON for them (NaN)
             return []
+        calls.append(call)
         at = len(text) - len(text[at:].lstrip().removeprefix(";").lstrip())
     return calls
 

@@ -116,13 +116,18 @@ def check_against_target(cfg: dict, target: torch.nn.Module) -> None:
         if cfg.get(key) is not None and cfg[key] > vocab:
             raise ValueError(f"{key} {cfg[key]} is more than the target's {vocab} tokens: lower it"
                              + (" (or set null for all of them)" if key == "draft_vocab" else ""))
-    try:
-        positions = context_length(target.config)
-    except ValueError:  # a config that does not say: nothing to check against
-        positions = None
+    positions = target_positions(target)
     if positions is not None and cfg["seq_len"] > positions:
         raise ValueError(f"seq_len {cfg['seq_len']} is longer than the target's {positions} positions: the heads would "
                          f"learn from positions it was never trained on; set seq_len <= {positions}")
+
+
+def target_positions(target: torch.nn.Module) -> int | None:
+    """The positions the target was trained on, None when its config does not say (nothing to check)."""
+    try:
+        return context_length(target.config)
+    except ValueError:
+        return None
 
 
 def check_eagle3_layer(cfg: dict, target: torch.nn.Module) -> None:

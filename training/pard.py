@@ -178,18 +178,25 @@ def evaluate(model, windows: torch.Tensor, mask_token: int, k: int, vocab: int, 
     return (hits / counts.clamp_min(1)).tolist()
 
 
+def draft_streams(cfg: dict):
+    """The draft model's tokenizer and its training and held-out token streams, as training splits
+    them (the draft's own text: no user turns to skip)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg["draft"])
+    train_stream, held_stream, _ = training_streams({**cfg, "target": cfg["draft"], "assistant_only_loss": False},
+                                                    tokenizer)
+    return tokenizer, train_stream, held_stream
+
+
 @restores_torch_threads
 def train(config) -> dict:
     """Adapt cfg['draft'] into a parallel draft model in cfg['out']; return its metrics."""
-    from transformers import AutoTokenizer
-
     cfg = load_config(config)
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
-    tokenizer = AutoTokenizer.from_pretrained(cfg["draft"])
+    tokenizer, train_stream, held_stream = draft_streams(cfg)
     vocab = len(tokenizer)
-    streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
-    train_stream, held_stream, _ = training_streams(streams_cfg, tokenizer)
     # Accelerate: one process, or several under torchrun / accelerate launch, each drawing its own
     # windows and averaging gradients (as the heads trainer does).
     acc = accelerator(cfg["mixed_precision"])
@@ -266,8 +273,6 @@ def train(config) -> dict:
 def evaluate_only(config) -> dict:
     """Held-out accuracy by depth of the parallel draft model already in `out`, on the held-out windows
     training's final evaluation reads: `draftsman train pard --config FILE --eval-only`."""
-    from transformers import AutoTokenizer
-
     cfg = load_config(config)
     out = Path(cfg["out"])
     if not out.is_dir():  # (load_config refuses an out that is something else)
@@ -277,9 +282,7 @@ def evaluate_only(config) -> dict:
     acc = accelerator(cfg["mixed_precision"])
     if not acc.is_main_process:  # under a launcher: one evaluation, by the main process
         return {}
-    tokenizer = AutoTokenizer.from_pretrained(cfg["draft"])
-    streams_cfg = {**cfg, "target": cfg["draft"], "assistant_only_loss": False}
-    _, held_stream, _ = training_streams(streams_cfg, tokenizer)
+    tokenizer, _, held_stream = draft_streams(cfg)
     model = load_fp32(out).to(acc.device).eval()
     held_windows = heldout_windows(held_stream, cfg["eval_tokens"], cfg["seq_len"]).to(acc.device)
     with acc.autocast():

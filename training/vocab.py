@@ -73,12 +73,9 @@ def count(target: str, corpus_root: str | None, tokens: int, seq_len: int, work_
 def check_fits_target(model, seq_len: int, draft_vocab: int | None) -> None:
     """What heads training refuses (heads.check_against_target), refused here by the flags' names: windows
     past the target's positions (picks it was never trained to make), a draft_vocab past its vocabulary."""
-    from ..models import context_length
+    from .heads import target_positions
 
-    try:
-        positions = context_length(model.config)
-    except ValueError:  # a config that does not say: nothing to check against
-        positions = None
+    positions = target_positions(model)
     if positions is not None and seq_len > positions:
         raise ValueError(f"--seq-len {seq_len} is longer than the target's {positions} positions: the count would "
                          f"come from positions it was never trained on; set --seq-len <= {positions}")
