@@ -69,7 +69,8 @@ def _base(model: nn.Module) -> nn.Module:
     return getattr(model, "model", base) if base is model else base
 
 
-def _final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
+def final_norm_owner(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module that holds the final norm and the norm's attribute name, to read or swap it."""
     base = _base(model)
     for name in _FINAL_NORM_NAMES:
         if isinstance(getattr(base, name, None), nn.Module):
@@ -120,9 +121,9 @@ class FeatureHead(nn.Module):
         with init_empty_weights(include_buffers=False) if brought else contextlib.nullcontext():
             body = AutoModelForCausalLM.from_config(body_config, dtype=torch.float32)
         if config.kind == "eagle3":
-            eagle3.make_midlayer(_decoder_layers(body)[0])
+            eagle3.make_midlayer(decoder_layers(body)[0])
         if config.kind == "eagle":  # EAGLE's layer reads the fused input without normalising it
-            layer = _decoder_layers(body)[0]
+            layer = decoder_layers(body)[0]
             for name in _INPUT_NORM_NAMES:
                 if isinstance(getattr(layer, name, None), nn.Module):
                     setattr(layer, name, nn.Identity())
@@ -133,8 +134,8 @@ class FeatureHead(nn.Module):
                                           "the head a Llama layer: train one of those")
         # Shared with the target, never trained or saved: embeddings, LM head, (mtp) final norm.
         # Kept out of this module's parameters so optimizers and state_dict see only the head.
-        owner, norm_name = _final_norm_owner(body)
-        target_owner, target_norm_name = _final_norm_owner(target)
+        owner, norm_name = final_norm_owner(body)
+        target_owner, target_norm_name = final_norm_owner(target)
         target_norm = target_owner.get_submodule(target_norm_name)
         setattr(owner, norm_name, target_norm if config.kind == "mtp" else nn.Identity())
         body.set_input_embeddings(target.get_input_embeddings())
@@ -290,7 +291,8 @@ def _full_attention(config, target_name: str) -> None:
                                   "'ngram'") from e
 
 
-def _decoder_layers(body: nn.Module) -> nn.ModuleList:
+def decoder_layers(body: nn.Module) -> nn.ModuleList:
+    """The model's list of decoder layers, whatever the architecture names it."""
     base = _base(body)
     for name in ("layers", "h", "layer", "blocks"):
         if isinstance(getattr(base, name, None), nn.ModuleList):

@@ -22,7 +22,7 @@ import copy
 import torch
 from torch import nn
 
-from .feature_head import FeatureHead, FeatureHeadConfig, _decoder_layers, _final_norm_owner
+from .feature_head import FeatureHead, FeatureHeadConfig, decoder_layers, final_norm_owner
 
 
 def num_mtp_layers(target: nn.Module) -> int:
@@ -97,9 +97,9 @@ def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHe
     if getattr(loaded.config, "mtp_hidden_states_first", False):  # the input is [hidden; embedding]
         with torch.no_grad():
             head.fuse.weight.copy_(torch.cat([mtp.eh_proj.weight[:, d:], mtp.eh_proj.weight[:, :d]], dim=1))
-    _decoder_layers(head.body)[0] = mtp.mtp_block
+    decoder_layers(head.body)[0] = mtp.mtp_block
     post_norm = mtp.post_norm if mtp.post_norm is not None else getattr(loaded, "shared_post_norm", nn.Identity())
-    owner, norm_name = _final_norm_owner(head.body)
+    owner, norm_name = final_norm_owner(head.body)
     setattr(owner, norm_name, post_norm)
     head.parts[norm_name] = post_norm  # the head's own: .to() and casts reach it, the target's norm stays
     empty = [name for name, p in head.named_parameters() if p.is_meta]

@@ -136,9 +136,9 @@ def check_eagle3_layer(cfg: dict, target: torch.nn.Module) -> None:
     if cfg["kind"] != "eagle3" or cfg["layer"] != "target":
         return
     from ..heads.eagle3 import midlayer_problem
-    from ..heads.feature_head import _decoder_layers
+    from ..heads.feature_head import decoder_layers
 
-    problems = [midlayer_problem(layer) for layer in _decoder_layers(target)]
+    problems = [midlayer_problem(layer) for layer in decoder_layers(target)]
     if all(problems):  # (a hybrid target's head takes one of its attention layers)
         raise ValueError(problems[0])
 
