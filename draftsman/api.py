@@ -12,7 +12,7 @@ from .chat import chat_ids, check_conversations, check_unicode
 from .replies import (check_parsers, grammar_after_thought, kept_in_text, opened_thoughts, reply_messages,
                       with_default_grammar)
 from .tool_calls import arguments_as_objects
-from .config import load_config
+from .config import check_drafter_named, load_config
 from .models import check_model_folder, eos_ids, load_causal_lm, load_tokenizer, resolve_device, verified_context
 from .drafters import TargetInfo, build_drafter, check_drafter_config
 from .detokenize import IncrementalText
@@ -209,6 +209,7 @@ class Decoder:
         if not isinstance(drafter, dict):
             raise ValueError(f"with_drafter takes a drafter config, e.g. {{'name': 'ngram', 'k': 4}}, or a drafter's "
                              f"name, got {_shown(drafter)}")
+        check_drafter_named(drafter)
         other = object.__new__(Decoder)
         other.config = {**self.config, "drafter": dict(drafter)}
         other.device, other.target, other.tokenizer = self.device, self.target, self.tokenizer
@@ -443,6 +444,9 @@ class Decoder:
             raise ValueError(f"stream takes one prompt, as text, got {_shown(prompt)}: for several, call it once per "
                              "prompt, or use generate() or stream_batch()")
         flat = input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids
+        if flat is not None and not isinstance(flat, (list, tuple)):  # e.g. one id, input_ids=5
+            raise ValueError(f"stream's input_ids are one prompt's token ids, e.g. input_ids=[5, 6, 7], got "
+                             f"{_shown(input_ids)}")
         if flat is not None and any(isinstance(t, (list, tuple)) for t in flat):
             raise ValueError(f"stream takes one prompt: input_ids=[5, 6, 7], got {_shown(input_ids)}; for several, "
                              "use stream_batch(input_ids=[[...], ...]) or generate()")
@@ -626,7 +630,7 @@ class Decoder:
                 visible = text.text
                 if stops:  # never show a stop string (unless kept), nor the start of one that may yet complete
                     at = stops.text_end(visible, len(shown[row]))  # what is shown holds no stop's start
-                    visible = visible[:at] if at is not None else visible[: len(visible) - stops.hold_back]
+                    visible = visible[:at] if at is not None else visible[: max(0, len(visible) - stops.hold_back)]
                 if len(visible) > len(shown[row]):
                     piece, shown[row] = visible[len(shown[row]):], visible
             yield row, StreamChunk(piece, list(new), *scores)

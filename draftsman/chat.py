@@ -162,8 +162,10 @@ def _short(value) -> str:
 
 def _render(tokenizer, conversation: Conversation, folder: str, **how) -> list[int]:
     """apply_chat_template's ids. The template writes the special tokens (BOS, turn markers)
-    itself, so they are not added again."""
-    return list(_apply_template(tokenizer, conversation, folder, tokenize=True, return_dict=False, **how))
+    itself, so they are not added again. verbose=False: the tokenizer's "longer than the specified
+    maximum" warning came before the engine's own error about the context (as in Decoder.encode)."""
+    return list(_apply_template(tokenizer, conversation, folder, tokenize=True, return_dict=False,
+                                tokenizer_kwargs={"verbose": False}, **how))
 
 
 def _apply_template(tokenizer, conversation: Conversation, folder: str, **how):

@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,29 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, with floats read as YAML 1.2 (and JSON) read them: PyYAML reads YAML
-    1.1, where an exponent without a point (1e-3, --set lr=5e-4) is text, which no setting wants."""
+    1.1, where an exponent without a point (1e-3, --set lr=5e-4) is text, which no setting wants.
+    A key written twice in one mapping is refused: PyYAML keeps the last, so `generation:` written
+    twice would drop the first section's settings without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # keys a merge (<<: *anchor) brings may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                break  # PyYAML's own check below names an unhashable key
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is written twice in one mapping (the first value would be "
+                    "dropped); write it once", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
                               list("-+0123456789."))
+
 
 
 def parse_yaml(text: str) -> Any:
@@ -112,6 +131,16 @@ def read_text(path: str | os.PathLike, what: str) -> str:
     except OSError as e:  # permission denied, ...
         raise ValueError(f"{what} '{path}' cannot be read ({e.strerror}): check the path and its permissions") \
             from None
+
+
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are each written once (json keeps the last, as PyYAML does)."""
+    keys = [key for key, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise ValueError(f"the key {key!r} is written twice in one object (the first value would be dropped); "
+                             "write it once")
+    return dict(pairs)
 
 
 def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
@@ -165,16 +194,18 @@ def load_config(config: dict | str | os.PathLike) -> dict:
         if path.suffix == ".json":
             text = read_text(path, "config file")
             try:
-                raw = json.loads(text)
+                raw = json.loads(text, object_pairs_hook=_object_without_repeats)
             except ValueError as e:  # the parser's words say where; these say which file
                 raise ValueError(f"config file '{path}' is not valid JSON: {e}") from None
         else:
             raw = read_yaml(path)
-        raw = raw or {}
+        raw = {} if raw is None else raw  # an empty file; a list or a scalar is not a config
+        if not isinstance(raw, dict):
+            raise ValueError(f"config file '{path}' holds a {type(raw).__name__}: a config must be a mapping of "
+                             f"sections {sorted(DEFAULTS)}, e.g. target: {{path: MODEL_FOLDER}}")
         # Relative model paths in a config file are relative to that file, so configs travel (and
         # a same-named folder under the working directory cannot capture them).
-        sections = [raw.get(s) for s in ("target", "drafter")] if isinstance(raw, dict) else []
-        for values in sections:
+        for values in (raw.get("target"), raw.get("drafter")):
             _paths_relative_to(values, path.parent)
     elif isinstance(config, dict):
         raw = config
@@ -200,10 +231,8 @@ def merge(raw: dict) -> dict:
             if bad:
                 raise ValueError(f"unknown key(s) {[f'{section}.{k}' for k in bad]}; valid keys in "
                                  f"'{section}': {sorted(DEFAULTS[section])}")
-        if section == "drafter" and "name" not in values and set(values) - {"adaptive"}:  # (none's one option)
-            raise ValueError(f"the drafter section has options {sorted(values)} but no name: set drafter.name to the "
-                             "drafter they belong to (e.g. ngram; `draftsman drafters` lists them), or leave the "
-                             "section out for plain decoding")
+        if section == "drafter":
+            check_drafter_named(values)
         if section == "drafter" and "name" in values and values["name"] != cfg["drafter"]["name"]:
             cfg["drafter"] = {}
         for key, value in values.items():
@@ -226,6 +255,15 @@ def merge(raw: dict) -> dict:
     except ValueError as e:
         raise ValueError(f"sampling.{e}") from None
     return cfg
+
+
+def check_drafter_named(values: dict) -> None:
+    """Drafter options come with the drafter's name: without it they were read as the default drafter
+    none's, "unknown option(s) ['k'] for drafter 'none'"."""
+    if "name" not in values and set(values) - {"adaptive"}:  # (none's one option)
+        raise ValueError(f"the drafter section has options {sorted(values)} but no name: set drafter.name to the "
+                         "drafter they belong to (e.g. ngram; `draftsman drafters` lists them), or leave the "
+                         "section out for plain decoding")
 
 
 def check_generation_limits(generation: dict) -> None:

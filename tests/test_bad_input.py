@@ -108,6 +108,22 @@ def test_a_prompt_past_the_tokenizers_maximum_is_named_by_the_engine_alone(llama
     assert not [message for message in said if "Token indices sequence length" in message]
 
 
+def test_a_conversation_past_the_tokenizers_maximum_is_named_by_the_engine_alone(chat_target):
+    """The same warning came first through the chat template (decoder.chat, `draftsman chat`)."""
+    decoder = draftsman.load(config(chat_target[0]))
+    decoder.tokenizer.model_max_length = 8
+    said = []
+    listener = logging.Handler()
+    listener.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(listener)
+    try:
+        with pytest.raises(ValueError, match="tokens but the target's context is"):
+            decoder.chat([{"role": "user", "content": "x = 1\n" * 200}])
+    finally:
+        logging.getLogger("transformers").removeHandler(listener)
+    assert not [message for message in said if "Token indices sequence length" in message]
+
+
 def test_token_ids_as_tensors_and_one_prompt_for_stream(decoder):
     """input_ids may be a 2-D tensor or array, or a list of 1-D ones (they were); stream() takes one
     prompt and says so when given several."""
@@ -119,6 +135,8 @@ def test_token_ids_as_tensors_and_one_prompt_for_stream(decoder):
     assert "".join(decoder.stream(input_ids=torch.tensor([5, 6, 7]), max_new_tokens=4)) == want.texts[0]
     with pytest.raises(ValueError, match=r"stream takes one prompt: input_ids=\[5, 6, 7\], got \[\[5\], \[6\]\]"):
         list(decoder.stream(input_ids=[[5], [6]], max_new_tokens=2))
+    with pytest.raises(ValueError, match=r"stream's input_ids are one prompt's token ids, e.g. .*got 5"):
+        list(decoder.stream(input_ids=5, max_new_tokens=2))  # was "'int' object is not iterable"
     with pytest.raises(ValueError, match="stream takes one prompt, as text, got .*call it once per prompt"):
         list(decoder.stream(["a", "b"], max_new_tokens=2))
 
@@ -132,6 +150,8 @@ def test_encode_and_with_drafter_take_the_short_forms(decoder):
     assert other.generate("def parse(", **greedy).token_ids == decoder.generate("def parse(", **greedy).token_ids
     with pytest.raises(ValueError, match="with_drafter takes a drafter config, e.g.*or a drafter's name, got 5"):
         decoder.with_drafter(5)
+    with pytest.raises(ValueError, match=r"the drafter section has options \['k'\] but no name"):
+        decoder.with_drafter({"k": 4})  # was "unknown option(s) ['k'] for drafter 'none'"
 
 
 

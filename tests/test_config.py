@@ -118,6 +118,38 @@ def test_a_number_pyyaml_reads_as_text_is_the_number_where_a_float_is_due(tmp_pa
         load_config(path)
 
 
+
+@pytest.mark.parametrize("name, text", [
+    ("run.yaml", "target: {path: models/target}\ngeneration: {max_new_tokens: 8}\ngeneration: {seed: 3}\n"),
+    ("run.yaml", "generation: {max_new_tokens: 8, max_new_tokens: 9}\n"),
+    ("run.json", '{"generation": {"max_new_tokens": 8}, "generation": {"seed": 3}}'),
+])
+def test_a_key_written_twice_is_refused_not_dropped(config_dir, name, text):
+    """PyYAML and json keep a repeated key's last value: the first section's max_new_tokens: 8 was
+    silently lost (the run took 64)."""
+    path = config_dir / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"the key '(generation|max_new_tokens)' is written twice .* write it once"):
+        load_config(path)
+
+
+def test_a_merge_key_may_still_be_overridden(config_dir):
+    path = config_dir / "run.yaml"
+    path.write_text("sampling:\n  <<: {temperature: 0.5, top_k: 5}\n  top_k: 7\n")
+    sampling = load_config(path)["sampling"]
+    assert (sampling["temperature"], sampling["top_k"]) == (0.5, 7)
+
+
+@pytest.mark.parametrize("text, kind", [("[]\n", "list"), ("false\n", "bool"), ("0\n", "int")])
+def test_a_config_file_that_is_not_a_mapping_is_named(config_dir, text, kind):
+    """An empty list, false or 0 was read as an empty config, and the run went on with defaults."""
+    path = config_dir / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"config file '.*run.yaml' holds a {kind}: a config must be a mapping of sections"):
+        load_config(path)
+    path.write_text("# nothing yet\n")  # an empty file is an empty config
+    assert load_config(path) == load_config({})
+
 def test_drafter_options_without_a_name_are_named():
     """{drafter: {k: 3}} was read as the default drafter none's, "unknown option(s) ['k'] for drafter 'none'"."""
     with pytest.raises(ValueError, match=r"the drafter section has options \['k'\] but no name: set drafter.name"):

@@ -63,6 +63,20 @@ def test_sampling_fields_map_to_ours(served):
     assert got["usage"]["completion_tokens"] == 1
 
 
+
+def test_a_long_stop_at_the_reply_start_is_held_back_whole_and_streamed(served):
+    """The stop's first characters are the reply's: none of them reaches the client, in the whole
+    answer (built from the stream's pieces) or in the stream."""
+    decoder, base = served
+    prompt = "def parse(text):\n"
+    text = decoder.generate(prompt, max_new_tokens=NEW).texts[0]
+    assert len(text) >= 10, f"the reply is too short for the test: {text!r}"
+    stop = text[:10]
+    _, got = call(base, "/v1/completions", {"prompt": prompt, "max_tokens": NEW, "stop": stop})
+    assert got["choices"][0]["text"] == "" and got["choices"][0]["finish_reason"] == "stop"
+    chunks = events(base, "/v1/completions", {"prompt": prompt, "max_tokens": NEW, "stop": stop, "stream": True})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ""
+
 def test_chat_equals_decoder_chat_and_streams_join_to_the_same_text(served):
     decoder, base = served
     want = decoder.chat(USER, max_new_tokens=NEW).texts[0]

@@ -85,6 +85,23 @@ def test_stream_never_shows_the_stop_string(self_drafting):
     assert all(stop not in p for p in pieces) and stop not in "".join(pieces)
 
 
+
+@pytest.mark.parametrize("start, length", [(0, 6), (1, 9), (3, 12), (6, 14)])
+def test_stream_holds_back_a_long_stop_that_starts_early(plain, self_drafting, start, length):
+    """A stop longer than the text so far: all of that text is held back (it may be the stop's
+    start), so the pieces still join to generate's text when the stop completes."""
+    full = plain.generate(PROMPTS[:1], max_new_tokens=NEW)
+    text = full.texts[0]
+    assert len(text) >= start + length, f"the text is too short for the test: {text!r}"
+    stop = text[start: start + length]
+    for decoder in (plain, self_drafting):
+        want = decoder.generate(PROMPTS[:1], max_new_tokens=NEW, stop=[stop])
+        assert want.stats.finish_reasons == ["stop"] and want.texts[0] == text[: text.index(stop)]
+        pieces = list(decoder.stream(PROMPTS[0], max_new_tokens=NEW, stop=[stop]))
+        assert "".join(pieces) == want.texts[0]
+        chunks = list(decoder.stream_chunks(PROMPTS[0], max_new_tokens=NEW, stop=[stop]))
+        assert "".join(chunk.text for chunk in chunks) == want.texts[0]
+
 def test_stop_check_keeps_the_shortest_prefix_spelling_a_stop():
     words = {1: "ab", 2: "c", 3: "d\n", 4: "\ne", 5: "f"}
     check = StopStrings(lambda ids: "".join(words[i] for i in ids), ["\n\n", "zz"])
