@@ -10,6 +10,7 @@ acceptance, and checks that at temperature 0 every drafter's output equals plain
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,15 @@ def format_table(result: dict, temperature: float) -> str:
     return "\n".join(lines)
 
 
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checked before the models load: bad values failed only after it, and --prompts 0 ran every prompt."""
+    for flag in ("prompts", "max_new_tokens", "repeats"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(args, flag)}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        ap.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="draftsman demo", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts (default 8)")
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    _check(ap, args)
     from . import zoo
 
     print(f"target {zoo.target_path()}\ndraft  {zoo.draft_path()}")

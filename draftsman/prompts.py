@@ -16,6 +16,8 @@ def cut_prompt(text: str, tokenizer, prompt_tokens: int, at: float = 0.6) -> lis
 
 def heldout_prompts(tokenizer, count: int, prompt_tokens: int = 256, files: list[Path] | None = None) -> list[list[int]]:
     """`count` prompts from the held-out split, one per file, in a fixed order."""
+    if count < 1:  # (the loop below stops only at len == count: 0 read every file)
+        raise ValueError(f"count must be >= 1 held-out prompt, got {count}")
     if files is None:
         from .zoo import heldout_files
         files = heldout_files()

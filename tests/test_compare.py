@@ -304,6 +304,39 @@ def test_target_and_drafters_flags_compare_without_a_file(tiny_models, tmp_path,
         assert message in capsys.readouterr().err
 
 
+def test_a_rerun_into_the_same_out_removes_the_earlier_runs_files_it_does_not_make(tiny_models, tmp_path, capsys):
+    """A run without peers into a folder of an earlier run with them left its peers.png beside the new
+    results, read as this run's. Compare's own file names are removed; a user's files stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("peers.png", "batch_sweep.png", "mine.png", "notes.txt"):
+        (out / name).write_text("an earlier run's\n")
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    assert cli.main(["compare", "--target", str(tiny_models["llama"][0]), "--drafters", "ngram", "--quick",
+                     "--no-peers", "--no-progress", "--temperatures", "0", "--batch-sizes", "1",
+                     "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(out)]) == 0
+    assert "note: removed peers.png: an earlier run's, not made by this one" in capsys.readouterr().out
+    assert not (out / "peers.png").exists()
+    assert (out / "batch_sweep.png").read_bytes().startswith(b"\x89PNG")  # this run's own, written over the old
+    assert (out / "mine.png").is_file() and (out / "notes.txt").is_file()
+
+
+def test_a_prompt_past_the_context_is_told_what_helps():
+    """A prompt that alone fills the context was told to lower max_new_tokens, which cannot help."""
+    from types import SimpleNamespace
+
+    from draftsman.bench.compare import _encode
+
+    decoder = SimpleNamespace(engine=SimpleNamespace(max_context=10))
+    for tokens, message in ((8, "lower max_new_tokens to 2 or less, or drop the prompt"),
+                            (10, "the prompt alone fills it: shorten or drop the prompt"),
+                            (12, "the prompt alone fills it: shorten or drop the prompt")):
+        prompt = P.Prompt(id="p", category="copy", input_ids=list(range(tokens)))
+        with pytest.raises(ValueError, match=f"prompt 'p' has {tokens} tokens; .* context of 10: {message}") as e:
+            _encode(decoder, [prompt], max_new_tokens=4)
+        assert ("max_new_tokens to" in str(e.value)) == (tokens < 10)
+
+
 def test_peak_memory_sees_a_temporary_tensor():
     import time
 
@@ -589,10 +622,14 @@ def test_the_sweep_reports_an_interval_for_each_median_of_pairs():
     assert _sweep_cell({**cell, "speedup_low": None, "speedup_high": None}) == "311.4 (0.90x)"
 
 
-@pytest.mark.parametrize("failing", ["continuation", "copy"])  # the last category timed, the first
-def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(failing, tiny_models, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("peer, failing", [("hf_prompt_lookup", "continuation"),  # the last category timed
+                                           ("hf_prompt_lookup", "copy"),  # the first
+                                           ("hf_generate", "copy")])  # the peer every other is measured against
+def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(peer, failing, tiny_models, tmp_path, monkeypatch,
+                                                          capsys):
     """transformers' universal assisted generation raised on some prompts of the bundled pair
-    (a reshape of 0 elements): a peer's failure is its result, noted, not the end of the run."""
+    (a reshape of 0 elements): a peer's failure is its result, noted, not the end of the run.
+    When hf_generate failed, the other peers' rows read its tally: a KeyError after all the timing."""
     from draftsman.bench import peers as peers_module
 
     target = tiny_models["llama"][0]
@@ -617,9 +654,8 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(failing, tiny_models, 
 
     def with_a_failing_peer(decoder, drafters, min_new_tokens=0):
         peers, notes = build(decoder, drafters, min_new_tokens)
-        lookup = next(p for p in peers if p.label == "hf_prompt_lookup")
-        lookup.model = Failing(lookup.model, decoder.encode([p["text"] for p in PROMPTS
-                                                             if p["category"] == failing]))
+        chosen = next(p for p in peers if p.label == peer)
+        chosen.model = Failing(chosen.model, decoder.encode([p["text"] for p in PROMPTS if p["category"] == failing]))
         return peers, notes
 
     from draftsman.bench import compare as compare_module
@@ -664,11 +700,15 @@ def test_a_peer_that_fails_is_dropped_and_the_run_goes_on(failing, tiny_models, 
     assert bars[0].n == bars[0].total  # the bar ends full: the dropped peer's calls are not waited for
     assert next(c for c in res["cells"] if c["drafter"] == "none" and c["category"] == failing)["new_tokens"] > 0
     rows = {(p["peer"], p["category"]) for p in res["peers"]}
-    lookup_rows = {("hf_prompt_lookup", "copy")} if failing == "continuation" else set()
-    assert rows == {("hf_generate", "copy"), ("hf_generate", "continuation")} | lookup_rows
-    assert any(n.startswith("hf_prompt_lookup failed: RuntimeError: cannot reshape tensor of 0 elements "
+    cats = ["copy", "continuation"]
+    lost = {(peer, c) for c in cats[cats.index(failing):]}  # its rows from the failing category on
+    assert rows == {(p, c) for p in ("hf_generate", "hf_prompt_lookup") for c in cats} - lost
+    for row in res["peers"]:  # without hf_generate's runs there is nothing to measure against
+        assert (row["speedup_vs_hf_generate"] is None) == (("hf_generate", row["category"]) in lost), row
+    assert set(res["peer_settings"]) == {"hf_generate", "hf_prompt_lookup"}  # a dropped peer's settings stay
+    assert any(n.startswith(f"{peer} failed: RuntimeError: cannot reshape tensor of 0 elements "
                             f"(on a {failing} prompt)") for n in res["notes"]), res["notes"]
-    assert "hf_prompt_lookup failed" in capsys.readouterr().out
+    assert f"{peer} failed" in capsys.readouterr().out
 
 
 def test_drafters_flag_keeps_the_files_sweep_to_the_drafters_given():
@@ -692,6 +732,28 @@ def test_drafters_flag_with_a_name_missing_is_refused(tmp_path, capsys):
         assert cli.main(["compare", "--target", "nowhere", "--drafters", drafters, "--out", str(tmp_path / "o")]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_drafters_flag_takes_one_mapping_and_names_its_two_forms(capsys):
+    """'{name: ngram}' was split at its commas as names: "unknown drafter '{name:ngram}'"."""
+    from draftsman.bench.command import drafters_flag
+
+    assert drafters_flag("{name: ngram, k: 3}") == [{"name": "ngram", "k": 3}]  # a list of one
+    assert drafters_flag("[{name: ngram}, {name: recycling}]") == [{"name": "ngram"}, {"name": "recycling"}]
+    for text in ("name: ngram", "ngram,k:3"):  # YAML without its brackets
+        assert cli.main(["compare", "--target", "nowhere", "--drafters", text]) == 2
+        assert ("give a comma-separated list of names (ngram,recycling) or a YAML list of drafter configs, "
+                "e.g. '[{name: ngram, k: 3}]'") in capsys.readouterr().err
+
+
+def test_build_prompts_refuses_a_per_category_below_one(tiny_models, tmp_path, capsys):
+    """--per-category -3 wrote an empty prompt set and exited 0."""
+    out = tmp_path / "prompts.jsonl"
+    for n in ("0", "-3"):
+        assert cli.main(["compare", "--target", str(tiny_models["llama"][0]), "--build-prompts", str(out),
+                         "--per-category", n]) == 2
+        assert f"--per-category must be an integer >= 1, got {n}" in capsys.readouterr().err
+        assert not out.exists()
 
 
 def test_a_refused_compare_leaves_no_empty_out_folder(tiny_models, tmp_path, capsys):

@@ -20,15 +20,19 @@ def _numbers(kind):
 
 
 def drafters_flag(text: str) -> list[dict]:
-    """--drafters: "ngram,recycling" (names with their defaults) or a YAML list of drafter configs."""
+    """--drafters: "ngram,recycling" (names with their defaults), a YAML list of drafter configs, or
+    one drafter config ('{name: ngram, k: 3}', read as a list of one)."""
     if not text.strip():  # (it ran the default set, as if the flag were not there)
         raise ValueError("--drafters is empty: name the drafters to compare (e.g. --drafters ngram,recycling), or "
                          "leave the flag out for the default set")
-    if not text.strip().startswith("["):
+    if not text.strip().startswith(("[", "{")):
         names = text.replace(" ", "").split(",")
         if "" in names:  # 'ngram,,recycling' or 'ngram,': a name lost, not a shorter list to run
             raise ValueError(f"--drafters '{text}': a drafter name is missing between commas (or before or after "
                              "them); e.g. --drafters ngram,recycling")
+        if any(c in text for c in ":{}[]"):  # YAML without its brackets: "unknown drafter 'name:ngram'" misled
+            raise ValueError(f"--drafters '{text}': give a comma-separated list of names (ngram,recycling) or a "
+                             "YAML list of drafter configs, e.g. '[{name: ngram, k: 3}]'")
         return [{"name": name} for name in names]
     import yaml
 
@@ -38,6 +42,8 @@ def drafters_flag(text: str) -> list[dict]:
         drafters = parse_yaml(text)
     except yaml.YAMLError as e:
         raise ValueError(f"--drafters is not a valid YAML list: {e}") from None
+    if isinstance(drafters, dict):  # one drafter: names never start with "{", so nothing else was meant
+        drafters = [drafters]
     if not all(isinstance(d, dict) and "name" in d for d in drafters):
         raise ValueError(f"--drafters: each drafter in a YAML list is a mapping with a name, e.g. "
                          f"'[{{name: draft_model, path: DIR}}, {{name: ngram}}]', got {text!r}")
@@ -52,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "names them")
     p.add_argument("--drafters", metavar="LIST",
                    help="the drafters to compare: names, each with its defaults (ngram,recycling), or a YAML list "
-                        "of drafter configs ('[{name: draft_model, path: DIR, k: 4}, {name: ngram}]'); none, the "
-                        "baseline, is always added")
+                        "of drafter configs ('[{name: draft_model, path: DIR, k: 4}, {name: ngram}]', or one "
+                        "such mapping); none, the baseline, is always added")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 prompts per category, 16 new tokens, 1 repeat, batch sizes 1,2 (still "
                         "minutes on a CPU: every drafter runs; --drafters ngram --no-peers for the shortest)")
@@ -157,6 +163,8 @@ def build(cfg: dict, out: Path, per_category: int) -> int:
     from ..training.corpus import python_version, stdlib_root
     from .prompts_set import CATEGORIES, build_meta, build_prompts, write_prompts
 
+    if per_category < 1:  # (it wrote an empty prompt set and exited 0)
+        raise ValueError(f"--per-category must be an integer >= 1, got {per_category}")
     tokenizer = load_tokenizer(cfg["target"]["path"])
     if tokenizer is None:
         raise ValueError(f"target folder '{cfg['target']['path']}' has no tokenizer to count prompt tokens with")

@@ -67,6 +67,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
     sweep_t = 0 if 0 in cfg["temperatures"] else cfg["temperatures"][0]
     sweep_rows = encoded[cfg["batch_category"]] if cfg["batch_category"] else _mixed(list(encoded.values()))
     swept = [o for o in ours if cfg["sweep_drafters"] is None or o.label in cfg["sweep_drafters"] or o.label == baseline]
+    peer_settings = {p.label: p.settings for p in peers}  # now: a peer dropped later keeps its rows' settings
     bar = tqdm(total=_plan(cfg, encoded, len(ours), len(peers), len(swept)), unit="run", disable=not progress,
                dynamic_ncols=True)
 
@@ -122,7 +123,7 @@ def run_compare(cfg: dict, command: str = "draftsman compare", progress: bool = 
         "cells": cells,
         "overall": overall,
         "peers": peer_rows,
-        "peer_settings": {p.label: p.settings for p in peers},
+        "peer_settings": peer_settings,
         "notes": notes,
         "batch_sweep": {"temperature": sweep_t, "rows": cfg["batch_category"] or "mixed", "points": points},
     }
@@ -138,8 +139,11 @@ def _encode(decoder: Decoder, prompts: list[Prompt], max_new_tokens: int) -> lis
     room = decoder.engine.max_context
     for p, row in zip(prompts, ids):
         if len(row) + max_new_tokens > room:
+            # max_new_tokens is >= 1: lowering it helps only where the prompt leaves room for a token
+            fix = (f"lower max_new_tokens to {room - len(row)} or less, or drop the prompt" if len(row) < room
+                   else "the prompt alone fills it: shorten or drop the prompt")
             raise ValueError(f"prompt '{p.id}' has {len(row)} tokens; with max_new_tokens {max_new_tokens} it "
-                             f"runs past the target's context of {room}: lower max_new_tokens or drop the prompt")
+                             f"runs past the target's context of {room}: {fix}")
     return ids
 
 
@@ -196,6 +200,7 @@ def _overall(o: Ours, t: Tally, plain: Tally, temperature: float, prompts: int) 
 def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts, ids, target,
               static_bytes: int) -> dict:
     t = tallies[p.label]
+    plain_hf = tallies.get("hf_generate")  # None once hf_generate failed and was dropped
     div = _divergences(target, prompts, ids, plain.outputs, t.outputs)
     counterpart_name = {"hf_generate": "none", "hf_assisted": "draft_model", "hf_prompt_lookup": "ngram",
                         "hf_universal_assisted": "cross_tokenizer", "hf_early_exit": "layer_skip"}[p.label]
@@ -206,7 +211,7 @@ def _peer_row(p, tallies: dict, plain: Tally, ours: list, category: str, prompts
     return {
         "peer": p.label, "category": category, "temperature": 0, "prompts": len(prompts),
         "tokens_per_s": t.tokens_per_s, "speedup": statistics.median(t.speedups(plain)),
-        "speedup_vs_hf_generate": statistics.median(t.speedups(tallies["hf_generate"])),
+        "speedup_vs_hf_generate": statistics.median(t.speedups(plain_hf)) if plain_hf else None,
         "same_as_ours": len(prompts) - len(div), "divergences": div,
         "counterpart": mine,
         "counterpart_over_peer": statistics.median(tallies[mine].speedups(t)) if mine else None,

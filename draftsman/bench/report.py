@@ -13,11 +13,16 @@ CELL_COLUMNS = ["drafter", "name", "category", "temperature", "prompts", "repeat
 PEER_COLUMNS = ["peer", "category", "temperature", "prompts", "tokens_per_s", "speedup", "speedup_vs_hf_generate",
                 "counterpart", "counterpart_over_peer", "same_as_ours", "peak_memory_mb", "extra_parameters"]
 SWEEP_COLUMNS = ["drafter", "batch_size", "tokens_per_s", "speedup", "speedup_low", "speedup_high", "tau", "new_tokens"]
+# Every file write_all can make: one of these an earlier run left, that this run does not make (no
+# peers, no sweep, no matplotlib), is removed, so the folder holds one run. Other files are left alone.
+ARTIFACTS = ("results.json", "results.csv", "peers.csv", "batch_sweep.csv", "tau_speedup.png", "acceptance.png",
+             "batch_sweep.png", "peers.png")
 
 
 def write_all(results: dict, out: Path) -> list[Path]:
     """results.json, results.csv (drafter x category x temperature), peers.csv, batch_sweep.csv and
-    the plots; returns the files written."""
+    the plots; removes those of ARTIFACTS an earlier run left and this one does not write; returns
+    the files written."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "results.json", out / "results.csv", out / "peers.csv", out / "batch_sweep.csv"]
     _write_csv(files[1], CELL_COLUMNS, results["cells"])
@@ -26,6 +31,11 @@ def write_all(results: dict, out: Path) -> list[Path]:
     plots, note = write_plots(results, out)
     if note:
         results["notes"].append(note)
+    stale = [out / name for name in ARTIFACTS if out / name not in files + plots and (out / name).is_file()]
+    for f in stale:
+        f.unlink()
+    if stale:
+        results["notes"].append(f"removed {', '.join(f.name for f in stale)}: an earlier run's, not made by this one")
     results["plots"] = [p.name for p in plots]
     files[0].write_text(json.dumps(results, indent=1, default=str) + "\n")
     return files + plots
@@ -109,8 +119,10 @@ def markdown(results: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for p in results["peers"]:
             ours = ", ".join(f"{label} {ratio:.2f}x" for label, ratio in p["counterparts"].items()) or "-"
+            vs_hf = p["speedup_vs_hf_generate"]  # None where hf_generate failed and was dropped
+            vs_hf = "-" if vs_hf is None else f"{vs_hf:.2f}x"
             lines.append(f"| {p['peer']} | {p['category']} | {p['tokens_per_s']:.1f} | {p['speedup']:.2f}x | "
-                         f"{p['speedup_vs_hf_generate']:.2f}x | {ours} | {p['same_as_ours']}/{p['prompts']} |")
+                         f"{vs_hf} | {ours} | {p['same_as_ours']}/{p['prompts']} |")
         settings = "; ".join(f"{k}: {v or 'defaults'}" for k, v in results["peer_settings"].items())
         lines += ["", f"peer settings: {settings}"]
     sweep = results["batch_sweep"]
