@@ -10,6 +10,7 @@ own file; EAGLE-3: vLLM method "eagle3", SGLang EAGLE3, one layout for both). `e
 writes whichever EAGLE generation the heads folder holds. The exporter writes exactly that key set, and refuses what it cannot represent: an MTP
 module (its input norms and final norm have no place in the EAGLE-1 layout, and no engine loads a
 standalone MTP module for Llama-family targets) and EAGLE heads whose layer is not a Llama layer.
+MLP speculators need no export (already in fms-extras' layout): `export mlp_speculator` says so.
 
 Both engines serve an EAGLE head's layer as a Llama layer. A head trained with `layer: llama` has
 one, whatever its target; a head's layer of the target's own class exports where that class's
@@ -79,10 +80,13 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
             "has (left out, the engine would draft from another function). Serve the MTP heads with draftsman "
             f"(`drafter: {{name: mtp, path: {heads_dir}}}` in the config of `draftsman serve --config`), "
             "or train an `eagle` head (`draftsman train eagle`) and export that")
+    if kind == "mlp_speculator":
+        raise ValueError(_MLP_SPECULATOR_NEEDS_NO_EXPORT.format(heads=heads_dir))
     if kind not in ENGINES:
         raise ValueError(f"cannot export {kind!r} heads: exportable kinds are {sorted(ENGINES)}")
     if engine not in ENGINES[kind]:
         raise ValueError(f"{kind} heads export to engines {list(ENGINES[kind])}, not {engine!r}")
+    check_heads_folder(heads_dir, kind)
     out_dir = Path(out)
     check_out_folder(out_dir, heads_dir, target_dir)
     # Recorded in what is written (the Medusa repo's base_model_name_or_path, the export mark): a
@@ -111,6 +115,29 @@ def export(kind: str, heads_dir: str, target_dir: str, engine: str, out: str, dt
     for stale in _EXPORT_FILES - {filename, "config.json"}:  # the other engine's weights, from an earlier export
         (out_dir / stale).unlink(missing_ok=True)
     return out_dir
+
+
+_MLP_SPECULATOR_NEEDS_NO_EXPORT = (
+    "MLP speculators need no export: `draftsman train mlp_speculator` writes fms-extras' own MLPSpeculator layout "
+    "(config.json with model_type mlp_speculator; tensors emb.i, proj.i, head.i, ln.i), the one IBM's released "
+    "speculators use and vLLM's MLPSpeculator model reads, so '{heads}' is already what an engine loads (the "
+    "target fingerprint in its config.json is ignored there). vLLM's V1 engine does not route the method "
+    "(vllm-project/vllm#47825, July 2026): serve it with draftsman (`drafter: {{name: mlp_speculator, path: "
+    "{heads}}}` in the config of `draftsman serve --config`)")
+
+
+def check_heads_folder(heads_dir: str, kind: str) -> None:
+    """Refuse a --heads folder that holds a model (the target's, a released speculator's) in words
+    for export: load_checkpoint's own message is the drafter's (drafter.path, draft_model)."""
+    config_file = Path(heads_dir).expanduser() / "config.json"
+    config = read_json_object(config_file) if config_file.is_file() else None
+    if not config or "kind" in config or "model_type" not in config:
+        return  # heads, or no config.json: the heads loader names what is wrong
+    if config["model_type"] == "mlp_speculator":
+        raise ValueError(f"--heads '{heads_dir}' holds an MLP speculator, not {kind} heads. "
+                         + _MLP_SPECULATOR_NEEDS_NO_EXPORT.format(heads=heads_dir))
+    raise ValueError(f"--heads '{heads_dir}' holds a {config['model_type']!r} model, not {kind} heads: give --heads "
+                     f"the folder `draftsman train {kind}` wrote (the model they were trained for goes to --target)")
 
 
 def check_out_folder(out_dir: Path, heads_dir: str, target_dir: str) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 
 ENGINES = {"eagle": ("vllm", "sglang"), "medusa": ("vllm", "medusa")}
-# Heads `draftsman train` writes that no engine layout can hold: accepted as a kind so that
-# `draftsman export mtp` reaches export.export()'s refusal (why, and how to serve them), not argparse's.
-NOT_EXPORTABLE = ("mtp",)
+# Heads `draftsman train` writes that are not exported: mtp (no engine layout can hold it) and
+# mlp_speculator (already in its engine's layout). Accepted as kinds so that `draftsman export mtp`
+# reaches export.export()'s explanation (why, and how to serve them), not argparse's "invalid choice".
+NOT_EXPORTABLE = ("mtp", "mlp_speculator")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=sorted(ENGINES) + list(NOT_EXPORTABLE),
-                   help="kind of heads to export (mtp heads are refused, saying why and how to serve them)")
+                   help="kind of heads to export (mtp and mlp_speculator heads are not exported: it says why and "
+                        "how to serve them)")
     p.add_argument("--heads", required=True, help="heads folder written by draftsman train")
     p.add_argument("--target", required=True, help="the target model folder the heads were trained for")
     p.add_argument("--engine", required=True, help="vllm | sglang (eagle); vllm | medusa (medusa)")

@@ -16,8 +16,10 @@ beyond depth 1, as it does for a trained `mtp` head. Drafts only: the verifier k
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
+import re
 
 import torch
 from torch import nn
@@ -54,6 +56,51 @@ def _qwen_mtp_named(text):
             delattr(text, key)
 
 
+# Patterns of checkpoint keys a text-only target skips that are not MTP layers: an image-text
+# checkpoint's vision (or audio) tower.
+_NOT_MTP = re.compile(r"visual|vision|audio")
+
+
+@contextlib.contextmanager
+def _mtp_keys_only(target):
+    """MtpModel reads every checkpoint key the target's class skips (_keys_to_ignore_on_load_unexpected),
+    and Qwen3.5's text class skips an image-text checkpoint's vision tower too: each of its tensors
+    would be listed as UNEXPECTED in transformers' load report (hundreds of lines). While it loads,
+    the target skips its MTP keys only; the MTP keys themselves are untouched, so missing ones still fail."""
+    patterns = getattr(target, "_keys_to_ignore_on_load_unexpected", None) or []
+    kept = [p for p in patterns if not _NOT_MTP.search(p)]
+    if len(kept) == len(patterns):
+        yield
+        return
+    own = vars(target).get("_keys_to_ignore_on_load_unexpected")  # usually the class's, not the instance's
+    target._keys_to_ignore_on_load_unexpected = kept  # on the instance: the class keeps its own
+    try:
+        yield
+    finally:
+        if own is None:
+            del target._keys_to_ignore_on_load_unexpected
+        else:
+            target._keys_to_ignore_on_load_unexpected = own
+
+
+_SHOWN_KEYS = 5
+
+
+def _capped(error: Exception) -> str:
+    """transformers' message with its list of missing keys cut to the first few (a 256-expert MTP
+    layer lists hundreds)."""
+    text = str(error)
+    head, sep, listed = text.rpartition(": [")
+    try:
+        keys = ast.literal_eval("[" + listed) if sep else None
+    except (ValueError, SyntaxError):
+        keys = None
+    if not isinstance(keys, list):
+        return text
+    more = f" ... {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
+    return f"{head}: {', '.join(map(str, keys[:_SHOWN_KEYS]))}{more}"
+
+
 def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHead:
     """The target's first MTP layer as an mtp FeatureHead, in the target's dtype and on its device."""
     from transformers.modeling_layers import MtpModel
@@ -79,12 +126,12 @@ def load_native_mtp(target: nn.Module, drafter: str = "native_mtp") -> FeatureHe
                                   "(mtp_use_dedicated_embeddings), which Hugging Face's MtpModel does not load; "
                                   "draft with 'eagle' or 'draft_model'")
     try:
-        with _qwen_mtp_named(text):
+        with _qwen_mtp_named(text), _mtp_keys_only(target):
             loaded = MtpModel.from_pretrained(target)
     except (RuntimeError, ValueError, OSError) as e:
-        raise ValueError(f"{drafter}: cannot load the MTP layers of '{where}': {e}. The config names "
+        raise ValueError(f"{drafter}: cannot load the MTP layers of '{where}': the config names "
                          f"{num_mtp_layers(target)} MTP layer(s); the checkpoint must hold their weights (a "
-                         "checkpoint saved by Hugging Face's save_pretrained drops them)") from e
+                         f"checkpoint saved by Hugging Face's save_pretrained drops them). {_capped(e)}") from e
     if getattr(loaded.config, "logits_mup_width_multiplier", None) is not None:
         raise NotImplementedError(f"{drafter}: {type(target).__name__} scales its logits (muP) before the LM "
                                   "head, which the head here does not; draft with 'eagle' or 'draft_model'")

@@ -243,6 +243,39 @@ def test_export_mtp_on_the_command_line_says_why_not_and_what_to_do(llama, tmp_p
     assert not out.exists()
 
 
+def test_export_mlp_speculator_says_it_needs_none(llama, tmp_path, capsys):
+    """`draftsman export mlp_speculator` stopped at argparse ("invalid choice"): an MLP speculator is
+    already in the layout its engine reads, and the user is told so."""
+    folder, _ = llama
+    out = tmp_path / "out"
+    code = main(["export", "mlp_speculator", "--heads", str(tmp_path / "spec"), "--target", str(folder),
+                 "--engine", "vllm", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "invalid choice" not in err
+    assert "MLP speculators need no export" in err and "fms-extras' own MLPSpeculator layout" in err
+    assert f"drafter: {{name: mlp_speculator, path: {tmp_path / 'spec'}}}" in err
+    assert not out.exists()
+
+
+def test_a_model_given_as_heads_is_named_as_heads_not_drafter_path(llama, tmp_path, capsys):
+    """--heads pointed at the target (or at an MLP speculator) was refused in the drafter's words:
+    "point drafter.path at a heads folder ... drafts as drafter draft_model"."""
+    folder, _ = llama
+    code = main(["export", "eagle", "--heads", str(folder), "--target", str(folder), "--engine", "vllm",
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--heads '{folder}' holds a 'llama' model, not eagle heads" in err
+    assert "draftsman train eagle" in err and "drafter.path" not in err and "draft_model" not in err
+    spec = tmp_path / "spec"  # what `draftsman train mlp_speculator` writes holds no 'kind'
+    spec.mkdir()
+    (spec / "config.json").write_text(json.dumps({"model_type": "mlp_speculator", "n_predict": 2}))
+    for kind in ("eagle", "medusa"):
+        with pytest.raises(ValueError, match=r"holds an MLP speculator, not \w+ heads. MLP speculators need no "
+                                             r"export.*vLLM's MLPSpeculator model reads"):
+            export(kind, str(spec), str(folder), "vllm", str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
 def test_paths_written_by_an_export_resolve_from_anywhere(llama, tmp_path, monkeypatch):
     """The Medusa repo's base_model_name_or_path (and the export mark's paths) were written as typed:
     a relative --target resolved only from the folder the export ran in."""

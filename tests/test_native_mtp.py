@@ -1,15 +1,16 @@
 """`native_mtp`: the MTP layers a target's own checkpoint ships, drafting through the shared
 verifier. Tiny random targets whose configs name MTP layers (DeepSeek-V3 with MLA and a mixture of
-experts; Mellum, Qwen3-MoE-like; the hybrids Qwen3-Next and Qwen3.5), their MTP weights written in
-each checkpoint's own layout (DeepSeek's model.layers.N.*, the others' mtp.*), loaded by Hugging
-Face's MtpModel."""
+experts; GLM-4.5, a mixture of experts with q/k norms and attention biases; Mellum, Qwen3-MoE-like;
+the hybrids Qwen3-Next and Qwen3.5), their MTP weights written in each checkpoint's own layout
+(DeepSeek's and GLM's model.layers.N.*, the others' mtp.*), loaded by Hugging Face's MtpModel."""
 import functools
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, DeepseekV3Config, MellumConfig, Qwen3_5TextConfig, Qwen3NextConfig
+from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, DeepseekV3Config, Glm4MoeConfig,
+                          MellumConfig, Qwen3_5Config, Qwen3_5TextConfig, Qwen3NextConfig, modeling_layers)
 from transformers.modeling_layers import MtpModel
 
 import draftsman
@@ -31,6 +32,12 @@ def _configs(vocab_size: int, eos: int, bos: int) -> dict:
                                 num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
                                 first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
                                 qk_nope_head_dim=8, v_head_dim=8, **common)
+    # GLM-4.5's MTP keys are model.layers.46.* (or .92.*, GLM-4.5's own depth): Hugging Face looks
+    # for those two, so 46 layers; all but the top one dense (a mixture of experts costs most here),
+    # so the top layer and the MTP layer copied from it are MoE, as GLM-4.5's are.
+    glm = Glm4MoeConfig(num_hidden_layers=46, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+                        n_group=1, topk_group=1, n_shared_experts=1, first_k_dense_replace=45, use_qk_norm=True,
+                        attention_bias=True, **common)
     # One sliding layer, as Mellum's: its MTP layer slides too (and needs that layer kind's RoPE).
     mellum = MellumConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=8, num_experts=4,
                           num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"], **common)
@@ -44,12 +51,15 @@ def _configs(vocab_size: int, eos: int, bos: int) -> dict:
     qwen3_next = Qwen3NextConfig(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
                                  num_experts_per_tok=2, **hybrid)
     return {"deepseek_v3": deepseek, "mellum": mellum, "mellum_hidden_first": hidden_first,
-            "qwen3_next": qwen3_next, "qwen3_5": Qwen3_5TextConfig(**hybrid)}
+            "qwen3_next": qwen3_next, "qwen3_5": Qwen3_5TextConfig(**hybrid),
+            # last, so the others keep their seeds (40 + i): with another, Qwen3-Next's MTP layer picks EOS
+            # where min_new_tokens bans it, which the drafts test's plain argmax does not
+            "glm4_moe": glm}
 
 
 def _mtp_keys(arch: str, n_layers: int) -> tuple[str, dict[str, str]]:
     """Where the checkpoint keeps its MTP layer: the decoder block's prefix, and its other parts."""
-    if arch == "deepseek_v3":
+    if arch in ("deepseek_v3", "glm4_moe"):
         at = f"model.layers.{n_layers}."
         return at, {"eh_proj": at + "eh_proj", "enorm": at + "enorm", "hnorm": at + "hnorm",
                     "post_norm": at + "shared_head.norm"}
@@ -57,13 +67,13 @@ def _mtp_keys(arch: str, n_layers: int) -> tuple[str, dict[str, str]]:
                              "hnorm": "mtp.pre_fc_norm_hidden", "post_norm": "mtp.norm"}
 
 
-def write_mtp_weights(folder, arch: str, n_layers: int, seed: int) -> None:
+def write_mtp_weights(folder, arch: str, n_layers: int, seed: int, layers: str = "model.layers.") -> None:
     """Add an MTP layer to a saved checkpoint, as the model's release ships it: its decoder block a
-    perturbed copy of the top layer (in the checkpoint's own key names), the rest random."""
+    perturbed copy of the top layer (in the checkpoint's own key names, under `layers`), the rest random."""
     tensors = load_file(folder / "model.safetensors")
     block, parts = _mtp_keys(arch, n_layers)
     g = torch.Generator().manual_seed(seed)
-    top = f"model.layers.{n_layers - 1}."
+    top = f"{layers}{n_layers - 1}."
     for key, value in list(tensors.items()):
         if key.startswith(top):
             tensors[block + key[len(top):]] = value + 0.02 * torch.randn(value.shape, generator=g)
@@ -86,7 +96,8 @@ def targets(tmp_path_factory, tiny_tokenizer):
         model.save_pretrained(folder)
         model.generation_config.save_pretrained(folder)
         write_mtp_weights(folder, arch, config.num_hidden_layers, seed=50 + i)
-        assert arch == "deepseek_v3" or any(k.startswith("mtp.") for k in load_file(folder / "model.safetensors"))
+        keys = load_file(folder / "model.safetensors")
+        assert arch in ("deepseek_v3", "glm4_moe") or any(k.startswith("mtp.") for k in keys)
         reference = load_for_reference(folder)
         out[arch] = (folder, [reference.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
                                                  do_sample=False)[0, len(p):].tolist() for p in PROMPTS])
@@ -145,7 +156,7 @@ def test_drafts_are_hugging_faces_mtp_predictions(targets, arch):
                                atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "mellum", "qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "mellum", "qwen3_next", "qwen3_5"])
 @pytest.mark.parametrize("depth", [1, 3])
 def test_greedy_output_equals_the_targets_own(targets, arch, depth):
     folder, expected = targets[arch]
@@ -264,8 +275,44 @@ def test_a_checkpoint_missing_its_mtp_weights_is_named(targets, tmp_path):
             (tmp_path / name).write_bytes((source / name).read_bytes())
     tensors = {k: v for k, v in load_file(source / "model.safetensors").items() if not k.startswith("mtp.")}
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"cannot load the MTP layers .*must hold their weights"):
+    with pytest.raises(ValueError, match=r"cannot load the MTP layers .*must hold their weights") as refused:
         _decoder(tmp_path)
+    # The advice first, then the first few of transformers' missing keys (a 256-expert layer has hundreds).
+    message = str(refused.value)
+    assert message.index("must hold their weights") < message.index("layers.0.eh_proj.weight")
+    assert message.count("layers.0.") == 5 and message.endswith(" more")
+
+
+def test_an_image_text_checkpoints_vision_tower_is_not_reported(tiny_tokenizer, tmp_path, monkeypatch):
+    """Qwen3.5 is released as an image-text checkpoint. Its text class skips the vision tower, and
+    MtpModel read every key that class skips: transformers' load report listed each vision tensor as
+    UNEXPECTED (hundreds of lines on a real release). Missing MTP weights are still refused."""
+    V = len(tiny_tokenizer)
+    text = _configs(V, tiny_tokenizer.eos_token_id, tiny_tokenizer.bos_token_id)["qwen3_5"].to_dict()
+    config = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                                num_heads=2, out_hidden_size=D),
+                           image_token_id=V - 1, video_token_id=V - 2, vision_start_token_id=V - 3,
+                           vision_end_token_id=V - 4, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    folder = tmp_path / "vl"
+    AutoModelForImageTextToText.from_config(config).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    write_mtp_weights(folder, "qwen3_5", 4, seed=7, layers="model.language_model.layers.")
+    assert any(k.startswith("model.visual.") for k in load_file(folder / "model.safetensors"))
+    reports = []
+    report = modeling_layers.log_state_dict_report
+    monkeypatch.setattr(modeling_layers, "log_state_dict_report",
+                        lambda **kw: reports.append(kw["loading_info"]) or report(**kw))
+    plain = draftsman.load({"target": {"path": str(folder), "device": "cpu"}})
+    expected = plain.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+    out = _decoder(folder, depth=2).generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW,
+                                             temperature=0.0)
+    assert out.token_ids == expected.token_ids
+    assert [sorted(r.unexpected_keys) for r in reports] == [[]]
+    tensors = {k: v for k, v in load_file(folder / "model.safetensors").items() if not k.startswith("mtp.")}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"cannot load the MTP layers .*must hold their weights.*eh_proj"):
+        _decoder(folder)
 
 
 @pytest.mark.parametrize("options,message", [
