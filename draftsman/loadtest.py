@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import random
 import statistics
 import threading
@@ -87,7 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"request i also bans a token of its own (logit_bias {{id: -100}}, id 1 + i mod {BIASED_IDS}), "
                         "as clients that each ban their own tokens do: " + apart.format("biases", "logit_bias"))
     p.add_argument("--stream", action="store_true", help="stream, and measure the time to the first token")
-    p.add_argument("--json", dest="json_out", help="also write every request's result and the summary here")
+    p.add_argument("--json", dest="json_out",
+                   help="also write every request's result and the summary here; with --repeats or several --url, "
+                        "every run's are under 'runs' (url, repeat, summary, results), and the top-level "
+                        "'summary' and 'results' are the first run's only (the first --url's first repeat)")
 
 
 BIASED_IDS = 16  # --distinct-biases bans ids 1..16 (0 is EOS in GPT-2-style vocabularies)
@@ -99,7 +103,7 @@ def number_mix(text: str, flag: str, example: str) -> list[float]:
         values = [float(t) for t in text.split(",")]
     except ValueError:
         values = []
-    if not values or any(t < 0 for t in values):
+    if not values or not all(math.isfinite(t) and t >= 0 for t in values):  # nan passes a `t < 0` check
         raise ValueError(f"{flag} takes numbers >= 0 separated by commas, e.g. {example}; got {text!r}")
     return values
 
@@ -108,6 +112,8 @@ def request_fields(args: argparse.Namespace, lengths: list[int]) -> list[dict]:
     """Each request's fields besides the prompt and the model: its max_tokens (`lengths`), and
     what the mixing options give request i (the (i mod count)-th of a mix; a penalty or a ban of
     0 is not sent)."""
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # else every request gets a 400
+        raise ValueError(f"--temperature must be a number >= 0, got {args.temperature}")
     temperatures = number_mix(args.temperatures, "--temperatures", "0,0.7,1") if args.temperatures \
         else [args.temperature]
     penalties = number_mix(args.presence_penalties, "--presence-penalties", "0,0.5") \
@@ -191,7 +197,9 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
     try:
         with urllib.request.urlopen(_request(base + ("/chat/completions" if chat else "/completions"), body,
                                              api_key), timeout=600) as r:
-            got = read_stream(r, chat, t0) if stream else read_answer(r.read())
+            # --fixed-length sends min_tokens: a shorter answer is then checked for why
+            min_tokens = body.get("min_tokens")
+            got = read_stream(r, chat, t0, min_tokens) if stream else read_answer(r.read(), min_tokens)
     except urllib.error.HTTPError as e:
         return Result(prompt_id, False, f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # (a body cut short: IncompleteRead)
@@ -201,7 +209,7 @@ def send(base: str, prompt_id: str, fields: dict, settings: dict, stream: bool, 
     return Result(prompt_id, True, seconds=time.perf_counter() - t0, **got)
 
 
-def read_answer(raw: bytes) -> dict:
+def read_answer(raw: bytes, min_tokens: int | None = None) -> dict:
     """A non-streamed answer's Result fields: its output tokens from its usage, and tau."""
     try:
         answer = json.loads(raw)
@@ -212,13 +220,15 @@ def read_answer(raw: bytes) -> dict:
         raise BadAnswer(f"the server's answer is not a JSON object: {_excerpt(raw)}")
     if "error" in answer:
         raise BadAnswer(f"the server answered 200 with an error: {error_message(answer['error'])}")
-    return {"output_tokens": completion_tokens(answer, raw), "tau": _tau(answer, None)}
+    tokens = completion_tokens(answer, raw)
+    check_finish(finish_reasons(answer), tokens, min_tokens)
+    return {"output_tokens": tokens, "tau": _tau(answer, None)}
 
 
-def read_stream(lines, chat: bool, t0: float) -> dict:
+def read_stream(lines, chat: bool, t0: float, min_tokens: int | None = None) -> dict:
     """A stream's Result fields: when its pieces of text came (seconds since t0), and its output
     tokens from the usage event that stream_options.include_usage asks for."""
-    first, gaps, last, tokens, tau = None, [], 0.0, None, None
+    first, gaps, last, tokens, tau, reasons = None, [], 0.0, None, None, []
     for line in lines:
         line = line.decode(errors="replace").strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -235,11 +245,34 @@ def read_stream(lines, chat: bool, t0: float) -> dict:
             last = now
         if event.get("usage"):
             tokens = completion_tokens(event, line)
+        reasons += finish_reasons(event)
         tau = _tau(event, tau)
     if tokens is None:  # 0 tokens would pass for a completed request and lower the throughput
         raise BadAnswer("the stream has no usage event, so its output tokens cannot be counted: the server "
                         "ignored stream_options.include_usage (run without --stream to count them)")
+    check_finish(reasons, tokens, min_tokens)
     return {"first_token_seconds": first, "gaps": gaps, "output_tokens": tokens, "tau": tau}
+
+
+def finish_reasons(answer: dict) -> list[str]:
+    """The finish reasons an answer's (or a stream event's) choices give; a stream's pieces give none."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c["finish_reason"] for c in choices if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+
+
+def check_finish(reasons: list[str], tokens: int, min_tokens: int | None) -> None:
+    """Raises BadAnswer for an answer that ended but did not complete: one the server aborted (its
+    shutdown ends running requests with finish_reason "abort" and their partial tokens), or, with
+    --fixed-length, one shorter than its min_tokens for a reason other than "length" (the context
+    ran out). Counted as completed, either would pass its few tokens off as a whole request's."""
+    if "abort" in reasons:
+        raise BadAnswer(f"the server aborted the request (finish_reason abort) after {tokens} tokens")
+    if min_tokens is not None and tokens < min_tokens and "length" not in reasons:
+        why = ", ".join(reasons) or "none given"
+        raise BadAnswer(f"--fixed-length asked for {min_tokens} tokens (min_tokens) but the request ended after "
+                        f"{tokens} (finish_reason {why}): does the server honour min_tokens?")
 
 
 def _event(data: str) -> dict:
@@ -451,14 +484,17 @@ def run(args: argparse.Namespace) -> int:
     for name in ("requests", "concurrency", "max_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.request_rate is not None and args.request_rate <= 0:
+    if args.request_rate is not None and not args.request_rate > 0:  # (nan too)
         raise ValueError(f"--request-rate must be > 0 requests per second, got {args.request_rate}")
     bases = [url.rstrip("/") for url in args.url]
     for base in bases:
         if not base.startswith(("http://", "https://")):
             raise ValueError(f"--url {base!r} is not an http(s) URL; give the API's root, "
                              "e.g. http://127.0.0.1:8000/v1")
-    if args.json_out:  # before the load runs, not after: a folder that cannot be made must not cost the run
+    if args.json_out:  # before the load runs, not after: a path that cannot be written must not cost the run
+        if Path(args.json_out).is_dir():
+            raise ValueError(f"--json {args.json_out!r} is a folder: give a file's path, "
+                             f"e.g. {str(Path(args.json_out) / 'load.json')!r}")
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     lengths = max_token_draws(args.requests, args.max_tokens, args.max_tokens_min, args.seed)
     fields = request_fields(args, lengths)

@@ -117,17 +117,27 @@ FAILED_STREAM = (b'data: {"choices": [{"index": 0, "text": "abc", "finish_reason
                  b'"param": null, "code": 500}}\n\ndata: [DONE]\n\n')
 NO_USAGE = json.dumps({"choices": [{"index": 0, "text": "abc", "finish_reason": "length"}]}).encode()
 UNCOUNTED_STREAM = b'data: {"choices": [{"index": 0, "text": "abc", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+# What draftsman serve answers for a running request when it is stopped (SIGTERM) mid-run.
+ABORTED = json.dumps({"choices": [{"index": 0, "text": "ab", "finish_reason": "abort"}],
+                      "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}).encode()
+ABORTED_STREAM = (b'data: {"choices": [{"index": 0, "text": "ab", "finish_reason": null}]}\n\n'
+                  b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]}\n\n'
+                  b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, '
+                  b'"total_tokens": 7}}\n\ndata: [DONE]\n\n')
 
 
 @pytest.mark.parametrize("body, stream, named", [
     (FAILED_STREAM, True, "the stream ended in an error: generation failed: out of memory"),
     (UNCOUNTED_STREAM, True, "the stream has no usage event"),
     (NO_USAGE, False, "the server's answer has no usage (completion_tokens)"),
-    (b"<html>oops</html>", False, "the server's answer is not JSON: '<html>oops</html>'")],
-    ids=["error-event", "stream-without-usage", "no-usage", "not-json"])
+    (b"<html>oops</html>", False, "the server's answer is not JSON: '<html>oops</html>'"),
+    (ABORTED, False, "the server aborted the request (finish_reason abort) after 2 tokens"),
+    (ABORTED_STREAM, True, "the server aborted the request (finish_reason abort) after 2 tokens")],
+    ids=["error-event", "stream-without-usage", "no-usage", "not-json", "aborted", "aborted-stream"])
 def test_an_answer_that_failed_or_cannot_be_counted_is_a_failed_request(prompt_file, capsys, body, stream, named):
     """A stream's error event passed for a completed request of 0 tokens; an answer without usage,
-    or not JSON, ended its client thread (its later requests never sent) and crashed the summary."""
+    or not JSON, ended its client thread (its later requests never sent) and crashed the summary;
+    a request the server aborted (stopped mid-run) passed for a completed one of its few tokens."""
     with answering(body, "text/event-stream" if stream else "application/json") as (base, posts):
         argv = ["loadtest", "--url", base, "--prompts", str(prompt_file), "--requests", "3", "--concurrency", "1",
                 "--max-tokens", "4"] + (["--stream"] if stream else [])
@@ -135,6 +145,32 @@ def test_an_answer_that_failed_or_cannot_be_counted_is_a_failed_request(prompt_f
     printed = capsys.readouterr().out
     assert len(posts) == 3  # the one client went on after each failure
     assert "requests: 0 of 3 completed" in printed and f"failed: 3; the first: {named}" in printed
+
+
+def short_answer(reason: str, stream: bool) -> bytes:
+    """An answer of 2 tokens that ended for `reason`."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    if not stream:
+        return json.dumps({"choices": [{"index": 0, "text": "ab", "finish_reason": reason}], "usage": usage}).encode()
+    events = [{"choices": [{"index": 0, "text": "ab", "finish_reason": reason}]}, {"choices": [], "usage": usage}]
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_fixed_length_fails_a_request_that_stopped_short(prompt_file, capsys, stream):
+    """--fixed-length asks every request for its max_tokens: a 2-token answer that stopped (a server
+    ignoring min_tokens) is not the load asked for; one the context cut ("length"), or any that
+    stops at EOS without --fixed-length, is completed."""
+    argv = ["--prompts", str(prompt_file), "--requests", "2", "--max-tokens", "4"] + (["--stream"] if stream else [])
+    kind = "text/event-stream" if stream else "application/json"
+    for reason, fixed, completed in [("stop", True, 0), ("length", True, 2), ("stop", False, 2)]:
+        with answering(short_answer(reason, stream), kind) as (base, _):
+            code = cli.main(["loadtest", "--url", base] + argv + (["--fixed-length"] if fixed else []))
+        printed = capsys.readouterr().out
+        assert code == (0 if completed == 2 else 1) and f"requests: {completed} of 2 completed" in printed
+        if not completed:
+            assert ("the first: --fixed-length asked for 4 tokens (min_tokens) but the request ended after 2 "
+                    "(finish_reason stop)") in printed
 
 
 @pytest.mark.parametrize("rate", [None, 1000.0])
@@ -183,6 +219,10 @@ def test_json_goes_to_a_new_folder_and_a_bad_one_fails_first(served, prompt_file
     assert cli.main(argv + ["--json", str(blocker / "load.json")]) == 2
     captured = capsys.readouterr()
     assert "error:" in captured.err and "requests:" not in captured.out  # no load was sent to be lost
+    # an existing folder as the file: it failed only when writing, after the whole load ran
+    assert cli.main(argv + ["--json", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert f"--json '{tmp_path}' is a folder" in captured.err and "requests:" not in captured.out
 
 def test_summary_percentiles_and_per_token_time():
     results = [Result("a", True, seconds=s, first_token_seconds=0.1, output_tokens=11) for s in (1.1, 2.1, 3.1)]
@@ -253,6 +293,15 @@ def test_fixed_length_sends_min_tokens(monkeypatch, prompt_file, capsys):
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file),
                      "--presence-penalties", "-1"]) != 0
     assert "--presence-penalties takes numbers >= 0 separated by commas, e.g. 0,0.5" in capsys.readouterr().err
+    # refused here, not sent for the server to refuse each request: a number >= 0 (nan is not one)
+    sent.clear()
+    for flag, value, named in [("--temperature", "-1", "--temperature must be a number >= 0, got -1.0"),
+                               ("--temperature", "nan", "--temperature must be a number >= 0, got nan"),
+                               ("--temperatures", "0,nan", "--temperatures takes numbers >= 0"),
+                               ("--temperatures", "inf", "--temperatures takes numbers >= 0"),
+                               ("--presence-penalties", "nan", "--presence-penalties takes numbers >= 0")]:
+        assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), flag, value]) == 2
+        assert named in capsys.readouterr().err and sent == []
 
 
 def test_max_tokens_vary_between_requests_alike_for_every_server(monkeypatch, prompt_file, capsys):
@@ -314,6 +363,8 @@ def test_request_rate_starts_requests_at_poisson_times(monkeypatch, capsys, prom
     assert all(b - a >= 0.29 for a, b in zip(starts, starts[1:]))
     assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--request-rate", "0"]) == 2
     assert "--request-rate must be > 0" in capsys.readouterr().err
+    assert cli.main(["loadtest", "--url", "http://x/v1", "--prompts", str(prompt_file), "--request-rate", "nan"]) == 2
+    assert "--request-rate must be > 0" in capsys.readouterr().err
 
 
 def test_two_servers_side_by_side(chat_target, prompt_file, tmp_path, capsys):
@@ -330,6 +381,9 @@ def test_two_servers_side_by_side(chat_target, prompt_file, tmp_path, capsys):
     got = json.loads(out.read_text())
     # the order flips every run, so drift on the machine hits both servers alike
     assert [r["url"] for r in got["runs"]] == [first, second, second, first, first, second]
+    # the top level holds the first run only, as docs/serving.md says: each run's is under "runs"
+    assert (got["summary"], got["results"]) == (got["runs"][0]["summary"], got["runs"][0]["results"])
+    assert [r["repeat"] for r in got["runs"]] == [0, 0, 1, 1, 2, 2]
     assert all(r["summary"]["output_tokens"] == 12 for r in got["runs"])
     rows = got["side_by_side"]
     assert [r["url"] for r in rows] == [first, second] and [r["runs"] for r in rows] == [3, 3]
