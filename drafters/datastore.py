@@ -102,13 +102,19 @@ def read_documents(path: str | Path) -> list[str]:
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
     else:
         files = [path]
-    texts = []
+    texts, not_utf8 = [], []
     for f in files:
         try:
             content = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+        except UnicodeDecodeError as e:
+            if not path.is_dir():  # the one file given: skipping it would leave "no text", a wrong reason
+                raise ValueError(f"retrieval: datastore file '{f}' is not UTF-8 text ({e.reason} at byte {e.start}): "
+                                 "save it as UTF-8") from None
+            not_utf8.append(f)
             continue
-        if f.suffix != ".jsonl":
+        except OSError:
+            continue
+        if f.suffix.lower() != ".jsonl":  # (UP.JSONL too)
             texts.append(content)
             continue
         for n, line in enumerate(content.splitlines(), 1):
@@ -123,5 +129,7 @@ def read_documents(path: str | Path) -> list[str]:
             texts.append(text)
     texts = [t for t in texts if t.strip()]
     if not texts:
-        raise ValueError(f"retrieval: datastore path '{path}' holds no text to look drafts up in")
+        skipped = f" ({len(not_utf8)} file(s) skipped as not UTF-8 text, e.g. '{not_utf8[0]}': save them as UTF-8)" \
+            if not_utf8 else ""
+        raise ValueError(f"retrieval: datastore path '{path}' holds no text to look drafts up in{skipped}")
     return texts

@@ -7,15 +7,17 @@ would find nothing, or the wrong text, without any error, so a mismatch is refus
 """
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..atomic_files import replaced_whole
 from ..models import tokenizer_fingerprint
-from .datastore import Datastore
+from .datastore import BOUNDARY, Datastore
 
 FORMAT = "draftsman-retrieval-datastore"
 VERSION = "1"
@@ -36,11 +38,28 @@ def check_replaceable(path: str | Path) -> None:
     try:
         with safe_open(str(path), framework="pt") as f:
             written_here = (f.metadata() or {}).get("format") == FORMAT
-    except Exception:  # not safetensors at all (safetensors raises its own error type)
-        written_here = False
+    except Exception as e:  # not readable safetensors (safetensors raises its own error type)
+        # A cut index (a full disk, a copy stopped half way) keeps its header: it is rebuilt in place. Anything
+        # else that does not parse is nobody's weights but may be someone's file: named, and left to delete.
+        if _header_format(path) == FORMAT:
+            return
+        raise ValueError(f"--out '{path}' exists and is not a datastore index: it is not readable safetensors "
+                         f"({e}), so it is damaged or something else. Delete it if it is a damaged index, or give "
+                         "another path") from None
     if not written_here:
         raise ValueError(f"--out '{path}' exists and is not a datastore index (model weights?): the index would "
                          "replace it. Give another path")
+
+
+def _header_format(path: Path) -> str | None:
+    """The `format` in a safetensors header that still parses, however much of the file after it is lost."""
+    try:
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(min(size, 2**24)))  # a cut header fails to parse: None
+        return header["__metadata__"]["format"]
+    except (OSError, struct.error, ValueError, TypeError, KeyError):
+        return None
 
 
 def build_command(source: str, target: str, out: str, min_ngram: int = 2, max_ngram: int = 4) -> str:
@@ -77,25 +96,66 @@ def load_index(path: str | Path, tokenizer, sizes: range, target: str = "TARGET"
     if not path.is_file():
         raise FileNotFoundError(f"retrieval: datastore index '{path}' does not exist: build it with "
                                 f"`{build_command('TEXT', target, str(path))}`")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != FORMAT:  # (model weights? building over them is refused: another path)
-            raise ValueError(f"retrieval: '{path}' is a safetensors file but not a datastore index: build one "
-                             f"at another path with `{elsewhere}`, or give the text itself")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta, names = f.metadata() or {}, set(f.keys())
+    except SafetensorError as e:  # cut short, or not safetensors at all
+        raise ValueError(f"retrieval: datastore index '{path}' is damaged ({e}): delete it and rebuild it with "
+                         f"`{build_command('TEXT', target, str(path))}`") from None
+    if meta.get("format") != FORMAT:  # (model weights? building over them is refused: another path)
+        raise ValueError(f"retrieval: '{path}' is a safetensors file but not a datastore index: build one "
+                         f"at another path with `{elsewhere}`, or give the text itself")
+    rebuild = build_command(meta.get("source", "TEXT"), target, str(path), sizes.start, sizes.stop - 1)
+    if meta.get("version") != VERSION:
+        raise ValueError(f"retrieval: datastore index '{path}' has format version {meta.get('version')}, this "
+                         f"draftsman reads version {VERSION}: rebuild it with `{rebuild}`")
+    try:
         stored = [int(n) for n in meta["sizes"].split(",")]
-        rebuild = build_command(meta.get("source", "TEXT"), target, str(path), sizes.start, sizes.stop - 1)
-        if meta.get("version") != VERSION:
-            raise ValueError(f"retrieval: datastore index '{path}' has format version {meta.get('version')}, this "
-                             f"draftsman reads version {VERSION}: rebuild it with `{rebuild}`")
-        if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
-            raise ValueError(f"retrieval: datastore index '{path}' was tokenized by another tokenizer than the "
-                             "target's, so its token ids would not mean the target's text: rebuild it for this "
-                             f"target with `{rebuild}`")
-        missing = [n for n in sizes if n not in stored]
-        if missing:
-            raise ValueError(f"retrieval: datastore index '{path}' holds n-gram sizes {stored[0]}..{stored[-1]}, "
-                             f"not {', '.join(map(str, missing))}: set min_ngram / max_ngram within "
-                             f"{stored[0]}..{stored[-1]}, or rebuild it with `{rebuild}`")
-        tokens = f.get_tensor("tokens").long()
-        tables = {n: (f.get_tensor(f"keys.{n}").long(), f.get_tensor(f"positions.{n}").long()) for n in sizes}
-    return Datastore(tokens, sizes, tables), meta
+    except (KeyError, ValueError):
+        raise ValueError(f"retrieval: datastore index '{path}' is damaged (its n-gram sizes read "
+                         f"{meta.get('sizes')!r}): rebuild it with `{rebuild}`") from None
+    if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise ValueError(f"retrieval: datastore index '{path}' was tokenized by another tokenizer than the "
+                         "target's, so its token ids would not mean the target's text: rebuild it for this "
+                         f"target with `{rebuild}`")
+    missing = [n for n in sizes if n not in stored]
+    if missing:
+        raise ValueError(f"retrieval: datastore index '{path}' holds n-gram sizes {stored[0]}..{stored[-1]}, "
+                         f"not {', '.join(map(str, missing))}: set min_ngram / max_ngram within "
+                         f"{stored[0]}..{stored[-1]}, or rebuild it with `{rebuild}`")
+    absent = sorted({"tokens", *(f"{kind}.{n}" for n in sizes for kind in ("keys", "positions"))} - names)
+    if absent:
+        damage = f"no tensor {', '.join(absent)}"
+    else:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                tokens = f.get_tensor("tokens")
+                tables = {n: (f.get_tensor(f"keys.{n}"), f.get_tensor(f"positions.{n}")) for n in sizes}
+            damage = index_damage(tokens, tables)
+        except SafetensorError as e:
+            damage = str(e)
+    if damage:
+        raise ValueError(f"retrieval: datastore index '{path}' is damaged ({damage}): rebuild it with `{rebuild}`")
+    tables = {n: (keys.long(), positions.long()) for n, (keys, positions) in tables.items()}
+    return Datastore(tokens.long(), sizes, tables), meta
+
+
+def index_damage(tokens: torch.Tensor, tables: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> str | None:
+    """What makes tensors read from an index unusable (a cut or hand-edited file); None if nothing. Each
+    check is one pass at most: a position past the tokens would crash a lookup mid-generation."""
+    tensors = {"tokens": tokens, **{f"{kind}.{n}": t for n, pair in tables.items()
+                                    for kind, t in zip(("keys", "positions"), pair)}}
+    for name, t in tensors.items():
+        if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            return f"{name} is {t.dim()}-D {t.dtype}, not 1-D integers"
+    if tokens.numel() and int(tokens.min()) < BOUNDARY:
+        return f"token id {int(tokens.min())}"
+    for n, (keys, positions) in tables.items():
+        windows = max(tokens.numel() - n, 0)  # as Datastore builds them: each window has a token after it
+        if keys.numel() != windows or positions.numel() != windows:
+            return (f"keys.{n} and positions.{n} hold {keys.numel()} and {positions.numel()} entries, "
+                    f"for {tokens.numel()} tokens")
+        # (Unsorted keys are not looked for: they cost drafts, never a crash, and the pass costs a load.)
+        if windows and not 0 <= int(positions.min()) <= int(positions.max()) < windows:
+            return f"positions.{n} outside its {tokens.numel()} tokens"
+    return None

@@ -13,6 +13,7 @@ saves, what it restores and what its memory is valid for.
 """
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -33,11 +34,15 @@ def write_memory(path: str | Path, drafter: str, identity: dict, tensors: dict[s
     path.parent.mkdir(parents=True, exist_ok=True)  # a folder it cannot make: the OSError names it
     metadata = {"format": FORMAT, "version": VERSION, "drafter": drafter, "identity": json.dumps(identity)}
     try:
-        with replaced_whole(path) as tmp:  # interrupted (Ctrl-C): no half file left beside the memory
+        # per_writer: a generate and a serve sharing one memory file may save at once
+        with replaced_whole(path, per_writer=True) as tmp:  # interrupted (Ctrl-C): no half file beside the memory
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    except OSError as e:
+    except OSError as e:  # the advice follows the cause: a full disk is one of several
+        fix = ("free some space, or point memory_file at another disk" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+               else "point memory_file at a writable path" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+               else "save again, or point memory_file at another path")
         raise OSError(f"{drafter}: memory_file '{path}' could not be written ({e}); the last saved memory "
-                      "stands: free some space, or point memory_file at a writable path") from e
+                      f"stands: {fix}") from e
     return str(path)
 
 
@@ -129,3 +134,8 @@ class KeepsMemory:
 def within(ids: torch.Tensor, low: int, vocab_size: int) -> bool:
     """Every id in [low, vocab_size) (True for none)."""
     return not ids.numel() or (int(ids.min()) >= low and int(ids.max()) < vocab_size)
+
+
+def integers(*tensors: torch.Tensor) -> bool:
+    """Every tensor holds integers (ids, lengths): a float id would index nothing or draft nothing."""
+    return all(not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) for t in tensors)

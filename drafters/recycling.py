@@ -31,7 +31,7 @@ from ..heads.common import fingerprint_difference, target_fingerprint
 from ..verifier.sampling import RowSampling
 from .base import Drafter, TargetNeeds
 from .chain_draws import greedy_rows
-from .memory_file import KeepsMemory, within
+from .memory_file import KeepsMemory, integers, within
 from .ngram import draftable
 from .path_bans import PathBans
 from .rank_trees import tree_from_accuracies
@@ -126,6 +126,9 @@ class RecyclingDrafter(KeepsMemory, Drafter):
         if tokens is None or ids is None or probs is None or ids.dim() != 2 or ids.shape != probs.shape \
                 or tokens.shape != ids.shape[:1]:
             return "tensors without the shapes a matrix is saved in"
+        if not integers(tokens, ids) or not probs.is_floating_point():
+            return f"{tokens.dtype} tokens, {ids.dtype} ids and {probs.dtype} probabilities, not integer ids " \
+                "and float probabilities"
         if not (within(tokens, 0, self.matrix.vocab_size) and within(ids, -1, self.matrix.vocab_size)):
             return "token ids outside the target's vocabulary"
         if not ((probs >= 0).all() and (probs <= 1).all()):  # a NaN fails both

@@ -23,7 +23,7 @@ import torch
 
 from ..models import tokenizer_fingerprint
 from .base import DETERMINISTIC, Drafter, DraftTree
-from .memory_file import KeepsMemory, within
+from .memory_file import KeepsMemory, integers, within
 from .ngram import draftable
 from .path_bans import PathBans
 from .registry import register
@@ -158,6 +158,8 @@ class SuffixDrafter(KeepsMemory, Drafter):
         tokens, lengths = tensors.get("tokens"), tensors.get("lengths")
         if tokens is None or lengths is None or tokens.dim() != 1 or lengths.dim() != 1:
             return "tensors without the shapes a cache is saved in"
+        if not integers(tokens, lengths):
+            return f"{tokens.dtype} tokens and {lengths.dtype} lengths, not integers"
         if (lengths < 0).any() or int(lengths.sum()) != tokens.numel():
             return "row lengths that do not add up to its tokens"
         if not within(tokens, 0, self.vocab_size):

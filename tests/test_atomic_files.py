@@ -36,6 +36,22 @@ def test_the_block_replaces_the_file_or_leaves_it(tmp_path):
         assert path.read_text() == "one" and list(tmp_path.iterdir()) == [path]
 
 
+def test_two_writers_of_one_file_each_write_their_own_temporary(tmp_path):
+    """Two processes saving one memory file shared path + .tmp: one renamed the other's away and its
+    rename failed ("No such file or directory"). Each writer's temporary is its own; the last rename wins."""
+    path = tmp_path / "memory.safetensors"
+    with replaced_whole(path) as shared:  # a checkpoint's: a SIGKILL's half is overwritten by the next save
+        assert shared == tmp_path / "memory.safetensors.tmp"
+        shared.write_text("shared")
+    with replaced_whole(path, per_writer=True) as first:
+        first.write_text("first")
+        with replaced_whole(path, per_writer=True) as second:
+            assert first != second and first.parent == second.parent == tmp_path
+            second.write_text("second")
+        assert path.read_text() == "second" and first.read_text() == "first"
+    assert path.read_text() == "first" and list(tmp_path.iterdir()) == [path]
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), OSError("No space left on device")])
 def test_an_interrupted_checkpoint_leaves_the_last_one(tmp_path, monkeypatch, error):
     ckpt = tmp_path / "ckpt.pt"

@@ -136,3 +136,47 @@ def test_an_index_replaces_an_earlier_index_only(tiny_models, source, tmp_path, 
     index = tmp_path / "docs.safetensors"
     assert build(source, target, index, 3, 4) == 0 and build(source, target, index, 2, 4) == 0  # a rebuild
     draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(index, min_ngram=2)})
+
+
+def test_a_damaged_index_is_refused_at_load_with_the_rebuild(tiny_models, source, tmp_path, capsys):
+    """A cut or garbage file was a raw SafetensorError; a cut `tokens` tensor loaded and crashed
+    mid-generation (IndexError); a missing table was "File does not contain tensor keys.3"."""
+    from safetensors import safe_open
+
+    target, _ = tiny_models["llama"]
+    good = tmp_path / "good.safetensors"
+    assert build(source, target, good) == 0
+    with safe_open(str(good), framework="pt") as f:
+        meta, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    data = good.read_bytes()
+
+    def written(name, raw=None, **changed):
+        path = tmp_path / f"{name}.safetensors"
+        if raw is not None:
+            path.write_bytes(raw)
+        else:
+            kept = {k: v for k, v in {**tensors, **changed}.items() if v is not None}
+            save_file(kept, str(path), metadata=meta)
+        return path
+
+    rebuild = "rebuild it with `draftsman datastore .* --target .* --out .*{}"
+    cases = [(written("cut", data[: len(data) // 2]), "incomplete metadata"),
+             (written("header", data[:40]), "invalid header length"),
+             (written("garbage", b"\xff" * 4096), "header too large"),
+             (written("short", tokens=tensors["tokens"][:5].clone()), "keys.2 and positions.2 hold .* for 5 tokens"),
+             (written("missing", **{"keys.3": None}), "no tensor keys.3"),
+             (written("moved", **{"positions.4": tensors["positions.4"] + 10**6}), "positions.4 outside"),
+             (written("floats", tokens=tensors["tokens"].float()), "tokens is 1-D torch.float32, not 1-D integers"),
+             (written("negative", tokens=tensors["tokens"] - 5), "token id -")]
+    for path, damage in cases:
+        with pytest.raises(ValueError, match=f"index '{path}' is damaged \\(.*{damage}.*\\): .*"
+                                             + rebuild.format(path.name)):
+            draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(path)})
+    # The rebuild suggested: over a cut index (its header names it) it is written; over a file
+    # that is no safetensors at all it is refused as before, now saying so.
+    assert build(source, target, tmp_path / "cut.safetensors") == 0
+    draftsman.load({"target": {"path": str(target)}, "drafter": retrieval(tmp_path / "cut.safetensors")})
+    capsys.readouterr()
+    assert build(source, target, tmp_path / "garbage.safetensors") == 2
+    assert "is not readable safetensors (" in capsys.readouterr().err
+    assert (tmp_path / "garbage.safetensors").read_bytes() == b"\xff" * 4096

@@ -2,6 +2,7 @@
 cache of outputs and the `recycling` candidate matrix are written by Decoder.save_drafter_memory
 (and by the CLI when it ends) and loaded by the next process's drafter as they were; a memory
 written for another target, tokenizer or drafter is refused and left as it is."""
+import errno
 import io
 import json
 import signal
@@ -145,6 +146,53 @@ def test_a_save_that_fails_leaves_the_last_memory_whole(tiny_models, tmp_path, m
     assert decoder(folder, {"name": "recycling", "memory_file": str(path)}).drafter.matrix.known_tokens() > 0
 
 
+def test_a_failed_save_names_its_cause_not_always_the_disk(tmp_path, monkeypatch):
+    """Every failure advised "free some space", a lost race for the temporary file too."""
+    path = tmp_path / "m.safetensors"
+    for error, advice in ((OSError(errno.EACCES, "Permission denied"), "point memory_file at a writable path"),
+                          (OSError(errno.ENOSPC, "No space left on device"), "free some space"),
+                          (OSError(errno.ENOENT, "No such file or directory"), "save again")):
+        def fails(tensors, filename, metadata=None, error=error):
+            raise error
+        monkeypatch.setattr(memory_file, "save_file", fails)
+        with pytest.raises(OSError, match=f"could not be written .*{error.strerror}.*stands: {advice}") as caught:
+            memory_file.write_memory(path, "suffix", {}, {"tokens": torch.zeros(2, dtype=torch.long)})
+        assert ("free some space" in str(caught.value)) == (error.errno == errno.ENOSPC)
+    assert not list(tmp_path.iterdir())
+
+
+def test_two_processes_saving_one_memory_file_at_once_both_succeed(tmp_path, monkeypatch):
+    """A generate and a serve sharing a memory file: while one writer was between its write and its
+    rename, the other's save renamed their shared path + .tmp away, and the first failed."""
+    path = tmp_path / "m.safetensors"
+    first_written, second_saved = threading.Event(), threading.Event()
+    save = memory_file.save_file
+
+    def slow_first(tensors, filename, metadata=None):  # the first writer pauses before its rename
+        save(tensors, filename, metadata=metadata)
+        if threading.current_thread().name == "first":
+            first_written.set()
+            assert second_saved.wait(30)
+
+    monkeypatch.setattr(memory_file, "save_file", slow_first)
+    errors = []
+
+    def first():
+        try:
+            memory_file.write_memory(path, "suffix", {}, {"tokens": torch.ones(3, dtype=torch.long)})
+        except OSError as e:
+            errors.append(e)
+
+    writer = threading.Thread(target=first, name="first")
+    writer.start()
+    assert first_written.wait(30)
+    memory_file.write_memory(path, "suffix", {}, {"tokens": torch.zeros(2, dtype=torch.long)})
+    second_saved.set()
+    writer.join(30)
+    assert not errors, errors
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the last rename won; no temporary left
+
+
 def test_a_memory_written_for_something_else_is_refused_and_kept(tiny_models, tmp_path):
     (llama, small_llama), qwen = tiny_models["llama"], tiny_models["qwen2"][0]
     matrix, cache = tmp_path / "r.safetensors", tmp_path / "s.safetensors"
@@ -207,7 +255,13 @@ def test_a_damaged_memory_is_refused_before_it_drafts(tiny_models, tmp_path):
                         (changed("recycling", tokens=tokens[:-1]), "shapes a matrix"),
                         (changed("suffix", tokens=torch.full_like(cached, vocab)), "outside the target's vocabulary"),
                         (changed("suffix", lengths=lengths + 1), "do not add up"),
-                        (changed("suffix", lengths=lengths[:0]), "do not add up")):
+                        (changed("suffix", lengths=lengths[:0]), "do not add up"),
+                        # hand-made dtypes: float lengths crashed the split, float ids loaded and drafted nothing
+                        (changed("suffix", lengths=lengths.float()), "float32 lengths, not integers"),
+                        (changed("suffix", tokens=cached.double() + 0.5), "float64 tokens .* not integers"),
+                        (changed("recycling", ids=ids.float()), "float32 ids .* not integer ids"),
+                        (changed("recycling", tokens=tokens.float()), "float32 tokens, .* not integer ids"),
+                        (changed("recycling", probs=(probs * 100).long()), "int64 probabilities")):
         with pytest.raises(ValueError, match=f"memory_file .* is damaged: it holds .*{why}"):
             decoder(folder, config)
     for name in ("recycling", "suffix"):  # the undamaged files still load

@@ -122,3 +122,19 @@ def test_bad_datastores_are_refused(tiny_models, tmp_path):
     for drafter, message in cases:
         with pytest.raises((ValueError, FileNotFoundError), match=message.replace("(", r"\(")):
             draftsman.load({"target": {"path": str(target)}, "drafter": drafter})
+
+
+def test_a_file_that_is_not_utf8_is_named_and_upper_case_jsonl_is_jsonl(tmp_path):
+    """One Latin-1 file was reported as holding "no text"; UP.JSONL was read as plain text, braces and all."""
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café = 1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"'.*latin1.txt' is not UTF-8 text \(.* at byte 3\): save it as UTF-8"):
+        read_documents(latin1)
+    folder = tmp_path / "only-latin1"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(latin1.read_bytes())
+    with pytest.raises(ValueError, match="holds no text to look drafts up in .*skipped as not UTF-8 text.*a.txt"):
+        read_documents(folder)
+    upper = tmp_path / "UP.JSONL"
+    upper.write_text(json.dumps({"text": "x = 1"}) + "\n")
+    assert read_documents(upper) == ["x = 1"]
