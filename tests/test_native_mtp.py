@@ -3,6 +3,7 @@ verifier. Tiny random targets whose configs name MTP layers (DeepSeek-V3 with ML
 experts; GLM-4.5, a mixture of experts with q/k norms and attention biases; Mellum, Qwen3-MoE-like;
 the hybrids Qwen3-Next and Qwen3.5), their MTP weights written in each checkpoint's own layout
 (DeepSeek's and GLM's model.layers.N.*, the others' mtp.*), loaded by Hugging Face's MtpModel."""
+import collections
 import functools
 import json
 
@@ -104,6 +105,52 @@ def targets(tmp_path_factory, tiny_tokenizer):
     return out
 
 
+GREEDY_ARCHS = ["deepseek_v3", "glm4_moe", "mellum", "qwen3_next", "qwen3_5"]
+
+
+def make_accepting(source, folder, arch: str, n_layers: int, scale: float = 10.0) -> None:
+    """A copy of a target whose MTP layer agrees with it often. A random target and its random MTP
+    layer almost never do (about 1.0 tokens a round), which leaves the accepted path untried: several
+    tokens committed in a round, and the head's cache and the features it is fed after them. Here
+    the embeddings are `scale` times larger, so each position's state leans on its own token (the
+    layers still add its context), and `scale` * I is added to the fusion's embedding half, so the
+    MTP layer reads mostly the token it is given: both then predict mostly from the same token. (An
+    LM head skewed toward a few tokens was tried too: acceptance came and went with the seed.)"""
+    folder.mkdir()
+    for path in source.iterdir():
+        if path.name != "model.safetensors":
+            (folder / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] * scale
+    fuse = _mtp_keys(arch, n_layers)[1]["eh_proj"] + ".weight"  # [embedding; hidden] -> D
+    tensors[fuse] = tensors[fuse] + torch.cat([scale * torch.eye(D), torch.zeros(D, D)], dim=1)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def accepting_targets(targets, tmp_path_factory, tiny_tokenizer):
+    """{arch: (folder, greedy outputs of plain decoding for PROMPTS)} of make_accepting's copies.
+    (Plain decoding, one token a round, is Hugging Face's generate elsewhere; here its batch of 4
+    costs a seventh of generate's 4 calls, 3.5 s on DeepSeek-V3's 61 layers.)"""
+    configs = _configs(len(tiny_tokenizer), tiny_tokenizer.eos_token_id, tiny_tokenizer.bos_token_id)
+    out = {}
+    for arch in GREEDY_ARCHS:
+        folder = tmp_path_factory.mktemp("accepting") / arch
+        make_accepting(targets[arch][0], folder, arch, configs[arch].num_hidden_layers)
+        plain = draftsman.load({"target": {"path": str(folder), "device": "cpu"}})
+        out[arch] = (folder, plain.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW,
+                                            temperature=0.0).token_ids)
+    return out
+
+
+def assert_drafts_were_accepted(stats, depth: int) -> None:
+    """Real acceptance: well over one token a round, and beyond depth 1 some round that accepted
+    two drafted tokens or more (a multi-token commit, the head fed several features after it)."""
+    assert stats.tau >= 1.3, (stats.tau, stats.accepted_at_depth, stats.proposed_at_depth)
+    if depth >= 2:
+        assert stats.accepted_at_depth[1] > 0, (stats.accepted_at_depth, stats.proposed_at_depth)
+
+
 def _decoder(folder, **options):
     return draftsman.load({"target": {"path": str(folder), "device": "cpu"},
                            "drafter": {"name": "native_mtp", **options}})
@@ -156,39 +203,65 @@ def test_drafts_are_hugging_faces_mtp_predictions(targets, arch):
                                atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "mellum", "qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("arch", GREEDY_ARCHS)
 @pytest.mark.parametrize("depth", [1, 3])
-def test_greedy_output_equals_the_targets_own(targets, arch, depth):
-    folder, expected = targets[arch]
-    for rows in (PROMPTS[:1], PROMPTS):  # batch 1 and a ragged batch of 4
-        out = _decoder(folder, depth=depth).generate(input_ids=rows, max_new_tokens=NEW, min_new_tokens=NEW,
-                                                     temperature=0.0)
-        assert out.token_ids == expected[: len(rows)]
-        assert out.stats.proposed_at_depth[depth - 1] > 0  # every depth was drafted
+def test_greedy_output_equals_the_targets_own(targets, accepting_targets, arch, depth):
+    """On the random target (drafts rarely accepted) and on its accepting copy (most are). There,
+    at depth 3 and batch 1, the last round's depth-1 logits, read through the head's cache after
+    the tokens of the rounds before (several a round), are Hugging Face's MtpModel's over the whole
+    text: the head was fed the right feature for every accepted token, and kept them all. (Output
+    equal to the target's own says nothing of the drafts: the verifier keeps it exact.)"""
+    for accepting, (folder, expected) in enumerate((targets[arch], accepting_targets[arch])):
+        # batch 1 and a ragged batch of 4 (the accepting copy's depth 1: the batch only)
+        for rows in (PROMPTS[:1], PROMPTS) if depth == 3 or not accepting else (PROMPTS,):
+            dec = _decoder(folder, depth=depth)
+            rounds = []  # (context, depth-1 logits) of each round, batch 1
+            if accepting and depth == 3 and len(rows) == 1:
+                propose, catch_up = dec.drafter.propose, dec.drafter.catch_up
+                dec.drafter.propose = lambda contexts: rounds.append([list(contexts[0])]) or propose(contexts)
+                dec.drafter.catch_up = lambda: rounds[-1].append(catch_up()) or rounds[-1][-1]
+            out = dec.generate(input_ids=rows, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+            assert out.token_ids == expected[: len(rows)], (accepting, len(rows))
+            assert out.stats.proposed_at_depth[depth - 1] > 0  # every depth was drafted
+            if accepting:
+                assert_drafts_were_accepted(out.stats, depth)
+            if rounds:  # the last round's: its cache holds an entry per token before (one target pass)
+                context, (_, logits, _) = rounds[-1]
+                assert len(rounds) < len(context) - len(rows[0])  # rounds that committed several tokens
+                torch.testing.assert_close(logits[0], _hf_mtp_logits(folder, context[:-2], context[-2], context[-1]),
+                                           atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"},
                                      {"draft_vocab": 64, "vocab_order": "order.json"},
                                      {"top_k": 3, "total_tokens": 8}])
-def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, tmp_path, options):
+def test_greedy_output_with_the_heads_options_equals_the_targets_own(targets, accepting_targets, tmp_path,
+                                                                    options):
     """The options a trained mtp head takes: another compute dtype, int8 weights, drafting among
     the target's N most frequent tokens (a token order file, as `draftsman vocab` writes), and a
-    top-k tree instead of a chain."""
-    folder, expected = targets["mellum"]
-    if "vocab_order" in options:
-        order = tmp_path / "order.json"
-        order.write_text(json.dumps({"tokens_by_frequency": list(range(319, -1, -1))}))
-        options = {**options, "vocab_order": str(order)}
-    dec = _decoder(folder, depth=3, **options)
-    if "draft_vocab" in options:  # greedy rounds read only the LM-head rows of tokens 256..319
-        assert dec.drafter.vocab_map.tolist() == list(range(256, 320))
-    trees = []
-    propose = dec.drafter.propose
-    dec.drafter.propose = lambda rows: trees.extend(propose(rows)) or trees[len(trees) - len(rows):]
-    out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
-    assert out.token_ids == expected
-    root_children = [t.parents.tolist().count(-1) for t in trees if t.size]
-    assert max(root_children) == (3 if "top_k" in options else 1)  # a tree where asked, else chains
+    top-k tree instead of a chain. On the random target and on its accepting copy."""
+    for accepting, (folder, expected) in enumerate((targets["mellum"], accepting_targets["mellum"])):
+        kept = list(range(256, 320))  # the random target's order: tokens 319 down to 0
+        if accepting:  # the tokens its output holds first, as a count of its output would rank them
+            picked = [t for t, _ in collections.Counter(t for row in expected for t in row).most_common()]
+            kept = sorted(picked[:64] + [t for t in range(320) if t not in picked][: 64 - len(picked)])
+        if "vocab_order" in options:
+            order = tmp_path / f"order{accepting}.json"
+            order.write_text(json.dumps({"tokens_by_frequency": kept[::-1] + [t for t in range(319, -1, -1)
+                                                                              if t not in kept]}))
+            options = {**options, "vocab_order": str(order)}
+        dec = _decoder(folder, depth=3, **options)
+        if "draft_vocab" in options:  # greedy rounds read only the LM-head rows of those 64 tokens
+            assert dec.drafter.vocab_map.tolist() == kept
+        trees = []
+        propose = dec.drafter.propose
+        dec.drafter.propose = lambda rows: trees.extend(propose(rows)) or trees[len(trees) - len(rows):]
+        out = dec.generate(input_ids=PROMPTS, max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+        assert out.token_ids == expected, accepting
+        root_children = [t.parents.tolist().count(-1) for t in trees if t.size]
+        assert max(root_children) == (3 if "top_k" in options else 1)  # a tree where asked, else chains
+        if accepting:
+            assert_drafts_were_accepted(out.stats, 3)
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "mellum"])
