@@ -230,30 +230,21 @@ def test_what_cannot_be_exported_is_refused_with_a_reason(llama, tiny_models, tm
         export("eagle", str(tmp_path / "e3"), str(folder), "sglang", str(tmp_path / "o3"))
 
 
-def test_export_mtp_on_the_command_line_says_why_not_and_what_to_do(llama, tmp_path, capsys):
-    """`draftsman export mtp` stopped at argparse ("invalid choice: 'mtp'"), never reaching the reason."""
+@pytest.mark.parametrize("kind, said", [
+    ("mtp", ["MTP heads are not exported", "EAGLE-1 layout cannot hold", "train an `eagle` head"]),
+    ("mlp_speculator", ["MLP speculators need no export", "fms-extras' own MLPSpeculator layout"]),
+])
+def test_export_of_heads_that_are_not_exported_says_why_and_how_to_serve_them(llama, tmp_path, capsys, kind, said):
+    """`draftsman export mtp` (and mlp_speculator) stopped at argparse ("invalid choice"), never
+    reaching the reason: an MTP module has no engine layout, an MLP speculator is already in its own."""
     folder, _ = llama
     out = tmp_path / "out"
-    code = main(["export", "mtp", "--heads", str(tmp_path / "mtp-heads"), "--target", str(folder),
+    code = main(["export", kind, "--heads", str(tmp_path / "heads"), "--target", str(folder),
                  "--engine", "vllm", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "invalid choice" not in err
-    assert "MTP heads are not exported" in err and "EAGLE-1 layout cannot hold" in err
-    assert f"drafter: {{name: mtp, path: {tmp_path / 'mtp-heads'}}}" in err and "train an `eagle` head" in err
-    assert not out.exists()
-
-
-def test_export_mlp_speculator_says_it_needs_none(llama, tmp_path, capsys):
-    """`draftsman export mlp_speculator` stopped at argparse ("invalid choice"): an MLP speculator is
-    already in the layout its engine reads, and the user is told so."""
-    folder, _ = llama
-    out = tmp_path / "out"
-    code = main(["export", "mlp_speculator", "--heads", str(tmp_path / "spec"), "--target", str(folder),
-                 "--engine", "vllm", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert code == 2 and "invalid choice" not in err
-    assert "MLP speculators need no export" in err and "fms-extras' own MLPSpeculator layout" in err
-    assert f"drafter: {{name: mlp_speculator, path: {tmp_path / 'spec'}}}" in err
+    assert all(words in err for words in said), err
+    assert f"drafter: {{name: {kind}, path: {tmp_path / 'heads'}}}" in err
     assert not out.exists()
 
 
